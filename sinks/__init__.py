@@ -1,0 +1,1 @@
+"""Sinks: where spooled events go. One module per sink behind the contract in `sinks.base`."""

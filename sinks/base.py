@@ -1,0 +1,72 @@
+"""The sink contract: what the delivery loop asks of every sink.
+
+A sink never raises into the delivery loop: every method returns a `SinkResult`.
+The loop gives each sink the records after that sink's cursor, in order. A sink may
+buffer records (the Parquet sink fills a file); it reports in `durable_through` the
+highest offset that is now safely delivered, and the loop commits the cursor there.
+After any failure the loop calls `abandon()` and, after a backoff, starts again from
+the committed cursor, so a sink must tolerate seeing records again (the Parquet sink
+derives its file name from the first offset; the HTTP sink sends an Idempotency-Key).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from aggregator.records import SpoolRecord
+
+
+@dataclass(frozen=True, slots=True)
+class SinkResult:
+    ok: bool
+    durable_through: int | None = None  # highest offset now delivered, if any
+    delivered_events: int = 0  # events that became durable with this call
+    error: str | None = None  # short reason, for logs and metrics labels
+    error_kind: str | None = None  # bounded label: "timeout", "http_5xx", "throttled", ...
+    retry_after_s: float | None = None  # the peer asked us to wait this long
+    permanent: bool = False  # retrying soon will not help (bad credentials, missing bucket)
+
+    @staticmethod
+    def success(durable_through: int | None = None, delivered_events: int = 0) -> SinkResult:
+        return SinkResult(True, durable_through, delivered_events)
+
+    @staticmethod
+    def failure(
+        error: str,
+        error_kind: str,
+        *,
+        retry_after_s: float | None = None,
+        permanent: bool = False,
+    ) -> SinkResult:
+        return SinkResult(
+            False, None, 0, error, error_kind, retry_after_s=retry_after_s, permanent=permanent
+        )
+
+
+class Sink(abc.ABC):
+    """Base class of every sink. Subclasses implement the four coroutines."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @abc.abstractmethod
+    async def write(self, records: Sequence[SpoolRecord]) -> SinkResult:
+        """Take the next records in offset order."""
+
+    @abc.abstractmethod
+    async def flush(self, *, final: bool = False) -> SinkResult:
+        """Called on a timer and at shutdown: deliver what is due (all of it when final)."""
+
+    @abc.abstractmethod
+    async def abandon(self) -> None:
+        """Forget buffered, undelivered state; the loop will resend from the cursor."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections and files. Called once, after the last flush."""
+
+    def describe(self) -> str:
+        """Where this sink delivers, for logs and `evagg status` (never a secret)."""
+        return self.name
