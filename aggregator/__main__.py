@@ -1,0 +1,5 @@
+import sys
+
+from aggregator.cli import main
+
+sys.exit(main())

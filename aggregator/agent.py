@@ -1,0 +1,229 @@
+"""The agent: wires spool, ingest routes, sink consumers and heartbeats, and drains on exit.
+
+Start order: spool (recovery), sinks, consumers, socket, HTTP, readiness. Stop order on
+SIGTERM: /readyz answers 503, the socket stops accepting, open connections finish their
+frame, consumers deliver what is spooled within the drain deadline, sinks close.
+SIGHUP re-reads the sinks from the config without touching the socket or the spool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from aggregator import systemd
+from aggregator.config import AgentConfig, ConfigError, load_config
+from aggregator.delivery import SinkConsumer
+from aggregator.http_api import HttpApi
+from aggregator.ingest import Ingestor
+from aggregator.metrics import AgentMetrics
+from aggregator.sink_factory import build_sink
+from aggregator.socket_ingest import SocketIngest
+from aggregator.spool import Spool
+from emitters.ids import new_event_id
+
+log = logging.getLogger("evagg.agent")
+
+
+class Agent:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.metrics = AgentMetrics()
+        self.spool = Spool(config.state_dir / "spool", max_bytes=config.spool_max_bytes,
+                           when_full=config.spool_when_full, fsync=config.spool_fsync,
+                           segment_bytes=config.spool_segment_bytes)
+        self.ingestor = Ingestor(self.spool, self.metrics, node_id=config.node_id,
+                                 host=config.host)
+        self.socket = SocketIngest(self.ingestor, self.metrics, path=config.socket,
+                                   mode=config.socket_mode, group=config.socket_group,
+                                   max_frame_bytes=config.max_frame_bytes)
+        self.http = HttpApi(self.ingestor, self.metrics, max_body_bytes=config.http_max_body_bytes,
+                            token=config.http_token, is_ready=self._is_ready)
+        self.consumers: dict[str, SinkConsumer] = {}
+        self._consumer_tasks: dict[str, asyncio.Task[None]] = {}
+        self._runner: web.AppRunner | None = None
+        self._ready = False
+        self._stop = asyncio.Event()
+        self._started_ns = time.time_ns()
+        self.metrics.registry.add_gauge_source(self._gauges)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        report = self.spool.open()
+        if report.truncated_bytes or report.corrupt_records:
+            log.warning("spool recovery: truncated %d bytes, %d corrupt records, quarantined %s",
+                        report.truncated_bytes, report.corrupt_records, report.quarantined_files)
+        self._start_consumers(self.config)
+        await self.socket.start(systemd.inherited_socket())
+        await self._start_http()
+        self._install_signals()
+        self._ready = True
+        systemd.notify("READY=1\nSTATUS=accepting events")
+        self._announce()
+        heartbeat = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
+        await self._stop.wait()
+        heartbeat.cancel()
+        await self._drain()
+        return 0
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def _is_ready(self) -> bool:
+        return self._ready
+
+    def _install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.request_stop)
+        loop.add_signal_handler(signal.SIGINT, self.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+
+    async def _start_http(self) -> None:
+        if not self.config.http_listen:
+            return
+        host, _, port = self.config.http_listen.rpartition(":")
+        self._runner = web.AppRunner(self.http.app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, host.strip("[]"), int(port)).start()
+
+    def _announce(self) -> None:
+        sinks = ", ".join(f"{c.name} -> {c.sink.describe()}" for c in self.consumers.values())
+        log.info("evagg agent ready: node %s, socket %s, http %s, spool %s, sinks: %s",
+                 self.config.node_id, self.config.socket, self.config.http_listen or "off",
+                 self.spool.directory, sinks)
+
+    async def _drain(self) -> None:
+        self._ready = False
+        self.metrics.draining.set(1)
+        systemd.notify("STOPPING=1\nSTATUS=draining")
+        await self.socket.stop_accepting()
+        await self.socket.close_connections(timeout=5.0)
+        await self._write_heartbeat(final=True)
+        deadline = self.config.drain_timeout_s
+        for consumer in self.consumers.values():
+            consumer.drain()
+        tasks = list(self._consumer_tasks.values())
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=deadline)
+            for consumer in self.consumers.values():
+                if not consumer.caught_up():
+                    log.warning("drain deadline: sink %s still has %d records; they stay spooled",
+                                consumer.name, self.spool.lag(consumer.name)[0])
+                consumer.stop()
+            await asyncio.gather(*pending, return_exceptions=True)
+        for consumer in self.consumers.values():
+            await consumer.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self.ingestor.close()
+        self.spool.close()
+        if self.config.socket.exists() and systemd.inherited_socket() is None:
+            self.config.socket.unlink(missing_ok=True)
+
+    # -- sinks -----------------------------------------------------------------------------
+
+    def _start_consumers(self, config: AgentConfig) -> None:
+        self.spool.register_sinks([s.name for s in config.sinks])
+        for sink_config in config.sinks:
+            sink = build_sink(sink_config, node_id=config.node_id, spool_id=self.spool.spool_id,
+                              state_dir=config.state_dir)
+            consumer = SinkConsumer(sink, self.spool, self.metrics)
+            self.consumers[sink.name] = consumer
+            self._consumer_tasks[sink.name] = asyncio.create_task(consumer.run(),
+                                                                  name=f"sink:{sink.name}")
+
+    async def reload(self) -> None:
+        """Re-read the sinks; keep socket, spool and cursors. A bad config changes nothing."""
+        try:
+            fresh = load_config(self.config.source_path)
+        except ConfigError as exc:
+            log.error("reload refused, keeping the running config: %s", exc)
+            return
+        for name, consumer in list(self.consumers.items()):
+            consumer.drain()
+            task = self._consumer_tasks.pop(name)
+            await asyncio.wait({task}, timeout=self.config.drain_timeout_s)
+            consumer.stop()
+            await asyncio.gather(task, return_exceptions=True)
+            await consumer.close()
+            del self.consumers[name]
+        self.config = fresh
+        self._start_consumers(fresh)
+        log.info("reloaded: sinks %s", ", ".join(self.consumers))
+
+    # -- self observability ----------------------------------------------------------------
+
+    def _gauges(self) -> list[tuple[str, str, dict[str, str], float]]:
+        out: list[tuple[str, str, dict[str, str], float]] = [
+            ("evagg_spool_bytes", "Bytes held in the spool.", {}, float(self.spool.bytes_used)),
+            ("evagg_spool_max_bytes", "The spool's byte cap.", {},
+             float(self.config.spool_max_bytes)),
+            ("evagg_uptime_seconds", "Seconds since the agent started.", {},
+             (time.time_ns() - self._started_ns) / 1e9),
+        ]
+        for name in self.consumers:
+            records, events = self.spool.lag(name)
+            out.append(("evagg_sink_lag_events", "Events spooled but not yet delivered, by sink.",
+                        {"sink": name}, float(events)))
+            out.append(("evagg_sink_lag_records", "Spool records not yet delivered, by sink.",
+                        {"sink": name}, float(records)))
+        return out
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_interval_s)
+            try:
+                await self._write_heartbeat(final=False)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a heartbeat must never end the agent
+                self.metrics.worker_errors.inc(worker="heartbeat", type=type(exc).__name__)
+                log.exception("heartbeat failed")
+
+    async def _write_heartbeat(self, *, final: bool) -> None:
+        rows: list[dict[str, Any]] = [self._heartbeat_row(final)]
+        for reason, events in self.spool.take_losses().items():
+            self.metrics.dropped_events.inc(events, reason=reason)
+            rows.append(loss_row(reason, events, self.config.node_id))
+        await self.ingestor.ingest_rows(rows, self.ingestor.stamp(os.getpid(), os.getuid()),
+                                        route="agent")
+
+    def _heartbeat_row(self, final: bool) -> dict[str, Any]:
+        metrics = {k: v for k, v in self.metrics.registry.snapshot().items()}
+        return {
+            "event_id": new_event_id(), "kind": "agent", "source": "evagg",
+            "name": "heartbeat", "state": "STOPPING" if final else "RUNNING",
+            "node_id": self.config.node_id, "metrics": metrics,
+            "attrs": {"version": _version(), "spool": str(self.spool.directory)},
+        }
+
+
+def loss_row(reason: str, events: int, node_id: str) -> dict[str, Any]:
+    return {"kind": "loss", "source": "evagg", "name": reason, "state": "DROPPED",
+            "node_id": node_id, "metrics": {"events": float(events)},
+            "attrs": {"reason": reason}}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("evagg")
+    except PackageNotFoundError:
+        return "dev"
+
+
+def run_agent(config: AgentConfig) -> int:
+    return asyncio.run(Agent(config).run())
+
+
+def ensure_dirs(config: AgentConfig) -> None:
+    Path(config.state_dir).mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,120 @@
+"""`evagg` command line: one subcommand per job; the work lives in the modules it calls."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from aggregator.config import AgentConfig, ConfigError, load_config
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    command: Command = args.command
+    try:
+        return command(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="evagg", description=__doc__)
+    parser.set_defaults(command=lambda _args: parser.print_help() or 2)
+    commands = parser.add_subparsers(title="commands")
+    _add_run(commands)
+    _add_check_config(commands)
+    _add_client_commands(commands)
+    _add_optional_commands(commands)
+    return parser
+
+
+def _agent_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="TOML file (default: $EVAGG_CONFIG or none)")
+    parser.add_argument("--socket", help="Unix socket path (overrides the config)")
+    parser.add_argument("--state-dir", help="spool and cursors (overrides the config)")
+    parser.add_argument("--http-listen", help="host:port of the HTTP port, '' to disable")
+    parser.add_argument("--node-id", help="this node's id (default: host name)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+
+
+def load_from_args(args: argparse.Namespace) -> AgentConfig:
+    overrides = {"socket": args.socket, "state_dir": args.state_dir,
+                 "http_listen": args.http_listen, "node_id": args.node_id}
+    return load_config(args.config, overrides=overrides)
+
+
+def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    run = commands.add_parser("run", help="run the agent")
+    _agent_flags(run)
+    run.add_argument("--demo", type=int, nargs="?", const=2000, metavar="EVENTS",
+                     help="also run a short demo producer, show the DuckDB query, then exit")
+    run.set_defaults(command=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        config = load_from_args(args)
+    except ConfigError as exc:
+        return _print_problems(exc)
+    if args.demo:
+        from aggregator.demo import run_demo
+
+        return run_demo(config, events=args.demo)
+    from aggregator.agent import run_agent
+
+    return run_agent(config)
+
+
+def _add_check_config(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    check = commands.add_parser("check-config", help="validate a config; exit 2 if it is wrong")
+    _agent_flags(check)
+    check.set_defaults(command=_check_config)
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    from aggregator.sink_factory import build_sink
+
+    try:
+        config = load_from_args(args)
+    except ConfigError as exc:
+        return _print_problems(exc)
+    problems: list[str] = []
+    for index, sink in enumerate(config.sinks):
+        try:
+            build_sink(sink, node_id=config.node_id, spool_id="check", state_dir=config.state_dir)
+        except (ValueError, OSError) as exc:
+            problems.append(f"sinks[{index}] ({sink.name}): {exc}")
+    if problems:
+        return _print_problems(ConfigError(problems))
+    print(f"config OK: node {config.node_id}, socket {config.socket}, "
+          f"state {config.state_dir}, sinks: {', '.join(s.name for s in config.sinks)}")
+    return 0
+
+
+def _print_problems(exc: ConfigError) -> int:
+    for problem in exc.problems:
+        print(f"evagg: config error: {problem}", file=sys.stderr)
+    return 2
+
+
+def _add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from aggregator import cli_client
+
+    cli_client.add_emit_parser(commands)
+    cli_client.add_tail_parser(commands)
+    cli_client.add_status_parser(commands)
+
+
+def _add_optional_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Commands that live in other packages register their own arguments."""
+    from aggregator import cli_tools
+
+    cli_tools.add_tool_parsers(commands)

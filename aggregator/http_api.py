@@ -1,0 +1,144 @@
+"""The loopback HTTP port: ingest routes for producers that can't use the socket,
+Ray's Event Export and OTLP, plus /metrics, /healthz, /readyz and a live tail.
+
+Each ingest route answers only after the batch is in the spool, and a body that cannot
+be read at all gets a 400 with the reason and nothing of it is spooled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from aggregator import otlp, ray_events
+from aggregator.ingest import Ingestor, IngestResult
+from aggregator.metrics import AgentMetrics
+from aggregator.tail import stream_tail
+
+log = logging.getLogger("evagg.http")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+INGEST_PATHS = frozenset({"/v1/events", "/ray/events", "/v1/traces"})
+
+
+class HttpApi:
+    def __init__(self, ingestor: Ingestor, metrics: AgentMetrics, *, max_body_bytes: int,
+                 token: str | None, is_ready: Callable[[], bool]) -> None:
+        self.ingestor = ingestor
+        self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+        self.token = token
+        self.is_ready = is_ready
+        self.ray_ids = ray_events.RecentEventIds()
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes,
+                              middlewares=[self._guard])
+        app.router.add_post("/v1/events", self.post_events)
+        app.router.add_post("/ray/events", self.post_ray_events)
+        app.router.add_post("/v1/traces", self.post_traces)
+        app.router.add_get("/metrics", self.get_metrics)
+        app.router.add_get("/healthz", self.get_healthz)
+        app.router.add_get("/readyz", self.get_readyz)
+        app.router.add_get("/v1/tail", self.get_tail)
+        return app
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Bearer token on ingest routes; every failure becomes a short readable answer."""
+        if self.token and request.path in INGEST_PATHS | {"/v1/tail"}:
+            offered = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(offered.encode(), f"Bearer {self.token}".encode()):
+                self.metrics.bad_input.inc(route=request.path, reason="unauthorized")
+                return _error(401, "missing or wrong bearer token")
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status == 413:
+                self.metrics.bad_input.inc(route=request.path, reason="too_large")
+                return _error(413, f"body larger than {self.max_body_bytes} bytes")
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.metrics.worker_errors.inc(worker="http", type=type(exc).__name__)
+            log.exception("request to %s failed", request.path)
+            return _error(500, f"internal error: {type(exc).__name__}")
+
+    async def post_events(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        if not body.strip():
+            return self._bad(request, "empty_body", "the body is empty")
+        result = await self.ingestor.ingest_ndjson(body, self.ingestor.stamp(), route="http")
+        return _ingest_answer(result)
+
+    async def post_ray_events(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        try:
+            items = await self.ingestor.in_thread(ray_events.parse_ray_body, body)
+        except ray_events.RayBodyError as exc:
+            return self._bad(request, "malformed", str(exc))
+        fresh = [item for item, new in zip(items, self.ray_ids.filter_new(items), strict=True)
+                 if new]
+        self.metrics.duplicate_frames.inc(len(items) - len(fresh), route="ray")
+        rows, rejected = await self.ingestor.in_thread(ray_events.ray_events_to_rows, fresh)
+        result = await self.ingestor.ingest_rows(rows, self.ingestor.stamp(), route="ray",
+                                                 extra_rejected=rejected)
+        self.ray_ids.confirm(fresh)
+        return _ingest_answer(result, all_rejected_status=200)
+
+    async def post_traces(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        content_type = request.headers.get("Content-Type", "")
+        try:
+            decoded = await self.ingestor.in_thread(
+                otlp.decode_otlp_traces, body, content_type,
+                request.headers.get("Content-Encoding"))
+        except otlp.OtlpError as exc:
+            return self._bad(request, "malformed", str(exc), status=exc.status)
+        result = await self.ingestor.ingest_rows(decoded.rows, self.ingestor.stamp(),
+                                                 route="otlp")
+        rejected = decoded.rejected_spans + result.rejected
+        message = decoded.error_message or result.note
+        answer, answer_type = otlp.otlp_response(content_type, rejected, message)
+        return web.Response(body=answer, content_type=answer_type)
+
+    def _bad(self, request: web.Request, reason: str, text: str,
+             status: int = 400) -> web.Response:
+        self.metrics.bad_input.inc(route=request.path, reason=reason)
+        return _error(status, text)
+
+    async def get_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.metrics.registry.render(),
+                            content_type="text/plain", charset="utf-8",
+                            headers={"X-Content-Type-Options": "nosniff"})
+
+    async def get_healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def get_readyz(self, request: web.Request) -> web.Response:
+        if self.is_ready():
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="draining\n")
+
+    async def get_tail(self, request: web.Request) -> web.StreamResponse:
+        kinds = request.query.getall("kind", [])
+        names = request.query.getall("name", [])
+        return await stream_tail(request, self.ingestor.spool, kinds=kinds, names=names)
+
+
+def _ingest_answer(result: IngestResult, all_rejected_status: int = 400) -> web.Response:
+    status = all_rejected_status if result.accepted == 0 and result.rejected else 200
+    body = {"accepted": result.accepted, "rejected": result.rejected,
+            "duplicate": result.duplicate, "errors": list(result.reasons)}
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+def _error(status: int, text: str) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps({"error": text}),
+                        content_type="application/json")

@@ -1,0 +1,94 @@
+"""`evagg status`: two scrapes of /metrics turned into rates, lag, spool use and losses."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {'name{a="b"}': value}; comments and bad lines ignored."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line.strip())
+        if match:
+            try:
+                out[match.group(1) + (match.group(2) or "")] = float(match.group(3))
+            except ValueError:
+                continue
+    return out
+
+
+def _by_label(sample: dict[str, float], metric: str, label: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for series, value in sample.items():
+        name, _, labels = series.partition("{")
+        if name != metric:
+            continue
+        found = dict(_LABEL.findall(labels))
+        key = found.get(label, "")
+        out[key] = out.get(key, 0.0) + value
+    return out
+
+
+@dataclass
+class StatusReport:
+    received_per_s: float
+    delivered_per_s: dict[str, float]
+    lag_events: dict[str, float]
+    permanent_error: dict[str, float]
+    spool_bytes: float
+    spool_max_bytes: float
+    dropped: dict[str, float]
+    rejected: dict[str, float]
+    bad_input: dict[str, float]
+    errors: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def as_text(self) -> str:
+        used = 100 * self.spool_bytes / self.spool_max_bytes if self.spool_max_bytes else 0.0
+        lines = [
+            f"received   {self.received_per_s:,.0f} events/s",
+            f"spool      {self.spool_bytes / 2**20:,.1f} MiB of "
+            f"{self.spool_max_bytes / 2**20:,.0f} MiB ({used:.1f}%)",
+        ]
+        for sink in sorted(set(self.lag_events) | set(self.delivered_per_s)):
+            state = "PERMANENT ERROR" if self.permanent_error.get(sink) else "ok"
+            lines.append(f"sink {sink:<12} {self.delivered_per_s.get(sink, 0):,.0f} events/s  "
+                         f"lag {self.lag_events.get(sink, 0):,.0f} events  "
+                         f"errors {self.errors.get(sink, 0):,.0f}  {state}")
+        lines.append("lost       " + (_pairs(self.dropped) or "none"))
+        lines.append("rejected   " + (_pairs(self.rejected) or "none"))
+        lines.append("bad input  " + (_pairs(self.bad_input) or "none"))
+        return "\n".join(lines)
+
+
+def _pairs(values: dict[str, float]) -> str:
+    return ", ".join(f"{k or 'total'}={v:,.0f}" for k, v in sorted(values.items()) if v)
+
+
+def format_status(first: dict[str, float], second: dict[str, float],
+                  interval: float) -> StatusReport:
+    def rate(metric: str, label: str) -> dict[str, float]:
+        before, after = _by_label(first, metric, label), _by_label(second, metric, label)
+        return {k: max(0.0, (v - before.get(k, 0.0)) / interval) for k, v in after.items()}
+
+    received = sum(rate("evagg_received_events_total", "route").values())
+    return StatusReport(
+        received_per_s=received,
+        delivered_per_s=rate("evagg_delivered_events_total", "sink"),
+        lag_events=_by_label(second, "evagg_sink_lag_events", "sink"),
+        permanent_error=_by_label(second, "evagg_sink_permanent_error", "sink"),
+        spool_bytes=second.get("evagg_spool_bytes", 0.0),
+        spool_max_bytes=second.get("evagg_spool_max_bytes", 0.0),
+        dropped=_by_label(second, "evagg_dropped_events_total", "reason"),
+        rejected=_by_label(second, "evagg_rejected_events_total", "route"),
+        bad_input=_by_label(second, "evagg_bad_input_total", "reason"),
+        errors=_by_label(second, "evagg_delivery_errors_total", "sink"),
+    )

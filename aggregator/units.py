@@ -1,0 +1,49 @@
+"""Human-friendly sizes and durations in configuration ("4GiB", "5m")."""
+
+from __future__ import annotations
+
+import re
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "kib": 1024, "ki": 1024,
+    "m": 1000**2, "mb": 1000**2, "mib": 1024**2, "mi": 1024**2,
+    "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "gi": 1024**3,
+    "t": 1000**4, "tb": 1000**4, "tib": 1024**4, "ti": 1024**4,
+}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_size(value: object) -> int:
+    """Bytes from an int or a string such as "128MiB" or "4GB"."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as \"64MiB\"")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("a size cannot be negative")
+        return value
+    if not isinstance(value, str):
+        raise ValueError("expected a size such as \"64MiB\"")
+    match = _SIZE.match(value)
+    unit = (match.group(2) or "").lower() if match else ""
+    if not match or unit not in _SIZE_UNITS:
+        raise ValueError(f"{value!r} is not a size such as \"64MiB\"")
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from a number or a string such as "5m", "250ms", "1h"."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as \"5m\"")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError("a duration cannot be negative")
+        return float(value)
+    if not isinstance(value, str):
+        raise ValueError("expected a duration such as \"5m\"")
+    match = _DURATION.match(value)
+    if not match:
+        raise ValueError(f"{value!r} is not a duration such as \"30s\" or \"5m\"")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2) or ""]

@@ -1,0 +1,149 @@
+"""A real evagg agent in a subprocess, for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_SPOOL = 'max_bytes = "256MiB"'
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def short_socket_dir() -> Path:
+    """Unix socket paths are limited to ~107 bytes; pytest's tmp_path can be longer."""
+    return Path(tempfile.mkdtemp(prefix="evagg-", dir="/tmp"))
+
+
+class AgentProcess:
+    def __init__(self, workdir: Path, sinks_toml: str = "", extra_toml: str = "",
+                 env: dict[str, str] | None = None, agent_toml: str = "",
+                 spool_toml: str = "") -> None:
+        self.workdir = workdir
+        self.socket_path = short_socket_dir() / "events.sock"
+        self.state_dir = workdir / "state"
+        self.lake_dir = workdir / "lake"
+        self.port = free_port()
+        self.http_url = f"http://127.0.0.1:{self.port}"
+        self.config_path = workdir / "evagg.toml"
+        self.log_path = workdir / "agent.log"
+        self.env = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        sinks = sinks_toml or (
+            f'[[sinks]]\nname = "lake"\ntype = "parquet"\nurl = "{self.lake_dir}"\n'
+            'roll_interval = "1s"\n'
+        )
+        self.config_path.write_text(
+            "[agent]\n"
+            f'node_id = "test-node"\nsocket = "{self.socket_path}"\n'
+            f'state_dir = "{self.state_dir}"\nhttp_listen = "127.0.0.1:{self.port}"\n'
+            f'heartbeat_interval = "2s"\ndrain_timeout = "20s"\n{agent_toml}\n'
+            f"[spool]\n{spool_toml or DEFAULT_SPOOL}\n\n{sinks}\n{extra_toml}\n"
+        )
+
+    def start(self, timeout: float = 30.0) -> AgentProcess:
+        env = {**os.environ, "PYTHONPATH": str(REPO), **self.env}
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "aggregator", "run", "--config", str(self.config_path)],
+                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self._wait_ready(timeout)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"agent exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(f"{self.http_url}/readyz", timeout=1) as answer:
+                    if answer.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"agent not ready after {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.proc = None
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def restart(self) -> AgentProcess:
+        self.kill()
+        return self.start()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"{self.http_url}/metrics", timeout=5) as answer:
+            return str(answer.read().decode())
+
+    def metric(self, series: str) -> float:
+        """Sum of every sample whose name{labels} starts with `series`."""
+        total = 0.0
+        for line in self.metrics().splitlines():
+            if line.startswith(series) and not line.startswith("#"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def wait_delivered(self, events: int, timeout: float = 60.0, sink: str = "lake") -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.metric(f'evagg_delivered_events_total{{sink="{sink}"}}') >= events:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"sink {sink} did not deliver {events} events in {timeout}s:\n"
+                             f"{self.metrics()}")
+
+    def query(self, sql: str) -> list[tuple[Any, ...]]:
+        """Run SQL over the lake with a view `events` (every row, duplicates kept)."""
+        return query_lake(self.lake_dir, sql)
+
+    def __enter__(self) -> AgentProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.running:
+            self.stop()
+
+
+def query_lake(lake: Path, sql: str) -> list[tuple[Any, ...]]:
+    con = duckdb.connect()
+    con.execute(
+        f"CREATE VIEW events AS SELECT * FROM read_parquet('{lake}/**/*.parquet', "
+        "hive_partitioning = true, union_by_name = true)")
+    return con.execute(sql).fetchall()
