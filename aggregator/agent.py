@@ -43,7 +43,8 @@ class Agent:
                                  host=config.host)
         self.socket = SocketIngest(self.ingestor, self.metrics, path=config.socket,
                                    mode=config.socket_mode, group=config.socket_group,
-                                   max_frame_bytes=config.max_frame_bytes)
+                                   max_frame_bytes=config.max_frame_bytes,
+                                   frame_timeout_s=config.frame_timeout_s)
         self.http = HttpApi(self.ingestor, self.metrics, max_body_bytes=config.http_max_body_bytes,
                             token=config.http_token, is_ready=self._is_ready)
         self.consumers: dict[str, SinkConsumer] = {}

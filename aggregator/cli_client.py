@@ -16,7 +16,7 @@ import orjson
 
 from aggregator.status import format_status, parse_metrics
 
-Parsers = argparse._SubParsersAction[argparse.ArgumentParser]
+Parsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def agent_url(explicit: str | None) -> str:

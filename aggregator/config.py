@@ -51,6 +51,7 @@ class AgentConfig:
     http_token: str | None  # bearer token required on ingest routes when set
     http_max_body_bytes: int
     max_frame_bytes: int
+    frame_timeout_s: float
     spool_max_bytes: int
     spool_when_full: Literal["block", "drop_oldest"]
     spool_fsync: Literal["os", "always"]
@@ -63,7 +64,8 @@ class AgentConfig:
 
 _AGENT_KEYS = {
     "node_id", "socket", "socket_mode", "socket_group", "state_dir", "http_listen",
-    "http_token_file", "http_max_body", "max_frame", "drain_timeout", "heartbeat_interval",
+    "http_token_file", "http_max_body", "max_frame", "frame_timeout", "drain_timeout",
+    "heartbeat_interval",
 }
 _SPOOL_KEYS = {"max_bytes", "when_full", "fsync", "segment_bytes"}
 _COMMON_SINK_KEYS = {"name", "type", "url", "kinds", "sources", "names"}
@@ -178,6 +180,7 @@ def _build(
         http_token=get(agent, "http_token_file", None, _read_token, "agent."),
         http_max_body_bytes=get(agent, "http_max_body", "64MiB", parse_size, "agent."),
         max_frame_bytes=get(agent, "max_frame", "4MiB", parse_size, "agent."),
+        frame_timeout_s=get(agent, "frame_timeout", "10s", parse_duration, "agent."),
         spool_max_bytes=get(spool, "max_bytes", "4GiB", parse_size, "spool."),
         spool_when_full=get(spool, "when_full", "block", _one_of("block", "drop_oldest"), "spool."),
         spool_fsync=get(spool, "fsync", "os", _one_of("os", "always"), "spool."),

@@ -93,7 +93,11 @@ class SocketIngest:
             if not head:
                 return
             if len(head) < _LENGTH.size:
-                head += await self._read_exactly(reader, _LENGTH.size - len(head))
+                rest = await self._read_exactly(reader, _LENGTH.size - len(head))
+                if rest is None:
+                    await self._refuse(writer, "stalled", "frame length incomplete")
+                    return
+                head += rest
             (length,) = _LENGTH.unpack(head)
             if length > self.max_frame_bytes:
                 await self._refuse(writer, "oversized",

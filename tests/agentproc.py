@@ -45,7 +45,7 @@ class AgentProcess:
         self.log_path = workdir / "agent.log"
         self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
-        sinks = sinks_toml or (
+        sinks = sinks_toml.replace("{lake}", str(self.lake_dir)) or (
             f'[[sinks]]\nname = "lake"\ntype = "parquet"\nurl = "{self.lake_dir}"\n'
             'roll_interval = "1s"\n'
         )

@@ -1,0 +1,104 @@
+"""Offline tools: `evagg query`, `dashboard`, `compact`, `dlq`, `export-traces`.
+
+Each imports its implementation only when run, so `evagg run` starts without DuckDB's
+query layer, boto3 or the OpenTelemetry protobufs loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from emitters import paths
+
+Parsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def add_tool_parsers(commands: Parsers) -> None:
+    from dashboard.query import add_query_parser
+    from dashboard.server import add_dashboard_parser
+
+    add_query_parser(commands)
+    add_dashboard_parser(commands)
+    _add_compact(commands)
+    _add_dlq(commands)
+    _add_export_traces(commands)
+
+
+def _add_compact(commands: Parsers) -> None:
+    compact = commands.add_parser("compact", help="merge a partition's small Parquet files")
+    compact.add_argument("target", help="local directory or s3://bucket/prefix/")
+    compact.add_argument("--partition", help="only this partition, e.g. date=2026-11-29/hour=13")
+    compact.add_argument("--min-files", type=int, default=2)
+    compact.add_argument("--endpoint-url", help="S3-compatible endpoint")
+    compact.add_argument("--dry-run", action="store_true")
+    compact.set_defaults(command=_compact)
+
+
+def _compact(args: argparse.Namespace) -> int:
+    from sinks.compact import run_compact
+
+    try:
+        report = run_compact(args.target, partition=args.partition, min_files=args.min_files,
+                             endpoint_url=args.endpoint_url, dry_run=args.dry_run)
+    except (ValueError, OSError) as exc:
+        print(f"evagg compact: {exc}", file=sys.stderr)
+        return 1
+    print(report)
+    return 0
+
+
+def _add_dlq(commands: Parsers) -> None:
+    dlq = commands.add_parser("dlq", help="list or replay an HTTP sink's dead letters")
+    dlq.add_argument("action", choices=["list", "replay"])
+    dlq.add_argument("--sink", required=True, help="the HTTP sink's name")
+    dlq.add_argument("--state-dir", type=Path, default=paths.user_state_dir())
+    dlq.add_argument("--url", help="replay to this URL instead of the one recorded")
+    dlq.add_argument("--header", action="append", default=[], metavar="NAME=VALUE",
+                     help="header for the replay; VALUE may be env:NAME or file:PATH")
+    dlq.set_defaults(command=_dlq)
+
+
+def _dlq(args: argparse.Namespace) -> int:
+    from sinks.deadletter import list_dead_letters, replay_dead_letters
+
+    directory = args.state_dir / "deadletter" / args.sink
+    if args.action == "list":
+        letters = list_dead_letters(directory)
+        for letter in letters:
+            print(letter)
+        print(f"{len(letters)} dead-lettered batches in {directory}")
+        return 0
+    headers = dict(item.partition("=")[::2] for item in args.header)
+    report = asyncio.run(replay_dead_letters(directory, url=args.url, headers=headers))
+    print(report)
+    return 0 if not report.failed else 1
+
+
+def _add_export_traces(commands: Parsers) -> None:
+    export = commands.add_parser("export-traces",
+                                 help="write spans from Parquet as OTLP JSON for Jaeger")
+    export.add_argument("--data", required=True, help="local directory or s3://bucket/prefix/")
+    export.add_argument("--trace-id")
+    export.add_argument("--since", type=datetime.fromisoformat,
+                        help="ISO time, e.g. 2026-11-29T12:00")
+    export.add_argument("--out", type=Path, default=Path("traces.json"))
+    export.set_defaults(command=_export_traces)
+
+
+def _export_traces(args: argparse.Namespace) -> int:
+    from aggregator.jaeger_export import export_traces
+
+    if not args.trace_id and not args.since:
+        print("evagg export-traces: give --trace-id or --since", file=sys.stderr)
+        return 2
+    try:
+        spans = export_traces(args.data, trace_id=args.trace_id, since=args.since, out=args.out)
+    except (ValueError, OSError) as exc:
+        print(f"evagg export-traces: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {spans} spans to {args.out}")
+    return 0
