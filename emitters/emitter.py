@@ -1,0 +1,272 @@
+"""The Emitter: what callers touch. emit() and op() only queue a tuple; the sender does the rest.
+
+The caller's cost is a clock read and a deque append (atomic under the GIL), checked
+against a length cap so that a stalled sender can never grow memory without bound. The
+background thread starts on the first event, restarts lazily in a forked child (with a
+new session and empty buffers) and is flushed at interpreter exit within a deadline.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from dataclasses import replace
+from typing import Any
+
+from emitters.events import ContextChange, text
+from emitters.ledger import FlushWaiter
+from emitters.ops import Op
+from emitters.sender import Sender, Settings
+
+log = logging.getLogger("evagg.emitter")
+
+_time_ns = time.time_ns
+_SETTINGS = ("flush_interval", "max_buffer_bytes", "max_frame_bytes", "ack_timeout")
+_LIVE: weakref.WeakSet[Emitter] = weakref.WeakSet()
+
+
+class Emitter:
+    """One process-local event emitter; `emitters.emit` etc. use a default instance.
+
+    Options (all keyword, all optional; `configure()` takes the same names):
+    socket (path; else $EVAGG_SOCKET, else paths.default_socket_path()), job_id, run_id,
+    node_id (else $EVAGG_JOB_ID, $EVAGG_RUN_ID, $EVAGG_NODE_ID), source ("evagg"), attrs
+    (labels on every event), flush_interval (s), max_buffer_bytes (encoded frames kept
+    unacked), max_frame_bytes, max_pending (queued, unencoded events), exit_timeout (s),
+    ack_timeout (s without an ack before reconnecting and resending).
+    """
+
+    def __init__(self, **options: Any) -> None:
+        self._pending: deque[Any] = deque()
+        self._overflow = 0  # events the callers dropped because the queue was full
+        self._running = False
+        self._closed = False
+        self._lock = threading.Lock()
+        self._sender: Sender | None = None
+        self._identity: dict[str, Any] = {}
+        self._settings = Settings()
+        self._max_pending = 0
+        self._wake_at = 0
+        self.exit_timeout = 2.0
+        self._explicit_pending: int | None = None
+        self.configure(**options)
+        _LIVE.add(self)
+
+    # -- the caller's side -------------------------------------------------------------
+
+    def emit(self, /, kind: str, name: str | None = None, state: str | None = None,
+             **fields: Any) -> None:
+        """Queue one event. Never raises, never blocks; drops (and counts) when full."""
+        pending = self._pending
+        n = len(pending)
+        if n < self._max_pending:
+            pending.append((_time_ns(), kind, name, state, fields))
+            if n == self._wake_at or not self._running:
+                self._poke(n)
+        else:
+            self._overflow += 1
+
+    def op(self, name: str, /, step: int | None = None, **fields: Any) -> Op:
+        """`with emitter.op("train_step", step=i) as op: op.metric(loss=l)`."""
+        return Op(self, name, step, fields)
+
+    def _put(self, item: tuple[Any, ...]) -> None:
+        pending = self._pending
+        n = len(pending)
+        if n < self._max_pending:
+            pending.append(item)
+            if n == self._wake_at or not self._running:
+                self._poke(n)
+        else:
+            self._overflow += 1
+
+    def _poke(self, n: int) -> None:
+        try:
+            if not self._running:
+                self._start()
+            sender = self._sender
+            if sender is not None and n == self._wake_at:
+                sender.wake()
+        except Exception:
+            pass  # the event is queued; a sender that cannot start shows in stats()
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._running or self._closed:
+                return
+            sender = Sender(self)
+            try:
+                sender.start()
+            except RuntimeError:
+                # No new threads at interpreter shutdown: events stay queued up to the cap.
+                sender.release()
+                self._running = True
+                return
+            self._sender = sender
+            self._running = True
+        _register_multiprocessing_exit()
+
+    # -- configuration -------------------------------------------------------------------
+
+    def configure(self, **options: Any) -> None:
+        """Set context and limits; names as in the class docstring. None leaves a value."""
+        options = {k: v for k, v in options.items() if v is not None}
+        unknown = set(options) - {"socket", "job_id", "run_id", "node_id", "source", "attrs",
+                                  "exit_timeout", "max_pending", *_SETTINGS}
+        if unknown:
+            raise TypeError(f"unknown emitter option(s): {', '.join(sorted(unknown))}")
+        identity = dict(self._identity)
+        for key in ("job_id", "run_id", "node_id", "source"):
+            if key in options:
+                identity[key] = str(options[key])
+        if "attrs" in options:
+            identity["attrs"] = {text(k): text(v) for k, v in dict(options["attrs"]).items()}
+        changes = {k: options[k] for k in _SETTINGS if k in options}
+        if "socket" in options:
+            changes["socket_path"] = os.fspath(options["socket"])
+        settings = replace(self._settings, **changes)
+        _check_settings(settings)
+        if "exit_timeout" in options:
+            self.exit_timeout = float(options["exit_timeout"])
+        if "max_pending" in options:
+            self._explicit_pending = max(1, int(options["max_pending"]))
+        self._settings = settings
+        self._size_queue()
+        if identity != self._identity:
+            self._identity = identity
+            self._pending.append(ContextChange(identity))
+
+    def _size_queue(self) -> None:
+        """A queued event costs about 1 KB of Python objects: cap the queue like the buffer."""
+        limit = self._explicit_pending or max(1024, self._settings.max_buffer_bytes // 1024)
+        self._wake_at = min(4096, max(1, limit // 4))
+        if not self._closed:
+            self._max_pending = limit
+
+    @property
+    def socket_path(self) -> str:
+        return self._settings.resolved_socket()
+
+    def _current_settings(self) -> Settings:
+        return self._settings
+
+    # -- flush, close, stats -----------------------------------------------------------
+
+    def flush(self, timeout: float | None = 5.0) -> bool:
+        """Wait until everything emitted so far is acked; False on timeout or any loss.
+
+        A loss (a drop, a nack, a rejected event) since the previous flush makes it False.
+        Blocks the calling thread: from asyncio, run it in an executor.
+        """
+        return self._flush(timeout, at_exit=False)
+
+    def _flush(self, timeout: float | None, at_exit: bool) -> bool:
+        try:
+            if self._closed:
+                return False
+            if not self._running:
+                if not any(type(item) is tuple for item in list(self._pending)):
+                    return self._overflow == 0  # no event yet: no thread needed
+                self._start()
+            sender = self._sender
+            if sender is None or sender.is_sender_thread():
+                return False
+            waiter = FlushWaiter(at_exit)
+            self._pending.append(waiter)
+            sender.wake()
+            return waiter.done.wait(timeout) and waiter.ok
+        except Exception:
+            return False
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Flush (default deadline: exit_timeout; gives up at once if no agent listens),
+        stop the sender thread. Events emitted later are dropped and counted."""
+        limit = self.exit_timeout if timeout is None else timeout
+        ok = self._flush(limit, at_exit=True) if self._running else self._overflow == 0
+        with self._lock:
+            if self._closed:
+                return ok
+            self._closed = True
+            self._max_pending = 0
+            sender = self._sender
+        if sender is not None:
+            sender.stop(join_timeout=1.0)
+            left = sum(1 for item in list(self._pending) if type(item) is tuple)
+            undelivered = left + sender.outbox.unacked_events()
+            if undelivered:
+                sender.outbox.lost["exit_deadline"] += undelivered
+                log.warning("evagg emitter: %d event(s) not delivered before closing "
+                            "(agent at %s)", undelivered, self.socket_path)
+            sender.release()
+        self._pending.clear()
+        return ok
+
+    def stats(self) -> dict[str, int]:
+        """Counters: sent/acked/resent frames, dropped_<reason>, rejected_events, ..."""
+        sender = self._sender
+        out = sender.stats() if sender is not None else {}
+        if self._overflow:
+            out["dropped_buffer_full"] = out.get("dropped_buffer_full", 0) + self._overflow
+        out["pending"] = len(self._pending)
+        return out
+
+    @property
+    def session(self) -> bytes | None:
+        sender = self._sender
+        return sender.session if sender is not None else None
+
+    # -- fork --------------------------------------------------------------------------
+
+    def _reset_after_fork(self) -> None:
+        """In a forked child: the parent's thread is gone; start over with a new session."""
+        old = self._sender
+        self._lock = threading.Lock()
+        self._pending = deque()
+        self._overflow = 0
+        self._sender = None
+        self._running = False
+        if old is not None:
+            old.release()  # the child's copies of the parent's socket and wake pipe
+
+
+def _check_settings(settings: Settings) -> None:
+    if settings.flush_interval <= 0 or settings.ack_timeout <= 0:
+        raise ValueError("flush_interval and ack_timeout must be positive")
+    if min(settings.max_frame_bytes, settings.max_buffer_bytes) < 1024:
+        raise ValueError("max_frame_bytes and max_buffer_bytes must be at least 1024")
+
+
+def _close_all() -> None:
+    for emitter in list(_LIVE):
+        with contextlib.suppress(Exception):  # exit must go on
+            emitter.close()
+
+
+def _after_fork_in_child() -> None:
+    for emitter in list(_LIVE):
+        emitter._reset_after_fork()
+
+
+_mp_exit_registered_pid = 0
+
+
+def _register_multiprocessing_exit() -> None:
+    """multiprocessing's forked children leave by os._exit(), past atexit: hook its exit."""
+    global _mp_exit_registered_pid
+    util = sys.modules.get("multiprocessing.util")
+    if util is None or _mp_exit_registered_pid == os.getpid():
+        return
+    _mp_exit_registered_pid = os.getpid()
+    with contextlib.suppress(Exception):
+        util.Finalize(None, _close_all, exitpriority=0)
+
+
+atexit.register(_close_all)
+os.register_at_fork(after_in_child=_after_fork_in_child)

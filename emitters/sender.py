@@ -1,0 +1,309 @@
+"""The emitter's one background thread: drain the queue, frame, send, read acks, resend.
+
+Every frame stays in the outbox until the agent acks or nacks it; after a reconnect the
+whole outbox is sent again in order, and the agent drops the (session, seq) pairs it
+already holds. The outbox is bounded in bytes: events that do not fit are dropped and
+counted by reason, and the counts go to the agent as a `loss` event once it listens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+
+from emitters import wire
+from emitters.connection import Connection, ConnectionClosed
+from emitters.events import Context, ContextChange, build_events
+from emitters.ledger import FlushWaiter, Ledger
+from emitters.outbox import Outbox
+from emitters.paths import default_socket_path
+
+log = logging.getLogger("evagg.emitter")
+
+DRAIN_CHUNK = 4096
+BACKOFF_MIN_S = 0.05
+BACKOFF_MAX_S = 1.0
+LOSS_REPORT_INTERVAL_S = 1.0
+ERROR_PAUSE_S = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    socket_path: str | None = None  # None: $EVAGG_SOCKET or paths.default_socket_path()
+    flush_interval: float = 0.05
+    max_buffer_bytes: int = 64 * 1024 * 1024
+    max_frame_bytes: int = 1024 * 1024
+    ack_timeout: float = 10.0
+
+    def resolved_socket(self) -> str:
+        return self.socket_path or str(default_socket_path())
+
+
+class Source(Protocol):
+    """The emitter as its sender sees it: the callers' queue and their drop count."""
+
+    _pending: deque[Any]
+    _overflow: int
+    _identity: dict[str, Any]
+
+    def _current_settings(self) -> Settings: ...
+
+
+class Sender:
+    def __init__(self, source: Source) -> None:
+        self._source = source
+        settings = source._current_settings()
+        self.outbox = Outbox(settings.max_frame_bytes, settings.max_buffer_bytes)
+        self.session = self.outbox.session
+        self.ledger = Ledger(self.outbox, lambda: source._overflow)
+        self.counts = self.ledger.counts
+        self._log = self.ledger.log
+        self._context = Context.of(source._identity)  # ContextChange items update it in order
+        self._conn: Connection | None = None
+        self._conn_setting: str | None = None  # the configured socket when it connected
+        self._sent_upto = 0
+        self._backoff = BACKOFF_MIN_S
+        self._next_connect = self._next_drain = self._next_loss_report = 0.0
+        self._stopping = False
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._thread = threading.Thread(target=self._run, name="evagg-emitter", daemon=True)
+
+    # -- called from other threads ----------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wake(self) -> None:
+        fd = self._wake_w
+        if fd >= 0:
+            with contextlib.suppress(OSError):  # a full pipe: the thread is awake already
+                os.write(fd, b"\0")
+
+    def stop(self, join_timeout: float) -> None:
+        self._stopping = True
+        self.wake()
+        if self._thread.is_alive() and not self.is_sender_thread():
+            self._thread.join(join_timeout)
+
+    def is_sender_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def release(self) -> None:
+        """Close the socket and wake pipe, once no thread can use this sender any more."""
+        self._close()
+        for name in ("_wake_w", "_wake_r"):
+            fd = getattr(self, name)
+            setattr(self, name, -1)
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def stats(self) -> dict[str, int]:
+        return {**self.ledger.stats(), "connected": int(self._conn is not None)}
+
+    # -- the thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping:
+            try:
+                self._cycle()
+            except Exception as exc:  # the thread must outlive any bug or odd failure
+                self.counts["sender_errors"] += 1
+                self._log.log(logging.WARNING, "error", "evagg emitter: sender failed: %r", exc)
+                self._disconnect()
+                time.sleep(ERROR_PAUSE_S)
+        self._close()
+
+    def _cycle(self) -> None:
+        readable, woken = self._wait()
+        settings = self._source._current_settings()
+        if self._conn is not None and settings.socket_path != self._conn_setting:
+            self._disconnect()  # configure(socket=...) moved: send the unacked there
+            readable = False
+        now = time.monotonic()
+        if woken or now >= self._next_drain:
+            self._next_drain = now + settings.flush_interval
+            self._drain(settings)
+            self.ledger.warn_new_losses(settings.resolved_socket())
+        if self._conn is None and self._wants_connection() and now >= self._next_connect:
+            self._connect(settings)
+        if self._conn is not None and readable:
+            self._read()
+        if self._conn is not None:
+            self._report_losses()
+            self._write()
+        if self._conn is not None and self._conn.stalled(settings.ack_timeout):
+            self.counts["ack_timeouts"] += 1
+            self._disconnect()
+        self.ledger.settle_waiters()
+
+    def _wait(self) -> tuple[bool, bool]:
+        due = self._next_drain
+        if self._conn is None and self._wants_connection():
+            due = min(due, self._next_connect)
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        if self._conn is not None:
+            poller.register(self._conn, select.POLLIN
+                            | (select.POLLOUT if self._conn.wants_write else 0))
+        readable = woken = False
+        for fd, _ in poller.poll(max(0.0, due - time.monotonic()) * 1000):
+            if fd == self._wake_r:
+                woken = True
+                with contextlib.suppress(OSError):
+                    while os.read(self._wake_r, 4096):
+                        pass
+            else:
+                readable = True  # data, hang-up or error: read() tells which
+        return readable, woken
+
+    # -- queue -> frames ------------------------------------------------------------------
+
+    def _drain(self, settings: Settings) -> None:
+        pending = self._source._pending
+        n = len(pending)
+        if not n:
+            return
+        self.outbox.resize(settings.max_frame_bytes, settings.max_buffer_bytes)
+        batch: list[tuple[Any, ...]] = []
+        for _ in range(n):
+            item = pending.popleft()
+            if type(item) is tuple:
+                batch.append(item)
+                if len(batch) >= DRAIN_CHUNK:
+                    self._frame(batch)
+                    batch = []
+                continue
+            self._frame(batch)  # a marker applies after the events queued before it
+            batch = []
+            if isinstance(item, FlushWaiter):
+                self._made(self.outbox.close_frame())
+                self._add_waiter(item, settings)
+            elif isinstance(item, ContextChange):
+                self._context = Context.of(item.identity)
+        self._frame(batch)
+        self._made(self.outbox.close_frame())
+
+    def _frame(self, items: list[tuple[Any, ...]]) -> None:
+        if not items:
+            return
+        if self.outbox.full:
+            self.outbox.lost["buffer_full"] += len(items)
+            return
+        try:
+            events = build_events(items, self._context, self.outbox.lost)
+        except Exception as exc:
+            self.outbox.lost["unencodable"] += len(items)
+            self._log.log(logging.WARNING, "build", "evagg emitter: cannot build events: %r", exc)
+            return
+        for seq in self.outbox.add_events(events):
+            self._made(seq)
+
+    def _made(self, seq: int | None) -> None:
+        if seq is not None and self._conn is not None:
+            self._conn.queue((seq,))
+
+    def _report_losses(self) -> None:
+        """`loss` events for the drops not yet reported (one per reason), at most once a second.
+
+        Shaped as the agent's own: name and attrs.reason the reason, metrics.events the count.
+        """
+        now = time.monotonic()
+        if now < self._next_loss_report or not self.ledger.has_unreported_losses():
+            return
+        self._next_loss_report = now + LOSS_REPORT_INTERVAL_S
+        time_ns = time.time_ns()
+        items = [(time_ns, "loss", reason, "DROPPED",
+                  {"source": "evagg", "metrics": {"events": count},
+                   "attrs": {"reason": reason, "session": self.session.hex(),
+                             "component": "emitter"}})
+                 for reason, count in sorted(self.ledger.take_unreported().items())]
+        events = build_events(items, self._context, self.outbox.lost)
+        payload = b"".join(orjson.dumps(event) + b"\n" for event in events)
+        self._made(self.outbox.add_payload(payload, len(events), force=True))
+        self.counts["loss_events"] += len(events)
+
+    # -- connection ---------------------------------------------------------------------
+
+    def _wants_connection(self) -> bool:
+        if self.outbox.frames:
+            return True
+        return self.ledger.has_unreported_losses()
+
+    def _connect(self, settings: Settings) -> bool:
+        path = settings.resolved_socket()
+        try:
+            conn = Connection(path)
+        except OSError as exc:
+            self.counts["connect_failures"] += 1
+            self._next_connect = time.monotonic() + self._backoff
+            self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
+            self._log.log(logging.INFO, "connect", "evagg emitter: no agent at %s (%s); "
+                          "buffering and retrying", path, exc)
+            self.ledger.agent_unreachable()
+            return False
+        self._conn = conn
+        self._conn_setting = settings.socket_path
+        self._backoff = BACKOFF_MIN_S
+        conn.queue(self.outbox.frames)  # everything unacked, oldest first
+        self.counts["resent_frames"] += sum(1 for s in self.outbox.frames if s <= self._sent_upto)
+        self.counts["connects"] += 1
+        return True
+
+    def _disconnect(self) -> None:
+        if self._conn is None:
+            return
+        self._close()
+        self.counts["disconnects"] += 1
+        self._next_connect = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def _write(self) -> None:
+        assert self._conn is not None
+        if not self._conn.wants_write:
+            return
+        try:
+            sent = self._conn.write(self.outbox.frames)
+        except ConnectionClosed:
+            self._disconnect()
+            return
+        if sent:
+            self.counts["sent_frames"] += len(sent)
+            self._sent_upto = max(self._sent_upto, sent[-1])
+
+    def _read(self) -> None:
+        assert self._conn is not None
+        try:
+            self._conn.read(self._on_reply)
+        except ConnectionClosed:
+            self._disconnect()
+        except wire.FrameError as exc:
+            self.counts["bad_replies"] += 1
+            self._log.log(logging.WARNING, "bad_reply", "evagg emitter: unreadable reply from "
+                          "the agent (%s); reconnecting", exc)
+            self._disconnect()
+
+    def _on_reply(self, reply: wire.Frame) -> None:
+        if self.ledger.on_reply(reply) and self._conn is not None:
+            self._conn.answered()
+
+    # -- flush ------------------------------------------------------------------------------
+
+    def _add_waiter(self, waiter: FlushWaiter, settings: Settings) -> None:
+        self.ledger.add_waiter(waiter)
+        if waiter.at_exit and self._conn is None and self.outbox.frames:
+            self._connect(settings)  # at once, whatever the backoff says
