@@ -190,8 +190,12 @@ def _build(
         sinks=_sinks(sinks_raw, problems),
         source_path=path,
     )
-    if config.spool_max_bytes < 4 * config.max_frame_bytes:
-        problems.append("spool.max_bytes: must be at least four times agent.max_frame")
+    # A frame's Arrow record can be larger than its NDJSON; the spool holds records of at
+    # most a quarter of max_bytes and one segment, so leave a factor of two on top.
+    if config.spool_max_bytes < 8 * config.max_frame_bytes:
+        problems.append("spool.max_bytes: must be at least eight times agent.max_frame")
+    if config.spool_segment_bytes < 2 * config.max_frame_bytes:
+        problems.append("spool.segment_bytes: must be at least twice agent.max_frame")
     return config
 
 

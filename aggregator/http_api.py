@@ -65,6 +65,9 @@ class HttpApi:
             raise
         except asyncio.CancelledError:
             raise
+        except SpoolUnavailable as exc:
+            return web.Response(status=503, body=orjson.dumps({"error": str(exc)}),
+                                content_type="application/json", headers={"Retry-After": "5"})
         except Exception as exc:
             self.metrics.worker_errors.inc(worker="http", type=type(exc).__name__)
             log.exception("request to %s failed", request.path)

@@ -13,8 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import pyarrow as pa
-
 from aggregator.decode import decode_ndjson
 from aggregator.metrics import AgentMetrics
 from aggregator.normalize import Normalized, Stamp, ndjson_to_batch, rows_to_batch
@@ -32,6 +30,10 @@ class IngestResult:
     duplicate: bool
     note: str  # the first rejection reason, or ""
     reasons: tuple[str, ...] = ()  # up to ten rejection reasons, for HTTP answers
+
+
+class SpoolUnavailable(RuntimeError):
+    """The spool could not write (disk full, I/O error): answer nothing, let producers resend."""
 
 
 class Ingestor:
@@ -82,9 +84,17 @@ class Ingestor:
         batch = normalized.batch
         if batch.num_rows == 0:
             return IngestResult(0, rejected, False, normalized.first_reason(), reasons)
-        payload = await self.in_thread(_serialize, batch)
-        result = await self.spool.append(payload, batch.num_rows, received_ns=stamp.received_ns,
-                                         session=session, seq=seq)
+        payload = await self.in_thread(batch_to_bytes, batch)
+        try:
+            result = await self.spool.append(payload, batch.num_rows,
+                                             received_ns=stamp.received_ns, session=session,
+                                             seq=seq)
+        except ValueError as exc:  # a record the spool can never hold
+            self.metrics.rejected_events.inc(batch.num_rows, route=route)
+            return IngestResult(0, rejected + batch.num_rows, False, f"batch refused: {exc}")
+        except OSError as exc:
+            self.metrics.bad_input.inc(route=route, reason="spool_write_failed")
+            raise SpoolUnavailable(f"spool write failed: {exc.strerror or exc}") from exc
         if result.duplicate:
             self.metrics.duplicate_frames.inc(route=route)
             return IngestResult(0, 0, True, "")
@@ -96,6 +106,3 @@ class Ingestor:
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-
-def _serialize(batch: pa.RecordBatch) -> bytes:
-    return batch_to_bytes(batch)

@@ -218,7 +218,7 @@ def _metrics(value: Any) -> dict[str, float]:
         raise EventError(f"field 'metrics' must be an object, got {type(value).__name__}")
     out: dict[str, float] = {}
     for name, number in value.items():
-        if isinstance(number, bool) or not isinstance(number, (int, float)) and number is not None:
+        if isinstance(number, bool) or (not isinstance(number, (int, float)) and number is not None):
             raise EventError(f"metric {name!r} must be a number, got {type(number).__name__}")
         out[str(name)] = math.nan if number is None else float(number)
     return out

@@ -17,7 +17,7 @@ import stat
 import struct
 from pathlib import Path
 
-from aggregator.ingest import Ingestor
+from aggregator.ingest import Ingestor, SpoolUnavailable
 from aggregator.metrics import AgentMetrics
 from emitters import wire
 
@@ -76,6 +76,8 @@ class SocketIngest:
             raise
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the producer went away; its unacked frames will be resent
+        except SpoolUnavailable as exc:
+            log.error("%s; closing the connection so the producer resends later", exc)
         except Exception as exc:  # one bad connection must never take the agent down
             self.metrics.worker_errors.inc(worker="socket", type=type(exc).__name__)
             log.exception("socket connection failed")

@@ -37,7 +37,7 @@ def empty_batch() -> pa.RecordBatch:
 
 def batch_to_bytes(batch: pa.RecordBatch) -> bytes:
     """Serialize one record batch (without its schema) for a spool record."""
-    return batch.serialize().to_pybytes()
+    return bytes(batch.serialize().to_pybytes())
 
 
 def batch_from_bytes(payload: bytes) -> pa.RecordBatch:
