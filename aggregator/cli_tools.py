@@ -34,21 +34,25 @@ def _add_compact(commands: Parsers) -> None:
     compact.add_argument("--partition", help="only this partition, e.g. date=2026-11-29/hour=13")
     compact.add_argument("--min-files", type=int, default=2)
     compact.add_argument("--endpoint-url", help="S3-compatible endpoint")
+    compact.add_argument("--grace", type=float, default=600.0,
+                         help="leave files younger than this many seconds alone")
     compact.add_argument("--dry-run", action="store_true")
     compact.set_defaults(command=_compact)
 
 
 def _compact(args: argparse.Namespace) -> int:
     from sinks.compact import run_compact
+    from sinks.s3 import StoreError
 
     try:
         report = run_compact(args.target, partition=args.partition, min_files=args.min_files,
-                             endpoint_url=args.endpoint_url, dry_run=args.dry_run)
-    except (ValueError, OSError) as exc:
+                             endpoint_url=args.endpoint_url, dry_run=args.dry_run,
+                             grace_s=args.grace)
+    except (ValueError, OSError, StoreError) as exc:
         print(f"evagg compact: {exc}", file=sys.stderr)
         return 1
     print(report)
-    return 0
+    return 1 if report.errors else 0
 
 
 def _add_dlq(commands: Parsers) -> None:
