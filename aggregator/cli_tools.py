@@ -42,7 +42,7 @@ def _add_compact(commands: Parsers) -> None:
 
 def _compact(args: argparse.Namespace) -> int:
     from sinks.compact import run_compact
-    from sinks.s3 import StoreError
+    from sinks.stores import StoreError
 
     try:
         report = run_compact(args.target, partition=args.partition, min_files=args.min_files,

@@ -60,12 +60,14 @@ class AgentConfig:
     heartbeat_interval_s: float
     sinks: tuple[SinkConfig, ...]
     source_path: Path | None = None
+    red_metrics: bool = True  # RED metrics derived from events on /metrics
+    red_max_names: int = 200  # distinct names per kind before "other"
 
 
 _AGENT_KEYS = {
     "node_id", "socket", "socket_mode", "socket_group", "state_dir", "http_listen",
     "http_token_file", "http_max_body", "max_frame", "frame_timeout", "drain_timeout",
-    "heartbeat_interval",
+    "heartbeat_interval", "red_metrics", "red_max_names",
 }
 _SPOOL_KEYS = {"max_bytes", "when_full", "fsync", "segment_bytes"}
 _COMMON_SINK_KEYS = {"name", "type", "url", "kinds", "sources", "names"}
@@ -189,6 +191,8 @@ def _build(
         heartbeat_interval_s=get(agent, "heartbeat_interval", "30s", parse_duration, "agent."),
         sinks=_sinks(sinks_raw, problems),
         source_path=path,
+        red_metrics=get(agent, "red_metrics", True, _boolean, "agent."),
+        red_max_names=get(agent, "red_max_names", 200, _label_cap, "agent."),
     )
     # A frame's Arrow record can be larger than its NDJSON; the spool holds records of at
     # most a quarter of max_bytes and one segment, so leave a factor of two on top.
@@ -212,13 +216,19 @@ def _sinks(raw: Any, problems: list[str]) -> tuple[SinkConfig, ...]:
         return ()
     out: list[SinkConfig] = []
     seen: set[str] = set()
+    parquet_urls: set[str] = set()
     for index, table in enumerate(raw):
         sink = _sink(table, index, problems)
         if sink is None:
             continue
         if sink.name in seen:
             problems.append(f"sinks[{index}].name: {sink.name!r} is used by another sink")
+        if sink.type == "parquet" and sink.url.rstrip("/") in parquet_urls:
+            problems.append(f"sinks[{index}].url: another parquet sink writes to {sink.url!r}; "
+                            "their files would overwrite each other")
         seen.add(sink.name)
+        if sink.type == "parquet":
+            parquet_urls.add(sink.url.rstrip("/"))
         out.append(sink)
     return tuple(out)
 
@@ -295,6 +305,18 @@ def _read_token(value: Any) -> str:
     if not token:
         raise ValueError("the token file is empty")
     return token
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{value!r} is not true or false")
+    return value
+
+
+def _label_cap(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
+        raise ValueError(f"{value!r} is not a whole number from 1 to 100000")
+    return value
 
 
 def _one_of(*choices: str) -> Any:

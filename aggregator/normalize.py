@@ -187,7 +187,10 @@ def _time_ns(value: Any) -> int:
             raise EventError(f"field 'time' is out of range: {value}")
         return value
     if isinstance(value, str):
-        return parse_rfc3339_ns(value)
+        ns = parse_rfc3339_ns(value)
+        if not 0 <= ns < _INT64_LIMIT:
+            raise EventError(f"field 'time' is out of range: {value!r}")
+        return ns
     raise EventError("field 'time' must be integer nanoseconds or an RFC 3339 string")
 
 
@@ -207,7 +210,7 @@ def parse_rfc3339_ns(text: str) -> int:
                 break
     try:
         whole = datetime.fromisoformat(body + (zone.replace("z", "Z") or "+00:00"))
-    except ValueError:
+    except (ValueError, OverflowError):
         raise EventError(f"time {text!r} is not RFC 3339") from None
     nanos = int((fraction + "000000000")[:9]) if fraction else 0
     return int(whole.timestamp()) * 1_000_000_000 + nanos

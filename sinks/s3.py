@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from sinks.stores import ObjectStore, is_staging_name, staging_name
+from sinks.stores import ObjectStore, StoreError, is_staging_name, staging_name
 
 log = logging.getLogger(__name__)
 
@@ -34,23 +34,6 @@ PART_SIZE: Final = 8 * MIB  # S3's floor is 5 MiB for every part but the last
 MAX_PARTS: Final = 10_000
 STALE_UPLOAD_AGE_S: Final = 3600.0
 PARQUET_CONTENT_TYPE: Final = "application/vnd.apache.parquet"
-
-
-class StoreError(Exception):
-    """A failed store operation, classified for the delivery loop.
-
-    `kind` is a bounded label (metrics use it); `permanent` means retrying soon will not
-    help (bad credentials, missing bucket): the loop then retries slowly and
-    `evagg_sink_permanent_error` shows 1. The message names the operation and the object,
-    never a credential.
-    """
-
-    def __init__(self, message: str, kind: str, permanent: bool = False,
-                 retry_after_s: float | None = None) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.permanent = permanent
-        self.retry_after_s = retry_after_s
 
 
 _THROTTLED: Final = frozenset({
