@@ -24,23 +24,33 @@ from aggregator.delivery import SinkConsumer
 from aggregator.http_api import HttpApi
 from aggregator.ingest import Ingestor
 from aggregator.metrics import AgentMetrics
+from aggregator.red_metrics import RedMetrics
 from aggregator.sink_factory import build_sink
 from aggregator.socket_ingest import SocketIngest
 from aggregator.spool import Spool
+from emitters import autostart
 from emitters.ids import new_event_id
 
 log = logging.getLogger("evagg.agent")
+UNUSED_POLL_S = 0.5  # how often an agent on demand checks whether any user is left
 
 
 class Agent:
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: AgentConfig, exit_when_unused: Path | None = None) -> None:
         self.config = config
         self.metrics = AgentMetrics()
+        # -- RED metrics and agent on demand (see aggregator/red_metrics.py, emitters/autostart.py)
+        self.red = RedMetrics(max_names=config.red_max_names) if config.red_metrics else None
+        if self.red is not None:
+            self.metrics.registry.add_renderer(self.red.render)
+        self._exit_when_unused = exit_when_unused
+        self._unused_fd: int | None = None  # held until exit once no user is left
+        # -- end RED metrics and agent on demand
         self.spool = Spool(config.state_dir / "spool", max_bytes=config.spool_max_bytes,
                            when_full=config.spool_when_full, fsync=config.spool_fsync,
                            segment_bytes=config.spool_segment_bytes)
         self.ingestor = Ingestor(self.spool, self.metrics, node_id=config.node_id,
-                                 host=config.host)
+                                 host=config.host, red=self.red)
         self.socket = SocketIngest(self.ingestor, self.metrics, path=config.socket,
                                    mode=config.socket_mode, group=config.socket_group,
                                    max_frame_bytes=config.max_frame_bytes,
@@ -70,8 +80,13 @@ class Agent:
         systemd.notify("READY=1\nSTATUS=accepting events")
         self._announce()
         heartbeat = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
+        watcher = (asyncio.create_task(self._exit_when_unused_loop(self._exit_when_unused),
+                                       name="exit-when-unused")
+                   if self._exit_when_unused is not None else None)
         await self._stop.wait()
         heartbeat.cancel()
+        if watcher is not None:
+            watcher.cancel()
         await self._drain()
         return 0
 
@@ -136,7 +151,8 @@ class Agent:
         for sink_config in config.sinks:
             sink = build_sink(sink_config, node_id=config.node_id, spool_id=self.spool.spool_id,
                               state_dir=config.state_dir)
-            consumer = SinkConsumer(sink, self.spool, self.metrics)
+            consumer = SinkConsumer(sink, self.spool, self.metrics,
+                                    backoff_cap_s=getattr(sink, "max_retry_backoff_s", 60.0))
             self.consumers[sink.name] = consumer
             self._consumer_tasks[sink.name] = asyncio.create_task(consumer.run(),
                                                                   name=f"sink:{sink.name}")
@@ -170,13 +186,37 @@ class Agent:
             ("evagg_uptime_seconds", "Seconds since the agent started.", {},
              (time.time_ns() - self._started_ns) / 1e9),
         ]
-        for name in self.consumers:
+        for name, consumer in self.consumers.items():
+            sink_counters = getattr(consumer.sink, "metrics", None)
+            if callable(sink_counters):
+                for counter, value in sink_counters().items():
+                    out.append((f"evagg_sink_{counter}", f"HTTP sink counter {counter}, by sink.",
+                                {"sink": name}, float(value)))
             records, events = self.spool.lag(name)
             out.append(("evagg_sink_lag_events", "Events spooled but not yet delivered, by sink.",
                         {"sink": name}, float(events)))
             out.append(("evagg_sink_lag_records", "Spool records not yet delivered, by sink.",
                         {"sink": name}, float(records)))
         return out
+
+    async def _exit_when_unused_loop(self, users_path: Path) -> None:
+        """Agent on demand: stop once no process holds a shared lock on `users_path`."""
+        while True:
+            await asyncio.sleep(UNUSED_POLL_S)
+            try:
+                fd = autostart.claim_if_unused(users_path)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # keep serving; a later poll may succeed
+                self.metrics.worker_errors.inc(worker="exit_when_unused",
+                                               type=type(exc).__name__)
+                log.exception("cannot check the users lock %s", users_path)
+                continue
+            if fd is not None:
+                self._unused_fd = fd
+                log.info("no process uses this agent any more (%s): draining", users_path)
+                self.request_stop()
+                return
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -222,8 +262,8 @@ def _version() -> str:
         return "dev"
 
 
-def run_agent(config: AgentConfig) -> int:
-    return asyncio.run(Agent(config).run())
+def run_agent(config: AgentConfig, exit_when_unused: Path | None = None) -> int:
+    return asyncio.run(Agent(config, exit_when_unused).run())
 
 
 def ensure_dirs(config: AgentConfig) -> None:

@@ -12,8 +12,6 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from emitters import paths
-
 Parsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
@@ -58,26 +56,39 @@ def _compact(args: argparse.Namespace) -> int:
 def _add_dlq(commands: Parsers) -> None:
     dlq = commands.add_parser("dlq", help="list or replay an HTTP sink's dead letters")
     dlq.add_argument("action", choices=["list", "replay"])
-    dlq.add_argument("--sink", required=True, help="the HTTP sink's name")
-    dlq.add_argument("--state-dir", type=Path, default=paths.user_state_dir())
-    dlq.add_argument("--url", help="replay to this URL instead of the one recorded")
-    dlq.add_argument("--header", action="append", default=[], metavar="NAME=VALUE",
-                     help="header for the replay; VALUE may be env:NAME or file:PATH")
+    dlq.add_argument("--sink", required=True, help="the HTTP sink's name in the config")
+    dlq.add_argument("--config", type=Path, help="TOML file (default: $EVAGG_CONFIG or none)")
+    dlq.add_argument("--url", help="replay to this URL instead of the sink's configured one")
     dlq.set_defaults(command=_dlq)
 
 
 def _dlq(args: argparse.Namespace) -> int:
-    from sinks.deadletter import list_dead_letters, replay_dead_letters
+    from aggregator.config import ConfigError, load_config
+    from sinks.deadletter import dead_letter_dir, list_dead_letters, replay_dead_letters
+    from sinks.http_config import HttpSinkConfigError, resolve_headers
 
-    directory = args.state_dir / "deadletter" / args.sink
+    try:
+        config = load_config(args.config)
+        sink = next(s for s in config.sinks if s.name == args.sink and s.type == "http")
+        headers = resolve_headers(sink.options.get("headers", {}))
+    except ConfigError as exc:
+        print(f"evagg dlq: config error: {exc}", file=sys.stderr)
+        return 2
+    except StopIteration:
+        print(f"evagg dlq: no http sink named {args.sink!r} in the config", file=sys.stderr)
+        return 2
+    except HttpSinkConfigError as exc:
+        print(f"evagg dlq: {exc}", file=sys.stderr)
+        return 2
+    directory = dead_letter_dir(config.state_dir, sink.name)
     if args.action == "list":
         letters = list_dead_letters(directory)
         for letter in letters:
             print(letter)
         print(f"{len(letters)} dead-lettered batches in {directory}")
         return 0
-    headers = dict(item.partition("=")[::2] for item in args.header)
-    report = asyncio.run(replay_dead_letters(directory, url=args.url, headers=headers))
+    report = asyncio.run(replay_dead_letters(directory, args.url or sink.url, headers,
+                                             gzip=bool(sink.options.get("gzip", False))))
     print(report)
     return 0 if not report.failed else 1
 

@@ -77,7 +77,7 @@ SINK_KEYS: dict[str, set[str]] = {
         "path_style", "multipart_threshold",
     },
     "http": {
-        "format", "gzip", "headers", "batch_max_events", "batch_max_bytes", "batch_interval",
+        "format", "gzip", "gzip_level", "headers", "batch_max_events", "batch_max_bytes", "batch_interval",
         "timeout", "max_in_flight",
     },
 }

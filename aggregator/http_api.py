@@ -16,7 +16,7 @@ import orjson
 from aiohttp import web
 
 from aggregator import otlp, ray_events
-from aggregator.ingest import Ingestor, IngestResult
+from aggregator.ingest import Ingestor, IngestResult, SpoolUnavailable
 from aggregator.metrics import AgentMetrics
 from aggregator.tail import stream_tail
 
@@ -51,13 +51,15 @@ class HttpApi:
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Bearer token on ingest routes; every failure becomes a short readable answer."""
-        if self.token and request.path in INGEST_PATHS | {"/v1/tail"}:
-            offered = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(offered.encode(), f"Bearer {self.token}".encode()):
-                self.metrics.bad_input.inc(route=request.path, reason="unauthorized")
-                return _error(401, "missing or wrong bearer token")
+        guarded = request.path in INGEST_PATHS or request.path == "/v1/tail"
+        if self.token and guarded and not self._authorized(request):
+            self.metrics.bad_input.inc(route=request.path, reason="unauthorized")
+            return _error(401, "missing or wrong bearer token")
         try:
             return await handler(request)
+        except web.RequestPayloadError as exc:  # e.g. a broken gzip body aiohttp could not unpack
+            self.metrics.bad_input.inc(route=request.path, reason="bad_encoding")
+            return _error(400, f"cannot read the body: {exc}")
         except web.HTTPException as exc:
             if exc.status == 413:
                 self.metrics.bad_input.inc(route=request.path, reason="too_large")
@@ -72,6 +74,17 @@ class HttpApi:
             self.metrics.worker_errors.inc(worker="http", type=type(exc).__name__)
             log.exception("request to %s failed", request.path)
             return _error(500, f"internal error: {type(exc).__name__}")
+
+    def _authorized(self, request: web.Request) -> bool:
+        """A bearer token, or for Ray's exporter (which cannot send headers) ?token=."""
+        assert self.token is not None
+        offered = request.headers.get("Authorization", "")
+        if hmac.compare_digest(offered.encode(), f"Bearer {self.token}".encode()):
+            return True
+        if request.path == "/ray/events":
+            return hmac.compare_digest(request.query.get("token", "").encode(),
+                                       self.token.encode())
+        return False
 
     async def post_events(self, request: web.Request) -> web.Response:
         body = await request.read()

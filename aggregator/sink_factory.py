@@ -53,6 +53,7 @@ def _parquet(config: SinkConfig, options: dict[str, Any], event_filter: EventFil
 
 def _http(config: SinkConfig, options: dict[str, Any], event_filter: EventFilter,
           spool_id: str, state_dir: Path) -> Sink:
+    from sinks.deadletter import dead_letter_dir
     from sinks.http import HttpSink
 
     headers = options.get("headers", {})
@@ -70,9 +71,10 @@ def _http(config: SinkConfig, options: dict[str, Any], event_filter: EventFilter
         batch_interval_s=parse_duration(options.get("batch_interval", "1s")),
         body_format=body_format,
         gzip=bool(options.get("gzip", False)),
+        gzip_level=int(options.get("gzip_level", 1)),
         headers={str(k): str(v) for k, v in headers.items()},
         timeout_s=parse_duration(options.get("timeout", "10s")),
         max_in_flight=int(options.get("max_in_flight", 4)),
         event_filter=event_filter,
-        dead_letter_dir=state_dir / "deadletter" / config.name,
+        dead_letter_dir=dead_letter_dir(state_dir, config.name),
     )

@@ -1,0 +1,142 @@
+"""A real aiohttp endpoint on 127.0.0.1 whose answers a test switches during a run.
+
+It answers 200 by default; `answer()` scripts other statuses (with Retry-After),
+`stall()` delays answers past a client's timeout, and `stop()`/`start()` close and
+reopen the port so that connections are refused. It decodes each body (aiohttp undoes
+the gzip; NDJSON or a JSON array) and keeps what it saw: every request, batches by
+Idempotency-Key, and the distinct event ids of accepted (2xx) batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One request as the server saw it, and what it answered."""
+
+    key: str
+    status: int
+    content_type: str
+    content_encoding: str
+    headers: dict[str, str]
+    body: bytes  # decoded (gunzipped)
+    wire_bytes: int  # Content-Length as sent
+    events: list[dict[str, Any]]
+
+
+@dataclass
+class _Answer:
+    status: int
+    retry_after: str | None = None
+    text: str = ""
+    delay_s: float = 0.0
+
+
+@dataclass
+class FlakyServer:
+    path: str = "/ingest"
+    requests: list[Seen] = field(default_factory=list)
+    event_ids: set[str] = field(default_factory=set)  # distinct ids of accepted events
+    accepted_events: int = 0  # events in 2xx-answered requests, duplicates included
+    port: int = 0
+    _script: deque[_Answer] = field(default_factory=deque)
+    _default: _Answer = field(default_factory=lambda: _Answer(200))
+    _stall_s: float = 0.0
+    _conditional: list[tuple[Callable[[list[dict[str, Any]]], bool], _Answer]] = field(
+        default_factory=list)
+    _runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}{self.path}"
+
+    def batches(self) -> dict[str, list[Seen]]:
+        """Requests grouped by Idempotency-Key, in arrival order."""
+        grouped: dict[str, list[Seen]] = {}
+        for seen in self.requests:
+            grouped.setdefault(seen.key, []).append(seen)
+        return grouped
+
+    def answer(self, status: int, *, times: int | None = 1, retry_after: str | None = None,
+               text: str = "", delay_s: float = 0.0) -> None:
+        """Answer the next `times` requests with `status` (every request when times is None),
+        each after `delay_s` seconds."""
+        answer = _Answer(status, retry_after, text or f"status {status}", delay_s)
+        if times is None:
+            self._default = answer
+            self._script.clear()
+        else:
+            self._script.extend([answer] * times)
+
+    def answer_when(self, holds: Callable[[list[dict[str, Any]]], bool], status: int, *,
+                    delay_s: float = 0.0) -> None:
+        """Answer the first request whose events make `holds` true with `status`, once."""
+        self._conditional.append((holds, _Answer(status, None, f"status {status}", delay_s)))
+
+    def stall(self, seconds: float) -> None:
+        """Hold each answer this long (0 answers at once)."""
+        self._stall_s = seconds
+
+    async def start(self) -> FlakyServer:
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app.router.add_post(self.path, self._handle)
+        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
+        await self._runner.setup()
+        if not self.port:
+            self.port = _free_port()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True).start()
+        return self
+
+    async def stop(self) -> None:
+        """Close the port: new connections are refused until start()."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        body = await request.read()  # aiohttp has already undone Content-Encoding: gzip
+        encoding = request.headers.get("Content-Encoding", "")
+        wire_bytes = int(request.headers.get("Content-Length", "0"))
+        events = _decode(body, request.content_type)
+        answer = self._script.popleft() if self._script else self._default
+        for index, (holds, conditional) in enumerate(self._conditional):
+            if holds(events):
+                answer = conditional
+                del self._conditional[index]
+                break
+        if self._stall_s or answer.delay_s:
+            await asyncio.sleep(self._stall_s or answer.delay_s)
+        seen = Seen(request.headers.get("Idempotency-Key", ""), answer.status,
+                    request.content_type, encoding, dict(request.headers), body, wire_bytes,
+                    events)
+        self.requests.append(seen)
+        if 200 <= answer.status < 300:
+            self.accepted_events += len(events)
+            self.event_ids.update(str(e.get("event_id")) for e in events)
+        headers = {"Retry-After": answer.retry_after} if answer.retry_after else {}
+        return web.Response(status=answer.status, text=answer.text, headers=headers)
+
+
+def _decode(body: bytes, content_type: str) -> list[dict[str, Any]]:
+    if content_type == "application/json":
+        events = orjson.loads(body)
+        assert isinstance(events, list), "a JSON body must be an array of events"
+        return events
+    assert content_type == "application/x-ndjson", content_type
+    return [orjson.loads(line) for line in body.split(b"\n") if line.strip()]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
