@@ -1,0 +1,161 @@
+"""Values in Ray's RayEvent JSON (protobuf's canonical JSON mapping) -> evagg values.
+
+Keys are camelCase, or snake_case when Ray runs with PRESERVE_PROTO_FIELD_NAME; ids are
+standard base64 (shown as hex, the way Ray prints them); int64 arrive as strings;
+timestamps are RFC 3339 with up to nine fractional digits; fields at their default
+value are printed too, so "unset" means falsy.
+"""
+
+from __future__ import annotations
+
+import binascii
+import re
+from typing import Any
+
+import orjson
+
+from aggregator.normalize import EventError, parse_rfc3339_ns
+from emitters.fields import redact_environment
+
+
+class RayValueError(ValueError):
+    """One Ray event with a field that cannot be converted; the event is rejected."""
+
+
+class Keys(dict[str, str]):
+    """snake_case field name -> the key on the wire (camelCase unless preserved)."""
+
+    def __init__(self, camel: bool) -> None:
+        super().__init__()
+        self.camel = camel
+
+    def __missing__(self, snake: str) -> str:
+        head, *rest = snake.split("_")
+        key = head + "".join(p[:1].upper() + p[1:] for p in rest) if self.camel else snake
+        self[snake] = key
+        return key
+
+
+K_CAMEL = Keys(camel=True)
+K_SNAKE = Keys(camel=False)
+
+
+def keys_of(item: dict[str, Any]) -> Keys:
+    return K_SNAKE if ("event_type" in item or "event_id" in item) else K_CAMEL
+
+
+_SNAKE_OF: dict[str, str] = {}
+
+
+def snake(key: str) -> str:
+    name = _SNAKE_OF.get(key)
+    if name is None:
+        name = _SNAKE_OF[key] = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key).lower()
+    return name
+
+
+class Taken:
+    """Payload fields a mapper turns into columns itself, as wire keys in both casings."""
+
+    __slots__ = ("camel", "snake")
+
+    def __init__(self, *names: str) -> None:
+        self.snake = frozenset(names)
+        self.camel = frozenset(K_CAMEL[n] for n in names)
+
+
+def extra_attrs(obj: dict[str, Any], k: Keys, taken: Taken, also: str = "") -> dict[str, str]:
+    """attrs["ray_<snake>"] for each field not taken (nor `also`) that holds a non-default
+    value, so fields Ray adds in later versions are kept without code here."""
+    extra = obj.keys() - (taken.camel if k.camel else taken.snake)
+    extra.discard(also)
+    if not extra:
+        return {}
+    out = {}
+    for key in sorted(extra):
+        value = obj[key]
+        if value and value != "0":  # int64 zero prints as "0"
+            out[_attr_name(key)] = value if type(value) is str else text(value)
+    return out
+
+
+def _attr_name(key: str) -> str:
+    name = snake(key)
+    return name if name.startswith("ray_") else "ray_" + name
+
+
+def text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+_HEX: dict[str, str] = {}  # job, node, worker and task ids repeat across a batch
+
+
+def b64_hex(value: Any, field: str, cache: bool = True) -> str | None:
+    """A base64 id as hex; None when empty. Set cache=False for ids that never repeat."""
+    if not value:
+        return None
+    found = _HEX.get(value) if cache else None
+    if found is not None:
+        return found
+    if not isinstance(value, str):
+        raise RayValueError(f"{field} must be a base64 string, got {type(value).__name__}")
+    try:
+        found = binascii.a2b_base64(value, strict_mode=True).hex()
+    except binascii.Error as exc:
+        raise RayValueError(f"{field} is not base64 ({exc}): {value[:60]!r}") from None
+    if cache:
+        if len(_HEX) >= 1 << 16:
+            _HEX.clear()
+        _HEX[value] = found
+    return found
+
+
+def ids(p: dict[str, Any], k: Keys, *columns: str) -> dict[str, str | None]:
+    """{column: hex} for payload fields named like the columns (task_id, job_id, ...)."""
+    return {c: b64_hex(p.get(k[c]), k[c]) for c in columns}
+
+
+_SECONDS: dict[str, int] = {}
+
+
+def time_ns(value: Any, field: str) -> int:
+    """RFC 3339 -> integer ns. The whole-second part is cached: a batch spans few seconds."""
+    if not isinstance(value, str):
+        raise RayValueError(f"{field} must be an RFC 3339 string, got {type(value).__name__}")
+    try:
+        if len(value) > 20 and value[19] == "." and value[-1] == "Z" and value[20:-1].isdigit():
+            head = value[:19]
+            seconds = _SECONDS.get(head)
+            if seconds is None:
+                if len(_SECONDS) > 100_000:
+                    _SECONDS.clear()
+                seconds = _SECONDS[head] = parse_rfc3339_ns(head + "Z")
+            return seconds + int(value[20:-1][:9].ljust(9, "0"))
+        return parse_rfc3339_ns(value)
+    except EventError as exc:
+        raise RayValueError(f"{field}: {exc}") from None
+
+
+def to_int(value: Any, field: str) -> int:
+    """int32 arrive as JSON numbers, int64 as strings."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    raise RayValueError(f"{field} must be an integer, got {value!r:.40}")
+
+
+def runtime_env(serialized: Any) -> str | None:
+    """A serialized runtime env with secret-looking env_vars values redacted."""
+    if not serialized or serialized == "{}":
+        return None
+    try:
+        env = orjson.loads(serialized)
+    except orjson.JSONDecodeError:
+        return "[unreadable runtime env]"
+    if isinstance(env, dict) and isinstance(env.get("env_vars"), dict):
+        env["env_vars"] = redact_environment({str(a): str(b) for a, b in env["env_vars"].items()})
+    return text(env)

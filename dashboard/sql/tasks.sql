@@ -1,0 +1,112 @@
+-- tasks: one row per task attempt, folded from every kind = 'task' event in `events`
+-- (evagg's own task events and Ray's). Needs a view or table `events` with the evagg
+-- columns.
+--
+-- Ray splits one attempt over several events that arrive out of order and possibly in
+-- different POSTs: the definition (state DEFINED, the only one with the task's name),
+-- the owner's PENDING/SUBMITTED/FINISHED/FAILED (with the executor's node and worker
+-- and the error) and the executor's RUNNING (with the worker's pid in
+-- attrs['worker_pid']). So every column is an order-free aggregate:
+--   * the time of a state is the earliest event in it;
+--   * final_state is the state of highest rank (DEFINED < PENDING < SUBMITTED <
+--     RUNNING < FINISHED = FAILED), then the latest, then FAILED over FINISHED: a
+--     RUNNING that arrives after FINISHED changes nothing; a task whose RUNNING never
+--     arrived still has its row;
+--   * node_id prefers the RUNNING event (reported by the executor on its node), then
+--     the terminal one; worker_id prefers the terminal event (the executor's RUNNING
+--     event carries none);
+--   * the error columns come together from the latest event that has an error.
+-- Every aggregate ignores duplicate rows (count is DISTINCT), so resent events change
+-- nothing. Ray tasks are also keyed by attrs['ray_session']: a new Ray cluster starts
+-- its job and task ids again from the same values.
+CREATE OR REPLACE VIEW tasks AS
+WITH task_events AS (
+    SELECT
+        *,
+        coalesce(attempt, 0) AS attempt_no,
+        coalesce(attrs['ray_session'], '') AS session,
+        CASE state
+            WHEN 'DEFINED' THEN 0
+            WHEN 'PENDING' THEN 1
+            WHEN 'SUBMITTED' THEN 2
+            WHEN 'RUNNING' THEN 3
+            WHEN 'FINISHED' THEN 4
+            WHEN 'FAILED' THEN 4
+        END AS state_rank
+    FROM events
+    WHERE kind = 'task' AND coalesce(task_id, '') <> ''
+),
+folded AS (
+    SELECT
+        task_id,
+        attempt_no AS attempt,
+        session,
+        arg_max(name, {'defined': state = 'DEFINED', 'time': time})
+            FILTER (WHERE coalesce(name, '') <> '') AS name,
+        arg_max(state, {'rank': state_rank, 'time': time, 'failed': state = 'FAILED'})
+            FILTER (WHERE state_rank IS NOT NULL) AS final_state,
+        min(time) FILTER (WHERE state = 'PENDING') AS pending_at,
+        min(time) FILTER (WHERE state = 'SUBMITTED') AS submitted_at,
+        min(time) FILTER (WHERE state = 'RUNNING') AS running_at,
+        min(time) FILTER (WHERE state = 'FINISHED') AS finished_at,
+        min(time) FILTER (WHERE state = 'FAILED') AS failed_at,
+        arg_max(duration_s, time)
+            FILTER (WHERE state_rank = 4 AND duration_s IS NOT NULL) AS reported_s,
+        max(job_id) FILTER (WHERE job_id <> '') AS job_id,
+        arg_max(node_id, {'pref': CASE WHEN state = 'RUNNING' THEN 2 WHEN state_rank = 4
+                                       THEN 1 ELSE 0 END, 'time': time})
+            FILTER (WHERE node_id <> '') AS node_id,
+        arg_max(worker_id, {'pref': CASE WHEN state_rank = 4 THEN 2 WHEN state = 'RUNNING'
+                                         THEN 1 ELSE 0 END, 'time': time})
+            FILTER (WHERE worker_id <> '') AS worker_id,
+        coalesce(max(TRY_CAST(attrs['worker_pid'] AS INTEGER)),
+                 max(pid) FILTER (WHERE state = 'RUNNING'), max(pid)) AS pid,
+        max(actor_id) FILTER (WHERE actor_id <> '') AS actor_id,
+        max(parent_id) FILTER (WHERE parent_id <> '') AS parent_id,
+        max(trace_id) FILTER (WHERE trace_id <> '') AS trace_id,
+        max(attrs['ray_task_type']) AS task_type,
+        max(attrs['ray_function']) AS function,
+        arg_max({'error_type': error_type, 'exception_class': attrs['exception_class'],
+                 'error_message': error_message, 'stack_trace': stack_trace}, time)
+            FILTER (WHERE error_type IS NOT NULL OR error_message IS NOT NULL) AS error,
+        max(source) AS source,
+        min(time) AS first_seen,
+        max(time) AS last_seen,
+        count(DISTINCT event_id) AS events
+    FROM task_events
+    GROUP BY task_id, attempt_no, session
+)
+SELECT
+    task_id,
+    attempt,
+    name,
+    coalesce(final_state, 'UNKNOWN') AS final_state,
+    pending_at,
+    submitted_at,
+    running_at,
+    finished_at,
+    failed_at,
+    coalesce(
+        (epoch_us(CASE final_state WHEN 'FAILED' THEN failed_at ELSE finished_at END)
+            - epoch_us(running_at)) / 1e6,
+        reported_s
+    ) AS duration_s,
+    job_id,
+    node_id,
+    worker_id,
+    pid,
+    actor_id,
+    parent_id,
+    trace_id,
+    error.error_type AS error_type,
+    error.exception_class AS exception_class,
+    error.error_message AS error_message,
+    error.stack_trace AS stack_trace,
+    source,
+    task_type,
+    function,
+    nullif(session, '') AS ray_session,
+    first_seen,
+    last_seen,
+    events
+FROM folded;
