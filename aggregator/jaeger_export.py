@@ -1,0 +1,153 @@
+"""Spans in the Parquet store -> one OTLP JSON file (ExportTraceServiceRequest).
+
+Jaeger's UI loads such a file ("Search" -> "Upload"), and so does any OTLP tool.
+Every event with a trace_id, a span_id and a terminal state (FINISHED or FAILED) is a
+span: OTel spans, and evagg ops or tasks that carried trace context. A span seen twice
+(a resent batch) is written once. Resources are grouped by `service.name`, falling back
+to the event's source. DuckDB reads the Parquet; s3:// goes through `dashboard.s3`
+(httpfs from its pip package, credentials from boto3's chain).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+_COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "state", "kind", "source",
+            "duration_s", "error_type", "error_message", "stack_trace", "attrs",
+            "run_id", "job_id", "node_id", "host", "pid", "step")
+_SPAN_KINDS = {"UNSPECIFIED": 0, "INTERNAL": 1, "SERVER": 2, "CLIENT": 3, "PRODUCER": 4,
+               "CONSUMER": 5}
+_INTERNAL_ATTRS = frozenset({"otel.span_kind", "otel.scope", "service.name"})
+_COLUMN_ATTRS = (("run_id", "evagg.run_id"), ("job_id", "evagg.job_id"),
+                 ("node_id", "evagg.node_id"), ("host", "host.name"),
+                 ("kind", "evagg.kind"), ("source", "evagg.source"))
+_STATUS_ERROR = 2
+
+
+def export_traces(
+    data: str,
+    *,
+    trace_id: str | None = None,
+    since: datetime | None = None,
+    out: Path,
+    max_spans: int = 1_000_000,
+) -> int:
+    """Write the spans under `data` (a local directory or s3:// URL) to `out`; returns the count."""
+    rows = read_spans(data, trace_id=trace_id, since=since, max_spans=max_spans)
+    document = otlp_json(rows)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_bytes(orjson.dumps(document))
+    tmp.replace(out)
+    return len(rows)
+
+
+def read_spans(
+    data: str, *, trace_id: str | None, since: datetime | None, max_spans: int
+) -> list[dict[str, Any]]:
+    import duckdb
+
+    connection = _connect(data)
+    where = ["trace_id IS NOT NULL", "span_id IS NOT NULL", "state IN ('FINISHED', 'FAILED')"]
+    params: list[Any] = []
+    if trace_id:
+        where.append("trace_id = ?")
+        params.append(trace_id.lower())
+    if since is not None:
+        where.append("time >= ?")
+        params.append(since)
+    sql = f"""
+        SELECT {", ".join(_COLUMNS)}, epoch_ns(time) AS time_ns
+        FROM read_parquet(?, hive_partitioning = true, union_by_name = true)
+        WHERE {" AND ".join(where)}
+        QUALIFY row_number() OVER (PARTITION BY trace_id, span_id ORDER BY received DESC) = 1
+        ORDER BY time
+        LIMIT {int(max_spans)}
+    """
+    try:
+        cursor = connection.execute(sql, [_glob(data), *params])
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    except duckdb.Error as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"cannot read spans from {data}: {reason}") from None
+
+
+def _glob(data: str) -> str:
+    return data.rstrip("/") + "/**/*.parquet"
+
+
+def _connect(data: str) -> Any:
+    import duckdb
+
+    connection = duckdb.connect()
+    if data.startswith("s3://"):
+        from dashboard.s3 import S3Settings, load_httpfs
+
+        load_httpfs(connection, S3Settings.resolve())
+    return connection
+
+
+def otlp_json(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """An ExportTraceServiceRequest in OTLP JSON (hex ids, integer enums, string int64s)."""
+    grouped: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        attrs = row["attrs"] or {}
+        service = attrs.get("service.name") or row["source"] or "evagg"
+        grouped[service][attrs.get("otel.scope") or row["source"] or "evagg"].append(_span(row))
+    return {"resourceSpans": [
+        {"resource": {"attributes": [_kv("service.name", service)]},
+         "scopeSpans": [{"scope": {"name": scope}, "spans": spans}
+                        for scope, spans in scopes.items()]}
+        for service, scopes in grouped.items()
+    ]}
+
+
+def _span(row: dict[str, Any]) -> dict[str, Any]:
+    attrs = dict(row["attrs"] or {})
+    start = int(row["time_ns"])
+    end = start + round((row["duration_s"] or 0.0) * 1e9)
+    span: dict[str, Any] = {
+        "traceId": row["trace_id"],
+        "spanId": row["span_id"],
+        "name": row["name"] or row["kind"],
+        "kind": _SPAN_KINDS.get(attrs.get("otel.span_kind", ""), 1),
+        "startTimeUnixNano": str(start),
+        "endTimeUnixNano": str(end),
+        "attributes": _attributes(row, attrs),
+    }
+    if row["parent_span_id"]:
+        span["parentSpanId"] = row["parent_span_id"]
+    if row["state"] == "FAILED":
+        span["status"] = {"code": _STATUS_ERROR, "message": row["error_message"] or ""}
+    if row["error_type"] or row["stack_trace"]:
+        span["events"] = [_exception_event(row, end)]
+    return span
+
+
+def _attributes(row: dict[str, Any], attrs: dict[str, str]) -> list[dict[str, Any]]:
+    values: dict[str, dict[str, str]] = {
+        k: {"stringValue": v} for k, v in attrs.items() if k not in _INTERNAL_ATTRS}
+    for column, key in _COLUMN_ATTRS:
+        if row[column]:
+            values.setdefault(key, {"stringValue": str(row[column])})
+    for column, key in (("pid", "process.pid"), ("step", "evagg.step")):
+        if row[column] is not None:
+            values[key] = {"intValue": str(row[column])}
+    return [{"key": k, "value": v} for k, v in sorted(values.items())]
+
+
+def _exception_event(row: dict[str, Any], end_ns: int) -> dict[str, Any]:
+    fields = (("exception.type", row["error_type"]), ("exception.message", row["error_message"]),
+              ("exception.stacktrace", row["stack_trace"]))
+    return {"timeUnixNano": str(end_ns), "name": "exception",
+            "attributes": [_kv(k, v) for k, v in fields if v]}
+
+
+def _kv(key: str, value: str) -> dict[str, Any]:
+    return {"key": key, "value": {"stringValue": str(value)}}

@@ -1,0 +1,156 @@
+"""Training steps/s with and without TrainingTracker, small CPU model, interleaved runs.
+
+    python bench/bench_torch_overhead.py [--rounds 10] [--steps 200] [--threads 1]
+
+The model is an MLP 256-1024-1024-10 (1.3M parameters), batch 64, Adam, batches made in
+advance. Each round runs the plain loop and the instrumented one (tracker.wrap, forward,
+backward and optimizer hooks, tracker.metric(loss=...) every step, four events a step),
+in alternating order so drift hits both alike. On a shared machine that A/B is noisier
+than the overhead it looks for, so the same A/B also runs on a tiny model (Linear 8-1,
+batch 8), where a step costs little more than the instrumentation: the difference there
+is the tracker's cost per step, set against the MLP's step time. The emitter really
+sends: an acking peer that speaks emitters.wire runs in a subprocess. Intra-op threads
+default to 1 because the box is shared; pass --threads 0 for torch's default. Printed:
+steps/s by the wall clock, and this process's CPU per step (all threads, the emitter's
+sender included), which other load on a shared machine disturbs less than wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+PEER = r"""
+import socket, sys
+from emitters import wire
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+listener.bind(sys.argv[1]); listener.listen(8)
+print("ready", flush=True)
+while True:
+    conn, _ = listener.accept()
+    frames = wire.FrameBuffer()
+    while data := conn.recv(1 << 20):
+        frames.feed(data)
+        conn.sendall(b"".join(wire.encode_ack(f.session, f.seq, f.count, 0)
+                              for f in frames.frames()))
+    conn.close()
+"""
+
+
+def make(torch: Any, tiny: bool) -> tuple[Any, Any, list[tuple[Any, Any]]]:
+    torch.manual_seed(0)
+    if tiny:
+        model = torch.nn.Linear(8, 10)
+        data = [(torch.randn(8, 8), torch.randint(0, 10, (8,))) for _ in range(32)]
+    else:
+        model = torch.nn.Sequential(
+            torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
+            torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+        data = [(torch.randn(64, 256), torch.randint(0, 10, (64,))) for _ in range(32)]
+    return model, torch.optim.Adam(model.parameters(), lr=1e-4), data
+
+
+def loop(torch: Any, model: Any, optimizer: Any, batches: Iterable[Any], tracker: Any) -> None:
+    loss_fn = torch.nn.functional.cross_entropy
+    for x, y in batches:
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if tracker is not None:
+            tracker.metric(loss=loss)
+
+
+def one_run(torch: Any, steps: int, emitter: Any | None, tiny: bool) -> tuple[float, float]:
+    """(steps/s by the wall clock, CPU ms per step)."""
+    from emitters.torch import TrainingTracker
+
+    model, optimizer, data = make(torch, tiny)
+    batches = [data[i % len(data)] for i in range(steps)]
+    tracker = TrainingTracker(model, optimizer, run_id="bench", emitter=emitter) \
+        if emitter is not None else None
+    started, cpu = time.perf_counter(), time.process_time()
+    loop(torch, model, optimizer, tracker.wrap(batches) if tracker else batches, tracker)
+    if tracker is not None and emitter is not None:
+        tracker.close()
+        emitter.flush(30)  # the sender's CPU counts; the wait for acks barely does
+        assert not tracker.errors, tracker.errors
+    elapsed = time.perf_counter() - started
+    return steps / elapsed, (time.process_time() - cpu) / steps * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+
+    import torch
+
+    from emitters import Emitter
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    path = Path(tempfile.mkdtemp(prefix="evagg-bench-")) / "events.sock"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    peer = subprocess.Popen([sys.executable, "-c", PEER, str(path)], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert peer.stdout is not None and peer.stdout.readline().strip() == "ready"
+        emitter = Emitter(socket=str(path))
+        print(f"{args.rounds} interleaved rounds, {torch.get_num_threads()} intra-op thread(s); "
+              "medians of rounds")
+        tiny = ab(torch, emitter, args.rounds, args.steps * 10, tiny=True)
+        mlp = ab(torch, emitter, args.rounds, args.steps, tiny=False)
+        report("tiny model", args.steps * 10, *tiny)
+        report("MLP 1.3M", args.steps, *mlp)
+        cost_ms = statistics.median(b[1] - a[1] for a, b in zip(*tiny, strict=True))
+        step_ms = statistics.median(a[1] for a in mlp[0])
+        print(f"tracker CPU per step (tiny-model difference): {cost_ms * 1e3:.1f} us = "
+              f"{cost_ms / step_ms * 100:.2f}% of an MLP step ({step_ms:.2f} ms CPU); "
+              "target < 1%")
+        print(f"emitter: {emitter.stats()}")
+        emitter.close(5)
+    finally:
+        peer.kill()
+
+
+def ab(torch: Any, emitter: Any, rounds: int, steps: int,
+       tiny: bool) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    one_run(torch, 50, None, tiny)  # warm up both paths
+    one_run(torch, 50, emitter, tiny)
+    plain: list[tuple[float, float]] = []
+    tracked: list[tuple[float, float]] = []
+    for r in range(rounds):
+        order = [(plain, None), (tracked, emitter)]
+        for samples, peer_emitter in order if r % 2 == 0 else order[::-1]:
+            samples.append(one_run(torch, steps, peer_emitter, tiny))
+    return plain, tracked
+
+
+def report(name: str, steps: int, plain: list[tuple[float, float]],
+           tracked: list[tuple[float, float]]) -> None:
+    pairs = list(zip(plain, tracked, strict=True))
+    wall = statistics.median((a[0] - b[0]) / a[0] * 100 for a, b in pairs)
+    cpu = statistics.median((b[1] - a[1]) / a[1] * 100 for a, b in pairs)
+    print(f"{name} x {steps} steps: plain {statistics.median(r[0] for r in plain):.1f} "
+          f"steps/s, {statistics.median(r[1] for r in plain):.3f} ms CPU/step; tracked "
+          f"{statistics.median(r[0] for r in tracked):.1f} steps/s, "
+          f"{statistics.median(r[1] for r in tracked):.3f} ms CPU/step; slower by "
+          f"{wall:.2f}% wall, {cpu:.2f}% CPU (median of round pairs)")
+
+
+if __name__ == "__main__":
+    main()

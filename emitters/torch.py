@@ -1,0 +1,288 @@
+"""PyTorch training-loop instrumentation in a few lines.
+
+    tracker = TrainingTracker(model, optimizer, run_id="r1", start_step=resumed_step)
+    for batch in tracker.wrap(loader):
+        loss = loss_fn(model(batch.x), batch.y)
+        loss.backward()
+        optimizer.step(); optimizer.zero_grad()
+        tracker.metric(loss=loss)
+    tracker.close()
+
+Per step it emits `op` events `forward`, `backward` and `optimizer_step` (durations summed
+over the step's calls) and one `train_step` event with the step's wall time, data-loader
+wait, the metrics and, on CUDA, peak memory. A step ends at the first forward or loader
+`next()` after an optimizer step, or at `tracker.step()`. On CUDA, durations are timed
+with CUDA events and metric tensors copied without blocking; a step is emitted once its
+last event has completed (polled with `query()` at later step boundaries), so the hot path
+never synchronizes. Nothing here raises into the training loop: failures are counted in
+`tracker.errors`. torch is imported when a tracker is made.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import emitters
+from emitters.emitter import Emitter
+
+log = logging.getLogger("evagg.torch")
+T = TypeVar("T")
+PHASES = ("forward", "backward", "optimizer_step")
+Mark = tuple[int, Any]  # (wall-clock ns, CUDA event or None)
+
+
+@dataclass(slots=True)
+class _Step:
+    step: int
+    start: Mark
+    phases: dict[str, list[tuple[Mark, Mark]]] = field(default_factory=dict)
+    data_wait_s: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+    deferred: dict[str, Any] = field(default_factory=dict)  # name -> CPU tensor being filled
+    end: Mark | None = None
+    peak_memory_bytes: int | None = None
+
+    def active(self) -> bool:
+        return bool(self.phases or self.metrics or self.deferred or self.data_wait_s)
+
+
+class TrainingTracker:
+    """Hooks a model and optimizer; emits one set of op events per training step."""
+
+    def __init__(
+        self,
+        model: Any = None,
+        optimizer: Any = None,
+        *,
+        run_id: str | None = None,
+        job_id: str | None = None,
+        start_step: int = 0,
+        name: str = "train_step",
+        max_pending_steps: int = 256,
+        emitter: Emitter | None = None,
+    ) -> None:
+        import torch
+
+        self._torch: Any = torch
+        self._send = (emitter or emitters.get_emitter()).emit
+        self.name = name
+        self.errors: Counter[str] = Counter()
+        self.dropped_steps = 0
+        self._ids = {k: v for k, v in (("run_id", run_id), ("job_id", job_id)) if v}
+        self._cuda = _on_cuda(model)
+        self._pending: deque[_Step] = deque()
+        self._max_pending = max_pending_steps
+        self._step = _Step(start_step, self._mark())
+        self._open: dict[str, Mark] = {}
+        self._optimizer_done = False
+        self._handles: list[Any] = []
+        self._guard(self._install, model, optimizer)
+
+    @property
+    def current_step(self) -> int:
+        return self._step.step
+
+    def _install(self, model: Any, optimizer: Any) -> None:
+        if model is not None:
+            self._handles.append(model.register_forward_pre_hook(self._forward_pre))
+            self._handles.append(model.register_forward_hook(self._forward_post))
+        if optimizer is not None:
+            self._handles.append(optimizer.register_step_pre_hook(self._optimizer_pre))
+            self._handles.append(optimizer.register_step_post_hook(self._optimizer_post))
+        if self._cuda:
+            self._torch.cuda.reset_peak_memory_stats()
+
+    # ---- public API -------------------------------------------------------------
+
+    def wrap(self, loader: Iterable[T]) -> Iterator[T]:
+        """Iterate `loader`, timing each wait for the next batch as data-loader wait."""
+        iterator = iter(loader)
+        while True:
+            self._guard(self._boundary)
+            started = time.perf_counter_ns()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            self._step.data_wait_s += (time.perf_counter_ns() - started) / 1e9
+            yield item
+
+    def metric(self, **values: Any) -> None:
+        """Record scalar metrics (tensors or numbers) for the current step, without a GPU sync."""
+        for name, value in values.items():
+            self._guard(self._metric, name, value)
+
+    def step(self) -> None:
+        """End the current step now (loops without an optimizer, or to be explicit)."""
+        self._guard(self._close_step)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """End the last step, wait (bounded) for its CUDA work, emit all, remove the hooks."""
+        self._guard(self._close_step)
+        self._guard(self._drain, time.monotonic() + timeout_s)
+        for handle in self._handles:
+            self._guard(handle.remove)
+        self._handles.clear()
+
+    def __enter__(self) -> TrainingTracker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- hooks (each guarded: never raise into the loop) ----------------------------
+
+    def _forward_pre(self, module: Any, args: Any) -> None:
+        self._guard(self._boundary)
+        self._guard(self._begin, "forward")
+
+    def _forward_post(self, module: Any, args: Any, output: Any) -> None:
+        self._guard(self._after_forward, output)
+
+    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._guard(self._begin, "optimizer_step")
+
+    def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._guard(self._finish, "optimizer_step")
+        self._optimizer_done = True
+
+    def _after_forward(self, output: Any) -> None:
+        self._finish("forward")
+        tensor = _first_grad_tensor(output)
+        if tensor is not None:
+            tensor.register_hook(self._backward_start)
+
+    def _backward_start(self, grad: Any) -> None:
+        if "backward" not in self._open:
+            self._guard(self._begin, "backward")
+            engine = self._torch.autograd.Variable._execution_engine
+            self._guard(engine.queue_callback, self._backward_end)
+
+    def _backward_end(self) -> None:
+        self._guard(self._finish, "backward")
+
+    # ---- bookkeeping ------------------------------------------------------------
+
+    def _guard(self, fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:
+            reason = type(exc).__name__
+            if not self.errors[reason]:
+                log.warning("evagg torch instrumentation error: %r (counted)", exc)
+            self.errors[reason] += 1
+
+    def _mark(self) -> Mark:
+        if not self._cuda:
+            return (time.time_ns(), None)
+        event = self._torch.cuda.Event(enable_timing=True)
+        event.record()
+        return (time.time_ns(), event)
+
+    def _begin(self, phase: str) -> None:
+        self._open[phase] = self._mark()
+
+    def _finish(self, phase: str) -> None:
+        start = self._open.pop(phase, None)
+        if start is not None:
+            self._step.phases.setdefault(phase, []).append((start, self._mark()))
+
+    def _boundary(self) -> None:
+        if self._optimizer_done:
+            self._close_step()
+
+    def _metric(self, name: str, value: Any) -> None:
+        if isinstance(value, (int, float)):
+            self._step.metrics[name] = float(value)
+        elif value.device.type == "cpu":
+            self._step.metrics[name] = float(value.detach().item())
+        else:  # copied into pinned host memory; read once the step's end event is done
+            self._step.deferred[name] = value.detach().to("cpu", non_blocking=True)
+
+    def _close_step(self) -> None:
+        self._optimizer_done = False
+        current = self._step
+        if not current.active():
+            return
+        current.end = self._mark()
+        if self._cuda:
+            current.peak_memory_bytes = int(self._torch.cuda.max_memory_allocated())
+            self._torch.cuda.reset_peak_memory_stats()
+        self._pending.append(current)
+        if len(self._pending) > self._max_pending:
+            self._pending.popleft()
+            self.dropped_steps += 1
+        self._step = _Step(current.step + 1, current.end)
+        self._drain()
+
+    def _drain(self, deadline: float | None = None) -> None:
+        while self._pending:
+            end = self._pending[0].end
+            if end is not None and end[1] is not None and not end[1].query():
+                if deadline is None or time.monotonic() >= deadline:
+                    return
+                time.sleep(0.001)
+                continue
+            self._guard(self._emit, self._pending.popleft())
+
+    def _emit(self, done: _Step) -> None:
+        for phase in PHASES:
+            spans = done.phases.get(phase)
+            if spans:
+                total = sum(_elapsed_s(a, b) for a, b in spans)
+                attrs = {"calls": str(len(spans))} if len(spans) > 1 else None
+                self._send(kind="op", source="torch", name=phase, state="FINISHED",
+                           time=spans[0][0][0], step=done.step, duration_s=total,
+                           attrs=attrs, **self._ids)
+        metrics, nonfinite = _split_finite(_step_metrics(done))
+        end = done.end or done.start
+        self._send(kind="op", source="torch", name=self.name, state="FINISHED",
+                   time=done.start[0], step=done.step, duration_s=(end[0] - done.start[0]) / 1e9,
+                   metrics=metrics, nonfinite=nonfinite or None, **self._ids)
+
+
+def _on_cuda(model: Any) -> bool:
+    if model is None:
+        return False
+    for parameter in model.parameters():
+        return bool(parameter.device.type == "cuda")
+    return False
+
+
+def _first_grad_tensor(output: Any) -> Any:
+    if hasattr(output, "requires_grad"):
+        return output if output.requires_grad else None
+    items = output.values() if isinstance(output, dict) else output
+    if isinstance(items, (list, tuple)) or isinstance(output, dict):
+        for item in items:
+            if getattr(item, "requires_grad", False):
+                return item
+    return None
+
+
+def _elapsed_s(start: Mark, end: Mark) -> float:
+    if start[1] is not None and end[1] is not None:
+        return float(start[1].elapsed_time(end[1])) / 1e3
+    return (end[0] - start[0]) / 1e9
+
+
+def _step_metrics(done: _Step) -> dict[str, float]:
+    values = dict(done.metrics)
+    for name, host_tensor in done.deferred.items():
+        values[name] = float(host_tensor.item())
+    values["data_wait_s"] = done.data_wait_s
+    if done.peak_memory_bytes is not None:
+        values["peak_memory_bytes"] = float(done.peak_memory_bytes)
+    return values
+
+
+def _split_finite(values: dict[str, float]) -> tuple[dict[str, float], list[str]]:
+    """NaN and infinities are named in `nonfinite`, never stored as numbers."""
+    finite = {k: v for k, v in values.items() if math.isfinite(v)}
+    return finite, sorted(k for k in values if k not in finite)

@@ -1,0 +1,190 @@
+"""OpenTelemetry end to end: real SDK, real OTLP/HTTP exporter, real agent, Parquet, export.
+
+A driver process opens a span and hands its context in a dict to two worker processes;
+each opens a span with a child. Both paths (OTLP/HTTP to /v1/traces, and the socket
+exporter) must store all five spans with the right parent links. This file is also the
+driver/worker program: `python -m tests.test_otel_end_to_end driver|worker ...`.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.agentproc import REPO, AgentProcess
+
+PB = "application/x-protobuf"
+SPAN_SQL = ("SELECT name, trace_id, span_id, parent_span_id, attrs['service.name'], pid, source "
+            "FROM events WHERE kind = 'span'")
+
+
+def run_driver(exporter: str, endpoint: str) -> None:
+    from emitters import otel
+
+    otel.init_telemetry("driver", exporter=exporter, endpoint=endpoint)
+    with otel.get_tracer("e2e").start_as_current_span("driver") as span:
+        meta = otel.inject_trace_context({})
+        for i in range(2):
+            subprocess.run([sys.executable, "-m", "tests.test_otel_end_to_end", "worker",
+                            exporter, endpoint, str(i), orjson.dumps(meta).decode()],
+                           check=True, timeout=60)
+        ids = span.get_span_context()
+    ok = otel.shutdown_telemetry(timeout_s=30)
+    print(orjson.dumps({"trace_id": f"{ids.trace_id:032x}", "flushed": ok}).decode())
+
+
+def run_worker(exporter: str, endpoint: str, index: int, meta: dict[str, str]) -> None:
+    from emitters import otel
+
+    otel.init_telemetry(f"worker-{index}", exporter=exporter, endpoint=endpoint)
+    tracer = otel.get_tracer("e2e")
+    with (otel.attach_trace_context(meta), tracer.start_as_current_span(f"worker-{index}"),
+          tracer.start_as_current_span(f"inner-{index}")):
+        pass
+    assert otel.shutdown_telemetry(timeout_s=30)
+
+
+def wait_rows(agent: AgentProcess, sql: str, count: int, timeout: float = 60) -> list[Any]:
+    deadline = time.monotonic() + timeout
+    rows: list[Any] = []
+    while time.monotonic() < deadline:
+        if any(agent.lake_dir.rglob("*.parquet")):
+            rows = agent.query(sql)
+            if len(rows) >= count:
+                return rows
+        time.sleep(0.2)
+    raise AssertionError(f"{len(rows)} of {count} rows after {timeout}s: {rows}\n{agent.log()}")
+
+
+def drive(agent: AgentProcess, exporter: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "EVAGG_SOCKET": str(agent.socket_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.test_otel_end_to_end", "driver", exporter,
+         f"{agent.http_url}/v1/traces"], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = orjson.loads(done.stdout.strip().splitlines()[-1])
+    assert result["flushed"] is True
+    return str(result["trace_id"])
+
+
+def check_tree(rows: list[Any], trace_id: str) -> dict[str, Any]:
+    spans = {row[0]: row for row in rows}
+    assert sorted(spans) == ["driver", "inner-0", "inner-1", "worker-0", "worker-1"]
+    assert {row[1] for row in rows} == {trace_id}
+    assert spans["driver"][3] is None
+    for i in range(2):
+        assert spans[f"worker-{i}"][3] == spans["driver"][2]
+        assert spans[f"inner-{i}"][3] == spans[f"worker-{i}"][2]
+        assert spans[f"inner-{i}"][4] == f"worker-{i}"
+    return spans
+
+
+@pytest.mark.parametrize("exporter", ["otlp", "evagg"])
+def test_cross_process_trace_lands_with_parent_links(
+    agent: AgentProcess, exporter: str, tmp_path: Path
+) -> None:
+    trace_id = drive(agent, exporter)
+    spans = check_tree(wait_rows(agent, SPAN_SQL, 5), trace_id)
+    assert {row[6] for row in spans.values()} == {"otel"}
+    if exporter == "evagg":  # the socket's peer credentials name each process
+        assert len({row[5] for row in spans.values()}) == 3
+    check_jaeger_export(agent, trace_id, tmp_path / "trace.json")
+
+
+def check_jaeger_export(agent: AgentProcess, trace_id: str, out: Path) -> None:
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+    from aggregator import otlp
+    from aggregator.jaeger_export import export_traces
+
+    assert export_traces(str(agent.lake_dir), trace_id=trace_id, since=None, out=out) == 5
+    document = orjson.loads(out.read_bytes())
+    services = {rs["resource"]["attributes"][0]["value"]["stringValue"]
+                for rs in document["resourceSpans"]}
+    assert services == {"driver", "worker-0", "worker-1"}
+    for rs in document["resourceSpans"]:  # strict parse: no field unknown to OTLP
+        for ss in rs["scopeSpans"]:
+            for span in ss["spans"]:
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if key in span:
+                        span[key] = base64.b64encode(bytes.fromhex(span[key])).decode()
+    json_format.ParseDict(document, trace_service_pb2.ExportTraceServiceRequest())
+    decoded = otlp.decode_otlp_traces(out.read_bytes(), otlp.JSON, None)
+    assert decoded.rejected_spans == 0
+    rows = [(r["name"], r["trace_id"], r["span_id"], r.get("parent_span_id"),
+             r["attrs"].get("service.name"), None, None) for r in decoded.rows]
+    check_tree([r[:5] for r in rows], trace_id)
+
+
+def post(agent: AgentProcess, body: bytes, content_type: str,
+         encoding: str | None = None) -> tuple[int, bytes]:
+    headers = {"Content-Type": content_type, **({"Content-Encoding": encoding} if encoding else {})}
+    request = urllib.request.Request(f"{agent.http_url}/v1/traces", data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def request_with(names_and_ids: list[tuple[str, bytes, bytes]]) -> bytes:
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+    request = trace_service_pb2.ExportTraceServiceRequest()
+    scope = request.resource_spans.add().scope_spans.add()
+    for name, trace_id, span_id in names_and_ids:
+        span = scope.spans.add(name=name, trace_id=trace_id, span_id=span_id)
+        span.start_time_unix_nano = time.time_ns()
+        span.end_time_unix_nano = span.start_time_unix_nano + 1000
+    return bytes(request.SerializeToString())
+
+
+def test_bad_otlp_bodies_are_refused_and_nothing_of_them_is_spooled(agent: AgentProcess) -> None:
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+    good = request_with([("kept", b"\x01" * 16, b"\x02" * 8), ("also-kept", b"\x01" * 16,
+                                                                b"\x03" * 8)])
+    cases = [
+        (b"\xff\xfe garbage", PB, None, 400, b"invalid OTLP protobuf"),
+        (good[: len(good) // 2], PB, None, 400, b"invalid OTLP protobuf"),
+        (good, "text/plain", None, 415, b"unsupported Content-Type"),
+        (b"\x1f\x8b\x08 broken gzip", PB, "gzip", 400, b"gzip"),
+        (b'{"resourceSpans": 7}', "application/json", None, 400, b"invalid OTLP JSON"),
+    ]
+    for body, content_type, encoding, status, reason in cases:
+        answer = post(agent, body, content_type, encoding)
+        assert answer[0] == status and reason in answer[1], (content_type, answer)
+    assert agent.metric('evagg_received_events_total{route="otlp"}') == 0
+
+    mixed = request_with([("zero-trace", bytes(16), b"\x04" * 8),
+                          ("short-span", b"\x05" * 16, b"\x06" * 3),
+                          ("good", b"\x07" * 16, b"\x08" * 8)])
+    status, body = post(agent, gzip.compress(mixed), PB, "gzip")
+    assert status == 200
+    partial = trace_service_pb2.ExportTraceServiceResponse.FromString(body).partial_success
+    assert partial.rejected_spans == 2
+    assert "trace_id must be 16 bytes" in partial.error_message
+    assert agent.metric('evagg_received_events_total{route="otlp"}') == 1
+    rows = wait_rows(agent, SPAN_SQL, 1)
+    assert [row[0] for row in rows] == ["good"]
+    assert rows[0][1:3] == ("07" * 16, "08" * 8)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "driver":
+        run_driver(sys.argv[2], sys.argv[3])
+    else:
+        run_worker(sys.argv[2], sys.argv[3], int(sys.argv[4]), orjson.loads(sys.argv[5]))
