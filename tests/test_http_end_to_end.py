@@ -1,0 +1,153 @@
+"""HTTP sinks through a real agent: a flaky endpoint gets every event, a healthy one keeps
+its pace meanwhile, and permanent 4xx answers go to dead letters that replay delivers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from tests.agentproc import REPO, AgentProcess
+from tests.aggregator.test_end_to_end import producer_report, start_producer
+from tests.sinks.flaky_server import FlakyServer
+
+T = TypeVar("T")
+
+
+class ServerThread:
+    """A FlakyServer on its own event loop in a thread, driven from synchronous tests."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.server = self.call(FlakyServer().start())
+
+    def call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(30)
+
+    def do(self, action: Callable[[], Any]) -> None:
+        async def run() -> None:
+            action()
+        self.call(run())
+
+    def close(self) -> None:
+        self.call(self.server.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture
+def servers() -> Iterator[Callable[[], ServerThread]]:
+    made: list[ServerThread] = []
+
+    def make() -> ServerThread:
+        made.append(ServerThread())
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.close()
+
+
+def http_sink(name: str, url: str, extra: str = "") -> str:
+    return (f'[[sinks]]\nname = "{name}"\ntype = "http"\nurl = "{url}"\n'
+            f'batch_max_events = 500\nbatch_interval = "200ms"\ntimeout = "1s"\n{extra}\n')
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_flaky_endpoint_gets_everything_while_a_healthy_sink_keeps_pace(
+        agent_factory: Callable[..., AgentProcess],
+        servers: Callable[[], ServerThread]) -> None:
+    flaky, healthy = servers(), servers()
+    flaky.do(lambda: flaky.server.answer(500, times=3))
+    flaky.do(lambda: flaky.server.answer(429, times=2, retry_after="1"))
+    flaky.do(lambda: flaky.server.answer(503, times=1, retry_after="1"))
+    flaky.do(lambda: flaky.server.answer(200, times=1, delay_s=2.0))  # past the 1 s timeout
+    agent = agent_factory(sinks_toml=http_sink("flaky", flaky.server.url, "gzip = true")
+                          + http_sink("healthy", healthy.server.url, 'format = "json"')).start()
+    producers = [start_producer(agent.socket_path, f"h{n}", 4000) for n in range(3)]
+    time.sleep(1.0)
+    flaky.call(flaky.server.stop())  # connections refused for a while
+    for proc in producers:
+        assert producer_report(proc)["flushed"]
+    total = 12_000
+
+    def task_ids(server: ServerThread) -> set[str]:
+        return {str(e.get("task_id")) for s in list(server.server.requests)
+                if 200 <= s.status < 300 for e in s.events if e.get("kind") == "task"}
+
+    wait_until(lambda: len(task_ids(healthy)) == total, 60, "the healthy sink")
+    # the healthy sink finished while the flaky one was still refusing connections
+    assert len(task_ids(flaky)) < total
+    flaky.call(flaky.server.start())
+    wait_until(lambda: len(task_ids(flaky)) == total, 120, "the flaky sink to catch up")
+    assert agent.stop() == 0
+
+    statuses = {s.status for s in flaky.server.requests}
+    assert {500, 429, 503, 200} <= statuses
+    # every retried batch kept its Idempotency-Key, so counting each key once counts
+    # every event once
+    per_key: dict[str, int] = {}
+    for key, seen in flaky.server.batches().items():
+        accepted = [s for s in seen if 200 <= s.status < 300]
+        assert accepted, f"batch {key} never accepted"
+        per_key[key] = sum(1 for e in accepted[0].events if e.get("kind") == "task")
+    assert sum(per_key.values()) == total
+    assert all(s.content_encoding == "gzip" for s in flaky.server.requests)
+
+
+def test_permanent_4xx_goes_to_dead_letters_and_replay_delivers(
+        agent_factory: Callable[..., AgentProcess],
+        servers: Callable[[], ServerThread]) -> None:
+    endpoint = servers()
+    endpoint.do(lambda: endpoint.server.answer(400, times=None, text="schema mismatch"))
+    agent = agent_factory(sinks_toml=http_sink("collector", endpoint.server.url)).start()
+    assert producer_report(start_producer(agent.socket_path, "dl", 1500))["flushed"]
+    wait_until(lambda: agent.metric('evagg_sink_lag_events{sink="collector"}') == 0, 60,
+               "the collector sink to move past the rejected batches")
+    assert agent.stop() == 0
+
+    listed = evagg("dlq", "list", "--sink", "collector", "--config", str(agent.config_path))
+    assert listed.returncode == 0, listed.stderr
+    assert "dead-lettered batches" in listed.stdout and "400" in listed.stdout
+
+    endpoint.do(lambda: endpoint.server.answer(200, times=None))
+    replayed = evagg("dlq", "replay", "--sink", "collector", "--config",
+                     str(agent.config_path))
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    delivered = {str(e.get("task_id")) for s in endpoint.server.requests if s.status == 200
+                 for e in s.events if e.get("kind") == "task"}
+    assert delivered == {f"dl-{i}" for i in range(1500)}
+    again = evagg("dlq", "list", "--sink", "collector", "--config", str(agent.config_path))
+    assert "0 dead-lettered batches" in again.stdout
+
+
+def evagg(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "aggregator", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_unknown_sink_for_dlq_is_a_clear_error(tmp_path: Path) -> None:
+    config = tmp_path / "evagg.toml"
+    config.write_text('[[sinks]]\nname = "lake"\ntype = "parquet"\n'
+                      f'url = "{tmp_path / "lake"}"\n')
+    result = evagg("dlq", "list", "--sink", "nope", "--config", str(config))
+    assert result.returncode == 2 and "no http sink named 'nope'" in result.stderr
