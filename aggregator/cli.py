@@ -11,9 +11,15 @@ from pathlib import Path
 from aggregator.config import AgentConfig, ConfigError, load_config
 
 Command = Callable[[argparse.Namespace], int]
+DEFERRED_COMMANDS = ("query", "dashboard")  # their parsers import DuckDB: built only when run
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DEFERRED_COMMANDS:
+        from aggregator.cli_tools import run_deferred
+
+        return run_deferred(argv[0], argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
@@ -56,6 +62,9 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     _agent_flags(run)
     run.add_argument("--demo", type=int, nargs="?", const=2000, metavar="EVENTS",
                      help="also run a short demo producer, show the DuckDB query, then exit")
+    # Agent on demand (emitters/autostart.py): drain and exit once no process holds a
+    # shared flock on PATH. Hidden: drivers pass it, people do not.
+    run.add_argument("--exit-when-unused", type=Path, metavar="PATH", help=argparse.SUPPRESS)
     run.set_defaults(command=_run)
 
 
@@ -70,7 +79,7 @@ def _run(args: argparse.Namespace) -> int:
         return run_demo(config, events=args.demo)
     from aggregator.agent import run_agent
 
-    return run_agent(config)
+    return run_agent(config, exit_when_unused=args.exit_when_unused)
 
 
 def _add_check_config(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -16,14 +16,31 @@ Parsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def add_tool_parsers(commands: Parsers) -> None:
-    from dashboard.query import add_query_parser
-    from dashboard.server import add_dashboard_parser
-
-    add_query_parser(commands)
-    add_dashboard_parser(commands)
+    _add_deferred(commands, "query", "query the Parquet store (summary, tasks, steps, ...)")
+    _add_deferred(commands, "dashboard", "serve the web dashboard over a Parquet store")
     _add_compact(commands)
     _add_dlq(commands)
     _add_export_traces(commands)
+
+
+def _add_deferred(commands: Parsers, name: str, summary: str) -> None:
+    """Register `name` without importing DuckDB's query layer: `evagg run` stays lean
+    (DuckDB alone adds about 60 MB to a process). Its real parser is built when it runs."""
+    stub = commands.add_parser(name, help=summary, add_help=False)
+    stub.add_argument("rest", nargs=argparse.REMAINDER)
+    stub.set_defaults(command=lambda args: run_deferred(name, args.rest))
+
+
+def run_deferred(name: str, rest: list[str]) -> int:
+    from dashboard.query import add_query_parser
+    from dashboard.server import add_dashboard_parser
+
+    parser = argparse.ArgumentParser(prog="evagg")
+    commands = parser.add_subparsers()
+    (add_query_parser if name == "query" else add_dashboard_parser)(commands)
+    args = parser.parse_args([name, *rest])
+    code: int = args.command(args)
+    return code
 
 
 def _add_compact(commands: Parsers) -> None:

@@ -83,12 +83,13 @@ class Registry:
             for labels, value in sorted(family.values.items()):
                 lines.append(f"{_series(family.name, labels)} {_number(value)}")
         seen: set[str] = set()
-        for name, help, labels, value in self._sampled():
+        for name, help, sample_labels, value in self._sampled():
             if name not in seen:
                 lines.append(f"# HELP {name} {help}")
                 lines.append(f"# TYPE {name} gauge")
                 seen.add(name)
-            lines.append(f"{_series(name, tuple(sorted(labels.items())))} {_number(value)}")
+            series = _series(name, tuple(sorted(sample_labels.items())))
+            lines.append(f"{series} {_number(value)}")
         text = "\n".join(lines) + "\n"
         for render in self._extra_renderers:
             text += render()

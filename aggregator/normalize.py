@@ -44,7 +44,7 @@ class Normalized:
 
     @property
     def accepted(self) -> int:
-        return self.batch.num_rows
+        return int(self.batch.num_rows)
 
     def first_reason(self) -> str:
         if not self.rejected:

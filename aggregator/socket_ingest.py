@@ -8,7 +8,6 @@ with the reason and is closed; every other connection carries on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import grp
 import logging
 import os
@@ -17,6 +16,7 @@ import stat
 import struct
 from pathlib import Path
 
+from aggregator.frame_reader import FrameReader, StreamEnd
 from aggregator.ingest import Ingestor, SpoolUnavailable
 from aggregator.metrics import AgentMetrics
 from emitters import wire
@@ -24,7 +24,6 @@ from emitters import wire
 log = logging.getLogger("evagg.socket")
 
 _PEERCRED = struct.Struct("3i")
-_LENGTH = struct.Struct(">I")
 
 
 class SocketIngest:
@@ -39,16 +38,16 @@ class SocketIngest:
         self.frame_timeout_s = frame_timeout_s
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
+        self._readers: set[FrameReader] = set()
 
     async def start(self, inherited: socket.socket | None = None) -> None:
         """Listen on our own socket file, or on one that systemd handed over."""
+        loop = asyncio.get_running_loop()
         if inherited is not None:
-            self._server = await asyncio.start_unix_server(self._on_connection, sock=inherited,
-                                                           limit=2**20)
+            self._server = await loop.create_unix_server(self._new_connection, sock=inherited)
             return
         prepare_socket_path(self.path)
-        self._server = await asyncio.start_unix_server(self._on_connection, path=str(self.path),
-                                                       limit=2**20)
+        self._server = await loop.create_unix_server(self._new_connection, path=str(self.path))
         apply_socket_permissions(self.path, self.mode, self.group)
 
     async def stop_accepting(self) -> None:
@@ -56,25 +55,35 @@ class SocketIngest:
             self._server.close()
 
     async def close_connections(self, timeout: float) -> None:
-        """Let handlers finish the frame they are in, then cancel what is left."""
+        """Ingest the frames already received, then end every connection."""
+        for reader in self._readers:
+            reader.finish()
         if self._handlers:
             _, pending = await asyncio.wait(set(self._handlers), timeout=timeout)
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
 
-    async def _on_connection(self, reader: asyncio.StreamReader,
-                             writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
+    def _new_connection(self) -> FrameReader:
+        reader = FrameReader(self.max_frame_bytes, self.frame_timeout_s)
+        task = asyncio.get_running_loop().create_task(self._on_connection(reader))
         self._handlers.add(task)
+        self._readers.add(reader)
+        def forget(done: asyncio.Task[None]) -> None:
+            self._handlers.discard(done)
+            self._readers.discard(reader)
+
+        task.add_done_callback(forget)
+        return reader
+
+    async def _on_connection(self, reader: FrameReader) -> None:
         self.metrics.connections.inc()
         self.metrics.open_connections.inc(1)
         try:
-            await self._serve(reader, writer)
+            await self._serve(reader)
         except asyncio.CancelledError:
             raise
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except ConnectionError:
             pass  # the producer went away; its unacked frames will be resent
         except SpoolUnavailable as exc:
             log.error("%s; closing the connection so the producer resends later", exc)
@@ -83,79 +92,58 @@ class SocketIngest:
             log.exception("socket connection failed")
         finally:
             self.metrics.open_connections.inc(-1)
-            self._handlers.discard(task)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            if reader.transport is not None:
+                reader.transport.close()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        pid, uid = peer_credentials(writer)
+    async def _serve(self, reader: FrameReader) -> None:
+        await reader.connected.wait()
+        transport = reader.transport
+        assert transport is not None
+        pid, uid = peer_credentials(transport)
         while True:
-            head = await reader.read(_LENGTH.size)
-            if not head:
+            item = await reader.frames.get()
+            reader.frame_taken()
+            if isinstance(item, StreamEnd):
+                if item.reason is not None:
+                    self._refuse(transport, item.label, item.reason)
                 return
-            if len(head) < _LENGTH.size:
-                rest = await self._read_exactly(reader, _LENGTH.size - len(head))
-                if rest is None:
-                    await self._refuse(writer, "stalled", "frame length incomplete")
-                    return
-                head += rest
-            (length,) = _LENGTH.unpack(head)
-            if length > self.max_frame_bytes:
-                await self._refuse(writer, "oversized",
-                                   f"frame of {length} bytes exceeds the limit of "
-                                   f"{self.max_frame_bytes}")
+            if not await self._handle_body(item, pid, uid, transport):
                 return
-            body = await self._read_exactly(reader, length)
-            if body is None:
-                await self._refuse(writer, "stalled",
-                                   f"frame incomplete after {self.frame_timeout_s:g}s")
-                return
-            if not await self._handle_body(body, pid, uid, writer):
-                return
-
-    async def _read_exactly(self, reader: asyncio.StreamReader, n: int) -> bytes | None:
-        try:
-            async with asyncio.timeout(self.frame_timeout_s):
-                return await reader.readexactly(n)
-        except TimeoutError:
-            return None
 
     async def _handle_body(self, body: bytes, pid: int | None, uid: int | None,
-                           writer: asyncio.StreamWriter) -> bool:
+                           transport: asyncio.Transport) -> bool:
         try:
             frame = wire.decode_body(body)
         except wire.FrameError as exc:
-            await self._refuse(writer, "malformed", str(exc))
+            self._refuse(transport, "malformed", str(exc))
             return False
         if not isinstance(frame, wire.Batch):
-            await self._refuse(writer, "unexpected_frame", "producers may only send batch frames")
+            self._refuse(transport, "unexpected_frame", "producers may only send batch frames")
             return False
         stamp = self.ingestor.stamp(pid, uid)
         result = await self.ingestor.ingest_frame(frame.payload, stamp, session=frame.session,
                                                   seq=frame.seq)
         if result.accepted == 0 and result.rejected > 0:
             self.metrics.bad_input.inc(route="socket", reason="all_events_rejected")
-            await self._refuse(writer, None, f"no event accepted: {result.note}",
-                               frame.session, frame.seq)
+            self._refuse(transport, None, f"no event accepted: {result.note}",
+                         frame.session, frame.seq)
             return False
-        writer.write(wire.encode_ack(frame.session, frame.seq, result.accepted, result.rejected,
-                                     result.note))
-        await writer.drain()
+        if not transport.is_closing():
+            transport.write(wire.encode_ack(frame.session, frame.seq, result.accepted,
+                                            result.rejected, result.note))
         return True
 
-    async def _refuse(self, writer: asyncio.StreamWriter, reason: str | None, text: str,
-                      session: bytes = wire.NO_SESSION, seq: int = 0) -> None:
+    def _refuse(self, transport: asyncio.Transport, reason: str | None, text: str,
+                session: bytes = wire.NO_SESSION, seq: int = 0) -> None:
         if reason is not None:
             self.metrics.bad_input.inc(route="socket", reason=reason)
         log.warning("closing producer connection: %s", text)
-        with contextlib.suppress(ConnectionError):
-            writer.write(wire.encode_nack(session, seq, text))
-            await writer.drain()
+        if not transport.is_closing():
+            transport.write(wire.encode_nack(session, seq, text))
 
 
-def peer_credentials(writer: asyncio.StreamWriter) -> tuple[int | None, int | None]:
-    sock = writer.get_extra_info("socket")
+def peer_credentials(transport: asyncio.BaseTransport) -> tuple[int | None, int | None]:
+    sock = transport.get_extra_info("socket")
     if sock is None:
         return None, None
     try:
