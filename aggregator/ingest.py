@@ -7,6 +7,7 @@ agent's own heartbeats) ends here, so counting and spooling happen in one place.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +17,7 @@ from typing import Any, TypeVar
 from aggregator.decode import decode_ndjson
 from aggregator.metrics import AgentMetrics
 from aggregator.normalize import Normalized, Stamp, ndjson_to_batch, rows_to_batch
+from aggregator.red_metrics import RedMetrics
 from aggregator.spool import Spool
 from emitters.wire import NO_SESSION
 from sinks.schema import batch_to_bytes
@@ -38,8 +40,9 @@ class SpoolUnavailable(RuntimeError):
 
 class Ingestor:
     def __init__(self, spool: Spool, metrics: AgentMetrics, *, node_id: str, host: str,
-                 decode_threads: int = 2) -> None:
+                 decode_threads: int = 2, red: RedMetrics | None = None) -> None:
         self.spool = spool
+        self.red = red  # RED metrics from every spooled batch (aggregator/red_metrics.py)
         self.metrics = metrics
         self.node_id = node_id
         self.host = host
@@ -98,6 +101,9 @@ class Ingestor:
         if result.duplicate:
             self.metrics.duplicate_frames.inc(route=route)
             return IngestResult(0, 0, True, "")
+        if self.red is not None and self.red.add_batch(batch):  # RED metrics, see red_metrics.py
+            with contextlib.suppress(RuntimeError):  # executor shut down: /metrics flushes
+                self._executor.submit(self.red.flush)  # off the event loop; never raises
         self.metrics.received_events.inc(batch.num_rows, route=route)
         self.metrics.received_frames.inc(route=route)
         self.metrics.received_bytes.inc(raw_bytes or len(payload), route=route)

@@ -40,7 +40,9 @@ class Emitter:
     node_id (else $EVAGG_JOB_ID, $EVAGG_RUN_ID, $EVAGG_NODE_ID), source ("evagg"), attrs
     (labels on every event), flush_interval (s), max_buffer_bytes (encoded frames kept
     unacked), max_frame_bytes, max_pending (queued, unencoded events), exit_timeout (s),
-    ack_timeout (s without an ack before reconnecting and resending).
+    ack_timeout (s without an ack before reconnecting and resending), start_agent (True:
+    start an agent on the socket now if none answers; see emitters.autostart; with
+    EVAGG_START_AGENT=1 the same happens before the first event is sent).
     """
 
     def __init__(self, **options: Any) -> None:
@@ -98,6 +100,8 @@ class Emitter:
             pass  # the event is queued; a sender that cannot start shows in stats()
 
     def _start(self) -> None:
+        if os.environ.get("EVAGG_START_AGENT") == "1" and not self._closed:
+            self._start_agent()  # agent on demand: once, before the first connection
         with self._lock:
             if self._running or self._closed:
                 return
@@ -118,6 +122,7 @@ class Emitter:
     def configure(self, **options: Any) -> None:
         """Set context and limits; names as in the class docstring. None leaves a value."""
         options = {k: v for k, v in options.items() if v is not None}
+        start_agent = bool(options.pop("start_agent", False))
         unknown = set(options) - {"socket", "job_id", "run_id", "node_id", "source", "attrs",
                                   "exit_timeout", "max_pending", *_SETTINGS}
         if unknown:
@@ -142,6 +147,14 @@ class Emitter:
         if identity != self._identity:
             self._identity = identity
             self._pending.append(ContextChange(identity))
+        if start_agent:
+            self._start_agent()
+
+    def _start_agent(self) -> None:
+        """Agent on demand (emitters/autostart.py): start one if none answers. Never raises."""
+        from emitters import autostart
+
+        autostart.ensure_agent(self._settings.socket_path)
 
     def _size_queue(self) -> None:
         """A queued event costs about 1 KB of Python objects: cap the queue like the buffer."""
