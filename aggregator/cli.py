@@ -33,7 +33,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="evagg", description=__doc__)
-    parser.set_defaults(command=lambda _args: parser.print_help() or 2)
+    def usage(_args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    parser.set_defaults(command=usage)
     commands = parser.add_subparsers(title="commands")
     _add_run(commands)
     _add_check_config(commands)

@@ -10,13 +10,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeAlias
 
 import orjson
 
 from aggregator.status import format_status, parse_metrics
 
-Parsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
+Parsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def agent_url(explicit: str | None) -> str:
@@ -62,20 +62,29 @@ def run_emit(args: argparse.Namespace) -> int:
 
 
 def _events_from_args(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
-    if args.file:
-        handle: IO[bytes] = sys.stdin.buffer if args.file == "-" else Path(args.file).open("rb")
-        with handle:
-            for number, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    event = orjson.loads(line)
-                except orjson.JSONDecodeError as exc:
-                    raise ValueError(f"line {number}: invalid JSON: {exc}") from None
-                if not isinstance(event, dict):
-                    raise ValueError(f"line {number}: an event must be a JSON object")
-                yield event
-        return
+    if args.file == "-":
+        yield from _events_from_lines(sys.stdin.buffer)
+    elif args.file:
+        with Path(args.file).open("rb") as handle:
+            yield from _events_from_lines(handle)
+    else:
+        yield _event_from_flags(args)
+
+
+def _events_from_lines(handle: IO[bytes]) -> Iterator[dict[str, Any]]:
+    for number, line in enumerate(handle, 1):
+        if not line.strip():
+            continue
+        try:
+            parsed = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"line {number}: invalid JSON: {exc}") from None
+        if not isinstance(parsed, dict):
+            raise ValueError(f"line {number}: an event must be a JSON object")
+        yield parsed
+
+
+def _event_from_flags(args: argparse.Namespace) -> dict[str, Any]:
     event: dict[str, Any] = {"kind": args.kind}
     if args.name:
         event["name"] = args.name
@@ -86,7 +95,7 @@ def _events_from_args(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
         if not sep or not key:
             raise ValueError(f"--field {item!r} is not KEY=VALUE")
         event[key] = _json_or_text(value)
-    yield event
+    return event
 
 
 def _json_or_text(value: str) -> Any:

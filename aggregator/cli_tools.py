@@ -11,8 +11,9 @@ import asyncio
 import sys
 from datetime import datetime
 from pathlib import Path
+from typing import TypeAlias
 
-Parsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
+Parsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def add_tool_parsers(commands: Parsers) -> None:

@@ -71,8 +71,8 @@ class Registry:
         for family in self._families.values():
             for labels, value in family.values.items():
                 out[_series(family.name, labels)] = value
-        for name, _help, labels, value in self._sampled():
-            out[_series(name, tuple(sorted(labels.items())))] = value
+        for name, _help, sample_labels, value in self._sampled():
+            out[_series(name, tuple(sorted(sample_labels.items())))] = value
         return out
 
     def render(self) -> str:

@@ -1,0 +1,82 @@
+"""`evagg emit`, `evagg tail` and `evagg status` against a real agent."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+
+from tests.agentproc import REPO, AgentProcess
+
+
+def evagg(*args: str, stdin: bytes | None = None,
+          timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "aggregator", *args], cwd=REPO, input=stdin,
+                          capture_output=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_emit_from_flags_and_from_a_file(agent: AgentProcess, tmp_path: Path) -> None:
+    sock = str(agent.socket_path)
+    flags = evagg("emit", "--socket", sock, "--kind", "task", "--name", "smoke",
+                  "--state", "FINISHED", "--field", "step=3", "--field", "note=hello")
+    assert flags.returncode == 0, flags.stderr
+    events = tmp_path / "events.ndjson"
+    events.write_bytes(b'{"kind": "op", "name": "from-file", "step": 1}\n\n'
+                       b'{"kind": "op", "name": "from-file", "step": 2}\n')
+    from_file = evagg("emit", "--socket", sock, "--file", str(events))
+    assert from_file.returncode == 0 and b"sent 2 events" in from_file.stdout
+    piped = evagg("emit", "--socket", sock, "--file", "-", stdin=b'{"kind": "op", "name": "piped"}')
+    assert piped.returncode == 0
+    agent.stop()
+    rows = agent.query("SELECT name, step, attrs['note'] FROM events WHERE kind IN ('task', 'op') "
+                       "ORDER BY name, step")
+    assert rows == [("from-file", 1, None), ("from-file", 2, None), ("piped", None, None),
+                    ("smoke", 3, "hello")]
+
+
+def test_emit_reports_bad_input_and_a_missing_agent(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.ndjson"
+    bad.write_bytes(b'{"kind": "op"}\n[1, 2]\n')
+    result = evagg("emit", "--socket", str(tmp_path / "none.sock"), "--file", str(bad))
+    assert result.returncode == 2 and b"line 2: an event must be a JSON object" in result.stderr
+    missing = evagg("emit", "--socket", str(tmp_path / "none.sock"), "--timeout", "1")
+    assert missing.returncode == 1 and b"did not acknowledge" in missing.stderr
+
+
+def test_tail_follows_new_events_filtered_by_kind(agent: AgentProcess) -> None:
+    tail = subprocess.Popen([sys.executable, "-m", "aggregator", "tail", "--url", agent.http_url,
+                             "--kind", "task", "--json", "--limit", "2"], cwd=REPO,
+                            stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    time.sleep(1.5)  # let it connect before the events exist
+    for name in ("first", "second"):
+        assert evagg("emit", "--socket", str(agent.socket_path), "--kind", "op",
+                     "--name", f"op-{name}").returncode == 0
+        assert evagg("emit", "--socket", str(agent.socket_path), "--kind", "task",
+                     "--name", name).returncode == 0
+    out, _ = tail.communicate(timeout=30)
+    lines = [orjson.loads(line) for line in out.splitlines()]
+    assert [e["name"] for e in lines] == ["first", "second"]
+    assert all(e["kind"] == "task" and e["pid"] > 0 for e in lines)
+
+
+def test_status_shows_rates_lag_and_spool(agent: AgentProcess) -> None:
+    assert evagg("emit", "--socket", str(agent.socket_path), "--name", "s").returncode == 0
+    text = evagg("status", "--url", agent.http_url, "--interval", "0.2")
+    assert text.returncode == 0, text.stderr
+    assert b"events/s" in text.stdout and b"sink lake" in text.stdout
+    assert b"spool" in text.stdout
+    as_json = orjson.loads(evagg("status", "--url", agent.http_url, "--interval", "0.2",
+                                 "--json").stdout)
+    assert as_json["spool_max_bytes"] == 256 * 2**20
+    assert "lake" in as_json["lag_events"]
+
+
+def test_status_without_an_agent_is_a_clear_error() -> None:
+    result = evagg("status", "--url", "127.0.0.1:9", "--interval", "0.1")
+    assert result.returncode == 1 and b"cannot reach the agent" in result.stderr
+    assert b"Traceback" not in result.stderr
