@@ -186,6 +186,10 @@ class Agent:
             ("evagg_uptime_seconds", "Seconds since the agent started.", {},
              (time.time_ns() - self._started_ns) / 1e9),
         ]
+        for counter, count in self.spool.counters.items():
+            out.append(("evagg_spool_counter", "Spool counters since start (records, "
+                        "duplicates, corrupt records, quarantined segments, fsyncs).",
+                        {"counter": counter}, float(count)))
         for name, consumer in self.consumers.items():
             sink_counters = getattr(consumer.sink, "metrics", None)
             if callable(sink_counters):
@@ -233,7 +237,8 @@ class Agent:
         rows: list[dict[str, Any]] = [self._heartbeat_row(final)]
         for reason, events in self.spool.take_losses().items():
             self.metrics.dropped_events.inc(events, reason=reason)
-            rows.append(loss_row(reason, events, self.config.node_id))
+            total = int(self.metrics.dropped_events.get(reason=reason))
+            rows.append(loss_row(reason, events, total, self.config.node_id))
         await self.ingestor.ingest_rows(rows, self.ingestor.stamp(os.getpid(), os.getuid()),
                                         route="agent")
 
@@ -247,9 +252,12 @@ class Agent:
         }
 
 
-def loss_row(reason: str, events: int, node_id: str) -> dict[str, Any]:
+def loss_row(reason: str, events: int, total: int, node_id: str) -> dict[str, Any]:
+    """`events` lost since the last report; `events_total` since the agent started, so a
+    reader still learns the full count when `drop_oldest` dropped an earlier loss event."""
     return {"kind": "loss", "source": "evagg", "name": reason, "state": "DROPPED",
-            "node_id": node_id, "metrics": {"events": float(events)},
+            "node_id": node_id,
+            "metrics": {"events": float(events), "events_total": float(total)},
             "attrs": {"reason": reason}}
 
 

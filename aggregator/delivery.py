@@ -14,10 +14,9 @@ import logging
 import time
 from dataclasses import dataclass
 
-from sinks.backoff import backoff_delay
-
 from aggregator.metrics import AgentMetrics
 from aggregator.spool import Spool
+from sinks.backoff import backoff_delay
 from sinks.base import Sink, SinkResult
 
 log = logging.getLogger("evagg.delivery")
@@ -111,10 +110,11 @@ class SinkConsumer:
             stop.cancel()
 
     def _accept(self, result: SinkResult) -> None:
-        if result.durable_through is not None:
-            self.spool.commit(self.name, result.durable_through + 1)
-            self.metrics.delivered_events.inc(result.delivered_events, sink=self.name)
-            self.state.last_success_ns = time.time_ns()
+        if result.durable_through is None:
+            return  # buffered, not delivered: says nothing about the peer's health
+        self.spool.commit(self.name, result.durable_through + 1)
+        self.metrics.delivered_events.inc(result.delivered_events, sink=self.name)
+        self.state.last_success_ns = time.time_ns()
         if self.state.failures_in_a_row:
             log.info("sink %s recovered after %d failed attempts", self.name,
                      self.state.failures_in_a_row)

@@ -90,11 +90,13 @@ class FrameReader(asyncio.Protocol):
         self._end(None, None)
 
     def eof_received(self) -> bool:
+        """The producer is done sending; keep the transport open so its acks still go out
+        (a half-closed producer waits for them). The handler closes it."""
         if self._buffer:
             self._end("connection closed inside a frame", "truncated")
         else:
             self._end(None, None)
-        return False
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._end(None, None)

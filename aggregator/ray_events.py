@@ -84,6 +84,10 @@ def ray_events_to_rows(items: list[Any]) -> tuple[list[Row], list[tuple[int, str
             rows.extend(map_event(item))
         except RayValueError as exc:
             rejected.append((index, f"{_event_type(item) or 'Ray event'}: {exc}"))
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            # a field of an unexpected shape: refuse this event alone, keep the batch
+            reason = f"unexpected field shape ({type(exc).__name__}: {exc})"
+            rejected.append((index, f"{_event_type(item) or 'Ray event'}: {reason}"[:500]))
     return rows, rejected
 
 

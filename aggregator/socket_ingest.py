@@ -14,6 +14,7 @@ import os
 import socket
 import stat
 import struct
+import time
 from pathlib import Path
 
 from aggregator.frame_reader import FrameReader, StreamEnd
@@ -39,6 +40,7 @@ class SocketIngest:
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
         self._readers: set[FrameReader] = set()
+        self._last_spool_log = -60.0
 
     async def start(self, inherited: socket.socket | None = None) -> None:
         """Listen on our own socket file, or on one that systemd handed over."""
@@ -86,7 +88,7 @@ class SocketIngest:
         except ConnectionError:
             pass  # the producer went away; its unacked frames will be resent
         except SpoolUnavailable as exc:
-            log.error("%s; closing the connection so the producer resends later", exc)
+            self._log_spool_failure(exc)
         except Exception as exc:  # one bad connection must never take the agent down
             self.metrics.worker_errors.inc(worker="socket", type=type(exc).__name__)
             log.exception("socket connection failed")
@@ -94,6 +96,13 @@ class SocketIngest:
             self.metrics.open_connections.inc(-1)
             if reader.transport is not None:
                 reader.transport.close()
+
+    def _log_spool_failure(self, exc: SpoolUnavailable) -> None:
+        """Once per minute at most: a full disk fails every connection at once."""
+        now = time.monotonic()
+        if now - self._last_spool_log >= 60.0:
+            self._last_spool_log = now
+            log.error("%s; closing producer connections so they resend later", exc)
 
     async def _serve(self, reader: FrameReader) -> None:
         await reader.connected.wait()

@@ -1,0 +1,272 @@
+"""Disk pressure: the spool on a 32 MiB tmpfs fills while its only sink (HTTP) is down.
+
+Under each `when_full` policy the agent keeps serving (/healthz 200), producers never
+block, and every accepted event is accounted for exactly: delivered, or dropped by the
+policy and counted (`evagg_dropped_events_total`, `loss` events). The same with the
+filesystem itself full before the byte cap (ENOSPC): the agent must not crash.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.agentproc import AgentProcess
+from tests.aggregator.test_end_to_end import producer_report, start_producer
+from tests.proof import (
+    ThreadedReceiver,
+    expected_ids,
+    http_status,
+    metric_where,
+    task_ids,
+    wait_caught_up,
+    wait_until,
+)
+
+FS_SIZE = "32m"
+EVENTS_EACH = 40_000
+PRODUCERS = 2
+EMIT_SECONDS = 3.0
+
+
+@dataclass
+class Pressure:
+    agent: AgentProcess
+    receiver: ThreadedReceiver
+    state_dir: Path
+
+
+@pytest.fixture
+def receiver() -> Iterator[ThreadedReceiver]:
+    server = ThreadedReceiver().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def small_state(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs of FS_SIZE where the agent's state dir (and so its spool) lives."""
+    workdir = tmp_path / "agent"
+    state = workdir / "state"
+    state.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={FS_SIZE}", "tmpfs", str(state)],
+                   check=True)
+    yield workdir
+    if subprocess.run(["umount", str(state)], check=False).returncode != 0:
+        subprocess.run(["umount", "-l", str(state)], check=True)  # an agent still holds it
+
+
+def pressured_agent(workdir: Path, receiver: ThreadedReceiver, spool: str) -> AgentProcess:
+    sinks = ('[[sinks]]\nname = "collector"\ntype = "http"\n'
+             f'url = "{receiver.url}"\nbatch_interval = "100ms"\ntimeout = "1s"\n')
+    return AgentProcess(workdir, sinks_toml=sinks, agent_toml='max_frame = "1MiB"',
+                        spool_toml=f'segment_bytes = "2MiB"\n{spool}')
+
+
+def metric_sum(snapshot: dict[str, float], name: str) -> float:
+    return sum(v for k, v in snapshot.items() if k == name or k.startswith(name + "{"))
+
+
+def watch_while_filling(agent: AgentProcess, until: Callable[[], bool], cap: int) -> int:
+    """Until `until()` holds: /healthz answers 200 and the spool stays under its cap.
+    Returns the most spool bytes seen."""
+    most = 0
+
+    def check() -> bool:
+        nonlocal most
+        assert http_status(f"{agent.http_url}/healthz") == 200
+        most = max(most, int(agent.metric("evagg_spool_bytes")))
+        assert most <= cap
+        return bool(until())
+
+    wait_until(check, 60, lambda: f"the spool to fill:\n{agent.metrics()}\n{agent.log()[-3000:]}",
+               interval=0.2)
+    return most
+
+
+def run_producers(agent: AgentProcess, buffer_bytes: int = 2**20
+                  ) -> tuple[dict[str, int], list[subprocess.Popen[bytes]]]:
+    """Producers with small emitter buffers, so a spool that stops taking frames makes
+    them drop (and count) within the run."""
+    counts = {f"d{n}": EVENTS_EACH for n in range(PRODUCERS)}
+    procs = [start_producer(agent.socket_path, prefix, count, seconds=EMIT_SECONDS,
+                            flush_timeout=60, buffer_bytes=buffer_bytes)
+             for prefix, count in counts.items()]
+    return counts, procs
+
+
+def until_emitted(started: float, also: Callable[[], bool]) -> Callable[[], bool]:
+    """`also` holds and the producers have emitted everything (their buffers overflowed)."""
+    return lambda: time.monotonic() > started + EMIT_SECONDS + 1 and also()
+
+
+def final_heartbeat(events: list[dict[str, Any]]) -> dict[str, float]:
+    (last,) = [e for e in events if e.get("kind") == "agent" and e.get("state") == "STOPPING"]
+    metrics: dict[str, float] = last["metrics"]
+    return metrics
+
+
+def emitter_losses(events: list[dict[str, Any]]) -> Counter[str]:
+    """Events the producers' emitters dropped and reported, by run_id."""
+    lost: Counter[str] = Counter()
+    for e in events:
+        if e.get("kind") == "loss" and (e.get("attrs") or {}).get("component") == "emitter":
+            lost[str(e.get("run_id"))] += int(e["metrics"]["events"])
+    return lost
+
+
+def agent_losses(events: list[dict[str, Any]], reason: str) -> int:
+    return sum(int(e["metrics"]["events"]) for e in distinct(events)
+               if e.get("kind") == "loss" and e.get("name") == reason
+               and (e.get("attrs") or {}).get("component") != "emitter")
+
+
+def distinct(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return list({str(e["event_id"]): e for e in events}.values())
+
+
+def assert_spooled_equals_delivered_plus_dropped(events: list[dict[str, Any]]) -> int:
+    """The final heartbeat's counters: every spooled event is delivered or counted dropped.
+
+    The STOPPING heartbeat carries the counters as they were just before it; it and the
+    loss rows written with it are spooled after that snapshot."""
+    snapshot = final_heartbeat(events)
+    stopping = next(e for e in distinct(events) if e.get("kind") == "agent"
+                    and e.get("state") == "STOPPING")
+    written_with_it = [e for e in distinct(events) if e.get("kind") == "loss"
+                       and e.get("received") == stopping.get("received")]
+    spooled = metric_sum(snapshot, "evagg_received_events_total") + 1 + len(written_with_it)
+    dropped = metric_sum(snapshot, "evagg_dropped_events_total") + sum(
+        int(e["metrics"]["events"]) for e in written_with_it)
+    delivered = len(distinct(events))
+    assert spooled == delivered + dropped, (spooled, delivered, dropped)
+    return int(dropped)
+
+
+def test_block_policy_stops_reading_and_emitters_count_their_drops(
+        small_state: Path, receiver: ThreadedReceiver) -> None:
+    receiver.stop()  # connections refused: the only sink cannot deliver
+    agent = pressured_agent(small_state, receiver, 'max_bytes = "8MiB"\nwhen_full = "block"')
+    agent.start()
+    try:
+        started = time.monotonic()
+        counts, procs = run_producers(agent)
+        cap = 8 * 2**20
+        most = watch_while_filling(agent, until_emitted(
+            started, lambda: agent.metric("evagg_spool_bytes") > cap - 2**21), cap)
+        assert most > cap - 2**21
+        assert all(proc.poll() is None for proc in procs)  # flushing, not stuck in emit()
+        receiver.start()
+        reports = [producer_report(proc) for proc in procs]
+        wait_caught_up(agent, ["collector"], timeout=60)
+        assert agent.stop() == 0
+    finally:
+        agent.kill()
+    for report in reports:
+        assert report["raised"] == 0 and report["slowest_ns"] < 1e9, report
+    events = receiver.accepted_events()
+    assert assert_spooled_equals_delivered_plus_dropped(events) == 0  # block never drops
+    received = Counter(task_ids(events))
+    dropped = emitter_losses(events)
+    assert sum(dropped.values()) > 0, "the emitters never had to drop: the spool was not full"
+    for prefix, count in counts.items():
+        got = {t for t in received if t.startswith(f"{prefix}-")}
+        assert got <= expected_ids({prefix: count})
+        assert len(got) + dropped[prefix] == count, (prefix, len(got), dropped[prefix])
+
+
+def test_drop_oldest_policy_drops_counted_and_reported_as_loss_events(
+        small_state: Path, receiver: ThreadedReceiver) -> None:
+    receiver.answer_always(503)
+    receiver.stall(30)  # each POST hangs past the sink's 1 s timeout
+    agent = pressured_agent(small_state, receiver, 'max_bytes = "8MiB"\nwhen_full = "drop_oldest"')
+    agent.start()
+    try:
+        counts, procs = run_producers(agent, buffer_bytes=64 * 2**20)
+        cap = 8 * 2**20
+        watch_while_filling(agent,
+                            lambda: agent.metric("evagg_dropped_events_total") > 0, cap)
+        reports = [producer_report(proc) for proc in procs]
+        receiver.stall(0)
+        receiver.answer_always(200)
+        wait_caught_up(agent, ["collector"], timeout=60)
+        assert agent.stop() == 0
+    finally:
+        agent.kill()
+    for report in reports:  # the agent never stopped taking frames
+        assert report["flushed"] and report["raised"] == 0 and report["slowest_ns"] < 1e9
+    events = receiver.accepted_events()
+    dropped = assert_spooled_equals_delivered_plus_dropped(events)
+    assert not emitter_losses(events)
+    missing = expected_ids(counts) - set(task_ids(events))
+    assert 0 < len(missing) <= dropped
+    reported = agent_losses(events, "drop_oldest")
+    assert 0 < reported <= dropped
+
+
+def test_filesystem_full_before_the_cap_keeps_the_agent_serving(
+        small_state: Path, receiver: ThreadedReceiver) -> None:
+    receiver.stop()
+    # Something else on the disk leaves the spool 6 MiB, far below its 1 GiB cap: appends
+    # meet ENOSPC first.
+    _fill(small_state / "state" / "other-use", leave=6 * 2**20)
+    agent = pressured_agent(small_state, receiver, 'max_bytes = "1GiB"\nwhen_full = "block"')
+    agent.start()
+    try:
+        started = time.monotonic()
+        counts, procs = run_producers(agent)
+        watch_while_filling(agent, until_emitted(
+            started, lambda: _filesystem_full(small_state / "state")), 2**30)
+        assert agent.running, agent.log()[-3000:]
+        assert metric_where(agent, "evagg_bad_input_total", route="socket",
+                            reason="spool_write_failed") > 0
+        status, retry_after = post_events(agent, b'{"kind": "op", "name": "while-full"}\n' * 3000)
+        assert (status, retry_after) == (503, "5")  # retryable, not a 500 that clients drop
+        receiver.start()
+        reports = [producer_report(proc) for proc in procs]
+        wait_caught_up(agent, ["collector"], timeout=60)
+        assert agent.stop() == 0
+    finally:
+        agent.kill()
+    for report in reports:
+        assert report["raised"] == 0 and report["slowest_ns"] < 1e9, report
+    events = receiver.accepted_events()
+    received = Counter(task_ids(events))
+    dropped = emitter_losses(events)
+    for prefix, count in counts.items():
+        got = {t for t in received if t.startswith(f"{prefix}-")}
+        assert len(got) + dropped[prefix] == count, (prefix, len(got), dropped[prefix])
+
+
+def post_events(agent: AgentProcess, body: bytes) -> tuple[int, str | None]:
+    request = urllib.request.Request(f"{agent.http_url}/v1/events", data=body, method="POST",
+                                     headers={"Content-Type": "application/x-ndjson"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return int(answer.status), answer.headers.get("Retry-After")
+    except urllib.error.HTTPError as error:
+        return int(error.code), error.headers.get("Retry-After")
+
+
+def _free_bytes(path: Path) -> int:
+    stats = os.statvfs(path)
+    return stats.f_bavail * stats.f_frsize
+
+
+def _filesystem_full(path: Path) -> bool:
+    return _free_bytes(path) < 2**20
+
+
+def _fill(path: Path, leave: int) -> None:
+    with path.open("wb") as filler:
+        filler.write(bytes(_free_bytes(path.parent) - leave))
