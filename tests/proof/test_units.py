@@ -174,8 +174,13 @@ def daemonset_parts() -> tuple[Any, Any, Any]:
 
 
 def configmap_config(config_map: Any, tmp_path: Path) -> Any:
+    """Load the ConfigMap's TOML as the pod would, with the token Secret mounted here."""
+    token = tmp_path / "token"
+    token.write_text("test-token\n")
+    text = config_map.data["evagg.toml"].replace("/etc/evagg-token/token", str(token))
+    assert text != config_map.data["evagg.toml"], "the DaemonSet must require an ingest token"
     path = tmp_path / "evagg.toml"
-    path.write_text(config_map.data["evagg.toml"])
+    path.write_text(text)
     return load_config(path, env={})
 
 
