@@ -270,7 +270,18 @@ def _version() -> str:
         return "dev"
 
 
+def use_returning_allocator() -> None:
+    """Arrow's default mimalloc pool keeps freed pages: in a long-running agent that is
+    about 40 MB more resident memory for no speed (bench/bench_pipeline.py --pools).
+    ARROW_DEFAULT_MEMORY_POOL still wins when an operator sets it."""
+    if "ARROW_DEFAULT_MEMORY_POOL" not in os.environ:
+        import pyarrow as pa
+
+        pa.set_memory_pool(pa.system_memory_pool())
+
+
 def run_agent(config: AgentConfig, exit_when_unused: Path | None = None) -> int:
+    use_returning_allocator()
     return asyncio.run(Agent(config, exit_when_unused).run())
 
 

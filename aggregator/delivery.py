@@ -35,7 +35,7 @@ class ConsumerState:
 
 class SinkConsumer:
     def __init__(self, sink: Sink, spool: Spool, metrics: AgentMetrics, *,
-                 flush_interval_s: float = 1.0, read_max_bytes: int = 16 * 2**20,
+                 flush_interval_s: float = 1.0, read_max_bytes: int = 4 * 2**20,
                  backoff_cap_s: float = 60.0) -> None:
         self.sink = sink
         self.spool = spool
