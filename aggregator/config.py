@@ -65,20 +65,43 @@ class AgentConfig:
 
 
 _AGENT_KEYS = {
-    "node_id", "socket", "socket_mode", "socket_group", "state_dir", "http_listen",
-    "http_token_file", "http_max_body", "max_frame", "frame_timeout", "drain_timeout",
-    "heartbeat_interval", "red_metrics", "red_max_names",
+    "node_id",
+    "socket",
+    "socket_mode",
+    "socket_group",
+    "state_dir",
+    "http_listen",
+    "http_token_file",
+    "http_max_body",
+    "max_frame",
+    "frame_timeout",
+    "drain_timeout",
+    "heartbeat_interval",
+    "red_metrics",
+    "red_max_names",
 }
 _SPOOL_KEYS = {"max_bytes", "when_full", "fsync", "segment_bytes"}
 _COMMON_SINK_KEYS = {"name", "type", "url", "kinds", "sources", "names"}
 SINK_KEYS: dict[str, set[str]] = {
     "parquet": {
-        "roll_max_bytes", "roll_interval", "row_group_rows", "endpoint_url", "region",
-        "path_style", "multipart_threshold",
+        "roll_max_bytes",
+        "roll_interval",
+        "row_group_rows",
+        "endpoint_url",
+        "region",
+        "path_style",
+        "multipart_threshold",
     },
     "http": {
-        "format", "gzip", "gzip_level", "headers", "batch_max_events", "batch_max_bytes", "batch_interval",
-        "timeout", "max_in_flight",
+        "format",
+        "gzip",
+        "gzip_level",
+        "headers",
+        "batch_max_events",
+        "batch_max_bytes",
+        "batch_interval",
+        "timeout",
+        "max_in_flight",
     },
 }
 _SINK_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -130,7 +153,9 @@ def _table(raw: dict[str, Any], key: str, problems: list[str]) -> dict[str, Any]
     return dict(value)
 
 
-def _check_keys(table: Mapping[str, Any], allowed: set[str], prefix: str, problems: list[str]) -> None:
+def _check_keys(
+    table: Mapping[str, Any], allowed: set[str], prefix: str, problems: list[str]
+) -> None:
     for key in table:
         if key not in allowed:
             problems.append(f"{prefix}{key}: unknown key (allowed: {', '.join(sorted(allowed))})")
@@ -224,8 +249,10 @@ def _sinks(raw: Any, problems: list[str]) -> tuple[SinkConfig, ...]:
         if sink.name in seen:
             problems.append(f"sinks[{index}].name: {sink.name!r} is used by another sink")
         if sink.type == "parquet" and sink.url.rstrip("/") in parquet_urls:
-            problems.append(f"sinks[{index}].url: another parquet sink writes to {sink.url!r}; "
-                            "their files would overwrite each other")
+            problems.append(
+                f"sinks[{index}].url: another parquet sink writes to {sink.url!r}; "
+                "their files would overwrite each other"
+            )
         seen.add(sink.name)
         if sink.type == "parquet":
             parquet_urls.add(sink.url.rstrip("/"))
@@ -251,18 +278,21 @@ def _sink(table: Any, index: int, problems: list[str]) -> SinkConfig | None:
         problems.append(f"{label}.url: required")
         return None
     _check_url(kind, url, f"{label}.url", problems)
-    filters = {key: _string_list(table.get(key, []), f"{label}.{key}", problems)
-               for key in ("kinds", "sources", "names")}
+    filters = {
+        key: _string_list(table.get(key, []), f"{label}.{key}", problems)
+        for key in ("kinds", "sources", "names")
+    }
     options = {k: v for k, v in table.items() if k not in _COMMON_SINK_KEYS}
-    return SinkConfig(name, kind, url, filters["kinds"], filters["sources"], filters["names"],
-                      options)
+    return SinkConfig(
+        name, kind, url, filters["kinds"], filters["sources"], filters["names"], options
+    )
 
 
 def _check_url(kind: str, url: str, label: str, problems: list[str]) -> None:
     if kind == "http" and not url.startswith(("http://", "https://")):
         problems.append(f"{label}: an http sink needs an http:// or https:// url")
     if kind == "parquet" and url.startswith("s3://"):
-        bucket = url[len("s3://"):].split("/", 1)[0]
+        bucket = url[len("s3://") :].split("/", 1)[0]
         if not bucket:
             problems.append(f"{label}: an s3 url needs a bucket (s3://bucket/prefix/)")
     elif kind == "parquet" and "://" in url:
@@ -283,7 +313,7 @@ def _optional_str(value: Any) -> str | None:
 def _octal_mode(value: Any) -> int:
     text = str(value)
     if not re.fullmatch(r"0?[0-7]{3}", text):
-        raise ValueError(f"{text!r} is not an octal file mode such as \"0660\"")
+        raise ValueError(f'{text!r} is not an octal file mode such as "0660"')
     return int(text, 8)
 
 
@@ -293,7 +323,7 @@ def _listen(value: Any) -> str:
         return ""
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ValueError(f"{text!r} is not host:port, such as \"127.0.0.1:4040\"")
+        raise ValueError(f'{text!r} is not host:port, such as "127.0.0.1:4040"')
     return text
 
 

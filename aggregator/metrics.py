@@ -127,18 +127,42 @@ class AgentMetrics:
     def __init__(self) -> None:
         self.registry = Registry()
         r = self.registry
-        self.received_events = r.counter("evagg_received_events_total", "Events accepted, by route.")
-        self.received_frames = r.counter("evagg_received_frames_total", "Frames or requests accepted, by route.")
-        self.received_bytes = r.counter("evagg_received_bytes_total", "Payload bytes accepted, by route.")
-        self.duplicate_frames = r.counter("evagg_duplicate_frames_total", "Resent frames or events already spooled, by route.")
-        self.rejected_events = r.counter("evagg_rejected_events_total", "Events refused as bad input, by route.")
-        self.bad_input = r.counter("evagg_bad_input_total", "Bad frames, bodies or connections, by route and reason.")
+        self.received_events = r.counter(
+            "evagg_received_events_total", "Events accepted, by route."
+        )
+        self.received_frames = r.counter(
+            "evagg_received_frames_total", "Frames or requests accepted, by route."
+        )
+        self.received_bytes = r.counter(
+            "evagg_received_bytes_total", "Payload bytes accepted, by route."
+        )
+        self.duplicate_frames = r.counter(
+            "evagg_duplicate_frames_total", "Resent frames or events already spooled, by route."
+        )
+        self.rejected_events = r.counter(
+            "evagg_rejected_events_total", "Events refused as bad input, by route."
+        )
+        self.bad_input = r.counter(
+            "evagg_bad_input_total", "Bad frames, bodies or connections, by route and reason."
+        )
         self.connections = r.counter("evagg_connections_total", "Producer connections accepted.")
-        self.delivered_events = r.counter("evagg_delivered_events_total", "Events durably delivered, by sink.")
-        self.delivery_errors = r.counter("evagg_delivery_errors_total", "Failed deliveries, by sink and kind.")
+        self.delivered_events = r.counter(
+            "evagg_delivered_events_total", "Events durably delivered, by sink."
+        )
+        self.delivery_errors = r.counter(
+            "evagg_delivery_errors_total", "Failed deliveries, by sink and kind."
+        )
         self.retries = r.counter("evagg_retries_total", "Delivery retries, by sink.")
-        self.dropped_events = r.counter("evagg_dropped_events_total", "Events lost by policy, by reason.")
-        self.worker_errors = r.counter("evagg_worker_errors_total", "Exceptions caught in background workers, by worker and type.")
+        self.dropped_events = r.counter(
+            "evagg_dropped_events_total", "Events lost by policy, by reason."
+        )
+        self.worker_errors = r.counter(
+            "evagg_worker_errors_total",
+            "Exceptions caught in background workers, by worker and type.",
+        )
         self.open_connections = r.gauge("evagg_open_connections", "Producer connections open now.")
         self.draining = r.gauge("evagg_draining", "1 while the agent drains before exit.")
-        self.sink_permanent_error = r.gauge("evagg_sink_permanent_error", "1 while a sink's last failure was permanent (credentials, missing bucket).")
+        self.sink_permanent_error = r.gauge(
+            "evagg_sink_permanent_error",
+            "1 while a sink's last failure was permanent (credentials, missing bucket).",
+        )

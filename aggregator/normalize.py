@@ -33,7 +33,9 @@ class Stamp:
     host: str = ""
 
     @staticmethod
-    def now(node_id: str = "", host: str = "", pid: int | None = None, uid: int | None = None) -> Stamp:
+    def now(
+        node_id: str = "", host: str = "", pid: int | None = None, uid: int | None = None
+    ) -> Stamp:
         return Stamp(time.time_ns(), pid, uid, node_id, host)
 
 
@@ -221,7 +223,9 @@ def _metrics(value: Any) -> dict[str, float]:
         raise EventError(f"field 'metrics' must be an object, got {type(value).__name__}")
     out: dict[str, float] = {}
     for name, number in value.items():
-        if isinstance(number, bool) or (not isinstance(number, (int, float)) and number is not None):
+        if isinstance(number, bool) or (
+            not isinstance(number, (int, float)) and number is not None
+        ):
             raise EventError(f"metric {name!r} must be a number, got {type(number).__name__}")
         out[str(name)] = math.nan if number is None else float(number)
     return out
@@ -242,4 +246,3 @@ def _attr_text(value: Any) -> str:
     if isinstance(value, str):
         return value
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
-

@@ -31,7 +31,11 @@ class EventFilter:
         if self.keeps_all or table.num_rows == 0:
             return table
         mask: pa.ChunkedArray | None = None
-        for column, allowed in (("kind", self.kinds), ("source", self.sources), ("name", self.names)):
+        for column, allowed in (
+            ("kind", self.kinds),
+            ("source", self.sources),
+            ("name", self.names),
+        ):
             if not allowed:
                 continue
             hit = pc.fill_null(pc.is_in(table[column], value_set=pa.array(allowed)), False)

@@ -20,7 +20,9 @@ def main() -> int:
     parser.add_argument("--socket", required=True)
     parser.add_argument("--prefix", required=True)
     parser.add_argument("--count", type=int, required=True)
-    parser.add_argument("--seconds", type=float, default=0.0, help="spread the events over this long")
+    parser.add_argument(
+        "--seconds", type=float, default=0.0, help="spread the events over this long"
+    )
     parser.add_argument("--flush-timeout", type=float, default=60.0)
     parser.add_argument("--buffer-bytes", type=int, default=0)
     args = parser.parse_args()
@@ -37,17 +39,27 @@ def main() -> int:
     for i in range(args.count):
         started = time.perf_counter_ns()
         try:
-            emitters.emit(kind="task", name="work", state="FINISHED",
-                          task_id=f"{args.prefix}-{i}", step=i, duration_s=0.001,
-                          metrics={"loss": 1.0 / (i + 1)})
+            emitters.emit(
+                kind="task",
+                name="work",
+                state="FINISHED",
+                task_id=f"{args.prefix}-{i}",
+                step=i,
+                duration_s=0.001,
+                metrics={"loss": 1.0 / (i + 1)},
+            )
         except Exception:
             raised += 1
         slowest_ns = max(slowest_ns, time.perf_counter_ns() - started)
         if pause and i % 100 == 99:
             time.sleep(pause * 100)
     flushed = emitters.flush(args.flush_timeout)
-    print(orjson.dumps({"emitted": args.count, "raised": raised, "slowest_ns": slowest_ns,
-                        "flushed": flushed}).decode(), flush=True)
+    print(
+        orjson.dumps(
+            {"emitted": args.count, "raised": raised, "slowest_ns": slowest_ns, "flushed": flushed}
+        ).decode(),
+        flush=True,
+    )
     return 0
 
 

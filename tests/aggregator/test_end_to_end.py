@@ -15,13 +15,25 @@ import orjson
 from tests.agentproc import REPO, AgentProcess, query_lake
 
 
-def start_producer(socket_path: Path, prefix: str, count: int, **options: Any) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "tests.producer", "--socket", str(socket_path),
-            "--prefix", prefix, "--count", str(count)]
+def start_producer(
+    socket_path: Path, prefix: str, count: int, **options: Any
+) -> subprocess.Popen[bytes]:
+    args = [
+        sys.executable,
+        "-m",
+        "tests.producer",
+        "--socket",
+        str(socket_path),
+        "--prefix",
+        prefix,
+        "--count",
+        str(count),
+    ]
     for key, value in options.items():
         args += [f"--{key.replace('_', '-')}", str(value)]
-    return subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    return subprocess.Popen(
+        args, cwd=REPO, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
 
 
 def producer_report(proc: subprocess.Popen[bytes], timeout: float = 120) -> dict[str, Any]:
@@ -33,15 +45,16 @@ def producer_report(proc: subprocess.Popen[bytes], timeout: float = 120) -> dict
 
 def assert_exactly_once(lake: Path, expected: dict[str, int]) -> None:
     """Every task_id '<prefix>-<i>' for i < count is in the lake exactly once."""
-    rows = query_lake(lake, "SELECT task_id, count(*) FROM events WHERE kind = 'task' "
-                            "GROUP BY task_id")
+    rows = query_lake(
+        lake, "SELECT task_id, count(*) FROM events WHERE kind = 'task' GROUP BY task_id"
+    )
     seen = dict(rows)
     duplicates = {k: v for k, v in seen.items() if v != 1}
     assert not duplicates, f"duplicated: {list(duplicates.items())[:5]}"
     wanted = {f"{prefix}-{i}" for prefix, count in expected.items() for i in range(count)}
     missing = wanted - set(seen)
     assert not missing, f"{len(missing)} missing, e.g. {sorted(missing)[:5]}"
-    (ids, distinct), = query_lake(lake, "SELECT count(*), count(DISTINCT event_id) FROM events")
+    ((ids, distinct),) = query_lake(lake, "SELECT count(*), count(DISTINCT event_id) FROM events")
     assert ids == distinct
 
 
@@ -55,26 +68,30 @@ def test_several_producers_exactly_once_with_types(agent: AgentProcess) -> None:
     assert agent.stop() == 0
     assert_exactly_once(agent.lake_dir, {name: 5000 for name in producers})
 
-    rows = query_lake(agent.lake_dir, "SELECT DISTINCT run_id, pid, uid FROM events "
-                                      "WHERE kind = 'task'")
+    rows = query_lake(
+        agent.lake_dir, "SELECT DISTINCT run_id, pid, uid FROM events WHERE kind = 'task'"
+    )
     assert {(run, pid) for run, pid, _ in rows} == set(pids.items())
     assert {uid for _, _, uid in rows} == {os.getuid()}
-    types = dict(query_lake(agent.lake_dir,
-                            "SELECT column_name, column_type FROM (DESCRIBE events)"))
+    types = dict(
+        query_lake(agent.lake_dir, "SELECT column_name, column_type FROM (DESCRIBE events)")
+    )
     assert types["time"] == "TIMESTAMP WITH TIME ZONE"
     assert types["received"] == "TIMESTAMP WITH TIME ZONE"
     assert types["metrics"] == "MAP(VARCHAR, DOUBLE)"
     assert types["attrs"] == "MAP(VARCHAR, VARCHAR)"
     assert types["nonfinite"] == "VARCHAR[]"
     assert types["step"] == "BIGINT" and types["pid"] == "INTEGER"
-    (loss,), = query_lake(agent.lake_dir, "SELECT metrics['loss'] FROM events "
-                                          "WHERE task_id = 'p0-3'")
+    ((loss,),) = query_lake(
+        agent.lake_dir, "SELECT metrics['loss'] FROM events WHERE task_id = 'p0-3'"
+    )
     assert loss == 0.25
 
 
 def test_kill_9_mid_stream_loses_and_duplicates_nothing(agent: AgentProcess) -> None:
-    producers = {f"k{n}": start_producer(agent.socket_path, f"k{n}", 20_000, seconds=4)
-                 for n in range(3)}
+    producers = {
+        f"k{n}": start_producer(agent.socket_path, f"k{n}", 20_000, seconds=4) for n in range(3)
+    }
     for _ in range(2):
         time.sleep(1.2)
         agent.kill()
@@ -91,28 +108,32 @@ def test_kill_9_mid_stream_loses_and_duplicates_nothing(agent: AgentProcess) -> 
 
 
 def test_agent_appearing_later_receives_buffered_events_and_loss_counts(
-        agent_factory: Callable[..., AgentProcess]) -> None:
+    agent_factory: Callable[..., AgentProcess],
+) -> None:
     agent = agent_factory()
     small = start_producer(agent.socket_path, "late", 2000, flush_timeout=30)
-    overflowing = start_producer(agent.socket_path, "over", 200_000, flush_timeout=30,
-                                 buffer_bytes=256 * 1024)
+    overflowing = start_producer(
+        agent.socket_path, "over", 200_000, flush_timeout=30, buffer_bytes=256 * 1024
+    )
     time.sleep(2.0)  # both emit everything with no agent listening
     agent.start()
     assert producer_report(small)["flushed"]
     producer_report(overflowing)
     assert agent.stop() == 0
     assert_exactly_once(agent.lake_dir, {"late": 2000})
-    (delivered,), = query_lake(agent.lake_dir, "SELECT count(*) FROM events "
-                                              "WHERE task_id LIKE 'over-%'")
-    losses = query_lake(agent.lake_dir, "SELECT sum(metrics['events']) FROM events "
-                                        "WHERE kind = 'loss' AND run_id = 'over'")
+    ((delivered,),) = query_lake(
+        agent.lake_dir, "SELECT count(*) FROM events WHERE task_id LIKE 'over-%'"
+    )
+    losses = query_lake(
+        agent.lake_dir,
+        "SELECT sum(metrics['events']) FROM events WHERE kind = 'loss' AND run_id = 'over'",
+    )
     assert delivered < 200_000
     assert losses[0][0] == 200_000 - delivered
 
 
 def test_sigterm_drains_everything_spooled(agent_factory: Callable[..., AgentProcess]) -> None:
-    slow_roll = ('[[sinks]]\nname = "lake"\ntype = "parquet"\nurl = "{lake}"\n'
-                 'roll_interval = "1h"\n')
+    slow_roll = '[[sinks]]\nname = "lake"\ntype = "parquet"\nurl = "{lake}"\nroll_interval = "1h"\n'
     agent = agent_factory(sinks_toml=slow_roll).start()
     assert producer_report(start_producer(agent.socket_path, "d", 3000))["flushed"]
     assert agent.stop() == 0  # the hour-long roll must not hold the data back
