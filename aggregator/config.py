@@ -37,6 +37,7 @@ class SinkConfig:
     sources: tuple[str, ...] = ()
     names: tuple[str, ...] = ()
     options: Mapping[str, Any] = field(default_factory=dict)  # type-specific, validated
+    retry_max_backoff_s: float = 60.0  # the longest wait between two delivery attempts
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ _AGENT_KEYS = {
     "red_max_names",
 }
 _SPOOL_KEYS = {"max_bytes", "when_full", "fsync", "segment_bytes"}
-_COMMON_SINK_KEYS = {"name", "type", "url", "kinds", "sources", "names"}
+_COMMON_SINK_KEYS = {"name", "type", "url", "kinds", "sources", "names", "retry_max_backoff"}
 SINK_KEYS: dict[str, set[str]] = {
     "parquet": {
         "roll_max_bytes",
@@ -283,8 +284,14 @@ def _sink(table: Any, index: int, problems: list[str]) -> SinkConfig | None:
         for key in ("kinds", "sources", "names")
     }
     options = {k: v for k, v in table.items() if k not in _COMMON_SINK_KEYS}
+    try:
+        retry_cap = parse_duration(table.get("retry_max_backoff", "60s"))
+    except ValueError as exc:
+        problems.append(f"{label}.retry_max_backoff: {exc}")
+        retry_cap = 60.0
     return SinkConfig(
-        name, kind, url, filters["kinds"], filters["sources"], filters["names"], options
+        name, kind, url, filters["kinds"], filters["sources"], filters["names"], options,
+        retry_cap,
     )
 
 

@@ -60,7 +60,8 @@ def servers() -> Iterator[Callable[[], ServerThread]]:
 
 def http_sink(name: str, url: str, extra: str = "") -> str:
     return (f'[[sinks]]\nname = "{name}"\ntype = "http"\nurl = "{url}"\n'
-            f'batch_max_events = 500\nbatch_interval = "200ms"\ntimeout = "1s"\n{extra}\n')
+            f'batch_max_events = 500\nbatch_interval = "200ms"\ntimeout = "1s"\n'
+            f'retry_max_backoff = "2s"\n{extra}\n')
 
 
 def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:

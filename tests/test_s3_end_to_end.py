@@ -31,7 +31,7 @@ def s3_agent(factory: Callable[..., AgentProcess], moto: MotoS3, bucket: str,
              multipart_threshold: str = "64MiB") -> AgentProcess:
     sinks = ('[[sinks]]\nname = "lake"\ntype = "parquet"\n'
              f'url = "s3://{bucket}/lake/"\nendpoint_url = "{moto.endpoint_url}"\n'
-             f'path_style = true\nroll_interval = "1s"\n'
+             f'path_style = true\nroll_interval = "1s"\nretry_max_backoff = "2s"\n'
              f'multipart_threshold = "{multipart_threshold}"\n')
     agent: AgentProcess = factory(sinks_toml=sinks, env=aws_env())
     return agent

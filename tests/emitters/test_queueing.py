@@ -4,6 +4,7 @@ Parquet read back through DuckDB and the dashboard's views."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import datetime as dt
 import json
 import subprocess
@@ -165,7 +166,9 @@ def scripted_run(emitter: Emitter) -> None:
             raise RuntimeError("out of memory")
     with queueing.start_work(metas[3], emitter=emitter):
         pass
-    queueing.start_work(metas[4], emitter=emitter).__enter__()  # a consumer that died
+    # a consumer that died inside its work; in a copied context so its trace context
+    # does not stay attached in this test process
+    contextvars.copy_context().run(queueing.start_work(metas[4], emitter=emitter).__enter__)
     queueing.enqueue({}, request_id="q0", name="infer", run_id="other-run", emitter=emitter)
 
 

@@ -42,9 +42,11 @@ def two_sink_agent(factory: Callable[..., AgentProcess], moto: MotoS3, bucket: s
     sinks = (
         '[[sinks]]\nname = "lake"\ntype = "parquet"\n'
         f'url = "s3://{bucket}/lake/"\nendpoint_url = "{moto.endpoint_url}"\n'
-        'path_style = true\nroll_interval = "1s"\nmultipart_threshold = "256KiB"\n\n'
+        'path_style = true\nroll_interval = "1s"\nmultipart_threshold = "256KiB"\n'
+        'retry_max_backoff = "2s"\n\n'
         '[[sinks]]\nname = "collector"\ntype = "http"\n'
         f'url = "{receiver.url}"\nbatch_interval = "200ms"\ntimeout = "2s"\n'
+        'retry_max_backoff = "2s"\n'
     )
     agent: AgentProcess = factory(sinks_toml=sinks, env=aws_env())
     return agent

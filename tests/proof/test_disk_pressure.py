@@ -68,7 +68,8 @@ def small_state(tmp_path: Path) -> Iterator[Path]:
 
 def pressured_agent(workdir: Path, receiver: ThreadedReceiver, spool: str) -> AgentProcess:
     sinks = ('[[sinks]]\nname = "collector"\ntype = "http"\n'
-             f'url = "{receiver.url}"\nbatch_interval = "100ms"\ntimeout = "1s"\n')
+             f'url = "{receiver.url}"\nbatch_interval = "100ms"\ntimeout = "1s"\n'
+             'retry_max_backoff = "2s"\n')
     return AgentProcess(workdir, sinks_toml=sinks, agent_toml='max_frame = "1MiB"',
                         spool_toml=f'segment_bytes = "2MiB"\n{spool}')
 
