@@ -1,0 +1,339 @@
+"""Query layer benchmark: `evagg query summary` and the dashboard's overview request.
+
+    python bench/bench_query.py [--events 10000000] [--small-files 3072] [--keep DIR]
+
+Generates one day of events (24 hourly partitions x 8 nodes) with numpy/pyarrow into a
+temporary directory: Ray-like task events (3 per attempt, shuffled within the hour, 5%
+failed), training ops with steps and a loss metric, OTel-like spans, agent heartbeats,
+and 0.5% duplicated events. It times the summary (the same code `evagg query summary`
+runs) and GET /api/overview, first over 192 files, then over a small-files layout
+(--small-files files) before and after compaction (`evagg compact`'s run_compact when
+present, else DuckDB COPY per partition). Targets: summary < 0.5 s, overview < 1 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dashboard import queries, views
+from dashboard.store import Store, StoreOptions
+from sinks.schema import EVENT_SCHEMA
+
+DAY0 = np.datetime64("2025-03-01T00:00:00", "ns").astype(np.int64)
+NODES = 8
+HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+NAMES = np.array([f"fn_{i:02d}" for i in range(40)], dtype=object)
+WORKERS = np.array([f"w{i}" for i in range(64)], dtype=object)
+ERRORS = np.array(["ValueError", "TimeoutError", "OutOfMemoryError", "KeyError"], dtype=object)
+
+
+def hex_ids(rng: np.random.Generator, n: int, nbytes: int) -> pa.Array:
+    """n random lower-case hex strings of 2*nbytes characters, built without Python loops."""
+    raw = rng.integers(0, 256, size=(n, nbytes), dtype=np.uint8)
+    text = np.empty((n, nbytes * 2), dtype=np.uint8)
+    text[:, 0::2] = HEX[raw >> 4]
+    text[:, 1::2] = HEX[raw & 15]
+    offsets = np.arange(0, (n + 1) * nbytes * 2, nbytes * 2, dtype=np.int32)
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(text.tobytes()))
+
+
+def pick(values: np.ndarray, index: np.ndarray) -> pa.Array:
+    return pa.array(values, pa.string()).take(pa.array(index))
+
+
+def hour_table(rng: np.random.Generator, hour: int, n: int, run_step0: int) -> pa.Table:
+    t0 = int(DAY0) + hour * 3_600_000_000_000
+    n_task = (n * 80 // 100) // 3 * 3
+    n_op = n * 14 // 100 // 3 * 3
+    beats = min(360, n // 20 // NODES)  # one heartbeat per node every 10 s
+    n_span = n - n_task - n_op - NODES * beats
+    parts = [task_part(rng, t0, n_task), op_part(rng, t0, n_op, run_step0),
+             span_part(rng, t0, n_span), agent_part(rng, t0, beats)]
+    return pa.concat_tables(parts, promote_options="default")
+
+
+def base(n: int, kind: str, source: str, times: np.ndarray,
+         rng: np.random.Generator) -> dict[str, Any]:
+    return {"event_id": hex_ids(rng, n, 16), "kind": pa.array(np.full(n, kind, dtype=object)),
+            "source": pa.array(np.full(n, source, dtype=object)),
+            "time": pa.array(times, pa.timestamp("ns", tz="UTC")),
+            "received": pa.array(times + 5_000_000, pa.timestamp("ns", tz="UTC"))}
+
+
+def task_part(rng: np.random.Generator, t0: int, n: int) -> pa.Table:
+    tasks = n // 3
+    ids = hex_ids(rng, tasks, 24)
+    start = t0 + rng.integers(0, 3_500_000_000_000, tasks)
+    run_s = rng.lognormal(0.0, 1.2, tasks)
+    failed = rng.random(tasks) < 0.05
+    which = np.tile(np.arange(3), tasks)
+    task = np.repeat(np.arange(tasks), 3)
+    end_ns = start + 50_000_000 + (run_s * 1e9).astype(np.int64)
+    times = np.where(which == 0, start[task],
+                     np.where(which == 1, start[task] + 50_000_000, end_ns[task]))
+    state = np.where(which == 0, "PENDING", np.where(which == 1, "RUNNING",
+                     np.where(failed[task], "FAILED", "FINISHED"))).astype(object)
+    terminal = which == 2
+    node = task % NODES
+    cols = base(n, "task", "ray", times, rng)
+    cols.update({
+        "state": pa.array(state), "task_id": ids.take(pa.array(task)),
+        "attempt": pa.array(np.zeros(n, np.int32)),
+        "name": pa.array(NAMES[task % len(NAMES)], mask=which != 0),
+        "job_id": pick(np.array([f"job-{i}" for i in range(6)], dtype=object), task % 6),
+        "node_id": pick(np.array([f"node-{i}" for i in range(NODES)], dtype=object), node),
+        "worker_id": pa.array(WORKERS[task % 64], mask=which != 1),
+        "pid": pa.array(np.where(which == 1, 1000 + task % 64, 0).astype(np.int32),
+                        mask=which != 1),
+        "duration_s": pa.array(run_s[task], mask=~terminal),
+        "error_type": pa.array(ERRORS[task % 4], mask=~(terminal & failed[task])),
+    })
+    table = pa.table(cols)
+    return table.take(pa.array(rng.permutation(n)))  # out of order within the hour
+
+
+def op_part(rng: np.random.Generator, t0: int, n: int, step0: int) -> pa.Table:
+    per_step = 3
+    step = step0 + np.arange(n) // per_step
+    which = np.arange(n) % per_step
+    times = t0 + np.arange(n) * (3_600_000_000_000 // max(n, 1))
+    is_fwd = which == 0
+    loss = np.exp(-step / 50_000.0) + rng.normal(0, 0.01, n)
+    offsets = np.concatenate([[0], np.cumsum(is_fwd)]).astype(np.int32)
+    metrics = pa.MapArray.from_arrays(pa.array(offsets),
+                                      pa.array(np.full(int(is_fwd.sum()), "loss")),
+                                      pa.array(loss[is_fwd]))
+    cols = base(n, "op", "torch", times, rng)
+    cols.update({
+        "state": pa.array(np.full(n, "FINISHED", dtype=object)),
+        "name": pick(np.array(["forward", "backward", "optimizer.step"], dtype=object), which),
+        "run_id": pa.array(np.full(n, "run-1", dtype=object)), "step": pa.array(step),
+        "span_id": hex_ids(rng, n, 8), "node_id": pa.array(np.full(n, "node-0", dtype=object)),
+        "duration_s": pa.array(rng.uniform(0.01, 0.3, n)), "metrics": metrics,
+    })
+    return pa.table(cols)
+
+
+def span_part(rng: np.random.Generator, t0: int, n: int) -> pa.Table:
+    traces = max(1, n // 10)
+    trace = np.arange(n) // 10 % traces
+    trace_ids = hex_ids(rng, traces, 16)
+    span_ids = hex_ids(rng, n, 8)
+    first = (np.arange(n) // 10) * 10
+    start = t0 + rng.integers(0, 3_500_000_000_000, traces)
+    cols = base(n, "span", "otel", start[trace] + (np.arange(n) % 10) * 1_000_000, rng)
+    cols.update({
+        "state": pa.array(np.full(n, "FINISHED", dtype=object)),
+        "name": pick(np.array(["request", "db.query", "render"], dtype=object),
+                     np.minimum(np.arange(n) % 10, 2)),
+        "trace_id": trace_ids.take(pa.array(trace)), "span_id": span_ids,
+        "parent_span_id": span_ids.take(pa.array(first)).to_numpy(zero_copy_only=False),
+        "node_id": pick(np.array([f"node-{i}" for i in range(NODES)], dtype=object), trace % NODES),
+        "duration_s": pa.array(rng.uniform(0.001, 0.05, n)),
+    })
+    root = np.arange(n) % 10 == 0
+    cols["parent_span_id"] = pa.array(np.where(root, None, cols["parent_span_id"]))
+    return pa.table(cols)
+
+
+def agent_part(rng: np.random.Generator, t0: int, beats: int) -> pa.Table:
+    n = NODES * beats
+    node = np.arange(n) % NODES
+    beat = np.arange(n) // NODES
+    times = t0 + beat * 10_000_000_000
+    received = (t0 // 10**9 % 100_000 + beat) * 1000.0
+    keys = ['evagg_received_events_total{route="socket"}',
+            'evagg_delivered_events_total{sink="lake"}']
+    metrics = pa.MapArray.from_arrays(pa.array(np.arange(0, 2 * n + 1, 2, dtype=np.int32)),
+                                      pa.array(np.tile(keys, n)), pa.array(np.repeat(received, 2)))
+    cols = base(n, "agent", "evagg", times, rng)
+    cols.update({"state": pa.array(np.full(n, "RUNNING", dtype=object)),
+                 "name": pa.array(np.full(n, "heartbeat", dtype=object)),
+                 "node_id": pick(np.array([f"node-{i}" for i in range(NODES)], dtype=object), node),
+                 "metrics": metrics})
+    return pa.table(cols)
+
+
+def conform(table: pa.Table) -> pa.Table:
+    columns = [table[f.name].cast(f.type) if f.name in table.column_names
+               else pa.nulls(table.num_rows, f.type) for f in EVENT_SCHEMA]
+    return pa.Table.from_arrays(columns, schema=EVENT_SCHEMA)
+
+
+def generate(root: Path, total: int, files_per_partition: int, seed: int = 7) -> int:
+    rng = np.random.default_rng(seed)
+    written = 0
+    per_hour = total // 24
+    for hour in range(24):
+        table = conform(hour_table(rng, hour, per_hour, hour * per_hour // 7))
+        dup = table.take(pa.array(rng.choice(table.num_rows, table.num_rows // 200, replace=False)))
+        node_col = table["node_id"].to_numpy(zero_copy_only=False)
+        dup_nodes = dup["node_id"].to_numpy(zero_copy_only=False)
+        for n in range(NODES):
+            name = f"node-{n}"
+            part = table.filter(pa.array(node_col == name))
+            folder = root / f"date=2025-03-01/hour={hour:02d}/node={name}"
+            folder.mkdir(parents=True, exist_ok=True)
+            step = -(-part.num_rows // files_per_partition)
+            for i in range(files_per_partition):
+                pq.write_table(part.slice(i * step, step), folder / f"part-{i:05d}.parquet",
+                               compression="zstd", row_group_size=100_000)
+            again = dup.filter(pa.array(dup_nodes == name))
+            pq.write_table(again, folder / "part-dup.parquet", compression="zstd")
+            written += part.num_rows + again.num_rows
+    return written
+
+
+def best(func: Callable[[], Any], runs: int = 2) -> tuple[float, float]:
+    """(first call, median of the `runs` calls after it) in seconds."""
+    times = []
+    for _ in range(runs + 1):
+        started = time.perf_counter()
+        func()
+        times.append(time.perf_counter() - started)
+    return times[0], statistics.median(times[1:])
+
+
+def timed(func: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    func()
+    return time.perf_counter() - started
+
+
+def summary_over_raw_fold(store: Store) -> float | None:
+    """The summary with tasks.sql reading events_raw instead of events (a proposal:
+    every aggregate in it ignores duplicates, so it can skip the dedupe)."""
+    texts = dict(views.view_files())
+    tasks_sql = texts.get("tasks.sql", "")
+    if "FROM events\n" not in tasks_sql:
+        return None
+    store.execute(tasks_sql.replace("VIEW tasks AS", "VIEW tasks_over_raw AS")
+                  .replace("FROM events\n", "FROM events_raw\n"), user_sql=True)
+    summary = texts["summaries.sql"].split("CREATE OR REPLACE VIEW task_summary AS")[1]
+    summary = summary.strip().rstrip(";").replace("FROM tasks", "FROM tasks_over_raw")
+    return best(lambda: store.execute(summary), 1)[1]
+
+
+def overview_request(store: Store) -> tuple[float, float]:
+    """(a request that computes, a repeated request served from the cache)."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from dashboard.app import create_app
+
+    async def timed() -> tuple[float, float]:
+        async with TestClient(TestServer(create_app(store))) as client:
+            out = []
+            for _ in range(2):
+                started = time.perf_counter()
+                response = await client.get("/api/overview")
+                assert response.status == 200, await response.text()
+                await response.read()
+                out.append(time.perf_counter() - started)
+            return out[0], out[1]
+
+    return asyncio.run(timed())
+
+
+def measure(root: Path, label: str) -> dict[str, Any]:
+    store = Store(StoreOptions(str(root), refresh_s=3600))
+    started = time.perf_counter()
+    store.refresh()
+    open_s = time.perf_counter() - started
+    first, warm = best(lambda: queries.summary(store))
+    over_raw = summary_over_raw_fold(store)
+    count = timed(lambda: store.execute("SELECT count(*) FROM events_raw"))
+    fold = timed(lambda: store.execute("SELECT final_state, count(*) FROM tasks GROUP BY 1"))
+    dedupe = timed(lambda: store.execute("SELECT kind, count(*) FROM events GROUP BY 1"))
+    files = store.describe()["files"]
+    computed, cached = overview_request(store)  # the app closes the store when it stops
+    return {"layout": label, "files": files, "open+list": open_s, "summary first": first,
+            "summary warm": warm, "summary, tasks on raw": over_raw or float("nan"),
+            "overview computed": computed,
+            "overview cached": cached, "count(*) raw": count, "tasks by state": fold,
+            "events by kind": dedupe}
+
+
+def compact(root: Path) -> str:
+    try:
+        from sinks.compact import run_compact
+
+        run_compact(str(root), grace_s=0.0)
+        return "evagg compact (sinks.compact.run_compact)"
+    except ImportError:
+        pass
+    import duckdb
+
+    con = duckdb.connect()
+    for folder in sorted({p.parent for p in root.rglob("*.parquet")}):
+        files = sorted(folder.glob("*.parquet"))
+        out = folder / "compacted.parquet.tmp"
+        listed = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
+        con.execute(f"COPY (SELECT * FROM read_parquet([{listed}]) QUALIFY row_number() OVER "
+                    f"(PARTITION BY event_id) = 1) TO '{out}' (FORMAT parquet, COMPRESSION zstd, "
+                    "ROW_GROUP_SIZE 100000)")
+        for f in files:
+            f.unlink()
+        out.rename(folder / "compacted.parquet")
+    return "DuckDB COPY per partition (evagg compact not found)"
+
+
+def print_rows(rows: list[dict[str, Any]]) -> None:
+    keys = list(rows[0])
+    width = max(len(k) for k in keys)
+    for key in keys:
+        cells = [f"{r[key]:.3f} s" if isinstance(r[key], float) else str(r[key]) for r in rows]
+        print(f"{key:<{width}}  " + "  ".join(f"{c:>22}" for c in cells))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--events", type=int, default=10_000_000)
+    parser.add_argument("--small-files", type=int, default=3072,
+                        help="files in the small-files layout (spread over 192 partitions)")
+    parser.add_argument("--keep", type=Path, help="write here and keep it (default: a temp dir)")
+    args = parser.parse_args()
+    base_dir = args.keep or Path(tempfile.mkdtemp(prefix="evagg-bench-query-"))
+    try:
+        started = time.perf_counter()
+        big = base_dir / "day"
+        events = generate(big, args.events, 1)
+        took = time.perf_counter() - started
+        print(f"generated {events:,} rows (0.5% duplicates) in {took:.1f} s")
+        rows = [measure(big, "24 h x 8 nodes")]
+        small = base_dir / "small"
+        per_partition = max(1, args.small_files // (24 * NODES))
+        generate(small, args.events, per_partition)
+        rows.append(measure(small, "small files"))
+        how = compact(small)
+        rows.append(measure(small, "after compaction"))
+        print(f"compaction: {how}")
+        print_rows(rows)
+        print(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        summary, overview = rows[0]["summary warm"], rows[0]["overview computed"]
+        print(f"targets: summary < 0.5 s: {summary:.3f} s {'met' if summary < 0.5 else 'MISSED'}; "
+              f"overview < 1 s: {overview:.3f} s computed, {rows[0]['overview cached']:.3f} s "
+              f"cached {'met' if overview < 1 else 'MISSED (cached: met)'}")
+    finally:
+        if args.keep is None:
+            shutil.rmtree(base_dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""The dashboard's aiohttp application: static pages, the JSON API, errors as JSON.
+
+The pages (dashboard/static) are plain HTML, JS and CSS with no build step and nothing
+fetched from a CDN. Errors reach the browser as {"error": message} with a 4xx/5xx
+status, never as a stack trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from importlib import resources
+from pathlib import Path
+
+from aiohttp import web
+
+from dashboard.api import Api, Handler
+from dashboard.errors import DashboardError
+from dashboard.runner import QueryRunner
+from dashboard.store import Store
+
+log = logging.getLogger(__name__)
+STATIC = Path(str(resources.files("dashboard").joinpath("static")))
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
+                               "style-src 'self' 'unsafe-inline'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+@web.middleware
+async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        response = await handler(request)
+    except DashboardError as exc:
+        response = web.json_response({"error": exc.message}, status=exc.status)
+    except web.HTTPException as exc:
+        if not request.path.startswith("/api/"):
+            raise
+        text = "no such endpoint" if exc.status == 404 else exc.reason
+        response = web.json_response({"error": text}, status=exc.status)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("request %s failed", request.path_qs)
+        response = web.json_response(
+            {"error": "internal error; the dashboard's log has the details"}, status=500)
+    response.headers.update(SECURITY_HEADERS)
+    if request.path.startswith("/api/"):
+        response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+async def index(_request: web.Request) -> web.FileResponse:
+    return web.FileResponse(STATIC / "index.html")
+
+
+def create_app(store: Store, *, timeout_s: float = 60.0) -> web.Application:
+    runner = QueryRunner(store, timeout_s=timeout_s)
+    app = web.Application(middlewares=[errors_as_json])
+    app.add_routes(Api(store, runner).routes())
+    app.router.add_get("/", index)
+    app.router.add_static("/static/", STATIC, show_index=False, follow_symlinks=False)
+
+    async def close(_app: web.Application) -> None:
+        runner.close()
+        store.close()
+
+    app.on_cleanup.append(close)
+    return app

@@ -1,0 +1,153 @@
+"""User filters, checked and turned into SQL with DuckDB parameters (never pasted text).
+
+Only fixed SQL fragments written here reach the query string; every value the user gave
+travels as a named parameter ($name). Sorting goes through an allow-list of columns.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from dashboard.errors import BadInput
+
+MAX_TEXT = 500
+_STATE = re.compile(r"^[A-Z_]{1,32}$")
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d|w)$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+# filter name -> column of the tasks view it compares with (exact match)
+TASK_EQUALS = {
+    "state": "final_state",
+    "name": "name",
+    "job": "job_id",
+    "node": "node_id",
+    "error_type": "error_type",
+    "worker": "worker_id",
+}
+# when a task happened, for --since/--until: its first known state time
+TASK_TIME = "coalesce(pending_at, submitted_at, running_at, finished_at, failed_at)"
+SEARCHED_TASK_COLUMNS = ("task_id", "name", "job_id", "node_id", "worker_id", "error_type",
+                         "error_message", "stack_trace")
+# sort key -> column of the tasks view; anything else is refused
+TASK_SORTS = {
+    "time": "task_time", "task_id": "task_id", "attempt": "attempt", "name": "name",
+    "state": "final_state", "duration": "duration_s", "job": "job_id", "node": "node_id",
+    "worker": "worker_id", "pid": "pid", "error_type": "error_type",
+    "pending_at": "pending_at", "running_at": "running_at", "finished_at": "finished_at",
+    "failed_at": "failed_at",
+}
+
+
+def parse_time(text: str, *, now: dt.datetime | None = None) -> dt.datetime:
+    """ISO 8601 (a date, or a time with or without zone: UTC assumed), "now", or an age
+    such as "90s", "15m", "2h", "3d", "1w" meaning that long before now."""
+    value = text.strip()
+    now = now or dt.datetime.now(dt.UTC)
+    if value.lower() == "now":
+        return now
+    relative = _RELATIVE.match(value.lower())
+    if relative:
+        return now - dt.timedelta(seconds=float(relative.group(1)) * _UNIT_S[relative.group(2)])
+    try:
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise BadInput(f"cannot read time {text!r}: use ISO 8601 (2025-03-01T12:00:00Z) "
+                       "or an age such as 15m, 2h, 3d") from None
+    return parsed.replace(tzinfo=dt.UTC) if parsed.tzinfo is None else parsed.astimezone(dt.UTC)
+
+
+def clean_text(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise BadInput(f"{name} must be text")
+    if len(value) > MAX_TEXT:
+        raise BadInput(f"{name} is longer than {MAX_TEXT} characters")
+    if "\x00" in value:
+        raise BadInput(f"{name} contains a NUL character")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFilter:
+    state: str | None = None
+    name: str | None = None
+    job: str | None = None
+    node: str | None = None
+    error_type: str | None = None
+    worker: str | None = None
+    since: dt.datetime | None = None
+    until: dt.datetime | None = None
+    text: str | None = None  # searched in ids, names, error messages and stack traces
+
+    @staticmethod
+    def from_mapping(values: Mapping[str, Any], *, now: dt.datetime | None = None) -> TaskFilter:
+        known = {f.name for f in fields(TaskFilter)}
+        unknown = sorted(k for k in values if k not in known)
+        if unknown:
+            raise BadInput(f"unknown filter {unknown[0]!r} (known: {', '.join(sorted(known))})")
+        given = {k: clean_text(k, v) for k, v in values.items() if v not in (None, "")}
+        if "state" in given:
+            given["state"] = given["state"].strip().upper()
+            if not _STATE.match(given["state"]):
+                raise BadInput(f"malformed state {values['state']!r}")
+        since = parse_time(given.pop("since"), now=now) if "since" in given else None
+        until = parse_time(given.pop("until"), now=now) if "until" in given else None
+        if since is not None and until is not None and since > until:
+            raise BadInput("since is later than until")
+        return TaskFilter(
+            state=given.get("state"), name=given.get("name"), job=given.get("job"),
+            node=given.get("node"), error_type=given.get("error_type"),
+            worker=given.get("worker"), text=given.get("text"), since=since, until=until)
+
+    def where(self, columns: list[str]) -> tuple[str, dict[str, Any]]:
+        """A WHERE clause (or "") over the tasks view, and its parameters."""
+        parts: list[str] = []
+        params: dict[str, Any] = {}
+        for key, column in TASK_EQUALS.items():
+            value = getattr(self, key)
+            if value is None:
+                continue
+            if column not in columns:
+                raise BadInput(f"the tasks view has no column {column!r} to filter {key} on")
+            parts.append(f"{column} = ${key}")
+            params[key] = value
+        if self.since is not None:
+            parts.append(f"{TASK_TIME} >= CAST($since AS TIMESTAMPTZ)")
+            params["since"] = self.since.isoformat()
+        if self.until is not None:
+            parts.append(f"{TASK_TIME} < CAST($until AS TIMESTAMPTZ)")
+            params["until"] = self.until.isoformat()
+        if self.text:
+            searched = [c for c in SEARCHED_TASK_COLUMNS if c in columns]
+            parts.append("(" + " OR ".join(f"contains(lower({c}), $text)" for c in searched) + ")")
+            params["text"] = self.text.lower()
+        return (" WHERE " + " AND ".join(parts)) if parts else "", params
+
+
+def task_order(sort: str | None, order: str | None, columns: list[str]) -> str:
+    """ORDER BY text from the allow-list; the unique key breaks ties so pages are stable."""
+    key = (sort or "time").strip()
+    if key not in TASK_SORTS:
+        raise BadInput(f"cannot sort by {key!r} (choose from {', '.join(sorted(TASK_SORTS))})")
+    column = TASK_SORTS[key]
+    if column != "task_time" and column not in columns:
+        raise BadInput(f"the tasks view has no column {column!r} to sort by")
+    direction = (order or "desc").strip().lower()
+    if direction not in ("asc", "desc"):
+        raise BadInput(f"order must be asc or desc, not {order!r}")
+    return f" ORDER BY {column} {direction.upper()} NULLS LAST, task_id, attempt"
+
+
+def bounded_int(name: str, value: Any, default: int, low: int, high: int) -> int:
+    if value in (None, ""):
+        return default
+    try:
+        number = int(str(value))
+    except ValueError:
+        raise BadInput(f"{name} must be a whole number, not {value!r}") from None
+    if not low <= number <= high:
+        raise BadInput(f"{name} must be between {low} and {high}")
+    return number

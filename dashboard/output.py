@@ -1,0 +1,90 @@
+"""Printing query results: an aligned table for people, JSON or CSV for programs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from typing import Any
+
+import orjson
+
+from dashboard.results import Result
+
+MAX_CELL = 60
+_ISO = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)(\.\d{3})?\d*Z$")
+
+
+def render(result: Result, fmt: str) -> str:
+    if fmt == "json":
+        return orjson.dumps(result.records(), option=orjson.OPT_INDENT_2).decode() + "\n"
+    if fmt == "csv":
+        return to_csv(result)
+    return to_table(result)
+
+
+def to_csv(result: Result) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(result.columns)
+    for row in result.rows:
+        writer.writerow([_csv_cell(v) for v in row])
+    return out.getvalue()
+
+
+def _csv_cell(value: Any) -> Any:
+    if isinstance(value, (dict, list)):
+        return orjson.dumps(value).decode()
+    return "" if value is None else value
+
+
+def to_table(result: Result) -> str:
+    if not result.columns:
+        return "(no columns)\n"
+    cells = [[table_cell(v) for v in row] for row in result.rows]
+    numeric = [all(isinstance(row[i], (int, float)) or row[i] is None for row in result.rows)
+               for i in range(len(result.columns))]
+    widths = [max([len(c)] + [len(row[i]) for row in cells])
+              for i, c in enumerate(result.columns)]
+
+    def line(values: list[str]) -> str:
+        parts = [v.rjust(w) if num else v.ljust(w)
+                 for v, w, num in zip(values, widths, numeric, strict=True)]
+        return "  ".join(parts).rstrip()
+
+    lines = [line(result.columns), line(["-" * w for w in widths])]
+    lines += [line(row) for row in cells]
+    count = len(result.rows)
+    footer = f"({count} row{'s' if count != 1 else ''}"
+    if result.total is not None and result.total != count:
+        footer += f" of {result.total}"
+    lines.append(footer + ")")
+    return "\n".join(lines) + "\n"
+
+
+def table_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 1e12 else f"{value:.4g}"
+    if isinstance(value, dict):
+        text = ", ".join(f"{k}={spread(v)}" for k, v in value.items())
+    elif isinstance(value, list):
+        text = ", ".join(table_cell(v) for v in value)
+    else:
+        text = str(value)
+        iso = _ISO.match(text)
+        if iso:
+            text = f"{iso.group(1)} {iso.group(2)}{iso.group(3) or ''}"
+    text = text.replace("\r", "").replace("\n", " ⏎ ")
+    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+
+
+def spread(value: Any) -> str:
+    """A metric spread {min, max, mean} as "min..max ~mean"; anything else as a cell."""
+    if isinstance(value, dict) and {"min", "max", "mean"} <= set(value):
+        lo, hi, mean = (table_cell(value[k]) for k in ("min", "max", "mean"))
+        return lo if lo == hi else f"{lo}..{hi} ~{mean}"
+    return table_cell(value)

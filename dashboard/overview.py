@@ -1,0 +1,50 @@
+"""The overview page's numbers: tasks by final state and events over time by kind."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from dashboard.store import Store
+
+# Bucket widths for the events-over-time chart, smallest first (seconds).
+WIDTHS_S = (1, 5, 10, 30, 60, 300, 600, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600,
+            86400, 7 * 86400, 30 * 86400)
+MAX_BUCKETS = 120
+
+
+def bucket_width_s(first_us: int, last_us: int) -> int:
+    span_s = max(0.0, (last_us - first_us) / 1e6)
+    for width in WIDTHS_S:
+        if span_s / width < MAX_BUCKETS:
+            return width
+    return WIDTHS_S[-1]
+
+
+def overview(store: Store) -> dict[str, Any]:
+    states = store.execute(
+        "SELECT final_state AS state, count(*) AS tasks FROM tasks GROUP BY 1 ORDER BY 2 DESC, 1")
+    span = store.execute("SELECT epoch_us(min(time)) AS first, epoch_us(max(time)) AS last "
+                         "FROM events_raw")
+    first, last = span.rows[0] if span.rows else (None, None)
+    timeline: list[dict[str, Any]] = []
+    kinds: dict[str, int] = {}
+    width = 60
+    if first is not None and last is not None:
+        width = bucket_width_s(first, last)
+        counts = store.execute(
+            "SELECT epoch_us(time) // $width_us AS bucket, kind, count(*) AS events FROM events "
+            "GROUP BY ALL ORDER BY bucket, kind", {"width_us": width * 1_000_000})
+        for bucket, kind, events in counts.rows:
+            start = dt.datetime.fromtimestamp(bucket * width, tz=dt.UTC)
+            timeline.append({"t": start.isoformat().replace("+00:00", "Z"),
+                             "kind": kind, "events": events})
+            kinds[kind or "?"] = kinds.get(kind or "?", 0) + events
+    return {
+        "states": states.records(),
+        "tasks": sum(r["tasks"] for r in states.records()),
+        "kinds": [{"kind": k, "events": n} for k, n in sorted(kinds.items(), key=lambda x: -x[1])],
+        "events": sum(kinds.values()),
+        "bucket_s": width,
+        "timeline": timeline,
+    }

@@ -1,0 +1,141 @@
+"""`evagg query`: the views from the command line, as a table, JSON or CSV.
+
+    evagg query [--data PATH|s3://bucket/prefix] summary
+    evagg query tasks --state FAILED --error-type ValueError --since 2h
+    evagg query steps --run RUN_ID
+    evagg query search "bad shard"
+    evagg query sql "SELECT name, count(*) FROM tasks GROUP BY 1"
+
+Bad input prints one line to stderr and exits 2; missing data exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from dashboard import queries
+from dashboard.errors import BadInput, DashboardError
+from dashboard.filters import TASK_SORTS, TaskFilter
+from dashboard.output import render
+from dashboard.results import Result
+from dashboard.store import ENGINES, Store, StoreOptions
+
+if TYPE_CHECKING:
+    Parsers = argparse._SubParsersAction[argparse.ArgumentParser]
+
+
+def default_data() -> str:
+    from emitters.paths import user_data_dir
+
+    return os.environ.get("EVAGG_DATA") or str(user_data_dir())
+
+
+def _store_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    # The flags work before and after the subcommand; SUPPRESS keeps a subcommand's
+    # unset copy from overwriting a value given before it.
+    default: Any = None if top else argparse.SUPPRESS
+    parser.add_argument("--data", default=default,
+                        help="local directory or s3://bucket/prefix (default: $EVAGG_DATA, "
+                             "else the user's data directory)")
+    parser.add_argument("--endpoint-url", default=default, help="S3-compatible endpoint URL")
+    parser.add_argument("--region", default=default, help="S3 region")
+    parser.add_argument("--engine", choices=ENGINES, default=default,
+                        help="how to read S3: httpfs, pyarrow, or auto (httpfs, else pyarrow)")
+    shape = parser.add_mutually_exclusive_group()
+    shape.add_argument("--json", dest="fmt", action="store_const", const="json", default=default)
+    shape.add_argument("--csv", dest="fmt", action="store_const", const="csv", default=default)
+
+
+def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
+    query = subparsers.add_parser("query", help="query the Parquet store (DuckDB views)",
+                                  description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    _store_flags(query, top=True)
+    query.set_defaults(command=run_query, query_command=None)
+    sub = query.add_subparsers(title="queries", metavar="QUERY")
+
+    def add(name: str, help_text: str, func: Callable[[Store, argparse.Namespace], Result]
+            ) -> argparse.ArgumentParser:
+        parser = sub.add_parser(name, help=help_text)
+        _store_flags(parser, top=False)
+        parser.set_defaults(query_command=func)
+        return parser
+
+    add("summary", "tasks by state, name, error type, job and node", _summary)
+    tasks = add("tasks", "the task table, filtered", _tasks)
+    tasks.add_argument("--state", help="final state: FINISHED, FAILED, RUNNING, ...")
+    tasks.add_argument("--name", help="function name")
+    tasks.add_argument("--job", help="job id")
+    tasks.add_argument("--node", help="node id")
+    tasks.add_argument("--error-type", help="error type, e.g. ValueError")
+    tasks.add_argument("--since", help="ISO time or an age such as 15m, 2h, 3d")
+    tasks.add_argument("--until", help="ISO time or an age")
+    tasks.add_argument("--sort", choices=sorted(TASK_SORTS), default="time")
+    tasks.add_argument("--asc", action="store_true", help="oldest/smallest first")
+    tasks.add_argument("--limit", type=int, default=100)
+    tasks.add_argument("--offset", type=int, default=0)
+    steps = add("steps", "a training run's steps: ops, failures, seconds, metric spread", _steps)
+    steps.add_argument("--run", required=True, help="run id ('' for ops without one)")
+    add("runs", "training runs", lambda store, _a: queries.runs(store))
+    add("agents", "node agents: last heartbeat, throughput, losses",
+        lambda store, _a: queries.agents(store))
+    search = add("search", "find tasks, ops and spans by id, name, error or stack", _search)
+    search.add_argument("text")
+    search.add_argument("--limit", type=int, default=100)
+    sql = add("sql", "run your own SQL over the views", _sql)
+    sql.add_argument("statement")
+    return query
+
+
+def run_query(args: argparse.Namespace) -> int:
+    func = getattr(args, "query_command", None)
+    if func is None:
+        print("evagg query: choose a query: summary, tasks, steps, runs, agents, search, sql",
+              file=sys.stderr)
+        return 2
+    try:
+        options = StoreOptions(location=args.data or default_data(),
+                               endpoint_url=args.endpoint_url, region=args.region,
+                               engine=args.engine or "auto")
+        store = Store(options)
+        try:
+            result = func(store, args)
+        finally:
+            store.close()
+    except DashboardError as exc:
+        print(f"evagg query: {exc.message}", file=sys.stderr)
+        return 2 if isinstance(exc, BadInput) else 1
+    sys.stdout.write(render(result, args.fmt or "table"))
+    return 0
+
+
+def _summary(store: Store, _args: argparse.Namespace) -> Result:
+    return queries.summary(store)
+
+
+def _tasks(store: Store, args: argparse.Namespace) -> Result:
+    flt = TaskFilter.from_mapping({
+        "state": args.state, "name": args.name, "job": args.job, "node": args.node,
+        "error_type": args.error_type, "since": args.since, "until": args.until})
+    if not 1 <= args.limit <= 100_000 or args.offset < 0:
+        raise BadInput("--limit must be 1..100000 and --offset not negative")
+    return queries.tasks(store, flt, sort=args.sort, order="asc" if args.asc else "desc",
+                         limit=args.limit, offset=args.offset)
+
+
+def _steps(store: Store, args: argparse.Namespace) -> Result:
+    return queries.steps(store, args.run)
+
+
+def _search(store: Store, args: argparse.Namespace) -> Result:
+    if not 1 <= args.limit <= 100_000:
+        raise BadInput("--limit must be 1..100000")
+    return queries.search(store, args.text, args.limit)
+
+
+def _sql(store: Store, args: argparse.Namespace) -> Result:
+    return store.execute(args.statement, user_sql=True)

@@ -1,0 +1,88 @@
+"""`evagg dashboard`: the web dashboard over a local directory or an s3:// prefix.
+
+    evagg dashboard --data PATH|s3://bucket/prefix [--listen 127.0.0.1:8050]
+
+The application itself is dashboard/app.py; this module is the command, kept free of
+aiohttp at import time so that registering it costs the CLI nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from dashboard.errors import BadInput, DashboardError, NoData
+from dashboard.store import ENGINES, Store, StoreOptions
+
+log = logging.getLogger(__name__)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise BadInput(f"--listen must be HOST:PORT, not {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def add_dashboard_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "dashboard", help="web dashboard over the Parquet store", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", help="local directory or s3://bucket/prefix "
+                                       "(default: $EVAGG_DATA, else the user's data directory)")
+    parser.add_argument("--listen", default="127.0.0.1:8050", help="HOST:PORT to serve on")
+    parser.add_argument("--endpoint-url", help="S3-compatible endpoint URL")
+    parser.add_argument("--region", help="S3 region")
+    parser.add_argument("--engine", choices=ENGINES, default="auto",
+                        help="how to read S3: httpfs, pyarrow, or auto (httpfs, else pyarrow)")
+    parser.add_argument("--refresh", type=float, default=5.0, metavar="SECONDS",
+                        help="how often to look for new files (default 5)")
+    parser.add_argument("--query-timeout", type=float, default=60.0, metavar="SECONDS",
+                        help="stop a page's query after this long (default 60)")
+    parser.set_defaults(command=run_dashboard)
+    return parser
+
+
+def open_store(args: argparse.Namespace) -> Store:
+    from dashboard.query import default_data
+
+    if args.refresh < 0 or args.query_timeout <= 0:
+        raise BadInput("--refresh must be >= 0 and --query-timeout > 0")
+    options = StoreOptions(location=args.data or default_data(), endpoint_url=args.endpoint_url,
+                           region=args.region, engine=args.engine, refresh_s=args.refresh)
+    store = Store(options)
+    try:
+        store.refresh()
+    except NoData as exc:  # start anyway: the pages say so and pick files up when they come
+        log.warning("%s", exc.message)
+    except DashboardError:
+        store.close()
+        raise
+    return store
+
+
+def run_dashboard(args: argparse.Namespace) -> int:
+    try:
+        host, port = parse_listen(args.listen)
+        store = open_store(args)
+    except DashboardError as exc:
+        print(f"evagg dashboard: {exc.message}", file=sys.stderr)
+        return 2 if isinstance(exc, BadInput) else 1
+    from aiohttp import web
+
+    from dashboard.app import create_app
+
+    described = store.describe()
+    print(f"evagg dashboard: {described['location']} ({described['engine']}, "
+          f"{described['files']} files) on http://{host}:{port}/", flush=True)
+    if store.note:
+        print(f"evagg dashboard: {store.note}", flush=True)
+    try:
+        web.run_app(create_app(store, timeout_s=args.query_timeout), host=host, port=port,
+                    print=None, access_log=None)
+    except OSError as exc:
+        print(f"evagg dashboard: cannot listen on {args.listen}: {exc.strerror}", file=sys.stderr)
+        return 1
+    return 0

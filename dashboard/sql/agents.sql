@@ -1,0 +1,77 @@
+-- Agent heartbeats (kind = 'agent'): the metrics map holds the agent's own counters,
+-- keyed "name{labels}"; totals add up every label set of one counter.
+CREATE OR REPLACE VIEW heartbeats AS
+SELECT
+    node_id,
+    time,
+    state,
+    host,
+    attrs['version'] AS version,
+    list_sum(list_transform(
+        list_filter(map_entries(metrics), e -> starts_with(e.key, 'evagg_received_events_total')),
+        e -> e.value)) AS received_total,
+    list_sum(list_transform(
+        list_filter(map_entries(metrics), e -> starts_with(e.key, 'evagg_delivered_events_total')),
+        e -> e.value)) AS delivered_total,
+    list_sum(list_transform(
+        list_filter(map_entries(metrics), e -> starts_with(e.key, 'evagg_dropped_events_total')),
+        e -> e.value)) AS dropped_total,
+    metrics['evagg_spool_bytes'] AS spool_bytes,
+    metrics
+FROM events
+WHERE kind = 'agent';
+
+-- losses: events lost by policy, as the agent (or an emitter) reported them.
+CREATE OR REPLACE VIEW losses AS
+SELECT
+    time,
+    node_id,
+    name AS reason,
+    source,
+    coalesce(metrics['events'], 0) AS events
+FROM events
+WHERE kind = 'loss';
+
+-- agents: one row per node. Throughput is the received counter's rise between the last
+-- two heartbeats, per second (NULL until there are two, or after an agent restart).
+CREATE OR REPLACE VIEW agents AS
+WITH ordered AS (
+    SELECT *,
+           lag(received_total) OVER w AS prev_received,
+           lag(delivered_total) OVER w AS prev_delivered,
+           lag(time) OVER w AS prev_time,
+           row_number() OVER (PARTITION BY node_id ORDER BY time DESC) AS newest,
+           count(*) OVER (PARTITION BY node_id) AS heartbeats
+    FROM heartbeats
+    WINDOW w AS (PARTITION BY node_id ORDER BY time)
+),
+lost AS (
+    SELECT node_id, sum(events) AS lost_events, count(*) AS loss_reports,
+           max(time) AS last_loss_at
+    FROM losses GROUP BY node_id
+)
+SELECT
+    o.node_id,
+    o.time AS last_seen,
+    o.state,
+    o.host,
+    o.version,
+    o.heartbeats,
+    o.received_total,
+    o.delivered_total,
+    o.dropped_total,
+    o.spool_bytes,
+    CASE WHEN o.received_total >= o.prev_received AND o.time > o.prev_time
+         THEN (o.received_total - o.prev_received)
+              / (epoch_us(o.time) / 1e6 - epoch_us(o.prev_time) / 1e6)
+    END AS received_per_s,
+    CASE WHEN o.delivered_total >= o.prev_delivered AND o.time > o.prev_time
+         THEN (o.delivered_total - o.prev_delivered)
+              / (epoch_us(o.time) / 1e6 - epoch_us(o.prev_time) / 1e6)
+    END AS delivered_per_s,
+    coalesce(l.lost_events, 0) AS lost_events,
+    coalesce(l.loss_reports, 0) AS loss_reports,
+    l.last_loss_at
+FROM ordered o
+LEFT JOIN lost l ON l.node_id IS NOT DISTINCT FROM o.node_id
+WHERE o.newest = 1;

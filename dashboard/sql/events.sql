@@ -1,0 +1,17 @@
+-- events_raw: every stored row, duplicates included. {{source}} is filled in by
+-- dashboard/store.py: read_parquet over the current file list (hive columns date, hour,
+-- node added), or a pyarrow dataset registered in DuckDB. Aggregates that ignore
+-- duplicates (min, max, arg_max, bool_or, count(DISTINCT ...)) should read this view:
+-- deduplication is the most expensive step of most queries.
+CREATE OR REPLACE VIEW events_raw AS
+SELECT * FROM {{source}};
+
+-- events: one row per event_id (the earliest received copy). A duplicate (a resent
+-- batch, a file both before and after compaction) repeats the producer's fields, so
+-- kind joins event_id in the PARTITION BY: a filter on kind is pushed below the window
+-- into the Parquet scan, and a view over one kind deduplicates only that kind. (More
+-- identity columns in the key would push more filters down, but cost 3-5x on every
+-- full scan; to look up one task or trace, filter events_raw first, then deduplicate.)
+CREATE OR REPLACE VIEW events AS
+SELECT * FROM events_raw
+QUALIFY row_number() OVER (PARTITION BY event_id, kind ORDER BY received NULLS LAST) = 1;

@@ -1,0 +1,63 @@
+// Router, header status and auto-refresh. Pages live in pages.js.
+import { getJSON } from "./api.js";
+import { h, clear, fmtBytes } from "./dom.js";
+import * as pages from "./pages.js";
+
+const ROUTES = {
+  "": pages.overview, overview: pages.overview, groups: pages.groups, tasks: pages.tasks, task: pages.task,
+  runs: pages.runs, run: pages.run, traces: pages.traces, trace: pages.trace, agents: pages.agents,
+};
+const NAV_OF = { task: "tasks", run: "runs", trace: "traces", "": "overview" };
+let version = null, rendering = 0;
+
+function currentRoute() {
+  const hash = location.hash.replace(/^#\/?/, "");
+  const [route, query] = hash.split("?");
+  return { route: route || "", params: new URLSearchParams(query || "") };
+}
+
+async function render({ keepScroll = false } = {}) {
+  const { route, params } = currentRoute();
+  const page = document.getElementById("page");
+  const ticket = ++rendering;
+  const scroll = window.scrollY;
+  const navRoute = NAV_OF[route] ?? route;
+  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.route === navRoute);
+  const view = ROUTES[route];
+  let node;
+  try {
+    node = view ? await view(params) : h("p", { class: "error" }, `No page ${route}.`);
+  } catch (err) {
+    node = h("div", { class: "error-box", role: "alert" }, h("b", null, "Could not load this page: "), err.message);
+  }
+  if (ticket !== rendering) return;  // a newer navigation won
+  clear(page).append(node);
+  page.dataset.route = route || "overview";
+  document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+  if (keepScroll) window.scrollTo(0, scroll);
+}
+
+async function poll() {
+  let delay = 5000;
+  try {
+    const info = await getJSON("/api/info");
+    delay = Math.max(2000, (info.refresh_s || 5) * 1000);
+    const where = `${info.location} · ${info.engine} · ${info.files} files · ${fmtBytes(info.bytes)}`;
+    const storeInfo = document.getElementById("store-info");
+    storeInfo.textContent = where;
+    storeInfo.title = where;
+    const banner = document.getElementById("banner");
+    banner.hidden = !info.message && !info.note;
+    banner.textContent = info.message || info.note || "";
+    const auto = document.getElementById("auto-refresh").checked;
+    if (version !== null && info.version !== version && auto) await render({ keepScroll: true });
+    version = info.version;
+  } catch (err) {
+    document.getElementById("store-info").textContent = err.message;
+  }
+  setTimeout(poll, delay);
+}
+
+window.addEventListener("hashchange", () => render());
+render();
+poll();

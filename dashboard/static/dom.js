@@ -1,0 +1,96 @@
+// Small DOM helpers. Text always goes in through textContent, never innerHTML:
+// names, error messages and stack traces come from producers and are untrusted.
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+function append(node, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function setAttrs(node, attrs) {
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (key === "text") node.textContent = value;
+    else node.setAttribute(key, value === true ? "" : String(value));
+  }
+  return node;
+}
+
+export function h(tag, attrs, ...children) {
+  return append(setAttrs(document.createElement(tag), attrs), children);
+}
+
+export function s(tag, attrs, ...children) {
+  return append(setAttrs(document.createElementNS(SVG_NS, tag), attrs), children);
+}
+
+export function clear(node) {
+  while (node.firstChild) node.removeChild(node.firstChild);
+  return node;
+}
+
+export function hashLink(route, params, text, attrs = {}) {
+  return h("a", { href: routeHref(route, params), ...attrs }, text);
+}
+
+export function routeHref(route, params) {
+  const query = new URLSearchParams();
+  for (const [k, v] of Object.entries(params || {})) {
+    if (v !== null && v !== undefined && v !== "") query.set(k, v);
+  }
+  const text = query.toString();
+  return `#/${route}${text ? "?" + text : ""}`;
+}
+
+export function fmtTime(iso) {
+  if (!iso) return "";
+  return iso.replace("T", " ").replace(/(\.\d{3})\d*Z$/, "$1").replace(/Z$/, "");
+}
+
+export function fmtDur(seconds) {
+  if (seconds === null || seconds === undefined) return "";
+  const v = Number(seconds);
+  if (v < 1e-3) return `${(v * 1e6).toFixed(0)} µs`;
+  if (v < 1) return `${(v * 1e3).toFixed(1)} ms`;
+  if (v < 120) return `${v.toFixed(2)} s`;
+  if (v < 7200) return `${(v / 60).toFixed(1)} min`;
+  if (v < 172800) return `${(v / 3600).toFixed(1)} h`;
+  return `${(v / 86400).toFixed(1)} d`;
+}
+
+export function fmtNum(value, digits = 3) {
+  if (value === null || value === undefined) return "";
+  if (Number.isInteger(value)) return value.toLocaleString("en-US");
+  const v = Number(value);
+  return Math.abs(v) >= 1000 ? v.toFixed(1) : v.toPrecision(digits).replace(/\.?0+$/, "");
+}
+
+export function fmtBytes(n) {
+  if (n === null || n === undefined) return "";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let v = Number(n), i = 0;
+  while (v >= 1024 && i < units.length - 1) { v /= 1024; i += 1; }
+  return `${v.toFixed(i ? 1 : 0)} ${units[i]}`;
+}
+
+export function stateBadge(state) {
+  return h("span", { class: `badge state-${String(state || "none").toLowerCase()}` }, state || "—");
+}
+
+export function table(columns, rows, render) {
+  // columns: [{key, label, num, sort}], render(row, col) -> node/text
+  const head = h("tr", null, columns.map((c) => h("th", { class: c.num ? "num" : null }, c.head || c.label)));
+  const body = rows.map((row) => h("tr", null, columns.map((c) =>
+    h("td", { class: c.num ? "num" : null }, render(row, c)))));
+  return h("div", { class: "grid-wrap" },
+    h("table", { class: "grid" }, h("thead", null, head), h("tbody", null, body)));
+}
+
+export function section(title, ...children) {
+  return h("section", null, h("h2", null, title), ...children);
+}

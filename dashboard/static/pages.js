@@ -1,0 +1,230 @@
+// The pages. Each takes the route's parameters and returns a DOM node to show.
+import { getJSON } from "./api.js";
+import { h, hashLink, routeHref, fmtTime, fmtDur, fmtNum, fmtBytes, stateBadge, table, section } from "./dom.js";
+import { timelineChart, histogram, metricChart, waterfall, stateTimeline, STATE_COLORS } from "./charts.js";
+
+const STATES = ["PENDING", "SUBMITTED", "RUNNING", "FINISHED", "FAILED"];
+const DIMENSIONS = { name: "Function name", error_type: "Error type", job: "Job", node: "Node", state: "State" };
+const FILTER_OF = { name: "name", error_type: "error_type", job: "job", node: "node", state: "state" };
+
+function countLink(filters, n, label) {
+  if (!n) return h("span", { class: "muted" }, "0");
+  return hashLink("tasks", filters, fmtNum(n), { class: "count-link", title: label || "show these tasks" });
+}
+
+// -- overview ------------------------------------------------------------------------
+
+export async function overview() {
+  const [data, errors] = await Promise.all([
+    getJSON("/api/overview"), getJSON("/api/aggregate", { by: "error_type", limit: 50 })]);
+  const failed = (data.states.find((s) => s.state === "FAILED") || {}).tasks || 0;
+  const cards = h("div", { class: "cards" },
+    card("Tasks", fmtNum(data.tasks), hashLink("tasks", {}, "all tasks")),
+    card("Failed", fmtNum(failed), countLink({ state: "FAILED" }, failed, "failed tasks")),
+    card("Events", fmtNum(data.events), `${data.kinds.length} kinds`));
+  const states = h("div", { class: "state-counts" }, data.states.map((s) =>
+    h("a", { href: routeHref("tasks", { state: s.state }), class: "state-chip", "data-state": s.state },
+      h("i", { style: `background:${STATE_COLORS[s.state] || "#999"}` }), s.state || "?", h("b", null, fmtNum(s.tasks)))));
+  const kinds = h("p", { class: "muted" }, data.kinds.map((k) => `${k.kind}: ${fmtNum(k.events)}`).join(" · "));
+  return h("div", null, cards,
+    section("Tasks by state", states),
+    section(`Events over time (${fmtDur(data.bucket_s)} buckets)`, timelineChart(data.timeline, data.bucket_s), kinds),
+    section("Failures by error type", groupTable("error_type", errors.rows)));
+}
+
+function card(title, value, foot) {
+  return h("div", { class: "card" }, h("div", { class: "card-title" }, title),
+    h("div", { class: "card-value" }, value), h("div", { class: "card-foot" }, foot));
+}
+
+// -- aggregated views ----------------------------------------------------------------
+
+export async function groups(params) {
+  const by = params.get("by") || "name";
+  const data = await getJSON("/api/aggregate", { by });
+  const tabs = h("div", { class: "tabs" }, Object.entries(DIMENSIONS).map(([key, label]) =>
+    hashLink("groups", { by: key }, label, { class: key === by ? "active" : null })));
+  return h("div", null, tabs, section(`Tasks by ${DIMENSIONS[by] || by}`, groupTable(by, data.rows)));
+}
+
+function groupTable(by, rows) {
+  if (!rows.length) return h("p", { class: "muted" }, "Nothing here.");
+  const key = FILTER_OF[by];
+  const columns = [
+    { key: "value", label: DIMENSIONS[by] || by },
+    { key: "tasks", label: "tasks", num: true },
+    ...STATES.map((st) => ({ key: st.toLowerCase(), label: st.toLowerCase(), num: true, state: st })),
+    { key: "hist", label: "durations (1 ms … 1 h, log)" },
+    { key: "p50_s", label: "p50", num: true }, { key: "p90_s", label: "p90", num: true },
+    { key: "p99_s", label: "p99", num: true }, { key: "max_s", label: "max", num: true },
+  ];
+  return table(columns, rows, (row, c) => {
+    const base = row.value === null ? {} : { [key]: row.value };
+    if (c.key === "value") return row.value === null ? h("span", { class: "muted" }, "(none)") : row.value;
+    if (c.key === "tasks") return countLink(base, row.tasks);
+    if (c.state) return countLink({ ...base, state: c.state }, row[c.key], `${c.state} tasks`);
+    if (c.key === "hist") return histogram(row.duration_bins, row);
+    return fmtDur(row[c.key]);
+  });
+}
+
+// -- task table ----------------------------------------------------------------------
+
+const TASK_COLUMNS = [
+  { key: "task_id", label: "task", sort: "task_id" }, { key: "attempt", label: "try", num: true, sort: "attempt" },
+  { key: "name", label: "name", sort: "name" }, { key: "final_state", label: "state", sort: "state" },
+  { key: "job_id", label: "job", sort: "job" }, { key: "node_id", label: "node", sort: "node" },
+  { key: "worker_id", label: "worker", sort: "worker" }, { key: "pid", label: "pid", num: true, sort: "pid" },
+  { key: "pending_at", label: "pending", sort: "pending_at" }, { key: "running_at", label: "running", sort: "running_at" },
+  { key: "finished_at", label: "finished", sort: "finished_at" }, { key: "failed_at", label: "failed", sort: "failed_at" },
+  { key: "duration_s", label: "duration", num: true, sort: "duration" }, { key: "error_type", label: "error", sort: "error_type" },
+];
+const FILTER_KEYS = ["state", "name", "job", "node", "error_type", "worker", "since", "until"];
+
+export async function tasks(params) {
+  const query = Object.fromEntries(params.entries());
+  const data = await getJSON("/api/tasks", query);
+  const form = h("form", { class: "search", onsubmit: (ev) => {
+    ev.preventDefault();
+    const q = ev.target.elements.q.value.trim();
+    location.hash = routeHref("tasks", { ...query, q, offset: null });
+  } }, h("input", { name: "q", type: "search", value: query.q || "", placeholder: "search names, ids, errors, stack traces", "aria-label": "search tasks" }),
+    h("button", { type: "submit" }, "Search"));
+  const chips = h("div", { class: "chips" }, [...FILTER_KEYS, "q"].filter((k) => query[k]).map((k) =>
+    h("span", { class: "chip", "data-filter": k }, `${k}: ${query[k]} `,
+      hashLink("tasks", { ...query, [k]: null, offset: null }, "×", { title: "remove filter" }))));
+  const sort = query.sort || "time", order = query.order || "desc";
+  const columns = TASK_COLUMNS.map((c) => ({ ...c, head: hashLink("tasks",
+    { ...query, sort: c.sort, order: sort === c.sort && order === "desc" ? "asc" : "desc", offset: null },
+    c.label + (sort === c.sort ? (order === "desc" ? " ▾" : " ▴") : "")) }));
+  const grid = data.rows.length ? table(columns, data.rows, (row, c) => {
+    if (c.key === "task_id") return hashLink("task", { task_id: row.task_id, attempt: row.attempt }, row.task_id, { class: "mono" });
+    if (c.key === "final_state") return stateBadge(row.final_state);
+    if (c.key.endsWith("_at")) return fmtTime(row[c.key]);
+    if (c.key === "duration_s") return fmtDur(row.duration_s);
+    if (c.key === "error_type" && row.error_type) return h("span", { class: "error-text", title: row.error_message || "" }, row.error_type);
+    return row[c.key] ?? "";
+  }) : h("p", { class: "muted empty" }, "No tasks match.");
+  return h("div", null, form, chips, h("p", { class: "muted", id: "task-count" },
+    `${fmtNum(data.total)} task attempt${data.total === 1 ? "" : "s"}`), grid, pager(query, data));
+}
+
+function pager(query, data) {
+  const offset = data.offset, limit = data.limit, end = Math.min(offset + data.rows.length, data.total);
+  return h("div", { class: "pager" },
+    offset > 0 ? hashLink("tasks", { ...query, offset: Math.max(0, offset - limit) }, "‹ previous") : null,
+    h("span", null, data.total ? ` ${offset + 1}–${end} of ${fmtNum(data.total)} ` : ""),
+    end < data.total ? hashLink("tasks", { ...query, offset: offset + limit }, "next ›") : null);
+}
+
+// -- task detail ---------------------------------------------------------------------
+
+export async function task(params) {
+  const data = await getJSON("/api/task", { task_id: params.get("task_id"), attempt: params.get("attempt") });
+  const parts = data.attempts.map((a) => {
+    const meta = ["task_id", "attempt", "name", "function", "task_type", "final_state", "job_id", "node_id", "worker_id",
+      "pid", "actor_id", "parent_id", "trace_id", "source", "ray_session", "events", "duration_s", "pending_at",
+      "submitted_at", "running_at", "finished_at", "failed_at", "exception_class"]
+      .filter((k) => a[k] !== undefined && a[k] !== null)
+      .map((k) => [h("dt", null, k), h("dd", null, k === "final_state" ? stateBadge(a[k]) : k.endsWith("_at") ? fmtTime(a[k]) : k === "duration_s" ? fmtDur(a[k]) : String(a[k]))]);
+    return h("div", { class: "attempt" }, h("h2", null, `${a.name || "task"} — attempt ${a.attempt}`),
+      h("dl", { class: "meta" }, meta), section("State timeline", stateTimeline(a)),
+      a.error_type || a.error_message ? section("Error", h("p", { class: "error-text" }, `${a.error_type || ""}: ${a.error_message || ""}`)) : null,
+      a.stack_trace ? section("Stack trace", h("pre", { class: "stack" }, a.stack_trace)) : null);
+  });
+  const events = table([{ key: "time", label: "time" }, { key: "state", label: "state" }, { key: "attempt", label: "try", num: true },
+    { key: "node_id", label: "node" }, { key: "worker_id", label: "worker" }, { key: "pid", label: "pid", num: true },
+    { key: "source", label: "source" }, { key: "event_id", label: "event id" }], data.events,
+  (row, c) => c.key === "time" ? fmtTime(row.time) : c.key === "state" ? (row.state ? stateBadge(row.state) : h("span", { class: "muted" }, "definition")) : row[c.key] ?? "");
+  return h("div", null, parts, section("Events (as stored, in time order)", events));
+}
+
+// -- training runs -------------------------------------------------------------------
+
+export async function runs() {
+  const data = await getJSON("/api/runs");
+  if (!data.rows.length) return h("p", { class: "muted" }, "No training runs (no op events).");
+  return section("Training runs", table([{ key: "run_id", label: "run" }, { key: "steps", label: "steps", num: true },
+    { key: "ops", label: "ops", num: true }, { key: "failures", label: "failures", num: true },
+    { key: "seconds", label: "op time", num: true }, { key: "started_at", label: "started" }, { key: "ended_at", label: "ended" }],
+  data.rows, (row, c) => c.key === "run_id" ? hashLink("run", { run: row.run_id }, row.run_id || "(no run id)")
+    : c.key === "seconds" ? fmtDur(row.seconds) : c.key.endsWith("_at") ? fmtTime(row[c.key]) : fmtNum(row[c.key])));
+}
+
+export async function run(params) {
+  const runId = params.get("run") || "";
+  const data = await getJSON("/api/steps", { run: runId });
+  const byMetric = new Map();
+  for (const m of data.metrics.rows) {
+    if (m.step === null) continue;
+    if (!byMetric.has(m.metric)) byMetric.set(m.metric, []);
+    byMetric.get(m.metric).push(m);
+  }
+  const charts = h("div", { class: "metric-charts" }, [...byMetric.entries()].map(([name, pts]) => metricChart(name, pts)));
+  const opsByStep = new Map();
+  for (const op of data.ops.rows) {
+    if (!opsByStep.has(op.step)) opsByStep.set(op.step, []);
+    opsByStep.get(op.step).push(op);
+  }
+  const rows = data.steps.rows.map((st) => {
+    const ops = opsByStep.get(st.step) || [];
+    const spread = Object.entries(st.metrics || {}).map(([k, v]) =>
+      h("div", null, h("b", null, k), ` ${fmtNum(v.min)} … ${fmtNum(v.max)} (mean ${fmtNum(v.mean)})`));
+    const opList = h("details", null, h("summary", null, `${ops.length} ops: ${(st.op_names || []).join(", ")}`),
+      h("ul", { class: "ops" }, ops.map((op) => h("li", null, stateBadge(op.state), ` ${op.name} `,
+        h("span", { class: "muted" }, `${fmtDur(op.duration_s)}${op.own_step !== st.step ? ` (own step: ${op.own_step ?? "none"})` : ""}`),
+        op.error_type ? h("span", { class: "error-text" }, ` ${op.error_type}: ${op.error_message || ""}`) : null))));
+    return h("tr", { "data-step": st.step }, h("td", { class: "num" }, st.step ?? "—"), h("td", null, opList),
+      h("td", { class: "num" + (st.failures ? " error-text" : "") }, st.failures), h("td", { class: "num" }, fmtDur(st.seconds)), h("td", null, spread));
+  });
+  const grid = h("table", { class: "grid steps" }, h("thead", null, h("tr", null,
+    ["step", "ops", "failures", "op time", "metric spread (min … max)"].map((t) => h("th", null, t)))), h("tbody", null, rows));
+  return h("div", null, h("h1", null, `Run ${runId || "(no run id)"}`),
+    section("Metrics over steps", byMetric.size ? charts : h("p", { class: "muted" }, "No metrics.")),
+    section("Steps", grid));
+}
+
+// -- traces --------------------------------------------------------------------------
+
+export async function traces() {
+  const data = await getJSON("/api/traces", { limit: 200 });
+  if (!data.rows.length) return h("p", { class: "muted" }, "No traces (no span events).");
+  return section("Traces", table([{ key: "trace_id", label: "trace" }, { key: "root_name", label: "root" },
+    { key: "spans", label: "spans", num: true }, { key: "failures", label: "failed", num: true },
+    { key: "duration_s", label: "duration", num: true }, { key: "services", label: "services" }, { key: "started_at", label: "started" }],
+  data.rows, (row, c) => c.key === "trace_id" ? hashLink("trace", { trace_id: row.trace_id }, row.trace_id, { class: "mono" })
+    : c.key === "root_name" ? (row.root_name || row.first_name) : c.key === "duration_s" ? fmtDur(row.duration_s)
+      : c.key === "services" ? (row.services || []).filter(Boolean).join(", ") : c.key === "started_at" ? fmtTime(row.started_at) : fmtNum(row[c.key])));
+}
+
+export async function trace(params) {
+  const traceId = params.get("trace_id");
+  const data = await getJSON("/api/trace", { trace_id: traceId });
+  const detail = h("div", { class: "span-detail muted" }, "Click a span for its details.");
+  const pick = (sp) => {
+    detail.replaceChildren(h("dl", { class: "meta" }, ["name", "span_id", "parent_span_id", "state", "service", "span_kind",
+      "start_at", "duration_s", "node_id", "error_type", "error_message"].filter((k) => sp[k] !== null && sp[k] !== undefined)
+      .map((k) => [h("dt", null, k), h("dd", null, k === "duration_s" ? fmtDur(sp[k]) : k === "start_at" ? fmtTime(sp[k]) : String(sp[k]))])));
+  };
+  return h("div", null, h("h1", null, "Trace ", h("span", { class: "mono" }, traceId)),
+    section(`Waterfall (${data.rows.length} spans)`, waterfall(data.rows, pick)), detail);
+}
+
+// -- agents --------------------------------------------------------------------------
+
+export async function agents() {
+  const data = await getJSON("/api/agents");
+  const now = Date.now();
+  const agentTable = data.agents.rows.length ? table([{ key: "node_id", label: "node" }, { key: "last_seen", label: "last heartbeat" },
+    { key: "state", label: "state" }, { key: "version", label: "version" }, { key: "heartbeats", label: "beats", num: true },
+    { key: "received_total", label: "received", num: true }, { key: "received_per_s", label: "recv/s", num: true },
+    { key: "delivered_per_s", label: "deliv/s", num: true }, { key: "dropped_total", label: "dropped", num: true },
+    { key: "lost_events", label: "lost", num: true }, { key: "spool_bytes", label: "spool", num: true }], data.agents.rows,
+  (row, c) => c.key === "last_seen" ? `${fmtTime(row.last_seen)} (${fmtDur((now - Date.parse(row.last_seen)) / 1000)} ago)`
+    : c.key === "spool_bytes" ? fmtBytes(row.spool_bytes) : c.key === "lost_events" && row.lost_events ? h("span", { class: "error-text" }, fmtNum(row.lost_events))
+      : typeof row[c.key] === "number" ? fmtNum(row[c.key]) : row[c.key] ?? "") : h("p", { class: "muted" }, "No agent heartbeats.");
+  const lossTable = data.losses.rows.length ? table([{ key: "time", label: "time" }, { key: "node_id", label: "node" },
+    { key: "reason", label: "reason" }, { key: "source", label: "source" }, { key: "events", label: "events lost", num: true }], data.losses.rows,
+  (row, c) => c.key === "time" ? fmtTime(row.time) : typeof row[c.key] === "number" ? fmtNum(row[c.key]) : row[c.key] ?? "") : h("p", { class: "muted" }, "No losses reported.");
+  return h("div", null, section("Node agents", agentTable), section("Losses", lossTable));
+}

@@ -1,0 +1,257 @@
+"""One DuckDB connection over one evagg store (a local directory or an s3:// prefix).
+
+The store lists its Parquet files (at most every `refresh_s` seconds), builds the
+`events_raw` relation over exactly that list and (re)creates the views when the list
+changed, so new files appear without a restart and one connection serves every query.
+Engines: "local" (DuckDB reads the files), "httpfs" (DuckDB reads s3:// itself) and
+"pyarrow" (pyarrow's filesystem and dataset, registered in DuckDB; the S3 fallback).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from dashboard import views
+from dashboard.cancel import current_token
+from dashboard.errors import BadInput, NoData, NotFound, QueryFailed, StoreUnavailable
+from dashboard.listing import Listing, list_local, list_s3
+from dashboard.results import Result, from_arrow
+from dashboard.s3 import S3Location, S3Settings, load_httpfs, pyarrow_filesystem, sql_literal
+from dashboard.sources import arrow_dataset, parquet_source
+
+log = logging.getLogger(__name__)
+ENGINES = ("auto", "httpfs", "pyarrow")
+DATASET_NAME = "evagg_dataset"
+
+
+@dataclass(frozen=True, slots=True)
+class StoreOptions:
+    location: str
+    endpoint_url: str | None = None
+    region: str | None = None
+    engine: str = "auto"  # auto: DuckDB itself (httpfs for S3), pyarrow when httpfs fails
+    refresh_s: float = 5.0
+
+
+class Store:
+    def __init__(self, options: StoreOptions) -> None:
+        if options.engine not in ENGINES:
+            raise BadInput(f"unknown engine {options.engine!r} (choose from {', '.join(ENGINES)})")
+        self.options = options
+        self.location = options.location
+        self.note = ""
+        self._lock = threading.RLock()
+        self._listing: Listing | None = None
+        self._listed_at = float("-inf")
+        self._built_for: str | None = None
+        self._dataset: Any = None
+        self._columns: dict[str, list[str]] = {}
+        self._con = duckdb.connect(":memory:")
+        self._con.execute("SET TimeZone = 'UTC'")
+        self._con.execute("SET parquet_metadata_cache = true")
+        self._s3: S3Location | None = None
+        self._client: Any = None
+        self._fs: Any = None
+        if options.location.startswith("s3://"):
+            self.engine = self._open_s3(options)
+        else:
+            self.engine = self._open_local(options)
+
+    # -- opening ---------------------------------------------------------------------
+
+    def _open_local(self, options: StoreOptions) -> str:
+        root = Path(options.location).expanduser()
+        if not root.exists():
+            raise NotFound(f"data directory {options.location} does not exist")
+        if not root.is_dir():
+            raise BadInput(f"{options.location} is not a directory")
+        self._root = root
+        if options.engine == "pyarrow":
+            from pyarrow import fs
+
+            self._fs = fs.LocalFileSystem()
+            return "pyarrow"
+        return "local"
+
+    def _open_s3(self, options: StoreOptions) -> str:
+        self._s3 = S3Location.parse(options.location)
+        try:
+            import boto3
+
+            self._session = boto3.Session()
+        except ImportError:
+            raise StoreUnavailable("reading s3:// needs boto3: pip install 'evagg[s3]'") from None
+        settings = self._settings = S3Settings.resolve(options.endpoint_url, options.region,
+                                                       self._session)
+        self._client = settings.client()
+        if options.engine != "pyarrow":
+            try:
+                load_httpfs(self._con, settings)
+                return "httpfs"
+            except Exception as exc:  # any load failure falls back to pyarrow
+                if options.engine == "httpfs":
+                    raise StoreUnavailable(f"the httpfs extension did not load: {exc}") from None
+                self.note = f"httpfs did not load ({exc}); reading with pyarrow"
+                log.warning("%s", self.note)
+        self._fs = pyarrow_filesystem(settings)
+        return "pyarrow"
+
+    # -- listing and views -----------------------------------------------------------
+
+    def refresh(self, *, force: bool = False) -> Listing:
+        """The current listing; relists when due, rebuilds the views when files changed."""
+        with self._lock:
+            due = time.monotonic() - self._listed_at >= self.options.refresh_s
+            if self._listing is not None and not (force or due):
+                return self._require_files(self._listing)
+            listing = self._list()
+            self._listed_at = time.monotonic()
+            self._listing = listing
+            if listing.files and listing.fingerprint != self._built_for:
+                self._build(listing)
+            return self._require_files(listing)
+
+    def _require_files(self, listing: Listing) -> Listing:
+        if not listing.files:
+            raise NoData(f"no Parquet files under {self.location} yet")
+        return listing
+
+    def _list(self) -> Listing:
+        if self._s3 is None:
+            try:
+                return list_local(self._root)
+            except FileNotFoundError:
+                raise NotFound(f"data directory {self.location} does not exist") from None
+            except OSError as exc:
+                raise StoreUnavailable(f"cannot list {self.location}: {exc.strerror}") from None
+        self._follow_credentials()
+        try:
+            return list_s3(self._client, self._s3.bucket, self._s3.prefix)
+        except Exception as exc:
+            raise _s3_error(exc, self._s3) from None
+
+    def _follow_credentials(self) -> None:
+        """Temporary credentials rotate: hand the new ones to boto3, DuckDB and pyarrow."""
+        fresh = S3Settings.resolve(self.options.endpoint_url, self.options.region,
+                                   self._session)
+        if fresh == self._settings:
+            return
+        self._settings = fresh
+        self._client = fresh.client()
+        if self.engine == "httpfs":
+            load_httpfs(self._con, fresh)
+        else:
+            self._fs = pyarrow_filesystem(fresh)
+            self._built_for = None  # the dataset holds the old filesystem: rebuild it
+
+    def _build(self, listing: Listing) -> None:
+        if self.engine == "pyarrow":
+            base = self._s3.url[5:] if self._s3 else str(self._root)
+            self._dataset = arrow_dataset(listing, self._fs, base, self._s3 is not None)
+            self._con.register(DATASET_NAME, self._dataset)
+            source = parquet_source(listing, DATASET_NAME)
+        else:
+            source = parquet_source(listing, None)
+        views.create_views(self._con, source)
+        self._columns.clear()
+        self._built_for = listing.fingerprint
+        log.debug("views over %d files of %s (%s)", len(listing.files), self.location, self.engine)
+
+    # -- queries ---------------------------------------------------------------------
+
+    def execute(
+        self,
+        sql: str,
+        params: dict[str, Any] | None = None,
+        *,
+        on_cursor: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
+        user_sql: bool = False,
+    ) -> Result:
+        """Run one query (parameters bound by DuckDB, never pasted) on a fresh cursor."""
+        self.refresh()
+        token = current_token()
+        for attempt in range(2):
+            cursor = self._cursor()
+            try:
+                if token is not None:
+                    token.attach(cursor)
+                if on_cursor is not None:
+                    on_cursor(cursor)
+                cursor.execute(sql, params or {})
+                if cursor.description is None:  # a statement without rows (user SQL)
+                    return Result([], [])
+                return from_arrow(cursor.to_arrow_table())
+            except duckdb.IOException as exc:
+                if attempt:  # a file listed a moment ago is gone: relist once, then give up
+                    raise StoreUnavailable(f"reading {self.location} failed: {exc}") from None
+                self.refresh(force=True)
+            except duckdb.InterruptException:
+                reason = token.reason if token else "the query was cancelled"
+                raise StoreUnavailable(reason) from None
+            except duckdb.Error as exc:
+                if user_sql:
+                    raise BadInput(str(exc)) from None
+                raise QueryFailed(f"query failed: {exc}") from None
+            finally:
+                if token is not None:
+                    token.detach()
+                cursor.close()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        with self._lock:
+            cursor = self._con.cursor()
+            if self.engine == "pyarrow":
+                cursor.register(DATASET_NAME, self._dataset)  # registrations are per cursor
+            return cursor
+
+    def columns(self, view: str) -> list[str]:
+        """Column names of one view, read once per build."""
+        self.refresh()
+        with self._lock:
+            if view not in self._columns:
+                self._columns[view] = views.view_columns(self._con, view)
+            return self._columns[view]
+
+    def describe(self) -> dict[str, Any]:
+        listing = self._listing
+        return {
+            "location": self.location,
+            "engine": self.engine,
+            "note": self.note,
+            "files": len(listing.files) if listing else 0,
+            "bytes": listing.total_bytes if listing else 0,
+            "ignored_files": listing.ignored if listing else 0,
+            "version": listing.fingerprint if listing else "",
+        }
+
+    @property
+    def version(self) -> str:
+        return self.refresh().fingerprint
+
+    def close(self) -> None:
+        with self._lock:
+            self._con.close()
+
+
+def _s3_error(exc: Exception, where: S3Location) -> Exception:
+    code = ""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        code = str(response.get("Error", {}).get("Code", ""))
+    if code in ("NoSuchBucket", "404"):
+        return NotFound(f"bucket {where.bucket} does not exist")
+    if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        return StoreUnavailable(f"access to {where.url} denied ({code})")
+    return StoreUnavailable(f"cannot list {where.url}: {type(exc).__name__}: {exc}")
+
+
+__all__ = ["Store", "StoreOptions", "sql_literal"]

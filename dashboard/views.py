@@ -1,0 +1,60 @@
+"""The evagg views: every dashboard/sql/*.sql file, run in dependency order.
+
+The files fixed below run first, in this order; any other .sql file in the folder
+runs after them in name order. `{{source}}` in a file is replaced with the relation
+that reads the store's Parquet files (dashboard/store.py builds it).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import duckdb
+
+from dashboard.errors import StoreUnavailable
+
+ORDER = (
+    "events.sql",
+    "tasks.sql",
+    "ops.sql",
+    "steps.sql",
+    "spans.sql",
+    "agents.sql",
+    "summaries.sql",
+)
+SOURCE_MARK = "{{source}}"
+
+
+def view_files() -> list[tuple[str, str]]:
+    """(file name, SQL text) for every view file, in the order they must run."""
+    folder = resources.files("dashboard").joinpath("sql")
+    texts = {
+        entry.name: entry.read_text(encoding="utf-8")
+        for entry in folder.iterdir()
+        if entry.name.endswith(".sql")
+    }
+    first = [name for name in ORDER if name in texts]
+    rest = sorted(name for name in texts if name not in ORDER)
+    return [(name, texts[name]) for name in first + rest]
+
+
+def create_views(con: duckdb.DuckDBPyConnection, source_sql: str) -> list[str]:
+    """Create (or replace) every view over `source_sql`; returns the files that ran."""
+    done: list[str] = []
+    for name, text in view_files():
+        try:
+            con.execute(text.replace(SOURCE_MARK, source_sql))
+        except duckdb.Error as exc:
+            raise StoreUnavailable(f"view file dashboard/sql/{name} failed: {exc}") from None
+        done.append(name)
+    return done
+
+
+def view_columns(con: duckdb.DuckDBPyConnection, view: str) -> list[str]:
+    """The column names of a view (empty when it does not exist)."""
+    rows = con.execute(
+        "SELECT column_name FROM information_schema.columns "
+        "WHERE table_name = $view ORDER BY ordinal_position",
+        {"view": view},
+    ).fetchall()
+    return [str(r[0]) for r in rows]

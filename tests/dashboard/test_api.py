@@ -1,0 +1,188 @@
+"""The dashboard's JSON API and the `evagg dashboard` command: answers, errors, caching."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dashboard.errors import StoreUnavailable
+from dashboard.runner import QueryRunner
+from dashboard.store import Store, StoreOptions
+from tests.dashboard.lakegen import Expected, local_put, task_events, write_rows
+from tests.dashboard.serve import serving
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def get(url: str) -> tuple[int, Any, dict[str, str]]:
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            return response.status, json.loads(response.read()), dict(response.headers)
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+        return exc.code, json.loads(body), dict(exc.headers)
+
+
+def test_endpoints_answer(lake: Path) -> None:
+    with serving(Store(StoreOptions(str(lake)))) as url:
+        status, overview, headers = get(f"{url}/api/overview")
+        assert status == 200 and overview["tasks"] == Expected.tasks
+        assert overview["events"] == Expected.distinct_events
+        assert {k["kind"] for k in overview["kinds"]} == {"task", "op", "span", "agent", "loss"}
+        assert "default-src 'self'" in headers["Content-Security-Policy"]
+        _, page, _ = get(f"{url}/api/tasks?error_type=ValueError&sort=duration&order=asc&limit=1")
+        assert page["total"] == 2 and [r["task_id"] for r in page["rows"]] == ["boom1"]
+        _, page2, _ = get(f"{url}/api/tasks?error_type=ValueError&sort=duration&order=asc"
+                          "&limit=1&offset=1")
+        assert [r["task_id"] for r in page2["rows"]] == ["boom2"] and page2["total"] == 2
+        _, beyond, _ = get(f"{url}/api/tasks?limit=5&offset=500")
+        assert beyond["rows"] == [] and beyond["total"] == Expected.tasks
+        _, detail, _ = get(f"{url}/api/task?task_id=flaky")
+        assert [a["final_state"] for a in detail["attempts"]] == ["FAILED", "FINISHED"]
+        assert len(detail["events"]) == 10  # two attempts of five pieces each
+        _, steps, _ = get(f"{url}/api/steps?run=run1")
+        assert [s["step"] for s in steps["steps"]["rows"]] == [0, 1, 2]
+        _, agents, _ = get(f"{url}/api/agents")
+        assert len(agents["losses"]["rows"]) == 2
+        _, found, _ = get(f"{url}/api/search?q=CUDA")
+        assert [r["kind"] for r in found["rows"]] == ["op"]
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "message"),
+    [
+        ("/api/tasks?sort=password", 400, "cannot sort by 'password'"),
+        ("/api/tasks?order=sideways", 400, "order must be asc or desc"),
+        ("/api/tasks?state=1%3D1", 400, "malformed state"),
+        ("/api/tasks?limit=ten", 400, "limit must be a whole number"),
+        ("/api/tasks?limit=100000", 400, "limit must be between"),
+        ("/api/tasks?colour=red", 400, "unknown parameter 'colour'"),
+        ("/api/tasks?since=2025-13-45", 400, "cannot read time"),
+        ("/api/aggregate?by=password", 400, "cannot group by 'password'"),
+        ("/api/task", 400, "task_id is required"),
+        ("/api/task?task_id=x&attempt=-1", 400, "attempt must be between"),
+        ("/api/task?task_id=nope", 404, "no task 'nope'"),
+        ("/api/trace?trace_id=ffff", 404, "no spans for trace"),
+        ("/api/steps?run=nope", 404, "no steps for run"),
+        ("/api/search?q=", 400, "search text is empty"),
+        ("/api/search?q=" + "x" * 600, 400, "longer than 500"),
+        ("/api/drop_tables", 404, "no such endpoint"),
+    ],
+)
+def test_bad_input_is_a_json_error(lake: Path, path: str, status: int, message: str) -> None:
+    with serving(Store(StoreOptions(str(lake)))) as url:
+        code, body, _ = get(url + path)
+        assert code == status
+        assert message in body["error"]
+        assert "Traceback" not in body["error"]
+        _, ok, _ = get(f"{url}/api/overview")  # and the server still answers
+        assert ok["tasks"] == Expected.tasks
+
+
+def test_static_files_stay_inside_their_folder(lake: Path) -> None:
+    with serving(Store(StoreOptions(str(lake)))) as url:
+        for path in ("/static/../store.py", "/static/%2e%2e/store.py"):
+            with pytest.raises(urllib.error.HTTPError) as caught:
+                urllib.request.urlopen(url + path, timeout=30)
+            assert caught.value.code in (403, 404)
+
+
+def test_empty_store_then_files_arrive(tmp_path: Path) -> None:
+    with serving(Store(StoreOptions(str(tmp_path), refresh_s=0.0))) as url:
+        status, info, _ = get(f"{url}/api/info")
+        assert status == 200 and info["files"] == 0 and "no Parquet files" in info["message"]
+        status, body, _ = get(f"{url}/api/overview")
+        assert status == 404 and "no Parquet files under" in body["error"]
+        write_rows(local_put(tmp_path), task_events("t1", "f", start=0, run_s=1.0,
+                                                    end_state="FINISHED"), "part-1.parquet")
+        status, overview, _ = get(f"{url}/api/overview")
+        assert status == 200 and overview["tasks"] == 1
+
+
+def test_results_are_cached_until_files_change(lake: Path) -> None:
+    store = Store(StoreOptions(str(lake), refresh_s=0.0))
+    calls: list[str] = []
+    real = store.execute
+
+    def counting(sql: str, *args: Any, **kwargs: Any) -> Any:
+        calls.append(sql)
+        return real(sql, *args, **kwargs)
+
+    store.execute = counting  # type: ignore[method-assign]
+    with serving(store) as url:
+        get(f"{url}/api/aggregate?by=name")
+        first = len(calls)
+        _, again, _ = get(f"{url}/api/aggregate?by=name")
+        assert len(calls) == first  # served from the cache
+        write_rows(local_put(lake), task_events("n1", "newname", start=70.0, run_s=1.0,
+                                                end_state="FINISHED"), "part-00011.parquet")
+        _, fresh, _ = get(f"{url}/api/aggregate?by=name")
+        assert len(calls) > first
+        assert "newname" in {r["value"] for r in fresh["rows"]}
+        assert "newname" not in {r["value"] for r in again["rows"]}
+
+
+def test_slow_query_is_interrupted(lake: Path) -> None:
+    store = Store(StoreOptions(str(lake)))
+    runner = QueryRunner(store, timeout_s=0.3)
+
+    async def scenario() -> int:
+        with pytest.raises(StoreUnavailable, match=r"longer than 0\.3 s"):
+            await runner.run(lambda: store.execute(
+                "SELECT count(*) FROM range(1000000000) a, range(1000000000) b"))
+        result = await runner.run(lambda: store.execute("SELECT count(*) AS n FROM tasks"))
+        return int(result.rows[0][0])
+
+    # The cross join would run for years: returning at all shows it was interrupted,
+    # and the next query on the same store works.
+    assert asyncio.run(scenario()) == Expected.tasks
+    runner.close()
+    store.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_dashboard_command(lake: Path, tmp_path: Path) -> None:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "aggregator", "dashboard", "--data", str(lake),
+                             "--listen", f"127.0.0.1:{port}"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                status, info, _ = get(f"http://127.0.0.1:{port}/api/info")
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, "the dashboard did not come up"
+                time.sleep(0.2)
+        assert status == 200 and info["files"] == 8 and info["engine"] == "local"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as page:
+            assert b"/static/app.js" in page.read()
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+    missing = subprocess.run([sys.executable, "-m", "aggregator", "dashboard", "--data",
+                              str(tmp_path / "nope")], cwd=REPO, capture_output=True, text=True,
+                             timeout=60)
+    assert missing.returncode == 1 and "does not exist" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    bad = subprocess.run([sys.executable, "-m", "aggregator", "dashboard", "--data", str(lake),
+                          "--listen", "nowhere"], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "--listen must be HOST:PORT" in bad.stderr

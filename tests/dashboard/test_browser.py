@@ -1,0 +1,149 @@
+"""The dashboard in real headless Chromium: clicks, filters, search, trace, training run.
+
+Screenshots of every page go to test-artifacts/dashboard/ at the repository root.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Page, expect, sync_playwright
+
+from dashboard.store import Store, StoreOptions
+from tests.dashboard.lakegen import TRACE, Expected, local_put, task_events, write_rows
+from tests.dashboard.serve import serving
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+INJECTIONS = ["'; DROP VIEW events; --", "%' OR 1=1 --"]
+
+
+@pytest.fixture
+def site(lake: Path) -> Iterator[str]:
+    store = Store(StoreOptions(str(lake), refresh_s=0.2))
+    with serving(store) as url:
+        yield url
+
+
+@pytest.fixture
+def page(site: str) -> Iterator[Page]:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    errors: list[Any] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        tab = browser.new_page(viewport={"width": 1400, "height": 900}, base_url=site)
+        tab.set_default_timeout(20_000)
+        tab.on("pageerror", lambda error: errors.append(error))
+        yield tab
+        browser.close()
+    assert not errors, f"JavaScript errors: {errors}"
+
+
+def shot(page: Page, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def task_ids(page: Page) -> list[str]:
+    return sorted(page.locator("table.grid tbody tr td:first-child a").all_inner_texts())
+
+
+def test_overview_error_count_filters_the_task_table(page: Page) -> None:
+    page.goto("/")
+    expect(page.locator(".state-chip[data-state=FINISHED]")).to_contain_text("11")
+    expect(page.locator("svg.timeline rect").first).to_be_visible()
+    shot(page, "overview")
+    row = page.locator("table.grid tr", has_text="ValueError")
+    row.locator("a.count-link").last.click()  # the FAILED count of ValueError
+    expect(page.locator("#task-count")).to_have_text("2 task attempts")
+    assert "error_type=ValueError" in page.url and "state=FAILED" in page.url
+    assert task_ids(page) == ["boom1", "boom2"]
+    expect(page.locator(".chip[data-filter=error_type]")).to_contain_text("ValueError")
+    shot(page, "tasks-filtered-by-error")
+    page.locator(".chip[data-filter=error_type] a").click()  # remove one filter
+    expect(page.locator("#task-count")).to_have_text("4 task attempts")
+
+
+def test_search_stack_trace_and_task_detail(page: Page) -> None:
+    page.goto("/#/tasks")
+    expect(page.locator("#task-count")).to_have_text(f"{Expected.tasks} task attempts")
+    page.fill("input[name=q]", "ENOSPC")  # only in flaky attempt 0's stack trace
+    page.click("form.search button")
+    expect(page.locator("#task-count")).to_have_text("1 task attempt")
+    shot(page, "tasks-search")
+    page.click("table.grid tbody a:text('flaky')")
+    expect(page.locator("pre.stack")).to_contain_text("write failed ENOSPC")
+    expect(page.locator("svg.state-timeline circle")).to_have_count(4)
+    shot(page, "task-detail")
+
+
+def test_injection_strings_find_nothing_and_views_survive(page: Page, site: str) -> None:
+    for text in INJECTIONS:
+        page.goto("/#/tasks")
+        expect(page.locator("#task-count")).to_have_text(f"{Expected.tasks} task attempts")
+        page.fill("input[name=q]", text)
+        page.click("form.search button")
+        expect(page.locator("#task-count")).to_have_text("0 task attempts")
+        expect(page.locator(".chip[data-filter=q]")).to_contain_text(text)
+    shot(page, "tasks-injection")
+    page.goto("/")
+    expect(page.locator(".state-chip[data-state=FAILED]")).to_contain_text("4")
+    page.goto("/#/tasks")
+    expect(page.locator("#task-count")).to_have_text(f"{Expected.tasks} task attempts")
+
+
+def test_trace_waterfall(page: Page) -> None:
+    page.goto("/#/traces")
+    page.click(f"a:text('{TRACE}')")
+    rows = page.locator("svg.waterfall g.span-row")
+    expect(rows).to_have_count(4)
+    names = rows.locator("text.span-name").all_text_contents()
+    assert names == ["request", "db.query", "render", "template"]  # depth-first
+    expect(page.locator("svg.waterfall g.failed")).to_have_count(1)
+    page.locator("svg.waterfall g.failed").click()
+    expect(page.locator(".span-detail")).to_contain_text("missing variable 'user'")
+    shot(page, "trace-waterfall")
+
+
+def test_training_run_view(page: Page) -> None:
+    page.goto("/#/runs")
+    page.click("a:text('run1')")
+    expect(page.locator("table.steps tbody tr")).to_have_count(3)
+    expect(page.locator("svg.metric")).to_have_count(2)  # grad_norm and loss
+    last = page.locator("table.steps tbody tr[data-step='2']")
+    expect(last).to_contain_text("5 ops")
+    last.locator("summary").click()
+    expect(last.locator("li", has_text="save")).to_contain_text("own step: none")
+    shot(page, "training-run")
+
+
+def test_groups_and_agents_pages(page: Page) -> None:
+    page.goto("/#/groups?by=name")
+    expect(page.locator("table.grid tbody tr")).to_have_count(5)
+    expect(page.locator("svg.histogram").first).to_be_visible()
+    shot(page, "groups-by-name")
+    page.goto("/#/agents")
+    expect(page.locator("table.grid").first).to_contain_text("nodeA")
+    shot(page, "agents")
+
+
+def test_auto_refresh_shows_new_files_and_escapes_text(page: Page, lake: Path) -> None:
+    page.goto("/#/tasks")
+    expect(page.locator("#task-count")).to_have_text(f"{Expected.tasks} task attempts")
+    hostile = "<img src=x onerror=alert(1)>"
+    write_rows(local_put(lake), task_events("new1", hostile, start=60.0, run_s=1.0,
+                                            end_state="FINISHED"), "part-00010.parquet")
+    expect(page.locator("#task-count")).to_have_text(f"{Expected.tasks + 1} task attempts",
+                                                     timeout=30_000)
+    expect(page.locator("table.grid tbody td", has_text=hostile)).to_have_count(1)
+    expect(page.locator("table.grid img")).to_have_count(0)
+
+
+def test_errors_show_as_messages(page: Page) -> None:
+    page.goto("/#/task?task_id=nope")
+    expect(page.locator(".error-box")).to_contain_text("no task 'nope'")
+    page.goto("/#/tasks?since=yesterday")
+    expect(page.locator(".error-box")).to_contain_text("cannot read time")

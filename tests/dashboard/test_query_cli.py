@@ -1,0 +1,134 @@
+"""`evagg query` through the real CLI (`python -m aggregator query ...`) and in process."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dashboard.query import add_query_parser, run_query
+from tests.dashboard.lakegen import Expected
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def evagg(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "aggregator", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    parser = argparse.ArgumentParser(prog="evagg")
+    add_query_parser(parser.add_subparsers())
+    code = run_query(parser.parse_args(["query", *args]))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_summary_table_json_and_csv(lake: Path, expected: type[Expected]) -> None:
+    table = evagg("query", "--data", str(lake), "summary")
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split()[:3] == ["dimension", "value", "tasks"]
+    assert set(lines[1]) == {"-", " "}
+    assert any(line.split()[:3] == ["name", "square", "10"] for line in lines)
+    assert lines[-1] == f"({len(lines) - 3} rows)"
+    as_json = json.loads(evagg("query", "summary", "--data", str(lake), "--json").stdout)
+    total = next(r for r in as_json if r["dimension"] == "all")
+    assert total["tasks"] == expected.tasks and total["failed"] == 4
+    as_csv = list(csv.DictReader(io.StringIO(evagg("query", "--csv", "--data", str(lake),
+                                                   "summary").stdout)))
+    square = next(r for r in as_csv if r["value"] == "square")
+    assert float(square["p90_s"]) == pytest.approx(9.1)
+
+
+def test_tasks_filters(lake: Path) -> None:
+    out = evagg("query", "--data", str(lake), "tasks", "--state", "failed",
+                "--error-type", "ValueError", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert sorted(r["task_id"] for r in rows) == ["boom1", "boom2"]
+    by_job = json.loads(evagg("query", "--data", str(lake), "tasks", "--job", "job2",
+                              "--name", "boom", "--node", "nodeA", "--json").stdout)
+    assert len(by_job) == 3
+    window = json.loads(evagg("query", "--data", str(lake), "tasks", "--since",
+                              "2025-03-01T10:00:30Z", "--until", "2025-03-01T10:00:41",
+                              "--sort", "time", "--asc", "--json").stdout)
+    assert [r["task_id"] for r in window] == ["slow1", "sq03", "sq04", "wait1"]
+
+
+def test_steps_search_and_sql(lake: Path, expected: type[Expected]) -> None:
+    steps = json.loads(evagg("query", "--data", str(lake), "steps", "--run", "run1",
+                             "--json").stdout)
+    assert {s["step"]: s["ops"] for s in steps} == expected.steps
+    table = evagg("query", "--data", str(lake), "steps", "--run", "run1").stdout
+    assert "loss=0.700..0.900 ~0.800" in table
+    found = json.loads(evagg("query", "--data", str(lake), "search", "ENOSPC", "--json").stdout)
+    assert [(r["kind"], r["id"], r["attempt"]) for r in found] == [("task", "flaky", 0)]
+    spans = json.loads(evagg("query", "--data", str(lake), "search", "missing variable",
+                             "--json").stdout)
+    assert [(r["kind"], r["name"]) for r in spans] == [("span", "template")]
+    counted = evagg("query", "--data", str(lake), "sql",
+                    "SELECT count(*) AS n FROM events", "--csv")
+    assert counted.stdout.splitlines() == ["n", str(expected.distinct_events)]
+
+
+def test_data_from_the_environment(lake: Path) -> None:
+    import os
+
+    env = {**os.environ, "EVAGG_DATA": str(lake)}
+    out = evagg("query", "runs", "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    assert sorted(r["run_id"] for r in json.loads(out.stdout)) == ["run1", "run2"]
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["tasks", "--since", "yesterday"], 2, "cannot read time 'yesterday'"),
+        (["tasks", "--state", "FAIL;ED"], 2, "malformed state"),
+        (["tasks", "--since", "1h", "--until", "2h"], 2, "since is later than until"),
+        (["sql", "SELEC 1"], 2, "syntax error"),
+        (["sql", "SELECT * FROM no_such_view"], 2, "no_such_view"),
+        (["steps", "--run", "no-such-run"], 1, "no steps for run 'no-such-run'"),
+        (["search", "  "], 2, "search text is empty"),
+    ],
+)
+def test_bad_input_gives_a_clear_message(lake: Path, args: list[str], code: int,
+                                         message: str) -> None:
+    out = evagg("query", "--data", str(lake), *args)
+    assert out.returncode == code
+    assert message in out.stderr
+    assert out.stderr.startswith("evagg query: ")
+    assert "Traceback" not in out.stderr and out.stdout == ""
+
+
+def test_missing_and_empty_data(tmp_path: Path) -> None:
+    missing = evagg("query", "--data", str(tmp_path / "nope"), "summary")
+    assert missing.returncode == 1
+    assert "does not exist" in missing.stderr and "Traceback" not in missing.stderr
+    empty = evagg("query", "--data", str(tmp_path), "summary")
+    assert empty.returncode == 1
+    assert "no Parquet files under" in empty.stderr and "Traceback" not in empty.stderr
+    unknown = evagg("query", "--data", str(tmp_path), "frobnicate")
+    assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
+
+
+def test_in_process_run_query(lake: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = in_process(capsys, "--data", str(lake), "tasks", "--limit", "2", "--sort",
+                              "duration")
+    assert code == 0
+    assert out.splitlines()[-1] == "(2 rows of 17)"
+    assert out.splitlines()[2].split()[0] == "sq10"  # the longest task first
+    code, out, _ = in_process(capsys, "--data", str(lake), "agents", "--json")
+    assert code == 0 and {a["node_id"] for a in json.loads(out)} == {"nodeA", "nodeB"}
+    code, _, err = in_process(capsys, "--data", str(lake), "tasks", "--limit", "0")
+    assert code == 2 and "--limit" in err
+    code, _, err = in_process(capsys, "--data", str(lake))
+    assert code == 2 and "choose a query" in err
