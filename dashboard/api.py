@@ -13,7 +13,8 @@ from typing import Any
 
 from aiohttp import web
 
-from dashboard import queries
+from aggregator.units import parse_duration
+from dashboard import ledger, queries
 from dashboard.errors import BadInput, NoData
 from dashboard.filters import TaskFilter, bounded_int
 from dashboard.overview import overview
@@ -59,6 +60,7 @@ class Api:
             web.get("/api/trace", cached(self._trace, {"trace_id"})),
             web.get("/api/agents", cached(self._agents, set())),
             web.get("/api/search", cached(self._search, {"q", "limit"})),
+            web.get("/api/ledger", self.ledger),
         ]
 
     async def info(self, request: web.Request) -> web.Response:
@@ -69,6 +71,23 @@ class Api:
             message = exc.message
         return web.json_response({**self.store.describe(), "message": message,
                                   "refresh_s": self.store.options.refresh_s})
+
+    async def ledger(self, request: web.Request) -> web.Response:
+        """A run's requests. Not cached: whether one is outstanding depends on the clock."""
+        params = only(request.query, {"run", "outstanding_after"})
+        return web.json_response(await self.runner.run(lambda: self._ledger(params)))
+
+    def _ledger(self, params: dict[str, str]) -> Any:
+        if "run" not in params:
+            raise BadInput("run is required")
+        try:
+            after = parse_duration(params.get("outstanding_after", "5m"))
+        except ValueError as exc:
+            raise BadInput(f"outstanding_after: {exc}") from None
+        run = params["run"]
+        summary = self.store.execute(*ledger.summary_query(run, after))
+        waiting = self.store.execute(*ledger.outstanding_query(run, after, limit=100))
+        return {"summary": json_result(summary), "outstanding": json_result(waiting)}
 
     def _cached(self, compute: Callable[[dict[str, str]], Any], allowed: set[str]) -> Handler:
         async def handler(request: web.Request) -> web.Response:

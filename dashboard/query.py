@@ -17,8 +17,9 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dashboard import queries
-from dashboard.errors import BadInput, DashboardError
+from aggregator.units import parse_duration
+from dashboard import ledger, queries
+from dashboard.errors import BadInput, DashboardError, NotFound
 from dashboard.filters import TASK_SORTS, TaskFilter
 from dashboard.output import render
 from dashboard.results import Result
@@ -83,6 +84,14 @@ def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
     add("runs", "training runs", lambda store, _a: queries.runs(store))
     add("agents", "node agents: last heartbeat, throughput, losses",
         lambda store, _a: queries.agents(store))
+    ledger_parser = add("ledger", "a run's requests: enqueued, started, answered, failed, "
+                                  "outstanding", _ledger)
+    ledger_parser.add_argument("--run", required=True, help="run id")
+    ledger_parser.add_argument("--outstanding-after", default="5m",
+                               help="a request with no outcome this long after it was "
+                                    "enqueued is outstanding (default 5m)")
+    ledger_parser.add_argument("--list", action="store_true",
+                               help="list the outstanding requests instead of the counts")
     search = add("search", "find tasks, ops and spans by id, name, error or stack", _search)
     search.add_argument("text")
     search.add_argument("--limit", type=int, default=100)
@@ -94,8 +103,8 @@ def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
 def run_query(args: argparse.Namespace) -> int:
     func = getattr(args, "query_command", None)
     if func is None:
-        print("evagg query: choose a query: summary, tasks, steps, runs, agents, search, sql",
-              file=sys.stderr)
+        print("evagg query: choose a query: summary, tasks, steps, runs, agents, ledger, "
+              "search, sql", file=sys.stderr)
         return 2
     try:
         options = StoreOptions(location=args.data or default_data(),
@@ -129,6 +138,18 @@ def _tasks(store: Store, args: argparse.Namespace) -> Result:
 
 def _steps(store: Store, args: argparse.Namespace) -> Result:
     return queries.steps(store, args.run)
+
+
+def _ledger(store: Store, args: argparse.Namespace) -> Result:
+    try:
+        after = parse_duration(args.outstanding_after)
+    except ValueError as exc:
+        raise BadInput(f"--outstanding-after: {exc}") from None
+    query = ledger.outstanding_query if args.list else ledger.summary_query
+    result = store.execute(*query(args.run, after))
+    if not result.rows:
+        raise NotFound(f"no requests for run {args.run!r}")
+    return result
 
 
 def _search(store: Store, args: argparse.Namespace) -> Result:

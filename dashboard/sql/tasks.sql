@@ -1,6 +1,7 @@
--- tasks: one row per task attempt, folded from every kind = 'task' event in `events`
--- (evagg's own task events and Ray's). Needs a view or table `events` with the evagg
--- columns.
+-- tasks: one row per task attempt, folded from every kind = 'task' event in `events_raw`
+-- (evagg's own task events and Ray's). Needs a view or table `events_raw` with the evagg
+-- columns. It reads the raw rows, not the deduplicated `events`, because every aggregate
+-- below is already duplicate-proof and skipping the dedupe makes the view ~4x faster.
 --
 -- Ray splits one attempt over several events that arrive out of order and possibly in
 -- different POSTs: the definition (state DEFINED, the only one with the task's name),
@@ -33,7 +34,7 @@ WITH task_events AS (
             WHEN 'FINISHED' THEN 4
             WHEN 'FAILED' THEN 4
         END AS state_rank
-    FROM events
+    FROM events_raw
     WHERE kind = 'task' AND coalesce(task_id, '') <> ''
 ),
 folded AS (

@@ -180,8 +180,31 @@ export async function run(params) {
   const grid = h("table", { class: "grid steps" }, h("thead", null, h("tr", null,
     ["step", "ops", "failures", "op time", "metric spread (min … max)"].map((t) => h("th", null, t)))), h("tbody", null, rows));
   return h("div", null, h("h1", null, `Run ${runId || "(no run id)"}`),
+    await requestLedger(runId),
     section("Metrics over steps", byMetric.size ? charts : h("p", { class: "muted" }, "No metrics.")),
     section("Steps", grid));
+}
+
+// The run's requests (emitters.queueing): counts, and those enqueued long ago that never
+// got an answer. Nothing is shown for a run without requests.
+async function requestLedger(runId) {
+  let data;
+  try {
+    data = await getJSON("/api/ledger", { run: runId });
+  } catch (err) {
+    return null;
+  }
+  const [summary] = data.summary.rows;
+  if (!summary) return null;
+  const counts = ["enqueued", "started", "answered", "failed", "outstanding"].map((key) =>
+    h("div", { class: "tile" + (key === "outstanding" && summary[key] ? " error-text" : ""), "data-ledger": key },
+      h("div", { class: "tile-value" }, fmtNum(summary[key])), h("div", { class: "muted" }, key)));
+  const waiting = data.outstanding.rows.length
+    ? table([{ key: "request_id", label: "request" }, { key: "state", label: "state" },
+      { key: "age_s", label: "waiting", num: true }], data.outstanding.rows,
+    (row, c) => c.key === "age_s" ? fmtDur(row.age_s) : row[c.key])
+    : h("p", { class: "muted" }, "No outstanding requests.");
+  return section("Requests", h("div", { class: "tiles" }, counts), waiting);
 }
 
 // -- traces --------------------------------------------------------------------------

@@ -378,7 +378,8 @@ def tasks_from(rows: list[dict[str, Any]],
     assert normalized.rejected == []
     con = duckdb.connect()
     con.register("stored", pa.Table.from_batches([normalized.batch]))
-    con.execute("CREATE VIEW events AS SELECT * FROM stored")
+    con.execute("CREATE VIEW events_raw AS SELECT * FROM stored")
+    con.execute("CREATE VIEW events AS SELECT * FROM events_raw")
     con.execute(TASKS_SQL.read_text())
     table = con.execute("SELECT * FROM tasks").to_arrow_table()
     for index, field in enumerate(table.schema):  # timestamps as integer microseconds
