@@ -8,6 +8,7 @@ The files themselves are `spool_log.SegmentLog`'s. Format and recovery: docs/spo
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 from collections import deque
@@ -283,9 +284,25 @@ class Spool:
                              f"{self.next_offset}")
         if next_offset <= self._cursors.get(sink, 0):
             return
-        write_cursor(self.directory, sink, next_offset)
+        try:
+            write_cursor(self.directory, sink, next_offset)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            self._commit_on_full_disk(sink, next_offset)
+            return
         self._cursors[sink] = next_offset
         self._delete_passed()
+
+    def _commit_on_full_disk(self, sink: str, next_offset: int) -> None:
+        """A full disk must not deadlock delivery (no cursor write, so no segment freed, so
+        the disk stays full). Records below next_offset are delivered, so their segments may
+        go before the cursor is durable: after a crash the sink restarts at the oldest record
+        left, and nothing it skips was undelivered. Free them, then write the cursor."""
+        self.counters["enospc_commits"] = self.counters.get("enospc_commits", 0) + 1
+        self._cursors[sink] = next_offset
+        self._delete_passed(keep_marks_on_failure=False)
+        write_cursor(self.directory, sink, next_offset)
 
     def register_sinks(self, names: Iterable[str]) -> None:
         """The configured sinks: from now on only their cursors hold segments back."""
@@ -305,7 +322,7 @@ class Spool:
         first = self.first_offset
         return min((max(self._cursors.get(n, first), first) for n in names), default=None)
 
-    def _delete_passed(self) -> None:
+    def _delete_passed(self, keep_marks_on_failure: bool = True) -> None:
         floor = self._pin_floor()
         if floor is None:  # no sinks at all: keep everything until the cap
             return
@@ -314,11 +331,19 @@ class Spool:
         while count < len(segments) - 1 and segments[count].last_offset < floor:
             count += 1
         if count:
-            self._remove_oldest(count)
+            self._remove_oldest(count, keep_marks_on_failure)
 
-    def _remove_oldest(self, count: int) -> None:
+    def _remove_oldest(self, count: int, keep_marks_on_failure: bool = True) -> None:
         new_first = self._log.first_offset_after(count)
-        self._marks.save_leaving(self.first_offset, new_first, self.next_offset)
+        try:
+            self._marks.save_leaving(self.first_offset, new_first, self.next_offset)
+        except OSError as exc:
+            # On a full disk, freeing space wins over remembering (session, seq) marks of
+            # frames long acked: losing them risks a duplicate only if such an old frame
+            # is resent, while keeping the segments would stop all ingest.
+            if keep_marks_on_failure or exc.errno != errno.ENOSPC:
+                raise
+            log.warning("disk full: dropped dedupe marks of segments being deleted")
         self._log.remove_oldest(count)
         self._notify_room()
 

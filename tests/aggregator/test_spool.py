@@ -678,3 +678,36 @@ def test_random_damage_never_breaks_recovery(harm: list[tuple[str, int, int, byt
         assert run(again.append(b"x", 1, received_ns=0)).offset == again.next_offset - 1
         assert again.next_offset - 1 > max((r.offset for r in records), default=0)
         again.close()
+
+
+def test_commit_on_a_full_disk_frees_delivered_segments_first(
+        spool_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No space for the cursor file must not deadlock delivery: the delivered segments go
+    first (deleting needs no space), then the cursor is written."""
+    import errno
+
+    import aggregator.spool as spool_module
+
+    spool = opened(spool_dir)
+    spool.register_sinks(["lake"])
+    run(fill(spool, 12, seq=True))
+    before = len(segments(spool_dir))
+    real_write = spool_module.write_cursor
+    calls: list[int] = []
+
+    def full_until_freed(directory: Path, sink: str, next_offset: int) -> None:
+        calls.append(next_offset)
+        if len(segments(spool_dir)) == before:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(directory, sink, next_offset)
+
+    monkeypatch.setattr(spool_module, "write_cursor", full_until_freed)
+    spool.commit("lake", 10)
+    assert len(calls) == 2 and len(segments(spool_dir)) < before
+    assert spool.counters["enospc_commits"] == 1
+    spool.close()
+    monkeypatch.undo()
+    again = opened(spool_dir)
+    assert again.cursor("lake") == 10
+    assert [r.offset for r in again.read(again.cursor("lake"))] == [10, 11, 12]
+    again.close()

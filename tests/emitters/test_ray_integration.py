@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+import emitters
 from emitters import tracecontext
 from emitters.ray import TRACE_KWARG, ray_ids, ray_op, trace_kwargs, traced_remote
 from emitters.tracecontext import (
@@ -187,6 +188,9 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
     process = AgentProcess(tmp_path_factory.mktemp("agent")).start()
     env = {"EVAGG_SOCKET": str(process.socket_path), "RAY_USAGE_STATS_ENABLED": "0",
            "RAY_AUTH_MODE": "disabled"}
+    # the driver's ops go through this process's default emitter, which another test
+    # module may have pointed elsewhere
+    emitters.configure(socket=str(process.socket_path))
     try:
         with local_ray(env, dashboard=False):
             yield process
