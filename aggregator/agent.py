@@ -152,6 +152,7 @@ class Agent:
             sink = build_sink(sink_config, node_id=config.node_id, spool_id=self.spool.spool_id,
                               state_dir=config.state_dir)
             consumer = SinkConsumer(sink, self.spool, self.metrics,
+                                    read_max_bytes=sink.read_max_bytes,
                                     backoff_cap_s=sink_config.retry_max_backoff_s)
             self.consumers[sink.name] = consumer
             self._consumer_tasks[sink.name] = asyncio.create_task(consumer.run(),

@@ -48,6 +48,9 @@ class SinkResult:
 class Sink(abc.ABC):
     """Base class of every sink. Subclasses implement the four coroutines."""
 
+    # Spool bytes handed to one write(): bounds the sink's decode/encode working set.
+    read_max_bytes: int = 4 * 2**20
+
     def __init__(self, name: str) -> None:
         self.name = name
 
