@@ -26,34 +26,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ackpeer import start_ack_peer
+
 from emitters import Emitter
 
 BATCH = 100
 ROUND = 1000
 
-PEER = r"""
-import socket, sys
-from emitters import wire
-listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-listener.bind(sys.argv[1]); listener.listen(8)
-print("ready", flush=True)
-while True:
-    conn, _ = listener.accept()
-    frames = wire.FrameBuffer()
-    while data := conn.recv(1 << 20):
-        frames.feed(data)
-        conn.sendall(b"".join(wire.encode_ack(f.session, f.seq, f.count, 0)
-                              for f in frames.frames()))
-    conn.close()
-"""
 
 
 def start_peer(path: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    peer = subprocess.Popen([sys.executable, "-c", PEER, str(path)], env=env,
-                            stdout=subprocess.PIPE, text=True)
-    assert peer.stdout is not None and peer.stdout.readline().strip() == "ready"
-    return peer
+    return start_ack_peer(path)
 
 
 def per_call_ns(body: Callable[[int], None], rounds: int,

@@ -28,23 +28,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from ackpeer import start_ack_peer  # noqa: E402
+
 BATCH = 512
 
-SOCKET_PEER = r"""
-import socket, sys
-from emitters import wire
-listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-listener.bind(sys.argv[1]); listener.listen(8)
-print("ready", flush=True)
-while True:
-    conn, _ = listener.accept()
-    frames = wire.FrameBuffer()
-    while data := conn.recv(1 << 20):
-        frames.feed(data)
-        conn.sendall(b"".join(wire.encode_ack(f.session, f.seq, f.count, 0)
-                              for f in frames.frames()))
-    conn.close()
-"""
 
 OTLP_PEER = r"""
 import socket, sys
@@ -118,7 +105,7 @@ def main() -> None:
     from emitters.otel import EvaggSpanExporter
 
     socket_path = Path(tempfile.mkdtemp(prefix="evagg-bench-")) / "events.sock"
-    socket_peer, _ = start(SOCKET_PEER, str(socket_path))
+    socket_peer = start_ack_peer(socket_path)
     otlp_peer, port = start(OTLP_PEER)
     try:
         spans = record_spans(args.spans, args.attributes)

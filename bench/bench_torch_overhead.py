@@ -18,9 +18,7 @@ sender included), which other load on a shared machine disturbs less than wall t
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,21 +29,6 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-PEER = r"""
-import socket, sys
-from emitters import wire
-listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-listener.bind(sys.argv[1]); listener.listen(8)
-print("ready", flush=True)
-while True:
-    conn, _ = listener.accept()
-    frames = wire.FrameBuffer()
-    while data := conn.recv(1 << 20):
-        frames.feed(data)
-        conn.sendall(b"".join(wire.encode_ack(f.session, f.seq, f.count, 0)
-                              for f in frames.frames()))
-    conn.close()
-"""
 
 
 def make(torch: Any, tiny: bool) -> tuple[Any, Any, list[tuple[Any, Any]]]:
@@ -98,17 +81,15 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
+    from ackpeer import start_ack_peer
 
     from emitters import Emitter
 
     if args.threads:
         torch.set_num_threads(args.threads)
     path = Path(tempfile.mkdtemp(prefix="evagg-bench-")) / "events.sock"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    peer = subprocess.Popen([sys.executable, "-c", PEER, str(path)], env=env,
-                            stdout=subprocess.PIPE, text=True)
+    peer = start_ack_peer(path)
     try:
-        assert peer.stdout is not None and peer.stdout.readline().strip() == "ready"
         emitter = Emitter(socket=str(path))
         print(f"{args.rounds} interleaved rounds, {torch.get_num_threads()} intra-op thread(s); "
               "medians of rounds")
