@@ -315,3 +315,93 @@ def test_sort_map_entries_orders_each_row_and_keeps_nulls() -> None:
         [("c", 1.0), ("m", 2.0), ("z", 0.0)],
     ]
     assert sort_map_entries(maps).to_pylist()[0] == [("a", 2.0), ("b", 1.0)]
+
+
+@st.composite
+def uniform_frame(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Events that all carry the same metric names (the dense metrics case), known string
+    fields that may look like timestamps, and whole-number durations."""
+    names = draw(st.lists(TEXT, min_size=1, max_size=4, unique=True))
+    events = []
+    for _ in range(draw(st.integers(1, 10))):
+        event = draw(emitter_event())
+        event["metrics"] = {name: draw(FINITE | INT64) for name in names}
+        for field in draw(st.lists(st.sampled_from(STRING_FIELDS), max_size=3, unique=True)):
+            event[field] = draw(TEXT | ISO_TEXT)
+        event["duration_s"] = draw(st.integers(0, 2**64 - 1) | FINITE)
+        events.append(event)
+    return events
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(uniform_frame())
+def test_uniform_frames_take_the_bulk_path_and_match_careful_path(
+    events: list[dict[str, Any]],
+) -> None:
+    payload = ndjson(events)
+    assume(b"null" not in payload)
+    careful = decode_careful(payload, STAMP)
+    assert careful.rejected == []
+    assert_same(decode_bulk(payload, STAMP), careful.batch)
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b'{"kind": "a", "name": 5}\n', "field_type"),
+        (b'{"kind": "a", "step": 1.5}\n{"kind": "b", "step": 2}\n', "field_type"),
+        (b'{"kind": "a", "time": "2024-05-01T10:00:00Z"}\n', "field_type"),
+        (b'{"kind": "a", "time": 9223372036854775808}\n', "field_type"),
+        (b'{"kind": "a", "nonfinite": [1]}\n', "field_type"),
+        (b'{"kind": "a", "attempt": 2147483648}\n', "int_range"),
+        (b'{"kind": "a", "metrics": {"loss": NaN}}\n', "metric_nonfinite"),
+        (b'{"kind": "a", "metrics": {"loss": true}}\n', "metric_type"),
+    ],
+)
+def test_inferred_types_the_careful_path_rejects_are_refused(payload: bytes, reason: str) -> None:
+    with pytest.raises(BulkRefused) as refused:
+        decode_bulk(payload, STAMP)
+    assert refused.value.reason == reason
+    result = decode_ndjson(payload, STAMP)
+    careful = decode_careful(payload, STAMP)
+    assert result.rejected == careful.rejected
+    assert_same(result.batch, careful.batch, random_ids=True)
+
+
+def test_inferred_types_that_hold_the_same_values_are_kept() -> None:
+    payload = ndjson(
+        [
+            {"kind": "a", "name": "2024-05-01", "attempt": 3, "duration_s": 2, "nonfinite": []},
+            {"kind": "b", "name": "2024-05-02 10:00:00", "duration_s": 2**63, "time": 5},
+        ]
+    )
+    batch = decode_bulk(payload, STAMP)
+    assert batch.column("name").to_pylist() == ["2024-05-01", "2024-05-02 10:00:00"]
+    assert batch.column("attempt").type == pa.int32()
+    assert batch.column("attempt").to_pylist() == [3, None]
+    assert batch.column("duration_s").to_pylist() == [2.0, float(2**63)]
+    assert batch.column("nonfinite").to_pylist() == [[], None]
+    assert_same(batch, decode_careful(payload, STAMP).batch, random_ids=True)
+
+
+def test_every_row_with_every_metric_gives_sorted_maps() -> None:
+    payload = ndjson(
+        [
+            {"kind": "a", "metrics": {"tokens": 4096, "loss": 0.5, "lr": 1e-4}},
+            {"kind": "b", "metrics": {"lr": 2e-4, "tokens": 1, "loss": 0.25}},
+        ]
+    )
+    batch = decode_bulk(payload, STAMP)
+    assert batch.column("metrics").to_pylist() == [
+        [("loss", 0.5), ("lr", 1e-4), ("tokens", 4096.0)],
+        [("loss", 0.25), ("lr", 2e-4), ("tokens", 1.0)],
+    ]
+    assert_same(batch, decode_careful(payload, STAMP).batch, random_ids=True)
+
+
+def test_absent_node_and_time_take_stamp_values_for_the_whole_frame() -> None:
+    payload = ndjson([{"kind": "a"}, {"kind": "b"}, {"kind": "c", "host": "h"}])
+    batch = decode_bulk(payload, STAMP)
+    assert batch.column("node_id").to_pylist() == ["node-a"] * 3
+    assert batch.column("host").to_pylist() == ["gpu-1", "gpu-1", "h"]
+    assert batch.column("time").cast(pa.int64()).to_pylist() == [STAMP.received_ns] * 3
