@@ -9,35 +9,39 @@ SIGHUP re-reads the sinks from the config without touching the socket or the spo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from aggregator import systemd
-from aggregator.config import AgentConfig, ConfigError, load_config
-from aggregator.delivery import SinkConsumer
+from aggregator.config import AgentConfig, ConfigError, SinkConfig, load_config
 from aggregator.http_api import HttpApi
-from aggregator.ingest import Ingestor
+from aggregator.ingest import Ingestor, SpoolUnavailable
 from aggregator.metrics import AgentMetrics
 from aggregator.red_metrics import RedMetrics
-from aggregator.sink_factory import build_sink
+from aggregator.sink_set import SinkSet, build_sinks
 from aggregator.socket_ingest import SocketIngest
 from aggregator.spool import Spool
 from emitters import autostart
 from emitters.ids import new_event_id
+from sinks.base import Sink
 
 log = logging.getLogger("evagg.agent")
 UNUSED_POLL_S = 0.5  # how often an agent on demand checks whether any user is left
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, exit_when_unused: Path | None = None) -> None:
+    def __init__(self, config: AgentConfig, exit_when_unused: Path | None = None,
+                 overrides: Mapping[str, Any] | None = None) -> None:
         self.config = config
+        self.overrides = dict(overrides or {})  # command-line flags, kept across reloads
         self.metrics = AgentMetrics()
         # -- RED metrics and agent on demand (see aggregator/red_metrics.py, emitters/autostart.py)
         self.red = RedMetrics(max_names=config.red_max_names) if config.red_metrics else None
@@ -56,9 +60,10 @@ class Agent:
                                    max_frame_bytes=config.max_frame_bytes,
                                    frame_timeout_s=config.frame_timeout_s)
         self.http = HttpApi(self.ingestor, self.metrics, max_body_bytes=config.http_max_body_bytes,
-                            token=config.http_token, is_ready=self._is_ready)
-        self.consumers: dict[str, SinkConsumer] = {}
-        self._consumer_tasks: dict[str, asyncio.Task[None]] = {}
+                            token=config.http_token, is_ready=self.is_ready)
+        self.sinks: SinkSet | None = None
+        self._reload_lock = asyncio.Lock()  # a reload and the drain never overlap
+        self._reload_task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self._ready = False
         self._stop = asyncio.Event()
@@ -72,7 +77,7 @@ class Agent:
         if report.truncated_bytes or report.corrupt_records:
             log.warning("spool recovery: truncated %d bytes, %d corrupt records, quarantined %s",
                         report.truncated_bytes, report.corrupt_records, report.quarantined_files)
-        self._start_consumers(self.config)
+        self.sinks = SinkSet(self.spool, self.metrics, self._build_sinks(self.config))
         await self.socket.start(systemd.inherited_socket())
         await self._start_http()
         self._install_signals()
@@ -93,25 +98,34 @@ class Agent:
     def request_stop(self) -> None:
         self._stop.set()
 
-    def _is_ready(self) -> bool:
+    def is_ready(self) -> bool:
         return self._ready
 
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.request_stop)
         loop.add_signal_handler(signal.SIGINT, self.request_stop)
-        loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
+
+    def _on_sighup(self) -> None:
+        if self._stop.is_set() or (self._reload_task and not self._reload_task.done()):
+            log.warning("SIGHUP ignored: the agent is %s",
+                        "stopping" if self._stop.is_set() else "already reloading")
+            return
+        self._reload_task = asyncio.create_task(self.reload(), name="reload")
 
     async def _start_http(self) -> None:
         if not self.config.http_listen:
             return
         host, _, port = self.config.http_listen.rpartition(":")
-        self._runner = web.AppRunner(self.http.app(), access_log=None, handle_signals=False)
+        # A short shutdown_timeout: an open `evagg tail` must not hold the exit for minutes.
+        self._runner = web.AppRunner(self.http.app(), access_log=None, handle_signals=False,
+                                     shutdown_timeout=2.0)
         await self._runner.setup()
         await web.TCPSite(self._runner, host.strip("[]"), int(port)).start()
 
     def _announce(self) -> None:
-        sinks = ", ".join(f"{c.name} -> {c.sink.describe()}" for c in self.consumers.values())
+        sinks = self.sinks.describe() if self.sinks else ""
         log.info("evagg agent ready: node %s, socket %s, http %s, spool %s, sinks: %s",
                  self.config.node_id, self.config.socket, self.config.http_listen or "off",
                  self.spool.directory, sinks)
@@ -122,21 +136,10 @@ class Agent:
         systemd.notify("STOPPING=1\nSTATUS=draining")
         await self.socket.stop_accepting()
         await self.socket.close_connections(timeout=5.0)
-        await self._write_heartbeat(final=True)
-        deadline = self.config.drain_timeout_s
-        for consumer in self.consumers.values():
-            consumer.drain()
-        tasks = list(self._consumer_tasks.values())
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=deadline)
-            for consumer in self.consumers.values():
-                if not consumer.caught_up():
-                    log.warning("drain deadline: sink %s still has %d records; they stay spooled",
-                                consumer.name, self.spool.lag(consumer.name)[0])
-                consumer.stop()
-            await asyncio.gather(*pending, return_exceptions=True)
-        for consumer in self.consumers.values():
-            await consumer.close()
+        await self._final_heartbeat()
+        async with self._reload_lock:
+            if self.sinks is not None:
+                await self.sinks.stop(self.config.drain_timeout_s)
         if self._runner is not None:
             await self._runner.cleanup()
         self.ingestor.close()
@@ -146,36 +149,27 @@ class Agent:
 
     # -- sinks -----------------------------------------------------------------------------
 
-    def _start_consumers(self, config: AgentConfig) -> None:
-        self.spool.register_sinks([s.name for s in config.sinks])
-        for sink_config in config.sinks:
-            sink = build_sink(sink_config, node_id=config.node_id, spool_id=self.spool.spool_id,
-                              state_dir=config.state_dir)
-            consumer = SinkConsumer(sink, self.spool, self.metrics,
-                                    read_max_bytes=sink.read_max_bytes,
-                                    backoff_cap_s=sink_config.retry_max_backoff_s)
-            self.consumers[sink.name] = consumer
-            self._consumer_tasks[sink.name] = asyncio.create_task(consumer.run(),
-                                                                  name=f"sink:{sink.name}")
+    def _build_sinks(self, config: AgentConfig) -> list[tuple[SinkConfig, Sink]]:
+        return build_sinks(config.sinks, node_id=self.config.node_id,
+                           spool_id=self.spool.spool_id, state_dir=self.config.state_dir)
 
     async def reload(self) -> None:
-        """Re-read the sinks; keep socket, spool and cursors. A bad config changes nothing."""
-        try:
-            fresh = load_config(self.config.source_path)
-        except ConfigError as exc:
-            log.error("reload refused, keeping the running config: %s", exc)
-            return
-        for name, consumer in list(self.consumers.items()):
-            consumer.drain()
-            task = self._consumer_tasks.pop(name)
-            await asyncio.wait({task}, timeout=self.config.drain_timeout_s)
-            consumer.stop()
-            await asyncio.gather(task, return_exceptions=True)
-            await consumer.close()
-            del self.consumers[name]
-        self.config = fresh
-        self._start_consumers(fresh)
-        log.info("reloaded: sinks %s", ", ".join(self.consumers))
+        """Re-read the sinks; keep socket, spool, cursors and every other setting. The new
+        sinks are built before the old ones stop, so a bad config changes nothing."""
+        async with self._reload_lock:
+            if self._stop.is_set():
+                return
+            try:
+                fresh = load_config(self.config.source_path, overrides=self.overrides)
+                built = self._build_sinks(fresh)
+            except ConfigError as exc:
+                log.error("reload refused, keeping the running sinks: %s", exc)
+                return
+            if self.sinks is not None:
+                await self.sinks.stop(self.config.drain_timeout_s)
+            self.sinks = SinkSet(self.spool, self.metrics, built)
+            self.config = dataclasses.replace(self.config, sinks=fresh.sinks)
+            log.info("reloaded: sinks %s", self.sinks.describe())
 
     # -- self observability ----------------------------------------------------------------
 
@@ -191,7 +185,7 @@ class Agent:
             out.append(("evagg_spool_counter", "Spool counters since start (records, "
                         "duplicates, corrupt records, quarantined segments, fsyncs).",
                         {"counter": counter}, float(count)))
-        for name, consumer in self.consumers.items():
+        for name, consumer in (self.sinks.consumers if self.sinks else {}).items():
             sink_counters = getattr(consumer.sink, "metrics", None)
             if callable(sink_counters):
                 for counter, value in sink_counters().items():
@@ -234,17 +228,30 @@ class Agent:
                 self.metrics.worker_errors.inc(worker="heartbeat", type=type(exc).__name__)
                 log.exception("heartbeat failed")
 
+    async def _final_heartbeat(self) -> None:
+        """Best effort and bounded: a full spool under `block` must not hold the exit."""
+        try:
+            await asyncio.wait_for(self._write_heartbeat(final=True), timeout=2.0)
+        except (TimeoutError, SpoolUnavailable, RuntimeError) as exc:
+            log.warning("final heartbeat not written: %s", exc or type(exc).__name__)
+
     async def _write_heartbeat(self, *, final: bool) -> None:
         rows: list[dict[str, Any]] = [self._heartbeat_row(final)]
-        for reason, events in self.spool.take_losses().items():
-            self.metrics.dropped_events.inc(events, reason=reason)
-            total = int(self.metrics.dropped_events.get(reason=reason))
+        losses = self.spool.take_losses()
+        for reason, events in losses.items():
+            total = int(self.metrics.dropped_events.get(reason=reason)) + events
             rows.append(loss_row(reason, events, total, self.config.node_id))
-        await self.ingestor.ingest_rows(rows, self.ingestor.stamp(os.getpid(), os.getuid()),
-                                        route="agent")
+        try:
+            await self.ingestor.ingest_rows(rows, self.ingestor.stamp(os.getpid(), os.getuid()),
+                                            route="agent")
+        except BaseException:
+            self.spool.return_losses(losses)  # reported with the next heartbeat instead
+            raise
+        for reason, events in losses.items():
+            self.metrics.dropped_events.inc(events, reason=reason)
 
     def _heartbeat_row(self, final: bool) -> dict[str, Any]:
-        metrics = {k: v for k, v in self.metrics.registry.snapshot().items()}
+        metrics = self.metrics.registry.snapshot()
         return {
             "event_id": new_event_id(), "kind": "agent", "source": "evagg",
             "name": "heartbeat", "state": "STOPPING" if final else "RUNNING",
@@ -281,10 +288,8 @@ def use_returning_allocator() -> None:
         pa.set_memory_pool(pa.system_memory_pool())
 
 
-def run_agent(config: AgentConfig, exit_when_unused: Path | None = None) -> int:
+def run_agent(config: AgentConfig, exit_when_unused: Path | None = None,
+              overrides: Mapping[str, Any] | None = None) -> int:
     use_returning_allocator()
-    return asyncio.run(Agent(config, exit_when_unused).run())
+    return asyncio.run(Agent(config, exit_when_unused, overrides).run())
 
-
-def ensure_dirs(config: AgentConfig) -> None:
-    Path(config.state_dir).mkdir(parents=True, exist_ok=True)

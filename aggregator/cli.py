@@ -7,6 +7,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from aggregator.config import AgentConfig, ConfigError, load_config
 
@@ -55,10 +56,19 @@ def _agent_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="store_true")
 
 
+def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    return {"socket": args.socket, "state_dir": args.state_dir,
+            "http_listen": args.http_listen, "node_id": args.node_id}
+
+
 def load_from_args(args: argparse.Namespace) -> AgentConfig:
-    overrides = {"socket": args.socket, "state_dir": args.state_dir,
-                 "http_listen": args.http_listen, "node_id": args.node_id}
-    return load_config(args.config, overrides=overrides)
+    """The config with its flags applied, its sinks built once to check them."""
+    from aggregator.sink_set import build_sinks
+
+    config = load_config(args.config, overrides=overrides_from_args(args))
+    build_sinks(config.sinks, node_id=config.node_id, spool_id="check",
+                state_dir=config.state_dir)
+    return config
 
 
 def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -83,7 +93,12 @@ def _run(args: argparse.Namespace) -> int:
         return run_demo(config, events=args.demo)
     from aggregator.agent import run_agent
 
-    return run_agent(config, exit_when_unused=args.exit_when_unused)
+    try:
+        return run_agent(config, exit_when_unused=args.exit_when_unused,
+                         overrides=overrides_from_args(args))
+    except (OSError, RuntimeError) as exc:  # socket or port taken, spool locked, ...
+        print(f"evagg: cannot start the agent: {exc}", file=sys.stderr)
+        return 1
 
 
 def _add_check_config(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -93,20 +108,10 @@ def _add_check_config(commands: argparse._SubParsersAction[argparse.ArgumentPars
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    from aggregator.sink_factory import build_sink
-
     try:
         config = load_from_args(args)
     except ConfigError as exc:
         return _print_problems(exc)
-    problems: list[str] = []
-    for index, sink in enumerate(config.sinks):
-        try:
-            build_sink(sink, node_id=config.node_id, spool_id="check", state_dir=config.state_dir)
-        except (ValueError, OSError) as exc:
-            problems.append(f"sinks[{index}] ({sink.name}): {exc}")
-    if problems:
-        return _print_problems(ConfigError(problems))
     print(f"config OK: node {config.node_id}, socket {config.socket}, "
           f"state {config.state_dir}, sinks: {', '.join(s.name for s in config.sinks)}")
     return 0

@@ -7,6 +7,7 @@ import os
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,7 +119,8 @@ def add_tail_parser(commands: Parsers) -> None:
 
 
 def run_tail(args: argparse.Namespace) -> int:
-    query = "&".join([*(f"kind={k}" for k in args.kind), *(f"name={n}" for n in args.name)])
+    query = urllib.parse.urlencode([*(("kind", k) for k in args.kind),
+                                    *(("name", n) for n in args.name)])
     url = f"{agent_url(args.url)}/v1/tail" + (f"?{query}" if query else "")
     shown = 0
     try:

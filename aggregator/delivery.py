@@ -22,6 +22,7 @@ from sinks.base import Sink, SinkResult
 log = logging.getLogger("evagg.delivery")
 
 PERMANENT_RETRY_S = 60.0  # a permanent error is retried slowly; the spool keeps the data
+DRAIN_RETRY_S = 1.0  # while draining, retries come at least this often
 
 
 @dataclass
@@ -47,6 +48,7 @@ class SinkConsumer:
         self._position = spool.cursor(sink.name)
         self._last_flush = time.monotonic()
         self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
         self._draining = False
 
     @property
@@ -64,11 +66,23 @@ class SinkConsumer:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a sink bug must not end delivery for good
-                self.metrics.worker_errors.inc(worker=f"sink:{self.name}", type=type(exc).__name__)
-                log.exception("sink %s raised; treating as a failed delivery", self.name)
+                self._count_exception(exc, "write")
                 result = SinkResult.failure(f"{type(exc).__name__}: {exc}", "exception")
-            if result is not None and not result.ok:
+            if result is None or result.ok:
+                continue
+            try:
                 await self._recover(result)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # abandon() failed (a read-only disk, say): retry later
+                self._count_exception(exc, "abandon")
+                self._position = self.spool.cursor(self.name)
+                await self._sleep(self.backoff_cap_s)
+
+    def _count_exception(self, exc: Exception, during: str) -> None:
+        self.metrics.worker_errors.inc(worker=f"sink:{self.name}", type=type(exc).__name__)
+        log.exception("sink %s raised during %s; treating it as a failed delivery",
+                      self.name, during)
 
     async def _step(self) -> SinkResult | None:
         if self._flush_due():
@@ -140,21 +154,27 @@ class SinkConsumer:
             delay = backoff_delay(state.failures_in_a_row, cap=self.backoff_cap_s,
                                   retry_after=result.retry_after_s)
         self.metrics.retries.inc(sink=self.name)
+        if self._draining:
+            delay = min(delay, DRAIN_RETRY_S)  # the drain deadline is short: try more often
         await self._sleep(delay)
 
     async def _sleep(self, seconds: float) -> None:
+        """Wait out a backoff; drain() and stop() cut it short."""
         try:
             async with asyncio.timeout(seconds):
-                await self._stopping.wait()
+                await self._wake.wait()
         except TimeoutError:
             pass
+        self._wake.clear()
 
     def drain(self) -> None:
         """Deliver everything spooled so far, flush, then stop."""
         self._draining = True
+        self._wake.set()
 
     def stop(self) -> None:
         self._stopping.set()
+        self._wake.set()
 
     async def close(self) -> None:
         await self.sink.close()

@@ -40,7 +40,7 @@ def produce_demo_events(socket_path: str, events: int) -> bool:
 async def _demo(config: AgentConfig, events: int) -> int:
     agent = Agent(config)
     running = asyncio.create_task(agent.run())
-    while not agent._is_ready():
+    while not agent.is_ready():
         if running.done():
             return running.result()
         await asyncio.sleep(0.05)

@@ -61,23 +61,31 @@ class FrameReader(asyncio.Protocol):
             start = stop
         if start:
             del self._buffer[:start]
-        self._watch_for_stall()
+            self._cancel_stall_timer()  # progress: the next partial frame gets a fresh limit
         if self.frames.qsize() >= PAUSE_AT_FRAMES and not self._paused:
             self._paused = True
             self.transport.pause_reading()  # type: ignore[union-attr]
+            self._cancel_stall_timer()  # our pause, not the producer's stall
+        else:
+            self._watch_for_stall()
 
     def frame_taken(self) -> None:
         """The handler took a frame; resume reading once the backlog is small."""
         if self._paused and self.frames.qsize() <= RESUME_AT_FRAMES and not self._ended:
             self._paused = False
             self.transport.resume_reading()  # type: ignore[union-attr]
+            self._watch_for_stall()
+
+    def _cancel_stall_timer(self) -> None:
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
 
     def _watch_for_stall(self) -> None:
-        """A frame started but not finished must finish within frame_timeout_s."""
+        """A frame started but not finished must finish within frame_timeout_s of the
+        last completed frame (or of its first byte)."""
         if not self._buffer:
-            if self._stall_timer is not None:
-                self._stall_timer.cancel()
-                self._stall_timer = None
+            self._cancel_stall_timer()
         elif self._stall_timer is None:
             self._stall_timer = asyncio.get_running_loop().call_later(
                 self.frame_timeout_s, self._end,

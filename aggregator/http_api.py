@@ -55,6 +55,9 @@ class HttpApi:
         if self.token and guarded and not self._authorized(request):
             self.metrics.bad_input.inc(route=request.path, reason="unauthorized")
             return _error(401, "missing or wrong bearer token")
+        if request.path in INGEST_PATHS and not self.is_ready():
+            return web.Response(status=503, body=orjson.dumps({"error": "the agent is draining"}),
+                                content_type="application/json", headers={"Retry-After": "5"})
         try:
             return await handler(request)
         except web.RequestPayloadError as exc:  # e.g. a broken gzip body aiohttp could not unpack
@@ -145,7 +148,8 @@ class HttpApi:
     async def get_tail(self, request: web.Request) -> web.StreamResponse:
         kinds = request.query.getall("kind", [])
         names = request.query.getall("name", [])
-        return await stream_tail(request, self.ingestor.spool, kinds=kinds, names=names)
+        return await stream_tail(request, self.ingestor.spool, kinds=kinds, names=names,
+                                 is_ready=self.is_ready)
 
 
 def _ingest_answer(result: IngestResult, all_rejected_status: int = 400) -> web.Response:

@@ -18,7 +18,7 @@ from aggregator.decode import decode_ndjson
 from aggregator.metrics import AgentMetrics
 from aggregator.normalize import Normalized, Stamp, ndjson_to_batch, rows_to_batch
 from aggregator.red_metrics import RedMetrics
-from aggregator.spool import Spool
+from aggregator.spool import Spool, SpoolClosed
 from emitters.wire import NO_SESSION
 from sinks.schema import batch_to_bytes
 
@@ -98,6 +98,8 @@ class Ingestor:
         except OSError as exc:
             self.metrics.bad_input.inc(route=route, reason="spool_write_failed")
             raise SpoolUnavailable(f"spool write failed: {exc.strerror or exc}") from exc
+        except SpoolClosed as exc:  # the agent is stopping: the producer resends later
+            raise SpoolUnavailable(str(exc)) from exc
         if result.duplicate:
             self.metrics.duplicate_frames.inc(route=route)
             return IngestResult(0, 0, True, "")

@@ -354,6 +354,11 @@ class Spool:
         taken, self._unreported = self._unreported, {}
         return taken
 
+    def return_losses(self, losses: dict[str, int]) -> None:
+        """Losses taken but not written after all: they are reported again next time."""
+        for reason, events in losses.items():
+            self._unreported[reason] = self._unreported.get(reason, 0) + events
+
     def _add_loss(self, reason: str, events: int) -> None:
         if events > 0:
             self.losses[reason] = self.losses.get(reason, 0) + events

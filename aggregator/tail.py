@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -18,13 +19,15 @@ _TIME_COLUMNS = ("time", "received")
 
 
 async def stream_tail(request: web.Request, spool: Spool, *, kinds: list[str],
-                      names: list[str]) -> web.StreamResponse:
+                      names: list[str], is_ready: Callable[[], bool]) -> web.StreamResponse:
+    """Until the client goes away or the agent starts draining."""
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await response.prepare(request)
     event_filter = EventFilter.of(kinds=kinds, names=names)
     position = spool.next_offset
     with contextlib.suppress(ConnectionError):
-        while True:
+        while is_ready() and request.transport is not None \
+                and not request.transport.is_closing():
             records = spool.read(position, max_records=100)
             if not records:
                 await spool.wait_for(position, 1.0)

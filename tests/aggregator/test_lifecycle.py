@@ -1,0 +1,88 @@
+"""Reload, drain and startup failures of a real agent process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+from tests.agentproc import REPO, AgentProcess
+from tests.aggregator.test_end_to_end import producer_report, start_producer
+
+LAKE = '[[sinks]]\nname = "lake"\ntype = "parquet"\nurl = "{lake}"\nroll_interval = "1s"\n'
+
+
+def sighup(agent: AgentProcess) -> None:
+    assert agent.proc is not None
+    agent.proc.send_signal(signal.SIGHUP)
+    time.sleep(1.5)
+
+
+def test_reload_with_unbuildable_sinks_keeps_the_running_ones(
+        agent_factory: Callable[..., AgentProcess]) -> None:
+    agent = agent_factory(sinks_toml=LAKE).start()
+    good = agent.config_path.read_text()
+    agent.config_path.write_text(good.replace('roll_interval = "1s"',
+                                              'roll_interval = "1s"\nrow_group_rows = "many"'))
+    sighup(agent)
+    assert agent.running
+    assert "reload refused" in agent.log()
+    assert producer_report(start_producer(agent.socket_path, "after-bad", 500))["flushed"]
+    agent.wait_delivered(500)
+    assert agent.stop() == 0
+    assert agent.query("SELECT count(*) FROM events WHERE run_id = 'after-bad'") == [(500,)]
+
+
+def test_reload_keeps_command_line_flags_and_adds_a_sink(
+        agent_factory: Callable[..., AgentProcess]) -> None:
+    agent = agent_factory(sinks_toml=LAKE)
+    second = agent.workdir / "second"
+    agent.start()
+    agent.config_path.write_text(agent.config_path.read_text() + "\n" + LAKE.replace(
+        'name = "lake"', 'name = "second"').replace("{lake}", str(second)))
+    sighup(agent)
+    assert "reloaded: sinks lake" in agent.log() and "second" in agent.log()
+    assert producer_report(start_producer(agent.socket_path, "both", 300))["flushed"]
+    agent.wait_delivered(300, sink="second")
+    assert agent.stop() == 0
+    assert agent.query("SELECT count(*) FROM events WHERE run_id = 'both'") == [(300,)]
+
+
+def test_an_open_tail_does_not_hold_the_exit(agent: AgentProcess) -> None:
+    tail = subprocess.Popen([sys.executable, "-m", "aggregator", "tail", "--url",
+                             agent.http_url], cwd=REPO, stdout=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        time.sleep(1.0)
+        assert agent.stop(timeout=30) == 0  # aiohttp's default would wait 2 x 60 s
+    finally:
+        tail.kill()
+        tail.wait()
+
+
+def test_unbuildable_sinks_at_start_are_a_config_error(tmp_path: object) -> None:
+    from pathlib import Path
+
+    workdir = Path(str(tmp_path))
+    config = workdir / "evagg.toml"
+    config.write_text(f'[agent]\nsocket = "{workdir}/s.sock"\nstate_dir = "{workdir}/state"\n'
+                      'http_listen = ""\n' + LAKE.replace("{lake}", str(workdir / "lake"))
+                      + 'row_group_rows = "many"\n')
+    result = subprocess.run([sys.executable, "-m", "aggregator", "run", "--config", str(config)],
+                             cwd=REPO, capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 2
+    assert "sinks[0] (lake)" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_second_agent_on_the_same_socket_says_why(agent: AgentProcess) -> None:
+    result = subprocess.run([sys.executable, "-m", "aggregator", "run", "--socket",
+                             str(agent.socket_path), "--state-dir",
+                             str(agent.workdir / "other-state"), "--http-listen", ""],
+                            cwd=REPO, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 1
+    assert "cannot start the agent" in result.stderr and "already listening" in result.stderr
