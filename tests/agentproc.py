@@ -129,6 +129,19 @@ class AgentProcess:
         raise AssertionError(f"sink {sink} did not deliver {events} events in {timeout}s:\n"
                              f"{self.metrics()}")
 
+    def wait_rows(self, sql: str, count: int, timeout: float = 60.0) -> list[tuple[Any, ...]]:
+        """Until `sql` over the lake returns at least `count` rows (files roll every second)."""
+        deadline = time.monotonic() + timeout
+        rows: list[tuple[Any, ...]] = []
+        while time.monotonic() < deadline:
+            if any(self.lake_dir.rglob("*.parquet")):
+                rows = self.query(sql)
+                if len(rows) >= count:
+                    return rows
+            time.sleep(0.2)
+        raise AssertionError(f"{len(rows)} of {count} rows after {timeout}s: {rows}\n"
+                             f"{self.log()}")
+
     def query(self, sql: str) -> list[tuple[Any, ...]]:
         """Run SQL over the lake with a view `events` (every row, duplicates kept)."""
         return query_lake(self.lake_dir, sql)

@@ -56,15 +56,7 @@ def run_worker(exporter: str, endpoint: str, index: int, meta: dict[str, str]) -
 
 
 def wait_rows(agent: AgentProcess, sql: str, count: int, timeout: float = 60) -> list[Any]:
-    deadline = time.monotonic() + timeout
-    rows: list[Any] = []
-    while time.monotonic() < deadline:
-        if any(agent.lake_dir.rglob("*.parquet")):
-            rows = agent.query(sql)
-            if len(rows) >= count:
-                return rows
-        time.sleep(0.2)
-    raise AssertionError(f"{len(rows)} of {count} rows after {timeout}s: {rows}\n{agent.log()}")
+    return agent.wait_rows(sql, count, timeout)
 
 
 def drive(agent: AgentProcess, exporter: str) -> str:

@@ -562,7 +562,9 @@ def test_an_agent_killed_mid_stream_keeps_every_acknowledged_record(spool_dir: P
         child.wait()
     spool = Spool(spool_dir, max_bytes=1 << 30, segment_bytes=64 * 1024)
     report = spool.open()
-    assert report.truncated_bytes == 0 and report.corrupt_records == 0
+    # The kill may land inside the write of a record nobody was told about yet: that torn
+    # tail is cut; what matters is that every acknowledged record is whole.
+    assert report.corrupt_records == 0
     records = {r.offset: r for r in spool.read(1, max_records=100_000)}
     assert sorted(records) == list(range(1, len(records) + 1))
     for seq, offset in acked:

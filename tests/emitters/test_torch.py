@@ -91,17 +91,7 @@ def test_nan_loss_is_named_at_its_step_and_steps_continue_from_start(
 
 
 def wait_for(agent: AgentProcess, sql: str, count: int, timeout: float = 60) -> list[Any]:
-    import time
-
-    deadline = time.monotonic() + timeout
-    rows: list[Any] = []
-    while time.monotonic() < deadline:
-        if any(agent.lake_dir.rglob("*.parquet")):
-            rows = agent.query(sql)
-            if len(rows) >= count:
-                return rows
-        time.sleep(0.2)
-    raise AssertionError(f"{len(rows)} of {count} rows: {agent.log()}")
+    return agent.wait_rows(sql, count, timeout)
 
 
 class Captured:
