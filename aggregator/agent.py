@@ -191,6 +191,10 @@ class Agent:
                 for counter, value in sink_counters().items():
                     out.append((f"evagg_sink_{counter}", f"HTTP sink counter {counter}, by sink.",
                                 {"sink": name}, float(value)))
+            if consumer.state.last_success_ns:
+                out.append(("evagg_sink_last_delivery_timestamp_seconds",
+                            "When the sink last delivered, by sink (alert on time() - this).",
+                            {"sink": name}, consumer.state.last_success_ns / 1e9))
             records, events = self.spool.lag(name)
             out.append(("evagg_sink_lag_events", "Events spooled but not yet delivered, by sink.",
                         {"sink": name}, float(events)))

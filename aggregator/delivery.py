@@ -27,11 +27,9 @@ DRAIN_RETRY_S = 1.0  # while draining, retries come at least this often
 
 @dataclass
 class ConsumerState:
-    last_error: str | None = None
-    last_error_kind: str | None = None
-    permanent: bool = False
-    failures_in_a_row: int = 0
-    last_success_ns: int = 0
+    last_error_kind: str | None = None  # to log a failure once per change of kind
+    failures_in_a_row: int = 0  # drives the backoff
+    last_success_ns: int = 0  # exported: alert when a sink has not delivered for long
 
 
 class SinkConsumer:
@@ -133,7 +131,6 @@ class SinkConsumer:
             log.info("sink %s recovered after %d failed attempts", self.name,
                      self.state.failures_in_a_row)
         self.state.failures_in_a_row = 0
-        self.state.permanent = False
         self.metrics.sink_permanent_error.set(0, sink=self.name)
 
     async def _recover(self, result: SinkResult) -> None:
@@ -143,8 +140,7 @@ class SinkConsumer:
         if state.failures_in_a_row == 0 or kind != state.last_error_kind:
             log.warning("sink %s failed (%s): %s", self.name, kind, result.error)
         state.failures_in_a_row += 1
-        state.last_error, state.last_error_kind = result.error, kind
-        state.permanent = result.permanent
+        state.last_error_kind = kind
         self.metrics.sink_permanent_error.set(1 if result.permanent else 0, sink=self.name)
         await self.sink.abandon()
         self._position = self.spool.cursor(self.name)

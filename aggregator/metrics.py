@@ -30,9 +30,6 @@ class Family:
     def get(self, **labels: str) -> float:
         return self.values.get(tuple(sorted(labels.items())), 0.0)
 
-    def total(self) -> float:
-        return sum(self.values.values())
-
 
 GaugeSource = Callable[[], Iterable[tuple[str, str, dict[str, str], float]]]
 

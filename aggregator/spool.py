@@ -56,10 +56,6 @@ class AppendResult:
     duplicate: bool
 
 
-class SpoolFull(Exception):
-    """Reserved for a non-waiting append; `append()` itself waits or drops per policy."""
-
-
 class SpoolClosed(RuntimeError):
     """The spool is closed (or not yet open) while a call needed it."""
 

@@ -65,6 +65,7 @@ def test_several_producers_exactly_once_with_types(agent: AgentProcess) -> None:
         report = producer_report(proc)
         assert report["flushed"] and report["raised"] == 0
     agent.wait_delivered(20_000)
+    assert agent.metric('evagg_sink_last_delivery_timestamp_seconds{sink="lake"}') > 1.7e9
     assert agent.stop() == 0
     assert_exactly_once(agent.lake_dir, {name: 5000 for name in producers})
 
