@@ -44,8 +44,10 @@ async def _demo(config: AgentConfig, events: int) -> int:
         if running.done():
             return running.result()
         await asyncio.sleep(0.05)
-    ok = await asyncio.to_thread(produce_demo_events, str(config.socket), events)
-    agent.request_stop()
+    try:
+        ok = await asyncio.to_thread(produce_demo_events, str(config.socket), events)
+    finally:
+        agent.request_stop()  # drain even if the demo producer failed
     code = await running
     return code if ok else 1
 
