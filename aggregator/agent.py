@@ -24,6 +24,7 @@ from aggregator import systemd
 from aggregator.config import AgentConfig, ConfigError, SinkConfig, load_config
 from aggregator.http_api import HttpApi
 from aggregator.ingest import Ingestor, SpoolUnavailable
+from aggregator.memory import return_freed_memory
 from aggregator.metrics import AgentMetrics
 from aggregator.red_metrics import RedMetrics
 from aggregator.sink_set import SinkSet, build_sinks
@@ -41,6 +42,7 @@ class Agent:
     def __init__(self, config: AgentConfig, exit_when_unused: Path | None = None,
                  overrides: Mapping[str, Any] | None = None) -> None:
         self.config = config
+        self._arrow_pool = return_freed_memory()
         self.overrides = dict(overrides or {})  # command-line flags, kept across reloads
         self.metrics = AgentMetrics()
         # -- RED metrics and agent on demand (see aggregator/red_metrics.py, emitters/autostart.py)
@@ -126,9 +128,9 @@ class Agent:
 
     def _announce(self) -> None:
         sinks = self.sinks.describe() if self.sinks else ""
-        log.info("evagg agent ready: node %s, socket %s, http %s, spool %s, sinks: %s",
-                 self.config.node_id, self.config.socket, self.config.http_listen or "off",
-                 self.spool.directory, sinks)
+        log.info("evagg agent ready: node %s, socket %s, http %s, spool %s, sinks: %s, "
+                 "arrow memory pool %s", self.config.node_id, self.config.socket,
+                 self.config.http_listen or "off", self.spool.directory, sinks, self._arrow_pool)
 
     async def _drain(self) -> None:
         self._ready = False
@@ -282,18 +284,7 @@ def _version() -> str:
         return "dev"
 
 
-def use_returning_allocator() -> None:
-    """Arrow's default mimalloc pool keeps freed pages: in a long-running agent that is
-    about 40 MB more resident memory for no speed (bench/bench_pipeline.py --pools).
-    ARROW_DEFAULT_MEMORY_POOL still wins when an operator sets it."""
-    if "ARROW_DEFAULT_MEMORY_POOL" not in os.environ:
-        import pyarrow as pa
-
-        pa.set_memory_pool(pa.system_memory_pool())
-
-
 def run_agent(config: AgentConfig, exit_when_unused: Path | None = None,
               overrides: Mapping[str, Any] | None = None) -> int:
-    use_returning_allocator()
     return asyncio.run(Agent(config, exit_when_unused, overrides).run())
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from aggregator.config import AgentConfig, ConfigError, load_config
+from aggregator.memory import prefer_returning_pool
 
 Command = Callable[[argparse.Namespace], int]
 DEFERRED_COMMANDS = ("query", "dashboard")  # their parsers import DuckDB: built only when run
@@ -17,6 +18,7 @@ DEFERRED_COMMANDS = ("query", "dashboard")  # their parsers import DuckDB: built
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    prefer_returning_pool()  # before anything imports pyarrow
     if argv and argv[0] in DEFERRED_COMMANDS:
         from aggregator.cli_tools import run_deferred
 

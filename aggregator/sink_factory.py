@@ -46,7 +46,7 @@ def _parquet(config: SinkConfig, options: dict[str, Any], event_filter: EventFil
         spool_id=spool_id,
         roll_max_bytes=parse_size(options.get("roll_max_bytes", "64MiB")),
         roll_interval_s=parse_duration(options.get("roll_interval", "5m")),
-        row_group_rows=int(options.get("row_group_rows", 50_000)),
+        row_group_rows=int(options.get("row_group_rows", 10_000)),
         event_filter=event_filter,
     )
 

@@ -1,0 +1,51 @@
+"""The agent returns freed memory: Arrow's jemalloc pool unless the operator chose one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.agentproc import AgentProcess
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _pool_in_log(tmp_path: Path, env: dict[str, str]) -> str:
+    agent = AgentProcess(tmp_path, env=env)
+    agent.start()
+    try:
+        line = next(line for line in agent.log().splitlines() if "evagg agent ready" in line)
+    finally:
+        assert agent.stop() == 0
+    return line.rsplit("arrow memory pool ", 1)[1].strip()
+
+
+def test_agent_uses_jemalloc_when_the_operator_chose_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ARROW_DEFAULT_MEMORY_POOL", raising=False)
+    assert _pool_in_log(tmp_path, {}) == "jemalloc"
+
+
+def test_an_operators_pool_wins(tmp_path: Path) -> None:
+    assert _pool_in_log(tmp_path, {"ARROW_DEFAULT_MEMORY_POOL": "system"}) == "system"
+
+
+def _child(code: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, check=True, cwd=REPO)
+    return done.stdout.strip()
+
+
+def test_the_preference_is_set_only_before_pyarrow_loads() -> None:
+    before = _child("import os; from aggregator.memory import prefer_returning_pool as p; "
+                    "p(); print(os.environ.get('ARROW_DEFAULT_MEMORY_POOL'))")
+    after = _child("import os, pyarrow; from aggregator.memory import prefer_returning_pool "
+                   "as p; p(); print(os.environ.get('ARROW_DEFAULT_MEMORY_POOL'))")
+    assert (before, after) == ("jemalloc", "None")
