@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 import orjson
 from aiohttp import web
 
-from aggregator import otlp, ray_events
+from aggregator import otlp, ray_batch, ray_events
 from aggregator.ingest import Ingestor, IngestResult, SpoolUnavailable
 from aggregator.metrics import AgentMetrics
 from aggregator.tail import stream_tail
@@ -98,17 +98,15 @@ class HttpApi:
 
     async def post_ray_events(self, request: web.Request) -> web.Response:
         body = await request.read()
+        stamp = self.ingestor.stamp()
         try:
-            items = await self.ingestor.in_thread(ray_events.parse_ray_body, body)
+            mapped = await self.ingestor.in_thread(ray_batch.ray_body_to_batch, body,
+                                                   self.ray_ids, stamp)
         except ray_events.RayBodyError as exc:
             return self._bad(request, "malformed", str(exc))
-        fresh = [item for item, new in zip(items, self.ray_ids.filter_new(items), strict=True)
-                 if new]
-        self.metrics.duplicate_frames.inc(len(items) - len(fresh), route="ray")
-        rows, rejected = await self.ingestor.in_thread(ray_events.ray_events_to_rows, fresh)
-        result = await self.ingestor.ingest_rows(rows, self.ingestor.stamp(), route="ray",
-                                                 extra_rejected=rejected)
-        self.ray_ids.confirm(fresh)
+        self.metrics.duplicate_frames.inc(mapped.duplicates, route="ray")
+        result = await self.ingestor.store(mapped.normalized, stamp, route="ray")
+        self.ray_ids.confirm(mapped.fresh_ids)
         return _ingest_answer(result, all_rejected_status=200)
 
     async def post_traces(self, request: web.Request) -> web.Response:

@@ -59,6 +59,25 @@ class RecentEventIds:
                 self._add(batch)
         return out
 
+    def split_new(self, events: list[Any]) -> tuple[list[int], list[str]]:
+        """The indexes of the events not seen before (as `filter_new`), and their ids in
+        order, for `confirm` once they are stored."""
+        fresh: list[int] = []
+        fresh_ids: list[str] = []
+        batch: set[str] = set()
+        with self._lock:
+            young, old = self._young, self._old
+            for index, event in enumerate(events):
+                event_id = (event.get("eventId") or event.get("event_id")
+                            if type(event) is dict else ray_event_id(event))
+                if type(event_id) is not str or not event_id:
+                    fresh.append(index)
+                elif not (event_id in batch or event_id in young or event_id in old):
+                    batch.add(event_id)
+                    fresh.append(index)
+                    fresh_ids.append(event_id)
+        return fresh, fresh_ids
+
     def confirm(self, events: Iterable[Any]) -> None:
         """Remember these events as stored."""
         found = [i for i in map(ray_event_id, events) if i is not None]
@@ -66,10 +85,12 @@ class RecentEventIds:
             self._add(found)
 
     def _add(self, event_ids: Iterable[str]) -> None:
+        young = self._young
         for event_id in event_ids:
-            self._young.add(event_id)
-            if len(self._young) >= self._capacity:
-                self._old, self._young = self._young, set()
+            young.add(event_id)
+            if len(young) >= self._capacity:
+                self._old, self._young = young, set()
+                young = self._young
 
     def __contains__(self, event: object) -> bool:
         event_id = ray_event_id(event)

@@ -1,8 +1,10 @@
-"""Ray Event Export payloads (JSON arrays of RayEvent) -> evagg event rows.
+"""Ray Event Export payloads (JSON arrays of RayEvent) -> evagg event rows: the careful path.
 
-Pure mapping, no HTTP. The /ray/events route calls `parse_ray_body`, drops resent events
-with `RecentEventIds.filter_new`, maps the rest with `ray_events_to_rows`, hands the rows
-to `aggregator.normalize.rows_to_batch`, and after the spool write calls `confirm`.
+Pure mapping, no HTTP. This is the reference mapping of every Ray event to row dicts
+(which `aggregator.normalize` then checks). The /ray/events route (`ray_batch`) sends
+task definition and lifecycle events through `ray_fast` instead, which gives the same
+rows straight as Arrow columns, and sends everything else here: the other event types,
+and any task event of a shape the fast path is not sure of.
 
 Handled: camelCase and snake_case keys; Ray >= 2.51 TASK_LIFECYCLE_EVENT
 (`stateTransitions`) and 2.49-2.50 TASK_EXECUTION_EVENT (`taskState` map), one row per
@@ -49,8 +51,8 @@ from aggregator.ray_values import (
 Row = dict[str, Any]
 Mapper = Callable[[dict[str, Any], Keys, str], list[Row]]
 
-__all__ = ["RayBodyError", "RayValueError", "RecentEventIds", "map_event", "parse_ray_body",
-           "ray_event_id", "ray_events_to_rows", "task_state"]
+__all__ = ["RayBodyError", "RayValueError", "RecentEventIds", "careful_rows", "map_event",
+           "parse_ray_body", "ray_event_id", "ray_events_to_rows", "task_state"]
 
 
 class RayBodyError(ValueError):
@@ -81,31 +83,39 @@ def ray_events_to_rows(items: list[Any]) -> tuple[list[Row], list[tuple[int, str
     rejected: list[tuple[int, str]] = []
     for index, item in enumerate(items):
         try:
-            rows.extend(map_event(item))
+            rows.extend(careful_rows(item))
         except RayValueError as exc:
-            rejected.append((index, f"{_event_type(item) or 'Ray event'}: {exc}"))
-        except (TypeError, ValueError, AttributeError, KeyError) as exc:
-            # a field of an unexpected shape: refuse this event alone, keep the batch
-            reason = f"unexpected field shape ({type(exc).__name__}: {exc})"
-            rejected.append((index, f"{_event_type(item) or 'Ray event'}: {reason}"[:500]))
+            rejected.append((index, str(exc)))
     return rows, rejected
 
 
-def _event_type(item: Any) -> str:
+def careful_rows(item: Any) -> list[Row]:
+    """`map_event`, with any field it cannot read as a RayValueError naming the event type."""
+    try:
+        return map_event(item)
+    except RayValueError as exc:
+        raise RayValueError(f"{event_type_of(item) or 'Ray event'}: {exc}") from None
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        # a field of an unexpected shape: refuse this event alone, keep the batch
+        reason = f"unexpected field shape ({type(exc).__name__}: {exc})"
+        raise RayValueError(f"{event_type_of(item) or 'Ray event'}: {reason}"[:500]) from None
+
+
+def event_type_of(item: Any) -> str:
     if not isinstance(item, dict):
         return ""
     return str(item.get("eventType") or item.get("event_type") or "")
 
 
-_ENVELOPE = Taken("event_id", "source_type", "event_type", "timestamp", "severity", "message",
-                  "session_name", "node_id")
+ENVELOPE_TAKEN = Taken("event_id", "source_type", "event_type", "timestamp", "severity",
+                       "message", "session_name", "node_id")
 
 
 def map_event(item: Any) -> list[Row]:
     if not isinstance(item, dict):
         raise RayValueError(f"an event must be a JSON object, not {_json_type(item)}")
     k = keys_of(item)
-    event_type = _event_type(item)
+    event_type = event_type_of(item)
     payload_name = event_type.lower()
     if event_type == "TASK_PROFILE_EVENT":
         payload_name = "task_profile_events"
@@ -125,7 +135,7 @@ def _stamp_envelope(item: dict[str, Any], k: Keys, event_type: str, payload_key:
     event_hex = b64_hex(item.get(k["event_id"]), k["event_id"], cache=False) or _content_id(item)
     envelope_ns: int | None = None
     node_hex = b64_hex(item.get(k["node_id"]), k["node_id"])  # the emitting node (Ray >= 2.56)
-    attrs = {"ray_event_type": event_type, **extra_attrs(item, k, _ENVELOPE, payload_key)}
+    attrs = {"ray_event_type": event_type, **extra_attrs(item, k, ENVELOPE_TAKEN, payload_key)}
     if item.get(k["session_name"]):
         attrs["ray_session"] = str(item[k["session_name"]])
     if item.get("severity") not in (None, "", "INFO"):
@@ -153,7 +163,7 @@ def _content_id(item: dict[str, Any]) -> str:
     return hashlib.blake2b(content, digest_size=28).hexdigest()
 
 
-_DEFINITION_TAKEN = Taken("task_id", "task_attempt", "task_name", "actor_task_name", "job_id",
+DEFINITION_TAKEN = Taken("task_id", "task_attempt", "task_name", "actor_task_name", "job_id",
                      "actor_id", "parent_task_id", "task_func", "actor_func",
                      "serialized_runtime_env", "placement_group_id")
 
@@ -163,7 +173,7 @@ def map_task_definition(p: dict[str, Any], k: Keys, event_type: str) -> list[Row
     inner = next((v for v in func.values() if isinstance(v, dict)), {})
     parts = (inner.get(k[n]) for n in ("module_name", "class_name", "function_name"))
     function = ".".join(str(x) for x in parts if x) or None
-    attrs = extra_attrs(p, k, _DEFINITION_TAKEN)
+    attrs = extra_attrs(p, k, DEFINITION_TAKEN)
     attrs.setdefault("ray_task_type", "ACTOR_TASK" if k["actor_func"] in p else "NORMAL_TASK")
     if function:
         attrs["ray_function"] = function
@@ -203,10 +213,10 @@ def task_state(raw: str) -> str:
     return _OUR_STATE.get(raw, raw)
 
 
-_STATE_OF = {raw: task_state(raw) for raw in TASK_STATUS}
+STATE_OF = {raw: task_state(raw) for raw in TASK_STATUS}
 
 
-def _transitions(p: dict[str, Any], k: Keys) -> list[tuple[str, int]]:
+def transitions(p: dict[str, Any], k: Keys) -> list[tuple[str, int]]:
     listed = p.get(k["state_transitions"])
     if isinstance(listed, list):
         return [(str(t.get("state") or "NIL"), time_ns(t.get("timestamp"), "stateTransitions"))
@@ -222,11 +232,11 @@ def _transitions(p: dict[str, Any], k: Keys) -> list[tuple[str, int]]:
     return [(name, ns) for ns, _, name in sorted(found)]
 
 
-_LIFECYCLE_TAKEN = Taken("task_id", "task_attempt", "state_transitions", "task_state",
+LIFECYCLE_TAKEN = Taken("task_id", "task_attempt", "state_transitions", "task_state",
                     "ray_error_info", "node_id", "worker_id", "worker_pid", "job_id")
 
 
-_ERROR_TAKEN = Taken("error_type", "error_message")
+ERROR_TAKEN = Taken("error_type", "error_message")
 
 
 def map_task_lifecycle(p: dict[str, Any], k: Keys, event_type: str) -> list[Row]:
@@ -234,20 +244,20 @@ def map_task_lifecycle(p: dict[str, Any], k: Keys, event_type: str) -> list[Row]
     the error; the executor's RUNNING event carries the worker's pid and log files."""
     common = {"kind": "task", "attempt": to_int(p.get(k["task_attempt"], 0), k["task_attempt"]),
               **ids(p, k, "task_id", "job_id", "node_id", "worker_id")}
-    attrs = extra_attrs(p, k, _LIFECYCLE_TAKEN)
+    attrs = extra_attrs(p, k, LIFECYCLE_TAKEN)
     if p.get(k["worker_pid"]):
         attrs["worker_pid"] = str(to_int(p[k["worker_pid"]], k["worker_pid"]))
-    transitions = _transitions(p, k)
-    rows: list[Row] = [{**common, "state": _STATE_OF.get(raw) or task_state(raw), "time": ns,
-                        "attrs": {**attrs, "ray_state": raw}} for raw, ns in transitions]
+    found = transitions(p, k)
+    rows: list[Row] = [{**common, "state": STATE_OF.get(raw) or task_state(raw), "time": ns,
+                        "attrs": {**attrs, "ray_state": raw}} for raw, ns in found]
     if not rows:
         rows = [{**common, "attrs": attrs}]
     info = p.get(k["ray_error_info"])
     if isinstance(info, dict) and info:
-        failed = [i for i, (raw, _) in enumerate(transitions) if raw == "FAILED"]
+        failed = [i for i, (raw, _) in enumerate(found) if raw == "FAILED"]
         row = rows[failed[-1] if failed else -1]
         error = error_columns(info.get(k["error_type"]), info.get(k["error_message"]))
-        extra = extra_attrs(info, k, _ERROR_TAKEN)
+        extra = extra_attrs(info, k, ERROR_TAKEN)
         row["attrs"].update({"ray_error_" + key[4:]: v for key, v in extra.items()})
         row["attrs"].update(error.pop("attrs", {}))
         row.update(error)

@@ -57,26 +57,53 @@ def snake(key: str) -> str:
 class Taken:
     """Payload fields a mapper turns into columns itself, as wire keys in both casings."""
 
-    __slots__ = ("camel", "snake")
+    __slots__ = ("_with", "camel", "snake")
 
     def __init__(self, *names: str) -> None:
         self.snake = frozenset(names)
         self.camel = frozenset(K_CAMEL[n] for n in names)
+        self._with: dict[tuple[bool, str], frozenset[str]] = {}
+
+    def wire(self, k: Keys, also: str = "") -> frozenset[str]:
+        """The taken wire keys in k's casing, and `also`."""
+        if not also:
+            return self.camel if k.camel else self.snake
+        found = self._with.get((k.camel, also))
+        if found is None:
+            if len(self._with) >= 64:
+                self._with.clear()
+            found = self._with[(k.camel, also)] = self.wire(k) | {also}
+        return found
 
 
 def extra_attrs(obj: dict[str, Any], k: Keys, taken: Taken, also: str = "") -> dict[str, str]:
     """attrs["ray_<snake>"] for each field not taken (nor `also`) that holds a non-default
     value, so fields Ray adds in later versions are kept without code here."""
-    extra = obj.keys() - (taken.camel if k.camel else taken.snake)
-    extra.discard(also)
-    if not extra:
+    if obj.keys() <= taken.wire(k, also):
         return {}
     out = {}
-    for key in sorted(extra):
+    for key, name in extra_names(obj, k, taken, also):
         value = obj[key]
         if value and value != "0":  # int64 zero prints as "0"
-            out[_attr_name(key)] = value if type(value) is str else text(value)
+            out[name] = value if type(value) is str else text(value)
     return out
+
+
+# (taken, casing, also, the object's keys in order) -> (wire key, attr name) of the extras,
+# sorted by wire key: every event of one type and Ray version has the same keys.
+_EXTRA_NAMES: dict[tuple[Any, ...], tuple[tuple[str, str], ...]] = {}
+
+
+def extra_names(obj: dict[str, Any], k: Keys, taken: Taken,
+                also: str) -> tuple[tuple[str, str], ...]:
+    shape = (taken, k.camel, also, tuple(obj))
+    names = _EXTRA_NAMES.get(shape)
+    if names is None:
+        names = tuple((key, _attr_name(key)) for key in sorted(obj.keys() - taken.wire(k, also)))
+        if len(_EXTRA_NAMES) >= 4096:  # odd producers (fuzzers) make new shapes
+            _EXTRA_NAMES.clear()
+        _EXTRA_NAMES[shape] = names
+    return names
 
 
 def _attr_name(key: str) -> str:
@@ -90,14 +117,14 @@ def text(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
-_HEX: dict[str, str] = {}  # job, node, worker and task ids repeat across a batch
+HEX_CACHE: dict[str, str] = {}  # job, node, worker and task ids repeat across a batch
 
 
 def b64_hex(value: Any, field: str, cache: bool = True) -> str | None:
     """A base64 id as hex; None when empty. Set cache=False for ids that never repeat."""
     if not value:
         return None
-    found = _HEX.get(value) if cache else None
+    found = HEX_CACHE.get(value) if cache else None
     if found is not None:
         return found
     if not isinstance(value, str):
@@ -107,9 +134,9 @@ def b64_hex(value: Any, field: str, cache: bool = True) -> str | None:
     except binascii.Error as exc:
         raise RayValueError(f"{field} is not base64 ({exc}): {value[:60]!r}") from None
     if cache:
-        if len(_HEX) >= 1 << 16:
-            _HEX.clear()
-        _HEX[value] = found
+        if len(HEX_CACHE) >= 1 << 16:
+            HEX_CACHE.clear()
+        HEX_CACHE[value] = found
     return found
 
 
@@ -123,6 +150,11 @@ _SECONDS: dict[str, int] = {}
 
 def time_ns(value: Any, field: str) -> int:
     """RFC 3339 -> integer ns. The whole-second part is cached: a batch spans few seconds."""
+    if type(value) is str and len(value) == 30 and value[29] == "Z" and value[19] == ".":
+        seconds = _SECONDS.get(value[:19])  # Ray's own shape: nine digits, UTC
+        fraction = value[20:29]
+        if seconds is not None and fraction.isdigit():
+            return seconds + int(fraction)
     if not isinstance(value, str):
         raise RayValueError(f"{field} must be an RFC 3339 string, got {type(value).__name__}")
     try:
@@ -148,14 +180,24 @@ def to_int(value: Any, field: str) -> int:
     raise RayValueError(f"{field} must be an integer, got {value!r:.40}")
 
 
+_ENVS: dict[str, str | None] = {}  # the tasks of one job share their runtime env
+
+
 def runtime_env(serialized: Any) -> str | None:
     """A serialized runtime env with secret-looking env_vars values redacted."""
     if not serialized or serialized == "{}":
         return None
+    if type(serialized) is str and serialized in _ENVS:
+        return _ENVS[serialized]
     try:
         env = orjson.loads(serialized)
     except orjson.JSONDecodeError:
         return "[unreadable runtime env]"
     if isinstance(env, dict) and isinstance(env.get("env_vars"), dict):
         env["env_vars"] = redact_environment({str(a): str(b) for a, b in env["env_vars"].items()})
-    return text(env)
+    found = text(env)
+    if type(serialized) is str:
+        if len(_ENVS) >= 256:
+            _ENVS.clear()
+        _ENVS[serialized] = found
+    return found

@@ -1,7 +1,9 @@
 """Ray Event Export ingest: 1000-event POST bodies (the Ray >= 2.56 batch size, ~0.9 MB)
-through parse, dedupe, mapping and Arrow conversion on one core, stage by stage side by
-side; then, with --start-agent or --url, POSTed to a running agent's /ray/events one at a
-time (as Ray sends them) for the end-to-end latency.
+on one core, stage by stage side by side: the reference path (parse, dedupe, map to row
+dicts, `normalize.rows_to_batch`) and the agent's columnar path (`ray_batch`), with the
+wall rate and the CPU time per Ray event; then, with --start-agent or --url, POSTed to a
+running agent's /ray/events one at a time (as Ray sends them) for the answer's latency,
+and with --start-agent the agent process's own CPU time per Ray event.
 
 Bodies are built from the captured Ray 2.60 shapes in tests/fixtures/ray with fresh ids
 and times: per task a TASK_DEFINITION_EVENT, the owner's lifecycle event (4 transitions)
@@ -30,12 +32,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import pyarrow as pa  # noqa: E402
-
 from aggregator.normalize import Stamp, rows_to_batch  # noqa: E402
+from aggregator.ray_batch import ray_body_to_batch  # noqa: E402
 from aggregator.ray_events import RecentEventIds, parse_ray_body, ray_events_to_rows  # noqa: E402
-from emitters.fields import EVENT_FIELDS  # noqa: E402
-from sinks.schema import EVENT_SCHEMA  # noqa: E402
+from sinks.schema import batch_to_bytes  # noqa: E402
 
 SAMPLE = REPO / "tests" / "fixtures" / "ray" / "02_excerpt_task_lifecycle_normal_and_failed.json"
 
@@ -45,8 +45,15 @@ def _b64(raw: bytes) -> str:
 
 
 def _stamp(ns: int) -> str:
+    """As protobuf prints a Timestamp: 0, 3, 6 or 9 fraction digits."""
     seconds, nanos = divmod(ns, 1_000_000_000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{nanos:09d}Z"
+    whole = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+    if nanos == 0:
+        return whole + "Z"
+    fraction = f".{nanos:09d}"
+    while fraction.endswith("000"):
+        fraction = fraction[:-3]
+    return whole + fraction + "Z"
 
 
 class BodyMaker:
@@ -109,23 +116,26 @@ def bench_stages(bodies: list[bytes], events: int, seconds: float) -> None:
     def mapped(body: bytes) -> Any:
         return ray_events_to_rows(dedupe(body))
 
-    def full(body: bytes) -> Any:
+    def reference(body: bytes) -> Any:
         rows, _ = mapped(body)
-        return rows_to_batch(rows, stamp)
+        return batch_to_bytes(rows_to_batch(rows, stamp).batch)
 
-    def direct(body: bytes) -> Any:
-        rows, _ = mapped(body)
-        return direct_batch(rows, stamp)
+    def columnar(body: bytes) -> Any:
+        result = ray_body_to_batch(body, recent, stamp)
+        recent.confirm(result.fresh_ids)
+        return batch_to_bytes(result.batch)
 
-    rows_per_body = len(ray_events_to_rows(parse_ray_body(bodies[0]))[0])
+    first = ray_body_to_batch(bodies[0], RecentEventIds(), stamp)
     size_kb = sum(map(len, bodies)) / len(bodies) / 1024
-    print(f"bodies: {events} Ray events, {rows_per_body} rows, {size_kb:,.0f} KiB each; "
-          f"one core, {seconds:.0f} s per stage")
+    print(f"bodies: {events} Ray events, {first.batch.num_rows} rows, {size_kb:,.0f} KiB "
+          f"each ({first.careful} events on the careful path); one core, {seconds:.0f} s "
+          "per stage")
     for name, stage in (("parse (orjson)", parse), ("+ dedupe", dedupe),
-                        ("+ map to rows", mapped), ("+ rows_to_batch", full),
-                        ("+ direct Arrow *", direct)):
+                        ("+ map to rows", mapped), ("+ rows_to_batch", reference),
+                        ("columnar (agent)", columnar)):
         recent = RecentEventIds()
         latencies: list[float] = []
+        cpu = time.process_time()
         deadline = time.perf_counter() + seconds
         index = 0
         while time.perf_counter() < deadline or len(latencies) < 5:
@@ -134,34 +144,26 @@ def bench_stages(bodies: list[bytes], events: int, seconds: float) -> None:
                 recent = RecentEventIds()  # the same bodies again: not duplicates here
             latencies.append(_timed(functools.partial(stage, body)))
             index += 1
-        _report(name, latencies, events)
-    print("  * a prototype, not the agent's path: rows straight into Arrow columns, trusting\n"
-          "    the mapper's types instead of normalize.rows_to_batch's per-field checks")
+        cpu_us = (time.process_time() - cpu) / (len(latencies) * events) * 1e6
+        _report(name, latencies, events, f"  cpu {cpu_us:5.2f} us/event")
+    print("  (+ rows_to_batch and columnar include the Arrow IPC bytes the spool stores)")
 
 
-def direct_batch(rows: list[dict[str, Any]], stamp: Stamp) -> pa.RecordBatch:
-    columns = {name: [row.get(name) for row in rows] for name in EVENT_FIELDS}
-    count = len(rows)
-    columns["pid"], columns["uid"] = [stamp.pid] * count, [stamp.uid] * count
-    columns["received"] = [stamp.received_ns] * count
-    columns["host"] = [stamp.host or None] * count
-    columns["attrs"] = [list(a.items()) if a else None for a in columns["attrs"]]
-    return pa.RecordBatch.from_pydict(columns, schema=EVENT_SCHEMA)
-
-
-def _report(name: str, latencies: list[float], events: int) -> None:
+def _report(name: str, latencies: list[float], events: int, extra: str = "") -> None:
     total = sum(latencies)
     p50 = statistics.median(latencies) * 1e3
     p99 = statistics.quantiles(latencies, n=100)[98] * 1e3 if len(latencies) >= 100 \
         else max(latencies) * 1e3
     print(f"  {name:<18} {len(latencies) / total:>8,.1f} batches/s "
           f"{len(latencies) * events / total:>10,.0f} Ray events/s  "
-          f"p50 {p50:>6.2f} ms  p99 {p99:>6.2f} ms")
+          f"p50 {p50:>6.2f} ms  p99 {p99:>6.2f} ms{extra}")
 
 
-def bench_post(url: str, maker: BodyMaker, events: int, seconds: float) -> None:
+def bench_post(url: str, maker: BodyMaker, events: int, seconds: float,
+               agent_cpu: Callable[[], float] | None = None) -> None:
     bodies = [maker.body(events) for _ in range(max(8, int(seconds * 20)))]
     latencies: list[float] = []
+    cpu = agent_cpu() if agent_cpu else 0.0
     for body in bodies:
         request = urllib.request.Request(url, data=body, method="POST",
                                          headers={"Content-Type": "application/json"})
@@ -169,7 +171,11 @@ def bench_post(url: str, maker: BodyMaker, events: int, seconds: float) -> None:
         with urllib.request.urlopen(request, timeout=30) as answer:
             answer.read()
         latencies.append(time.perf_counter() - start)
-    _report("POST to agent", latencies, events)
+    extra = ""
+    if agent_cpu:  # all of the agent's threads, its Parquet sink's work included
+        cpu_us = (agent_cpu() - cpu) / (len(bodies) * events) * 1e6
+        extra = f"  agent cpu {cpu_us:5.2f} us/event"
+    _report("POST to agent", latencies, events, extra)
     resend = bodies[-1]
     request = urllib.request.Request(url, data=resend, method="POST",
                                      headers={"Content-Type": "application/json"})
@@ -177,6 +183,19 @@ def bench_post(url: str, maker: BodyMaker, events: int, seconds: float) -> None:
     with urllib.request.urlopen(request, timeout=30) as answer:
         answer.read()
     print(f"  {'resent body':<18} {(time.perf_counter() - start) * 1e3:>6.2f} ms (all duplicates)")
+
+
+def process_cpu(pid: int) -> Callable[[], float] | None:
+    """CPU seconds (user + system) of a process, from Linux's /proc; None elsewhere."""
+    stat = Path(f"/proc/{pid}/stat")
+    if not stat.exists():
+        return None
+
+    def seconds() -> float:
+        fields = stat.read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    return seconds
 
 
 def main() -> None:
@@ -194,8 +213,10 @@ def main() -> None:
 
         with tempfile.TemporaryDirectory(prefix="evagg-bench-") as workdir:
             agent = AgentProcess(Path(workdir)).start()
+            assert agent.proc is not None
             try:
-                bench_post(f"{agent.http_url}/ray/events", maker, args.events, args.seconds)
+                bench_post(f"{agent.http_url}/ray/events", maker, args.events, args.seconds,
+                           process_cpu(agent.proc.pid))
             finally:
                 agent.stop()
     elif args.url:

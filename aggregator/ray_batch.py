@@ -1,0 +1,96 @@
+"""One POST body of Ray's Event Export -> one EVENT_SCHEMA batch, in one pass.
+
+The /ray/events route runs `ray_body_to_batch` in a worker thread: parse (orjson), drop
+the events Ray resends (`RecentEventIds`), map each event to row tuples and build the
+Arrow columns directly (`ray_columns`). Task definition and lifecycle events, nearly all
+of the traffic, take the fast path (`ray_fast`); every other event, and any task event
+the fast path declines, takes the careful path (`ray_events.careful_rows`, then
+`normalize.normalize_event`), which also names the reason for each event or row it
+refuses. Both paths give the same rows for the same event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from aggregator.normalize import EventError, Normalized, Stamp, normalize_event
+from aggregator.ray_columns import (
+    RowTuple,
+    TimeTextError,
+    row_of_event,
+    rows_to_record_batch,
+)
+from aggregator.ray_dedupe import RecentEventIds
+from aggregator.ray_events import RayValueError, careful_rows, parse_ray_body
+from aggregator.ray_fast import fast_rows
+
+# What the fast path may raise for an event it cannot take; the careful path then decides.
+_DECLINED = (ValueError, TypeError, AttributeError, KeyError, IndexError)
+
+
+@dataclass(slots=True)
+class RayBatch:
+    """The rows of one body's new events, and what to remember once they are spooled."""
+
+    normalized: Normalized
+    fresh_ids: list[str]  # eventIds to `RecentEventIds.confirm` after the spool write
+    duplicates: int  # events dropped as resent
+    careful: int = 0  # events that took the careful path
+    times_one_by_one: bool = False  # a time text the bulk cast does not take was there
+
+    @property
+    def batch(self) -> pa.RecordBatch:
+        return self.normalized.batch
+
+
+def ray_body_to_batch(body: bytes, recent: RecentEventIds, stamp: Stamp) -> RayBatch:
+    """Raises RayBodyError when the body is not a JSON array of objects (nothing of it is
+    to be stored); otherwise rejects only the events (or rows) it cannot read, by their
+    index in the body."""
+    items = parse_ray_body(body)
+    fresh, fresh_ids = recent.split_new(items)
+    result = ray_items_to_batch([(index, items[index]) for index in fresh], stamp)
+    result.fresh_ids = fresh_ids
+    result.duplicates = len(items) - len(fresh)
+    return result
+
+
+def ray_items_to_batch(items: list[tuple[int, Any]], stamp: Stamp) -> RayBatch:
+    """(index, Ray event) pairs -> one batch; rejections are named by those indexes."""
+    try:
+        return _map_items(items, stamp, eager=False)
+    except TimeTextError:  # a time the bulk cast does not take: convert them one by one
+        result = _map_items(items, stamp, eager=True)
+        result.times_one_by_one = True
+        return result
+
+
+def _map_items(items: list[tuple[int, Any]], stamp: Stamp, eager: bool) -> RayBatch:
+    rows: list[RowTuple] = []
+    rejected: list[tuple[int, str]] = []
+    careful = 0
+    for index, item in items:
+        try:
+            rows += fast_rows(item, stamp, eager)
+        except _DECLINED:
+            careful += 1
+            _careful(index, item, stamp, rows, rejected)
+    normalized = Normalized(rows_to_record_batch(rows, stamp), rejected)
+    return RayBatch(normalized, [], 0, careful)
+
+
+def _careful(index: int, item: Any, stamp: Stamp, rows: list[RowTuple],
+             rejected: list[tuple[int, str]]) -> None:
+    try:
+        mapped = careful_rows(item)
+    except RayValueError as exc:
+        rejected.append((index, str(exc)))
+        return
+    for row in mapped:
+        try:
+            rows.append(row_of_event(normalize_event(row, stamp)))
+        except EventError as exc:  # one row of the event; its other rows are kept
+            rejected.append((index, str(exc)))

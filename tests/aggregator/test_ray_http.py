@@ -1,0 +1,81 @@
+"""POST /ray/events on a real agent: what lands in the lake is the reference mapping of the
+body, a resent body stores nothing, a malformed body gets a 400 and nothing of it is
+spooled, and an unreadable event is named by its place in the body.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from aggregator.ray_events import ray_events_to_rows
+from tests.agentproc import AgentProcess
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ray"
+
+
+def load(name: str) -> list[dict[str, Any]]:
+    data = json.loads((FIXTURES / name).read_text())
+    return data["events"] if isinstance(data, dict) else data
+
+
+def post(agent: AgentProcess, body: bytes) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(f"{agent.http_url}/ray/events", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return int(answer.status), json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return int(error.code), json.loads(error.read())
+
+
+def test_a_body_lands_as_the_reference_rows_and_a_resend_stores_nothing(
+        agent: AgentProcess) -> None:
+    items = [e for name in ("02_excerpt_task_lifecycle_normal_and_failed.json",
+                            "03_body_gcs_actor_and_worker_events_camelCase.json")
+             for e in load(name)]
+    body = json.dumps(items).encode()
+    rows, rejected = ray_events_to_rows(items)
+    assert rejected == []
+    status, answer = post(agent, body)
+    assert (status, answer["accepted"], answer["rejected"]) == (200, len(rows), 0)
+    status, answer = post(agent, body)  # Ray's resend after a slow answer
+    assert (status, answer["accepted"], answer["rejected"]) == (200, 0, 0)
+    assert agent.metric('evagg_duplicate_frames_total{route="ray"}') == len(items)
+    stored = agent.wait_rows("SELECT event_id, state, task_id, node_id, attrs['ray_state'] "
+                             "FROM events ORDER BY event_id", len(rows))
+    assert len(stored) == len(rows)  # nothing twice
+    expected = sorted((r["event_id"], r.get("state"), r.get("task_id"),
+                       r.get("node_id") or "test-node", r["attrs"].get("ray_state"))
+                      for r in rows)
+    assert sorted(stored) == expected
+
+
+def test_a_malformed_body_gets_a_400_and_nothing_of_it_is_spooled(agent: AgentProcess) -> None:
+    good = load("02_excerpt_task_lifecycle_normal_and_failed.json")
+    received = agent.metric("evagg_received_events_total")
+    for body, reason in ((json.dumps(good).encode()[:-20], "not valid JSON"),
+                         (json.dumps([*good, 7]).encode(), "event 6 must be a JSON object"),
+                         (json.dumps({"events": good}).encode(), "must be a JSON array")):
+        status, answer = post(agent, body)
+        assert status == 400 and reason in answer["error"], answer
+    assert agent.metric("evagg_received_events_total") == received
+    assert agent.metric('evagg_bad_input_total{reason="malformed",route="/ray/events"}') == 3
+    status, answer = post(agent, json.dumps(good).encode())  # none of them was remembered
+    assert (status, answer["accepted"]) == (200, len(ray_events_to_rows(good)[0]))
+
+
+def test_unreadable_events_are_named_by_their_place_and_the_rest_is_kept(
+        agent: AgentProcess) -> None:
+    items = load("02_excerpt_task_lifecycle_normal_and_failed.json")
+    items[4]["taskDefinitionEvent"]["taskId"] = "not base64!"
+    items[3]["taskLifecycleEvent"]["stateTransitions"][0]["timestamp"] = "1960-01-01T00:00:00Z"
+    status, answer = post(agent, json.dumps([items[0], *items]).encode())  # 0 twice
+    rows, rejected = ray_events_to_rows(items)  # the definition is refused, one row later
+    assert len(rejected) == 1
+    assert (status, answer["accepted"], answer["rejected"]) == (200, len(rows) - 1, 2)
+    assert answer["errors"][0].startswith("event 4: field 'time' is out of range")
+    assert answer["errors"][1].startswith("event 5: TASK_DEFINITION_EVENT: taskId is not base64")
