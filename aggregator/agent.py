@@ -24,7 +24,7 @@ from aggregator import systemd
 from aggregator.config import AgentConfig, ConfigError, SinkConfig, load_config
 from aggregator.http_api import HttpApi
 from aggregator.ingest import Ingestor, SpoolUnavailable
-from aggregator.memory import return_freed_memory
+from aggregator.memory import calm_garbage_collector, return_freed_memory
 from aggregator.metrics import AgentMetrics
 from aggregator.red_metrics import RedMetrics
 from aggregator.sink_set import SinkSet, build_sinks
@@ -286,5 +286,7 @@ def _version() -> str:
 
 def run_agent(config: AgentConfig, exit_when_unused: Path | None = None,
               overrides: Mapping[str, Any] | None = None) -> int:
-    return asyncio.run(Agent(config, exit_when_unused, overrides).run())
+    agent = Agent(config, exit_when_unused, overrides)
+    calm_garbage_collector()
+    return asyncio.run(agent.run())
 

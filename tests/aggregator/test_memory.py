@@ -49,3 +49,10 @@ def test_the_preference_is_set_only_before_pyarrow_loads() -> None:
     after = _child("import os, pyarrow; from aggregator.memory import prefer_returning_pool "
                    "as p; p(); print(os.environ.get('ARROW_DEFAULT_MEMORY_POOL'))")
     assert (before, after) == ("jemalloc", "None")
+
+
+def test_start_up_objects_are_frozen_and_young_collections_are_rare() -> None:
+    shown = _child("import gc; from aggregator.memory import calm_garbage_collector as c, "
+                   "GC_YOUNG_THRESHOLD as t; c(); "
+                   "print(gc.get_freeze_count() > 1000, gc.get_threshold()[0] == t)")
+    assert shown == "True True"
