@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import logging
 import os
 import sys
@@ -17,10 +18,11 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from emitters.events import ContextChange, text
+from emitters.events import BUILT, ContextChange, text
 from emitters.ledger import FlushWaiter
 from emitters.ops import Op
 from emitters.sender import Sender, Settings
@@ -28,6 +30,9 @@ from emitters.sender import Sender, Settings
 log = logging.getLogger("evagg.emitter")
 
 _time_ns = time.time_ns
+_ZEROS = itertools.repeat(0)
+_BUILTS = itertools.repeat(BUILT)
+_WAKE_BATCH = 64
 _SETTINGS = ("flush_interval", "max_buffer_bytes", "max_frame_bytes", "ack_timeout")
 _LIVE: weakref.WeakSet[Emitter] = weakref.WeakSet()
 
@@ -78,6 +83,25 @@ class Emitter:
     def op(self, name: str, /, step: int | None = None, **fields: Any) -> Op:
         """`with emitter.op("train_step", step=i) as op: op.metric(loss=l)`."""
         return Op(self, name, step, fields)
+
+    def enqueue_built(self, events: Sequence[dict[str, Any]]) -> None:
+        """Queue events that evagg's own integrations built finished (emitters.otel_fast),
+        past emit()'s per-field checks: each must be what the sender would make of its
+        fields (typed columns, text attrs, an event_id); the sender adds the context.
+        Never raises, never blocks; what does not fit the queue is dropped and counted."""
+        pending = self._pending
+        n = len(pending)
+        room = max(0, self._max_pending - n)
+        if len(events) > room:
+            self._overflow += len(events) - room
+            events = events[:room]
+        if events:
+            pending.extend(zip(_ZEROS, _BUILTS, events, strict=False))  # tuples made in C
+            # A batch worth a frame of its own wakes the sender now, while its events are
+            # warm in the CPU's caches (and before the garbage collector walks them).
+            wake = len(events) >= _WAKE_BATCH or n <= self._wake_at < n + len(events)
+            if wake or not self._running:
+                self._poke(self._wake_at if wake else -1)
 
     def _put(self, item: tuple[Any, ...]) -> None:
         pending = self._pending

@@ -1,0 +1,163 @@
+"""The `span` event row: one mapping from span fields to evagg columns for every span path.
+
+`span_event` serves the agent's OTLP decoder and the socket exporter's generic path
+(`readable_span_event`), so both store identical rows; `emitters.otel_fast` builds the
+same rows faster for the common SDK spans and leans on the helpers here for the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import orjson
+
+RUN_ID_KEYS = ("evagg.run_id", "run_id")
+JOB_ID_KEYS = ("evagg.job_id", "job_id", "ray.job_id")
+STEP_KEYS = ("evagg.step", "step")
+EXCEPTION_EVENT = "exception"
+SPECIAL_KEYS = frozenset((*RUN_ID_KEYS, *JOB_ID_KEYS, *STEP_KEYS, "error.type"))
+NOTHING: Mapping[str, Any] = {}
+VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}  # UUID variant digit
+
+
+def attr_text(value: Any) -> str:
+    """An attribute value as the text evagg stores (both span paths use this rule)."""
+    kind = type(value)
+    if kind is str:
+        return value  # type: ignore[no-any-return]
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is int:
+        return str(value)
+    if kind is float:
+        return repr(value)
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def resource_text(attributes: Mapping[str, Any]) -> dict[str, str]:
+    """Resource attributes as attrs text, less the SDK's constant telemetry.sdk.* labels."""
+    return {k: attr_text(v) for k, v in attributes.items()
+            if v is not None and not k.startswith("telemetry.sdk.")}
+
+
+def span_event_id(trace_id: str, span_id: str, start_ns: int) -> str:
+    """A UUIDv7-shaped id fixed by the span, so a resent span dedupes on `event_id`.
+
+    Its 74 random bits are the trace id's last 12 (random by W3C rule) and 62 of the span
+    id's; a hash would cost twice as much per span.
+    """
+    h = f"{max(start_ns, 0) // 1_000_000:012x}"
+    return f"{h[:8]}-{h[8:12]}-7{trace_id[-3:]}-{VARIANT[span_id[0]]}{span_id[1:4]}-{span_id[4:]}"
+
+
+def span_event(
+    *, name: str, trace_id: str, span_id: str, parent_span_id: str | None, start_ns: int,
+    end_ns: int, failed: bool, status_message: str, span_kind: str, scope: str,
+    attributes: Mapping[str, Any], resource: Mapping[str, str],
+    exception: Mapping[str, Any] | None = None, links: Iterable[str] = (),
+) -> dict[str, Any]:
+    """One evagg `span` event row from plain span fields (ids as lower-case hex; the
+    resource already as text, see `resource_text`)."""
+    attrs = dict(resource)
+    for key, value in attributes.items():
+        if value is not None:
+            attrs[key] = value if type(value) is str else attr_text(value)
+    if span_kind != "INTERNAL":  # the default; an export without it reads as INTERNAL
+        attrs["otel.span_kind"] = span_kind
+    if scope:
+        attrs["otel.scope"] = scope
+    link_list = list(links)
+    if link_list:
+        attrs["otel.links"] = attr_text(link_list)
+    row: dict[str, Any] = {
+        "event_id": span_event_id(trace_id, span_id, start_ns), "kind": "span",
+        "source": "otel", "name": name, "state": "FAILED" if failed else "FINISHED",
+        "trace_id": trace_id, "span_id": span_id, "attrs": attrs,
+    }
+    if start_ns > 0:
+        row["time"] = start_ns
+        if end_ns >= start_ns:
+            row["duration_s"] = (end_ns - start_ns) / 1e9
+    if parent_span_id:
+        row["parent_span_id"] = parent_span_id
+    # Most spans carry none of the special keys: look them up only when some are there.
+    special = attributes if not SPECIAL_KEYS.isdisjoint(attributes) else NOTHING
+    add_special_columns(row, special, resource)
+    if failed or exception:
+        add_error(row, failed, status_message, special, exception or {})
+    return row
+
+
+def add_special_columns(row: dict[str, Any], special: Mapping[str, Any],
+                        resource: Mapping[str, str]) -> None:
+    """run_id and job_id from the attributes, else the resource; step from the attributes."""
+    for column, keys in (("run_id", RUN_ID_KEYS), ("job_id", JOB_ID_KEYS)):
+        value = _first(keys, special, resource)
+        if value is not None:
+            row[column] = attr_text(value)
+    step = _first(STEP_KEYS, special)
+    if type(step) is int:
+        row["step"] = step
+
+
+def _first(keys: tuple[str, ...], *sources: Mapping[str, Any]) -> Any:
+    for source in sources:
+        for key in keys:
+            value = source.get(key)
+            if value is not None and value != "":
+                return value
+    return None
+
+
+def add_error(row: dict[str, Any], failed: bool, status_message: str,
+              attributes: Mapping[str, Any], exc: Mapping[str, Any]) -> None:
+    fields = {
+        "error_type": exc.get("exception.type") or attributes.get("error.type"),
+        "error_message": status_message if failed and status_message
+        else exc.get("exception.message"),
+        "stack_trace": exc.get("exception.stacktrace"),
+    }
+    row.update((k, attr_text(v)) for k, v in fields.items() if v)
+
+
+def link_texts(links: Iterable[Any]) -> list[str]:
+    """OTel Links as "<trace id>-<span id>" hex."""
+    return [f"{link.context.trace_id:032x}-{link.context.span_id:016x}" for link in links]
+
+
+def readable_span_event(span: Any, resource: Mapping[str, str]) -> dict[str, Any]:
+    """The event row of a finished OTel SDK ReadableSpan (any span-like object)."""
+    # The public properties copy (events, links) or wrap (attributes) on every access;
+    # read the fields they wrap where present.
+    events = getattr(span, "_events", None)
+    links = getattr(span, "_links", None)
+    attributes = getattr(span, "_attributes", _MISSING)
+    exception = None
+    for event in span.events if events is None else events:
+        if event.name == EXCEPTION_EVENT:
+            exception = event.attributes
+    parent = span.parent
+    scope = span.instrumentation_scope
+    start = span.start_time or 0
+    context = span.context
+    return span_event(
+        name=span.name,
+        trace_id=f"{context.trace_id:032x}",
+        span_id=f"{context.span_id:016x}",
+        parent_span_id=f"{parent.span_id:016x}" if parent is not None else None,
+        start_ns=start,
+        end_ns=span.end_time or start,
+        failed=span.status.status_code.value == STATUS_ERROR,
+        status_message=span.status.description or "",
+        span_kind=span.kind.name,
+        scope=scope.name if scope is not None else "",
+        attributes=dict(span.attributes if attributes is _MISSING else attributes or {}),
+        resource=resource,
+        exception=exception,
+        links=link_texts(span.links if links is None else links),
+    )
+
+
+_MISSING: Any = object()
+STATUS_ERROR = 2  # opentelemetry.trace.StatusCode.ERROR
