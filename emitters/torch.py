@@ -75,7 +75,8 @@ class TrainingTracker:
         self.errors: Counter[str] = Counter()
         self.dropped_steps = 0
         self._ids = {k: v for k, v in (("run_id", run_id), ("job_id", job_id)) if v}
-        self._cuda = _on_cuda(model)
+        self._device = _cuda_device(model)  # the model's GPU: maybe not the current one
+        self._cuda = self._device is not None
         self._pending: deque[_Step] = deque()
         self._max_pending = max_pending_steps
         self._step = _Step(start_step, self._mark())
@@ -96,7 +97,7 @@ class TrainingTracker:
             self._handles.append(optimizer.register_step_pre_hook(self._optimizer_pre))
             self._handles.append(optimizer.register_step_post_hook(self._optimizer_post))
         if self._cuda:
-            self._torch.cuda.reset_peak_memory_stats()
+            self._torch.cuda.reset_peak_memory_stats(self._device)
 
     # ---- public API -------------------------------------------------------------
 
@@ -126,6 +127,9 @@ class TrainingTracker:
         """End the last step, wait (bounded) for its CUDA work, emit all, remove the hooks."""
         self._guard(self._close_step)
         self._guard(self._drain, time.monotonic() + timeout_s)
+        if self._pending:  # their GPU work outlived the deadline: counted, not emitted
+            self.dropped_steps += len(self._pending)
+            self._pending.clear()
         for handle in self._handles:
             self._guard(handle.remove)
         self._handles.clear()
@@ -182,7 +186,7 @@ class TrainingTracker:
         if not self._cuda:
             return (time.time_ns(), None)
         event = self._torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(self._torch.cuda.current_stream(self._device))
         return (time.time_ns(), event)
 
     def _begin(self, phase: str) -> None:
@@ -200,7 +204,9 @@ class TrainingTracker:
     def _metric(self, name: str, value: Any) -> None:
         if isinstance(value, (int, float)):
             self._step.metrics[name] = float(value)
-        elif value.device.type == "cpu":
+        elif value.device.type == "cpu" or not self._cuda:
+            # Without a CUDA model there is no step-end event to wait on before reading a
+            # non-blocking copy, so a GPU metric here is read at once (a sync, but right).
             self._step.metrics[name] = float(value.detach().item())
         else:  # copied into pinned host memory; read once the step's end event is done
             self._step.deferred[name] = value.detach().to("cpu", non_blocking=True)
@@ -212,8 +218,8 @@ class TrainingTracker:
             return
         current.end = self._mark()
         if self._cuda:
-            current.peak_memory_bytes = int(self._torch.cuda.max_memory_allocated())
-            self._torch.cuda.reset_peak_memory_stats()
+            current.peak_memory_bytes = int(self._torch.cuda.max_memory_allocated(self._device))
+            self._torch.cuda.reset_peak_memory_stats(self._device)
         self._pending.append(current)
         if len(self._pending) > self._max_pending:
             self._pending.popleft()
@@ -247,12 +253,13 @@ class TrainingTracker:
                    metrics=metrics, nonfinite=nonfinite or None, **self._ids)
 
 
-def _on_cuda(model: Any) -> bool:
+def _cuda_device(model: Any) -> Any:
+    """The CUDA device of the model's first parameter, or None (CPU, or no model)."""
     if model is None:
-        return False
+        return None
     for parameter in model.parameters():
-        return bool(parameter.device.type == "cuda")
-    return False
+        return parameter.device if parameter.device.type == "cuda" else None
+    return None
 
 
 def _first_grad_tensor(output: Any) -> Any:
