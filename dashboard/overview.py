@@ -1,4 +1,10 @@
-"""The overview page's numbers: tasks by final state and events over time by kind."""
+"""The overview page's numbers: tasks by final state and events over time by kind.
+
+With the task fold, both read small tables kept as files are folded: `task_state_counts`
+and `event_timeline` (distinct events per second and kind). Every
+bucket width is a whole number of seconds, so summing seconds into buckets gives the
+same counts as bucketing each event's time.
+"""
 
 from __future__ import annotations
 
@@ -21,20 +27,30 @@ def bucket_width_s(first_us: int, last_us: int) -> int:
     return WIDTHS_S[-1]
 
 
+STATES_FROM_TASKS = "(SELECT final_state AS state, count(*) AS tasks FROM tasks GROUP BY 1)"
+SPAN_SQL = "SELECT epoch_us(min(time)) AS first, epoch_us(max(time)) AS last FROM events_raw"
+COUNTS_SQL = ("SELECT epoch_us(time) // $width_us AS bucket, kind, count(*) AS events "
+              "FROM events GROUP BY ALL ORDER BY bucket, kind")
+FOLDED_SPAN_SQL = "SELECT min(first_us) AS first, max(last_us) AS last FROM event_timeline"
+FOLDED_COUNTS_SQL = ("SELECT second // $width_s AS bucket, kind, "
+                     "CAST(sum(events) AS BIGINT) AS events FROM event_timeline "
+                     "GROUP BY ALL ORDER BY bucket, kind")
+
+
 def overview(store: Store) -> dict[str, Any]:
+    folded = store.fold is not None
     states = store.execute(
-        "SELECT final_state AS state, count(*) AS tasks FROM tasks GROUP BY 1 ORDER BY 2 DESC, 1")
-    span = store.execute("SELECT epoch_us(min(time)) AS first, epoch_us(max(time)) AS last "
-                         "FROM events_raw")
+        f"SELECT * FROM {'task_state_counts' if folded else STATES_FROM_TASKS} ORDER BY 2 DESC, 1",
+        views=not folded)
+    span = store.execute(FOLDED_SPAN_SQL, views=False) if folded else store.execute(SPAN_SQL)
     first, last = span.rows[0] if span.rows else (None, None)
     timeline: list[dict[str, Any]] = []
     kinds: dict[str, int] = {}
     width = 60
     if first is not None and last is not None:
         width = bucket_width_s(first, last)
-        counts = store.execute(
-            "SELECT epoch_us(time) // $width_us AS bucket, kind, count(*) AS events FROM events "
-            "GROUP BY ALL ORDER BY bucket, kind", {"width_us": width * 1_000_000})
+        counts = (store.execute(FOLDED_COUNTS_SQL, {"width_s": width}, views=False) if folded else
+                  store.execute(COUNTS_SQL, {"width_us": width * 1_000_000}))
         for bucket, kind, events in counts.rows:
             start = dt.datetime.fromtimestamp(bucket * width, tz=dt.UTC)
             timeline.append({"t": start.isoformat().replace("+00:00", "Z"),

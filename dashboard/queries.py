@@ -24,10 +24,9 @@ MAX_PAGE = 1000
 
 def summary(store: Store) -> Result:
     return store.execute(
-        "SELECT * FROM task_summary ORDER BY "
+        f"SELECT * FROM {store.summary_relation()} ORDER BY "
         "list_position(['all', 'state', 'name', 'error_type', 'job', 'node'], dimension), "
-        "tasks DESC, value"
-    )
+        "tasks DESC, value", views=store.fold is None)
 
 
 def aggregate(store: Store, by: str, limit: int = 200) -> Result:
@@ -48,7 +47,8 @@ def tasks(store: Store, flt: TaskFilter, *, sort: str | None = None, order: str 
     sql = (f"SELECT {shown}, count(*) OVER () AS _total FROM "
            f"(SELECT *, {TASK_TIME} AS task_time FROM tasks){where}"
            f"{task_order(sort, order, available)} LIMIT $limit OFFSET $offset")
-    result = store.execute(sql, {**params, "limit": limit, "offset": offset})
+    result = store.execute(sql, {**params, "limit": limit, "offset": offset},
+                           views=not store.fold_view("tasks"))
     total = result.rows[0][-1] if result.rows else _count(store, where, params, offset)
     page = result.without("_total")
     page.total = int(total)
@@ -58,7 +58,8 @@ def tasks(store: Store, flt: TaskFilter, *, sort: str | None = None, order: str 
 def _count(store: Store, where: str, params: dict[str, Any], offset: int) -> int:
     if offset == 0:
         return 0
-    found = store.execute(f"SELECT count(*) AS n FROM tasks{where}", params)
+    found = store.execute(f"SELECT count(*) AS n FROM tasks{where}", params,
+                          views=not store.fold_view("tasks"))
     return int(found.rows[0][0])
 
 

@@ -35,6 +35,22 @@ def default_data() -> str:
     return os.environ.get("EVAGG_DATA") or str(user_data_dir())
 
 
+def add_cache_flags(parser: argparse.ArgumentParser, default: Any) -> None:
+    parser.add_argument("--cache", metavar="DIR", default=default,
+                        help="where the folded task table is kept (default: $EVAGG_CACHE_DIR, "
+                             "else $XDG_CACHE_HOME/evagg, else ~/.cache/evagg)")
+    parser.add_argument("--no-cache", dest="no_cache", action="store_const", const=True,
+                        default=default, help="fold tasks in memory; write no cache file")
+
+
+def cache_dir(args: argparse.Namespace) -> str | None:
+    from dashboard.fold import default_cache_dir
+
+    if getattr(args, "no_cache", None):
+        return None
+    return str(getattr(args, "cache", None) or default_cache_dir())
+
+
 def _store_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
     # The flags work before and after the subcommand; SUPPRESS keeps a subcommand's
     # unset copy from overwriting a value given before it.
@@ -46,6 +62,7 @@ def _store_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
     parser.add_argument("--region", default=default, help="S3 region")
     parser.add_argument("--engine", choices=ENGINES, default=default,
                         help="how to read S3: httpfs, pyarrow, or auto (httpfs, else pyarrow)")
+    add_cache_flags(parser, default)
     shape = parser.add_mutually_exclusive_group()
     shape.add_argument("--json", dest="fmt", action="store_const", const="json", default=default)
     shape.add_argument("--csv", dest="fmt", action="store_const", const="csv", default=default)
@@ -109,7 +126,7 @@ def run_query(args: argparse.Namespace) -> int:
     try:
         options = StoreOptions(location=args.data or default_data(),
                                endpoint_url=args.endpoint_url, region=args.region,
-                               engine=args.engine or "auto")
+                               engine=args.engine or "auto", cache_dir=cache_dir(args))
         store = Store(options)
         try:
             result = func(store, args)

@@ -48,7 +48,9 @@ class QueryRunner:
             raise
 
     async def refresh(self) -> Listing:
-        listing: Listing = await self.run(self.store.refresh)
+        """The listing (its fingerprint is the version); folds new files, and leaves the
+        views over the files to the first query that needs them."""
+        listing: Listing = await self.run(lambda: self.store.refresh(views=False))
         return listing
 
     async def cached(self, path: str, params: dict[str, str], compute: Callable[[], Any]) -> Any:

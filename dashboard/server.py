@@ -37,6 +37,9 @@ def add_dashboard_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--region", help="S3 region")
     parser.add_argument("--engine", choices=ENGINES, default="auto",
                         help="how to read S3: httpfs, pyarrow, or auto (httpfs, else pyarrow)")
+    from dashboard.query import add_cache_flags
+
+    add_cache_flags(parser, None)
     parser.add_argument("--refresh", type=float, default=5.0, metavar="SECONDS",
                         help="how often to look for new files (default 5)")
     parser.add_argument("--query-timeout", type=float, default=60.0, metavar="SECONDS",
@@ -46,15 +49,16 @@ def add_dashboard_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def open_store(args: argparse.Namespace) -> Store:
-    from dashboard.query import default_data
+    from dashboard.query import cache_dir, default_data
 
     if args.refresh < 0 or args.query_timeout <= 0:
         raise BadInput("--refresh must be >= 0 and --query-timeout > 0")
     options = StoreOptions(location=args.data or default_data(), endpoint_url=args.endpoint_url,
-                           region=args.region, engine=args.engine, refresh_s=args.refresh)
+                           region=args.region, engine=args.engine, refresh_s=args.refresh,
+                           cache_dir=cache_dir(args))
     store = Store(options)
     try:
-        store.refresh()
+        store.refresh(views=False)  # folds new files; the views wait for a page that needs them
     except NoData as exc:  # start anyway: the pages say so and pick files up when they come
         log.warning("%s", exc.message)
     except DashboardError:

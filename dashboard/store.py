@@ -5,6 +5,8 @@ The store lists its Parquet files (at most every `refresh_s` seconds), builds th
 changed, so new files appear without a restart and one connection serves every query.
 Engines: "local" (DuckDB reads the files), "httpfs" (DuckDB reads s3:// itself) and
 "pyarrow" (pyarrow's filesystem and dataset, registered in DuckDB; the S3 fallback).
+With `fold` on (the default), `tasks` reads the incrementally folded task table of
+dashboard/fold.py instead of folding every task event on every query.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import duckdb
 from dashboard import views
 from dashboard.cancel import current_token
 from dashboard.errors import BadInput, NoData, NotFound, QueryFailed, StoreUnavailable
-from dashboard.listing import Listing, list_local, list_s3
+from dashboard.fold import Cover, TaskFold, parse_covers
+from dashboard.listing import FileEntry, Listing, list_local, list_s3
 from dashboard.results import Result, from_arrow
 from dashboard.s3 import S3Location, S3Settings, load_httpfs, pyarrow_filesystem, sql_literal
 from dashboard.sources import arrow_dataset, parquet_source
@@ -30,6 +33,8 @@ from dashboard.sources import arrow_dataset, parquet_source
 log = logging.getLogger(__name__)
 ENGINES = ("auto", "httpfs", "pyarrow")
 DATASET_NAME = "evagg_dataset"
+BATCH_DATASET = "evagg_fold_batch"
+FOLD_VIEWS = ("tasks", "event_timeline", "task_state_counts")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +44,8 @@ class StoreOptions:
     region: str | None = None
     engine: str = "auto"  # auto: DuckDB itself (httpfs for S3), pyarrow when httpfs fails
     refresh_s: float = 5.0
+    fold: bool = True  # tasks from the incremental fold; False: tasks.sql over every event
+    cache_dir: str | None = None  # where the fold's cache file lives; None: memory only
 
 
 class Store:
@@ -52,6 +59,7 @@ class Store:
         self._listing: Listing | None = None
         self._listed_at = float("-inf")
         self._built_for: str | None = None
+        self._synced_for: str | None = None
         self._dataset: Any = None
         self._columns: dict[str, list[str]] = {}
         self._con = duckdb.connect(":memory:")
@@ -64,6 +72,17 @@ class Store:
             self.engine = self._open_s3(options)
         else:
             self.engine = self._open_local(options)
+        self.fold: TaskFold | None = None
+        if options.fold:
+            self.fold = TaskFold(self._con, self._cache_key(), options.cache_dir)
+            self.fold.create_views(self._con)
+            self.note = "; ".join(n for n in (self.note, self.fold.note) if n)
+
+    def _cache_key(self) -> str:
+        """What names the data: the same key opens the same cache file."""
+        if self._s3 is not None:
+            return f"{self._s3.url} {self._settings.endpoint_url or ''}".strip()
+        return str(self._root.resolve())
 
     # -- opening ---------------------------------------------------------------------
 
@@ -106,16 +125,20 @@ class Store:
 
     # -- listing and views -----------------------------------------------------------
 
-    def refresh(self, *, force: bool = False) -> Listing:
-        """The current listing; relists when due, rebuilds the views when files changed."""
+    def refresh(self, *, force: bool = False, views: bool = True) -> Listing:
+        """The current listing; relists when due, folds new files and rebuilds the views
+        when files changed. views=False leaves the views for later: binding them reads
+        every file's footer, and what reads only the fold needs none of them."""
         with self._lock:
             due = time.monotonic() - self._listed_at >= self.options.refresh_s
-            if self._listing is not None and not (force or due):
-                return self._require_files(self._listing)
-            listing = self._list()
-            self._listed_at = time.monotonic()
-            self._listing = listing
-            if listing.files and listing.fingerprint != self._built_for:
+            if self._listing is None or force or due:
+                listing = self._list()
+                self._listed_at = time.monotonic()
+                self._listing = listing
+                if listing.files and listing.fingerprint != self._synced_for:
+                    self._synced_for = self._sync(listing).fingerprint
+            listing = self._listing
+            if views and listing.files and listing.fingerprint != self._built_for:
                 self._build(listing)
             return self._require_files(listing)
 
@@ -152,6 +175,52 @@ class Store:
             self._fs = pyarrow_filesystem(fresh)
             self._built_for = None  # the dataset holds the old filesystem: rebuild it
 
+    def _sync(self, listing: Listing) -> Listing:
+        """Fold the files the task fold has not seen; a file gone mid-read relists once.
+        Returns the listing folded."""
+        if self.fold is None:
+            return listing
+        for attempt in range(2):
+            cursor = self._con.cursor()
+            try:
+                self.fold.sync(cursor, listing, self._batch_source, self._covers_of)
+                return listing
+            except duckdb.IOException as exc:
+                if attempt:
+                    raise StoreUnavailable(f"reading {self.location} failed: {exc}") from None
+                listing = self._listing = self._list()
+            except duckdb.Error as exc:
+                raise StoreUnavailable(f"folding tasks of {self.location} failed: {exc}"
+                                       ) from None
+            finally:
+                cursor.close()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _batch_source(self, cursor: duckdb.DuckDBPyConnection, batch: Listing) -> str:
+        if self.engine != "pyarrow":
+            return parquet_source(batch, None)
+        base = self._s3.url[5:] if self._s3 else str(self._root)
+        cursor.register(BATCH_DATASET, arrow_dataset(batch, self._fs, base, self._s3 is not None))
+        return parquet_source(batch, BATCH_DATASET)
+
+    def _covers_of(self, cursor: duckdb.DuckDBPyConnection, entry: FileEntry) -> set[Cover]:
+        """What a compacted file says it covers, from its Parquet footer."""
+        try:
+            if self.engine == "pyarrow":
+                import pyarrow.parquet as pq
+
+                path = entry.path[5:] if self._s3 else entry.path
+                with self._fs.open_input_file(path) as handle:
+                    meta = pq.read_metadata(handle).metadata or {}
+                return parse_covers(meta.get(b"evagg.compacted"))
+            found = cursor.execute(
+                "SELECT value FROM parquet_kv_metadata($path) "
+                "WHERE key = CAST('evagg.compacted' AS BLOB)", {"path": entry.path}).fetchone()
+            return parse_covers(bytes(found[0]) if found else None)
+        except (OSError, duckdb.Error) as exc:  # unreadable: it explains nothing
+            log.warning("cannot read the footer of %s: %s", entry.path, exc)
+            return set()
+
     def _build(self, listing: Listing) -> None:
         if self.engine == "pyarrow":
             base = self._s3.url[5:] if self._s3 else str(self._root)
@@ -161,6 +230,8 @@ class Store:
         else:
             source = parquet_source(listing, None)
         views.create_views(self._con, source)
+        if self.fold is not None:
+            self.fold.create_views(self._con)
         self._columns.clear()
         self._built_for = listing.fingerprint
         log.debug("views over %d files of %s (%s)", len(listing.files), self.location, self.engine)
@@ -174,9 +245,11 @@ class Store:
         *,
         on_cursor: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
         user_sql: bool = False,
+        views: bool = True,
     ) -> Result:
-        """Run one query (parameters bound by DuckDB, never pasted) on a fresh cursor."""
-        self.refresh()
+        """Run one query (parameters bound by DuckDB, never pasted) on a fresh cursor;
+        views=False for SQL that reads only the fold's tables and views."""
+        self.refresh(views=views)
         token = current_token()
         for attempt in range(2):
             cursor = self._cursor()
@@ -192,7 +265,7 @@ class Store:
             except duckdb.IOException as exc:
                 if attempt:  # a file listed a moment ago is gone: relist once, then give up
                     raise StoreUnavailable(f"reading {self.location} failed: {exc}") from None
-                self.refresh(force=True)
+                self.refresh(force=True, views=views)
             except duckdb.InterruptException:
                 reason = token.reason if token else "the query was cancelled"
                 raise StoreUnavailable(reason) from None
@@ -209,17 +282,36 @@ class Store:
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         with self._lock:
             cursor = self._con.cursor()
-            if self.engine == "pyarrow":
+            if self.engine == "pyarrow" and self._dataset is not None:
                 cursor.register(DATASET_NAME, self._dataset)  # registrations are per cursor
             return cursor
 
     def columns(self, view: str) -> list[str]:
         """Column names of one view, read once per build."""
-        self.refresh()
+        self.refresh(views=not self.fold_view(view))
         with self._lock:
             if view not in self._columns:
                 self._columns[view] = views.view_columns(self._con, view)
             return self._columns[view]
+
+    def fold_view(self, view: str) -> bool:
+        """Whether `view` reads only the task fold (so needs no view over the files)."""
+        return self.fold is not None and view in FOLD_VIEWS
+
+    def summary_relation(self) -> str:
+        """Where task_summary's rows are: with the fold, a table kept until the fold
+        changes (the quantiles sort every task once per dimension); else the view."""
+        if self.fold is None:
+            return "task_summary"
+        self.refresh(views=False)
+        with self._lock:
+            cursor = self._con.cursor()
+            try:
+                return self.fold.summary_table(cursor)
+            except duckdb.Error as exc:
+                raise QueryFailed(f"query failed: {exc}") from None
+            finally:
+                cursor.close()
 
     def describe(self) -> dict[str, Any]:
         listing = self._listing
@@ -231,6 +323,7 @@ class Store:
             "bytes": listing.total_bytes if listing else 0,
             "ignored_files": listing.ignored if listing else 0,
             "version": listing.fingerprint if listing else "",
+            "task_cache": self.fold.describe()["cache"] if self.fold else "off",
         }
 
     @property

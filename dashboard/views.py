@@ -1,7 +1,8 @@
 """The evagg views: every dashboard/sql/*.sql file, run in dependency order.
 
 The files fixed below run first, in this order; any other .sql file in the folder
-runs after them in name order. `{{source}}` in a file is replaced with the relation
+runs after them in name order, except those in NOT_VIEWS (statements that
+dashboard/fold.py runs itself). `{{source}}` in a file is replaced with the relation
 that reads the store's Parquet files (dashboard/store.py builds it).
 """
 
@@ -22,6 +23,7 @@ ORDER = (
     "agents.sql",
     "summaries.sql",
 )
+NOT_VIEWS = ("fold.sql",)
 SOURCE_MARK = "{{source}}"
 
 
@@ -31,7 +33,7 @@ def view_files() -> list[tuple[str, str]]:
     texts = {
         entry.name: entry.read_text(encoding="utf-8")
         for entry in folder.iterdir()
-        if entry.name.endswith(".sql")
+        if entry.name.endswith(".sql") and entry.name not in NOT_VIEWS
     }
     first = [name for name in ORDER if name in texts]
     rest = sorted(name for name in texts if name not in ORDER)

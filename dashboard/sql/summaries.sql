@@ -38,7 +38,7 @@ SELECT * FROM task_stats_by(error_type) WHERE value IS NOT NULL;
 -- All dimensions in one pass over `tasks` (what `evagg query summary` prints): the
 -- fold of task events runs once instead of once per dimension.
 CREATE OR REPLACE VIEW task_summary AS
-SELECT * EXCLUDE (q), q[1] AS p50_s, q[2] AS p90_s, q[3] AS p99_s, max_s FROM (
+SELECT * EXCLUDE (q, max_s), q[1] AS p50_s, q[2] AS p90_s, q[3] AS p99_s, max_s FROM (
 SELECT
     CASE
         WHEN grouping(final_state) = 0 THEN 'state'

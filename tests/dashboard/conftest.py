@@ -11,6 +11,14 @@ from dashboard.store import Store, StoreOptions
 from tests.dashboard.lakegen import Expected, local_put, write_sample_store
 
 
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """`evagg query` and `evagg dashboard` keep their task cache here, not in ~/.cache."""
+    folder = tmp_path / "evagg-cache"
+    monkeypatch.setenv("EVAGG_CACHE_DIR", str(folder))
+    return folder
+
+
 @pytest.fixture
 def lake(tmp_path: Path) -> Path:
     root = tmp_path / "lake"

@@ -1,0 +1,338 @@
+"""The folded task table, kept up to date file by file (dashboard/sql/fold.sql).
+
+`TaskFold` attaches a DuckDB database as `fold` to the store's connection: a cache file
+keyed by the data location (docs/queries.md, "The task fold"), or memory when there is
+no cache directory, it cannot be written, or another process holds it. `sync(listing)`
+folds only the Parquet files it has not folded yet (path and size), so a query after a
+new file costs that file, not the whole store. Files that vanish are fine when a listed
+compacted file says it covers them (`evagg compact` writes that in its metadata);
+any other loss (retention deleted data, a file rewritten with another size) rebuilds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from collections.abc import Callable, Iterator
+from importlib import resources
+from pathlib import Path
+
+import duckdb
+
+from dashboard.listing import FileEntry, Listing
+from dashboard.s3 import sql_literal
+
+log = logging.getLogger(__name__)
+FORMAT = "1"  # bump when the tables change shape
+BATCH_BYTES = 2**30  # fold at most this much Parquet per transaction (bounds memory)
+BATCH_FILES = 10_000
+SLOTS = 3  # cache files per location: processes folding the same data at once
+COMPACTED_PREFIX = "compacted-"
+META_KEY = "evagg.compacted"
+# The columns the fold reads, with their DuckDB types: missing ones read as NULL.
+COLUMNS = {
+    "event_id": "VARCHAR", "time": "TIMESTAMPTZ", "kind": "VARCHAR", "source": "VARCHAR",
+    "name": "VARCHAR", "state": "VARCHAR", "task_id": "VARCHAR", "attempt": "INTEGER",
+    "parent_id": "VARCHAR", "job_id": "VARCHAR", "node_id": "VARCHAR", "worker_id": "VARCHAR",
+    "actor_id": "VARCHAR", "pid": "INTEGER", "trace_id": "VARCHAR", "duration_s": "DOUBLE",
+    "error_type": "VARCHAR", "error_message": "VARCHAR", "stack_trace": "VARCHAR",
+    "attrs": "MAP(VARCHAR, VARCHAR)",
+}
+Cover = tuple[str, int]  # (file name, size)
+SourceFor = Callable[[duckdb.DuckDBPyConnection, Listing], str]
+CoversOf = Callable[[duckdb.DuckDBPyConnection, FileEntry], set[Cover]]
+
+
+def sql_sections() -> dict[str, str]:
+    text = resources.files("dashboard").joinpath("sql", "fold.sql").read_text("utf-8")
+    parts = re.split(r"^-- @(\w+)\s*$", text, flags=re.MULTILINE)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
+
+
+def default_cache_dir() -> Path:
+    """$EVAGG_CACHE_DIR, else $XDG_CACHE_HOME/evagg, else ~/.cache/evagg."""
+    explicit = os.environ.get("EVAGG_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "evagg"
+
+
+def cache_file(cache_dir: str, key: str, slot: int = 0) -> Path:
+    digest = hashlib.blake2b(key.encode(), digest_size=10).hexdigest()
+    return Path(cache_dir).expanduser() / f"tasks-{digest}{f'-{slot}' if slot else ''}.duckdb"
+
+
+def _damaged(path: Path, message: str) -> bool:
+    """Whether an ATTACH failed on the file itself (not a DuckDB file, or another
+    storage version) rather than because someone holds it."""
+    try:
+        with path.open("rb") as handle:
+            header = handle.read(12)
+    except OSError:
+        return False
+    if "lock" in message.lower() or "conflict" in message.lower():
+        return False  # held: the message may name anything (a path with "version" in it)
+    return header[8:12] != b"DUCK" or "version number" in message.lower()
+
+
+def _attach_file(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """ATTACH a cache file; one that is not a DuckDB database (damaged, or from another
+    DuckDB version) is only a cache: it is removed and started again."""
+    try:
+        con.execute(f"ATTACH {sql_literal(str(path))} AS fold")
+    except duckdb.Error as exc:
+        if not _damaged(path, str(exc)):
+            raise  # held by another process or connection: never remove it
+        log.warning("task cache %s unreadable (%s): starting it again", path,
+                    str(exc).splitlines()[0])
+        path.unlink(missing_ok=True)
+        Path(f"{path}.wal").unlink(missing_ok=True)
+        con.execute(f"ATTACH {sql_literal(str(path))} AS fold")
+
+
+def parent_and_name(path: str) -> tuple[str, str]:
+    parent, _, name = path.rpartition("/")
+    return parent, name
+
+
+class TaskFold:
+    def __init__(self, con: duckdb.DuckDBPyConnection, key: str, cache_dir: str | None) -> None:
+        self.key = key
+        self.sql = sql_sections()
+        self.version = hashlib.blake2b((FORMAT + "".join(self.sql.values())).encode(),
+                                       digest_size=8).hexdigest()
+        self.path, self.note = self._attach(con, cache_dir)
+        self.generation = 0
+        self.rebuilds = 0
+        self.folded_files = 0  # read and folded by this process
+        self.adopted_files = 0  # compacted files whose rows were all folded already
+        cur = con.cursor()
+        try:
+            self._prepare(cur)
+            self._check_version(cur)
+        finally:
+            cur.close()
+
+    # -- opening ---------------------------------------------------------------------
+
+    def _attach(self, con: duckdb.DuckDBPyConnection, cache_dir: str | None
+                ) -> tuple[Path | None, str]:
+        """Attach the first cache file no other process holds (DuckDB lets one process
+        write a file), so a query beside a running dashboard keeps a cache of its own."""
+        if cache_dir is None:
+            con.execute("ATTACH ':memory:' AS fold")
+            return None, ""
+        reason = ""
+        for slot in range(SLOTS):
+            path = cache_file(cache_dir, self.key, slot)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                _attach_file(con, path)
+                return path, ""
+            except (OSError, duckdb.Error) as exc:
+                reason = str(exc).splitlines()[0]
+                if not isinstance(exc, duckdb.Error):
+                    break  # the folder cannot be made or written
+        note = f"task cache in {cache_dir} not usable ({reason}); folding in memory"
+        log.warning("%s", note)
+        con.execute("ATTACH ':memory:' AS fold")
+        return None, note
+
+    def _prepare(self, cur: duckdb.DuckDBPyConnection) -> None:
+        """Connection-local helpers (temp macros, the empty source) on one cursor."""
+        empty = ", ".join(f"CAST(NULL AS {t}) AS {c}" for c, t in COLUMNS.items())
+        cur.execute(f"CREATE OR REPLACE TEMP VIEW fold_empty AS SELECT {empty} WHERE false")
+        cur.execute(self.sql["macros"])
+        cur.execute("CREATE OR REPLACE TEMP VIEW fold_empty_partial AS "
+                    "SELECT * FROM fold_partial_of('fold_empty')")
+        cur.execute("CREATE OR REPLACE TEMP VIEW fold_empty_signed AS "
+                    "SELECT 1 AS sign, * FROM fold_finish_of('fold_empty_partial')")
+
+    def _check_version(self, cur: duckdb.DuckDBPyConnection) -> None:
+        cur.execute(self.sql["schema"])
+        found = dict(cur.execute("SELECT key, value FROM fold.meta").fetchall())
+        if found.get("version") == self.version and found.get("location") == self.key:
+            self.generation = int(found.get("generation", "0"))
+            return
+        if found:
+            log.info("task cache %s: new format or location, rebuilding", self.path)
+        self._reset(cur)
+
+    def _reset(self, cur: duckdb.DuckDBPyConnection) -> None:
+        self.generation += 1  # never reuse a generation another state had
+        cur.execute(self.sql["drop"])
+        cur.execute(self.sql["schema"])
+        cur.execute("INSERT INTO fold.meta VALUES ('version', $v), ('location', $l), "
+                    "('generation', $g)",
+                    {"v": self.version, "l": self.key, "g": str(self.generation)})
+
+    def create_views(self, con: duckdb.DuckDBPyConnection) -> None:
+        con.execute(self.sql["views"])
+
+    # -- folding ---------------------------------------------------------------------
+
+    def sync(self, cur: duckdb.DuckDBPyConnection, listing: Listing, source_for: SourceFor,
+             covers_of: CoversOf) -> int:
+        """Fold what `listing` has and the fold lacks; returns the files folded."""
+        self._prepare(cur)
+        folded = dict(cur.execute("SELECT path, size FROM fold.files").fetchall())
+        known = self._known_covers(cur)
+        listed = {f.path: f for f in listing.files}
+        for entry in listing.files:  # read what each new compacted file covers, once
+            if _compacted(entry) and entry.path not in known:
+                known[entry.path] = covers_of(cur, entry)
+                _insert(cur, "fold.covers", [(entry.path, n, s) for n, s in known[entry.path]])
+        gone = [p for p, size in folded.items() if p not in listed or listed[p].size != size]
+        held = _held_by_folder(known, listed)
+        if gone and not all(_explained(p, folded[p], known, held) for p in gone):
+            log.info("%d folded files of %s vanished unexplained: refolding", len(gone),
+                     self.key)
+            self.rebuilds += 1
+            self._reset(cur)
+            _insert(cur, "fold.covers",
+                    [(p, n, s) for p in listed if p in known for n, s in known[p]])
+            return self.sync(cur, listing, source_for, covers_of)
+        coverage = _coverage(folded, known)
+        fresh = [f for f in listing.files if folded.get(f.path) != f.size]
+        adopted = {f.path for f in fresh if _compacted(f) and known.get(f.path)
+                   and known[f.path] <= coverage.get(parent_and_name(f.path)[0], set())}
+        todo = [f for f in fresh if f.path not in adopted]
+        self._forget(cur, gone, listed)
+        # Every row of an adopted file is folded already: refolding it would change nothing.
+        _insert(cur, "fold.files", [(f.path, f.size) for f in fresh if f.path in adopted])
+        for batch in _batches(todo):
+            self._fold_batch(cur, Listing(tuple(batch), listing.hive), source_for)
+        self.folded_files += len(todo)
+        self.adopted_files += len(adopted)
+        if gone or fresh:
+            self._bump(cur)
+        return len(todo)
+
+    def _known_covers(self, cur: duckdb.DuckDBPyConnection) -> dict[str, set[Cover]]:
+        known: dict[str, set[Cover]] = {}
+        for path, name, size in cur.execute("SELECT path, name, size FROM fold.covers").fetchall():
+            known.setdefault(path, set()).add((name, size))
+        return known
+
+    def _forget(self, cur: duckdb.DuckDBPyConnection, gone: list[str],
+                listed: dict[str, FileEntry]) -> None:
+        stale = [p for p, in cur.execute("SELECT DISTINCT path FROM fold.covers").fetchall()
+                 if p not in listed]
+        for table, paths in (("fold.files", gone), ("fold.covers", stale)):
+            if paths:
+                cur.execute(f"DELETE FROM {table} WHERE path IN (SELECT unnest($paths))",
+                            {"paths": paths})
+
+    def _fold_batch(self, cur: duckdb.DuckDBPyConnection, batch: Listing,
+                    source_for: SourceFor) -> None:
+        source = source_for(cur, batch)
+        present = {row[0] for row in cur.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
+        projection = ", ".join(c if c in present else f"CAST(NULL AS {t}) AS {c}"
+                               for c, t in COLUMNS.items())
+        cur.execute(f"CREATE OR REPLACE TEMP VIEW fold_rows AS SELECT {projection} "
+                    f"FROM {source}")
+        cur.execute("BEGIN TRANSACTION")
+        try:
+            empty = cur.execute("SELECT count(*) FROM fold.task_fold").fetchone() == (0,)
+            cur.execute(self.sql["batch"])
+            cur.execute(self.sql["append" if empty else "merge"])
+            cur.execute(self.sql["bins"])
+            _insert(cur, "fold.files", [(f.path, f.size) for f in batch.files])
+            cur.execute("COMMIT")
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+        finally:
+            cur.execute(self.sql["cleanup"])
+        log.debug("folded %d files of %s", len(batch.files), self.key)
+
+    def _bump(self, cur: duckdb.DuckDBPyConnection) -> None:
+        self.generation += 1
+        cur.execute("UPDATE fold.meta SET value = $g WHERE key = 'generation'",
+                    {"g": str(self.generation)})
+
+    # -- reading ---------------------------------------------------------------------
+
+    def summary_table(self, cur: duckdb.DuckDBPyConnection) -> str:
+        """The name of a table holding task_summary's rows for the current fold."""
+        found = cur.execute("SELECT value FROM fold.meta WHERE key = 'summary'").fetchone()
+        if found is None or found[0] != str(self.generation):
+            self._prepare(cur)
+            cur.execute(self.sql["summary"])
+            cur.execute("DELETE FROM fold.meta WHERE key = 'summary'")
+            cur.execute("INSERT INTO fold.meta VALUES ('summary', $g)",
+                        {"g": str(self.generation)})
+        return "fold.summary"
+
+    def describe(self) -> dict[str, object]:
+        return {"cache": str(self.path) if self.path else "memory", "note": self.note,
+                "generation": self.generation, "rebuilds": self.rebuilds,
+                "folded_files": self.folded_files, "adopted_files": self.adopted_files}
+
+
+def _held_by_folder(known: dict[str, set[Cover]], listed: dict[str, FileEntry]
+                    ) -> dict[str, set[Cover]]:
+    """Per folder: what its listed compacted files say they cover."""
+    held: dict[str, set[Cover]] = {}
+    for path in listed:
+        if path in known:
+            held.setdefault(parent_and_name(path)[0], set()).update(known[path])
+    return held
+
+
+def _explained(path: str, size: int, known: dict[str, set[Cover]],
+               held: dict[str, set[Cover]]) -> bool:
+    """Whether a listed compacted file in the same folder holds a vanished file's rows:
+    it covers the file itself, or (for a compacted file) everything that file covered."""
+    parent, name = parent_and_name(path)
+    there = held.get(parent, set())
+    return (name, size) in there or (bool(known.get(path)) and known[path] <= there)
+
+
+def _coverage(folded: dict[str, int], known: dict[str, set[Cover]]) -> dict[str, set[Cover]]:
+    """Per folder: the (name, size) of every file whose rows are folded."""
+    covered: dict[str, set[Cover]] = {}
+    for path, size in folded.items():
+        parent, name = parent_and_name(path)
+        covered.setdefault(parent, set()).add((name, size))
+        covered[parent] |= known.get(path, set())
+    return covered
+
+
+def _compacted(entry: FileEntry) -> bool:
+    return parent_and_name(entry.path)[1].startswith(COMPACTED_PREFIX)
+
+
+def _batches(files: list[FileEntry]) -> Iterator[list[FileEntry]]:
+    batch: list[FileEntry] = []
+    size = 0
+    for entry in files:
+        if batch and (size + entry.size > BATCH_BYTES or len(batch) >= BATCH_FILES):
+            yield batch
+            batch, size = [], 0
+        batch.append(entry)
+        size += entry.size
+    if batch:
+        yield batch
+
+
+def parse_covers(raw: bytes | str | None) -> set[Cover]:
+    """What `evagg compact`'s metadata says a compacted file covers (empty if not ours)."""
+    try:
+        recorded = json.loads(raw) if raw else {}
+        return {(str(name), int(size)) for name, size in recorded.get("covers", [])}
+    except (ValueError, TypeError, AttributeError):
+        return set()
+
+
+def _insert(cur: duckdb.DuckDBPyConnection, table: str, rows: list[tuple[object, ...]]) -> None:
+    """Insert rows in one statement (executemany runs one statement per row)."""
+    if not rows:
+        return
+    columns = {f"c{i}": list(values) for i, values in enumerate(zip(*rows, strict=True))}
+    cur.execute(f"INSERT INTO {table} SELECT {', '.join(f'unnest(${c})' for c in columns)}",
+                columns)

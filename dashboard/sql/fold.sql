@@ -1,0 +1,408 @@
+-- The incremental task fold (dashboard/fold.py), not a view file: dashboard/views.py
+-- skips it. Each "-- @name" starts a statement group that fold.py runs by name. The
+-- tables live in the attached database `fold` (a cache file, or memory).
+--
+-- task_fold holds, per (task_id, attempt, session), the *state* of every aggregate of
+-- tasks.sql in a mergeable form: a min or max stays itself; an arg_max keeps its value
+-- and the key it won with, so folding more rows (or the same rows again) is arg_max over
+-- the union of keys. Folding is therefore order-free and idempotent per row: refolding
+-- a file, or a compacted file holding rows already folded, changes nothing. The one
+-- count, count(DISTINCT event_id), is kept exact by `seen`: the 64-bit hashes of every
+-- (event_id, kind) already counted, so only new events add to `events` and `timeline`.
+
+-- @schema
+CREATE TABLE IF NOT EXISTS fold.meta (key VARCHAR PRIMARY KEY, value VARCHAR);
+CREATE TABLE IF NOT EXISTS fold.files (path VARCHAR, size BIGINT);
+CREATE TABLE IF NOT EXISTS fold.covers (path VARCHAR, name VARCHAR, size BIGINT);
+CREATE TABLE IF NOT EXISTS fold.seen (h UBIGINT);
+CREATE TABLE IF NOT EXISTS fold.timeline (
+    second BIGINT, kind VARCHAR, events BIGINT, first_us BIGINT, last_us BIGINT);
+CREATE TABLE IF NOT EXISTS fold.task_fold AS
+SELECT * FROM fold_finish_of('fold_empty_partial') LIMIT 0;
+CREATE TABLE IF NOT EXISTS fold.summary_bins AS
+SELECT * FROM fold_bins_of('fold_empty_signed') LIMIT 0;
+
+-- @drop
+DROP TABLE IF EXISTS fold.meta;
+DROP TABLE IF EXISTS fold.files;
+DROP TABLE IF EXISTS fold.covers;
+DROP TABLE IF EXISTS fold.seen;
+DROP TABLE IF EXISTS fold.timeline;
+DROP TABLE IF EXISTS fold.task_fold;
+DROP TABLE IF EXISTS fold.summary;
+DROP TABLE IF EXISTS fold.summary_bins;
+
+-- @macros
+-- The partial fold of task rows: tasks.sql's `folded` CTE with each arg_max's key kept.
+-- `events` counts rows with an event_id; @batch takes away copies and rows counted before.
+CREATE OR REPLACE TEMP MACRO fold_partial_of(rows) AS TABLE
+WITH task_events AS (
+    SELECT
+        *,
+        coalesce(attempt, 0) AS attempt_no,
+        coalesce(attrs['ray_session'], '') AS session,
+        CASE state
+            WHEN 'DEFINED' THEN 0
+            WHEN 'PENDING' THEN 1
+            WHEN 'SUBMITTED' THEN 2
+            WHEN 'RUNNING' THEN 3
+            WHEN 'FINISHED' THEN 4
+            WHEN 'FAILED' THEN 4
+        END AS state_rank,
+        -- time as 55 bits that sort like tasks.sql's struct keys sort it (NULL last)
+        coalesce(greatest(0, least(epoch_us(time) + 18014398509481984,
+                                   36028797018963966)), 36028797018963967) AS time_bits
+    FROM query_table(rows)
+    WHERE kind = 'task' AND coalesce(task_id, '') <> ''
+),
+ranked AS (
+    -- tasks.sql's struct keys as BIGINTs in the same order (2^55 = 36028797018963968;
+    -- a NULL struct field sorts after every value, so a NULL state ranks 2 for the name)
+    SELECT
+        *,
+        CASE WHEN state IS NULL THEN 2 WHEN state = 'DEFINED' THEN 1 ELSE 0 END
+            * 36028797018963968 + time_bits AS name_rank,
+        (state_rank * 36028797018963968 + time_bits) * 2
+            + CAST(state = 'FAILED' AS BIGINT) AS final_rank,
+        CASE WHEN state = 'RUNNING' THEN 2 WHEN state_rank = 4 THEN 1 ELSE 0 END
+            * 36028797018963968 + time_bits AS node_rank,
+        CASE WHEN state_rank = 4 THEN 2 WHEN state = 'RUNNING' THEN 1 ELSE 0 END
+            * 36028797018963968 + time_bits AS worker_rank
+    FROM task_events
+)
+SELECT
+    task_id,
+    attempt_no AS attempt,
+    session,
+    arg_max(name, name_rank) FILTER (WHERE coalesce(name, '') <> '') AS name,
+    max(name_rank) FILTER (WHERE coalesce(name, '') <> '') AS name_key,
+    arg_max(state, final_rank) FILTER (WHERE state_rank IS NOT NULL) AS final_state,
+    max(final_rank) FILTER (WHERE state_rank IS NOT NULL) AS final_key,
+    min(time) FILTER (WHERE state = 'PENDING') AS pending_at,
+    min(time) FILTER (WHERE state = 'SUBMITTED') AS submitted_at,
+    min(time) FILTER (WHERE state = 'RUNNING') AS running_at,
+    min(time) FILTER (WHERE state = 'FINISHED') AS finished_at,
+    min(time) FILTER (WHERE state = 'FAILED') AS failed_at,
+    arg_max(duration_s, time)
+        FILTER (WHERE state_rank = 4 AND duration_s IS NOT NULL) AS reported_s,
+    max(time) FILTER (WHERE state_rank = 4 AND duration_s IS NOT NULL) AS reported_key,
+    max(job_id) FILTER (WHERE job_id <> '') AS job_id,
+    arg_max(node_id, node_rank) FILTER (WHERE node_id <> '') AS node_id,
+    max(node_rank) FILTER (WHERE node_id <> '') AS node_key,
+    arg_max(worker_id, worker_rank) FILTER (WHERE worker_id <> '') AS worker_id,
+    max(worker_rank) FILTER (WHERE worker_id <> '') AS worker_key,
+    max(TRY_CAST(attrs['worker_pid'] AS INTEGER)) AS pid_attr,
+    max(pid) FILTER (WHERE state = 'RUNNING') AS pid_running,
+    max(pid) AS pid_any,
+    max(actor_id) FILTER (WHERE actor_id <> '') AS actor_id,
+    max(parent_id) FILTER (WHERE parent_id <> '') AS parent_id,
+    max(trace_id) FILTER (WHERE trace_id <> '') AS trace_id,
+    max(attrs['ray_task_type']) AS task_type,
+    max(attrs['ray_function']) AS function,
+    arg_max({'error_type': error_type, 'exception_class': attrs['exception_class'],
+             'error_message': error_message, 'stack_trace': stack_trace}, time)
+        FILTER (WHERE error_type IS NOT NULL OR error_message IS NOT NULL) AS error,
+    max(time) FILTER (WHERE error_type IS NOT NULL OR error_message IS NOT NULL) AS error_key,
+    max(source) AS source,
+    min(time) AS first_seen,
+    max(time) AS last_seen,
+    count(event_id) AS events  -- less fold_recount's surplus: see @batch
+FROM ranked
+GROUP BY task_id, attempt_no, session;
+
+-- tasks.sql's duration, kept with each row, and its histogram bin: bins are monotonic in
+-- the duration (DuckDB's order: -inf < finite < +inf < NaN), about 0.4% wide, so the
+-- summary finds a quantile's bin from counts and reads only that bin's durations.
+CREATE OR REPLACE TEMP MACRO fold_bin(d) AS
+    CASE
+        WHEN d IS NULL THEN NULL
+        WHEN isnan(d) OR d = CAST('infinity' AS DOUBLE) THEN 1000000
+        WHEN d = CAST('-infinity' AS DOUBLE) THEN -1000000
+        ELSE CAST(sign(d) * floor(ln(1 + abs(d) * 1e6) * 256) AS INTEGER)
+    END;
+-- quantile_cont from the order statistics `vals` (rank -> value) of n values, in its
+-- arithmetic: rn = (double) (n - 1) * q, d = rn - floor(rn): lo * (1 - d) + hi * d.
+CREATE OR REPLACE TEMP MACRO fold_rn(n, q) AS CAST(n - 1 AS DOUBLE) * CAST(q AS DOUBLE);
+CREATE OR REPLACE TEMP MACRO fold_quantile(vals, n, q) AS
+    CASE WHEN fold_rn(n, q) = floor(fold_rn(n, q))
+         THEN vals[CAST(floor(fold_rn(n, q)) AS BIGINT)]
+         ELSE vals[CAST(floor(fold_rn(n, q)) AS BIGINT)]
+                  * (1 - (fold_rn(n, q) - floor(fold_rn(n, q))))
+              + vals[CAST(ceil(fold_rn(n, q)) AS BIGINT)]
+                  * (fold_rn(n, q) - floor(fold_rn(n, q)))
+    END;
+-- Each stored row also keeps k, a hash of its key: the merge finds the rows a batch
+-- touches by k alone (reading one integer column, not three), and regroups the rows
+-- found by the whole key, so a row found by a colliding k is merged with itself alone.
+CREATE OR REPLACE TEMP MACRO fold_finish_of(rows) AS TABLE
+SELECT * EXCLUDE (d), d AS duration_s, fold_bin(d) AS bin,
+       hash(task_id, attempt, session) AS k
+FROM (
+    SELECT *, coalesce(
+        (epoch_us(CASE final_state WHEN 'FAILED' THEN failed_at ELSE finished_at END)
+            - epoch_us(running_at)) / 1e6,
+        reported_s) AS d
+    FROM query_table(rows));
+
+-- Summary counts per (dimension, value, bin) of rows with a sign: +1 a row that comes,
+-- -1 one that a merge replaces, so the table is kept by adding deltas.
+CREATE OR REPLACE TEMP MACRO fold_bins_of(rows) AS TABLE
+WITH t AS (
+    SELECT sign, coalesce(final_state, 'UNKNOWN') AS state, name,
+           error.error_type AS error_type, job_id, node_id, duration_s, bin
+    FROM query_table(rows)
+),
+d AS (
+    SELECT sign, 'all' AS dimension, CAST(NULL AS VARCHAR) AS value, state, duration_s, bin
+    FROM t
+    UNION ALL SELECT sign, 'state', state, state, duration_s, bin FROM t
+    UNION ALL SELECT sign, 'name', name, state, duration_s, bin FROM t
+    UNION ALL SELECT sign, 'error_type', error_type, state, duration_s, bin FROM t
+        WHERE error_type IS NOT NULL
+    UNION ALL SELECT sign, 'job', job_id, state, duration_s, bin FROM t
+    UNION ALL SELECT sign, 'node', node_id, state, duration_s, bin FROM t
+)
+SELECT dimension, value, bin,
+    CAST(sum(sign) AS BIGINT) AS tasks,
+    CAST(coalesce(sum(sign) FILTER (WHERE state = 'FINISHED'), 0) AS BIGINT) AS finished,
+    CAST(coalesce(sum(sign) FILTER (WHERE state = 'FAILED'), 0) AS BIGINT) AS failed,
+    CAST(coalesce(sum(sign) FILTER (WHERE duration_s IS NOT NULL), 0) AS BIGINT) AS durations
+FROM d
+GROUP BY ALL;
+
+-- The same aggregates over partial rows (the fold's own rows and a batch's): a min of
+-- mins, a max of maxes, an arg_max over the kept keys, a sum of new-event counts.
+CREATE OR REPLACE TEMP MACRO fold_merge_of(parts) AS TABLE
+SELECT
+    task_id, attempt, session,
+    arg_max(name, name_key) AS name, max(name_key) AS name_key,
+    arg_max(final_state, final_key) AS final_state, max(final_key) AS final_key,
+    min(pending_at) AS pending_at, min(submitted_at) AS submitted_at,
+    min(running_at) AS running_at, min(finished_at) AS finished_at,
+    min(failed_at) AS failed_at,
+    arg_max(reported_s, reported_key) AS reported_s, max(reported_key) AS reported_key,
+    max(job_id) AS job_id,
+    arg_max(node_id, node_key) AS node_id, max(node_key) AS node_key,
+    arg_max(worker_id, worker_key) AS worker_id, max(worker_key) AS worker_key,
+    max(pid_attr) AS pid_attr, max(pid_running) AS pid_running, max(pid_any) AS pid_any,
+    max(actor_id) AS actor_id, max(parent_id) AS parent_id, max(trace_id) AS trace_id,
+    max(task_type) AS task_type, max(function) AS function,
+    arg_max(error, error_key) AS error, max(error_key) AS error_key,
+    max(source) AS source, min(first_seen) AS first_seen, max(last_seen) AS last_seen,
+    CAST(sum(events) AS BIGINT) AS events
+FROM query_table(parts)
+GROUP BY task_id, attempt, session;
+
+-- @batch
+-- Every (event_id, kind) of the batch once, by its 64-bit hash, with its number of copies
+-- in the batch and whether an earlier batch counted it. Copies of an event repeat the
+-- producer's fields, so any copy's time will do.
+CREATE OR REPLACE TEMP TABLE fold_ids AS
+SELECT hash(event_id, kind) AS h, kind, min(epoch_us(time)) AS us, count(*) AS copies,
+       false AS counted
+FROM fold_rows GROUP BY 1, 2;
+-- (a semi join hashes the batch's ids and streams `seen` past them, not the reverse)
+UPDATE fold_ids SET counted = true
+WHERE h IN (SELECT s.h FROM fold.seen AS s SEMI JOIN fold_ids AS i ON s.h = i.h);
+INSERT INTO fold.seen SELECT h FROM fold_ids WHERE NOT counted;
+CREATE OR REPLACE TEMP TABLE fold_timeline AS
+SELECT second, kind, CAST(sum(events) AS BIGINT) AS events, min(first_us) AS first_us,
+       max(last_us) AS last_us
+FROM (
+    SELECT us // 1000000 AS second, kind, count(*) AS events, min(us) AS first_us,
+           max(us) AS last_us
+    FROM fold_ids WHERE NOT counted GROUP BY ALL
+    UNION ALL
+    SELECT t.* FROM fold.timeline AS t
+    SEMI JOIN (SELECT DISTINCT us // 1000000 AS second, kind FROM fold_ids
+               WHERE NOT counted) AS f
+        ON t.second IS NOT DISTINCT FROM f.second AND t.kind IS NOT DISTINCT FROM f.kind
+)
+GROUP BY ALL;
+DELETE FROM fold.timeline AS t USING fold_timeline AS f
+WHERE t.second IS NOT DISTINCT FROM f.second AND t.kind IS NOT DISTINCT FROM f.kind;
+INSERT INTO fold.timeline SELECT * FROM fold_timeline;
+-- A task's new events: its rows with an event_id, less the rows that are copies or were
+-- counted before (few: a resent batch, a refolded file), plus their new distinct ids.
+CREATE OR REPLACE TEMP TABLE fold_recount AS
+SELECT task_id, coalesce(attempt, 0) AS attempt, coalesce(attrs['ray_session'], '') AS session,
+       count(*) - count(DISTINCT r.h) FILTER (WHERE NOT s.counted) AS surplus
+FROM (SELECT *, hash(event_id, kind) AS h FROM fold_rows
+      WHERE kind = 'task' AND coalesce(task_id, '') <> '' AND event_id IS NOT NULL) AS r
+JOIN (SELECT h, counted FROM fold_ids WHERE copies > 1 OR counted) AS s ON r.h = s.h
+GROUP BY ALL;
+CREATE OR REPLACE TEMP VIEW fold_batch_partial AS
+SELECT p.* REPLACE (p.events - coalesce(c.surplus, 0) AS events)
+FROM fold_partial_of('fold_rows') AS p
+LEFT JOIN fold_recount AS c USING (task_id, attempt, session);
+CREATE OR REPLACE TEMP TABLE fold_batch AS SELECT * FROM fold_finish_of('fold_batch_partial');
+
+-- @merge
+CREATE OR REPLACE TEMP TABLE fold_old AS
+SELECT f.* FROM fold.task_fold AS f SEMI JOIN fold_batch AS b USING (k);
+CREATE OR REPLACE TEMP VIEW fold_parts AS
+SELECT * FROM fold_old UNION ALL BY NAME SELECT * FROM fold_batch;
+CREATE OR REPLACE TEMP VIEW fold_parts_merged AS SELECT * FROM fold_merge_of('fold_parts');
+CREATE OR REPLACE TEMP TABLE fold_merged AS SELECT * FROM fold_finish_of('fold_parts_merged');
+CREATE OR REPLACE TEMP VIEW fold_signed AS
+SELECT -1 AS sign, * FROM fold_old UNION ALL BY NAME SELECT 1 AS sign, * FROM fold_merged;
+DELETE FROM fold.task_fold AS f USING (SELECT DISTINCT k FROM fold_batch) AS b
+WHERE f.k = b.k;
+INSERT INTO fold.task_fold BY NAME SELECT * FROM fold_merged;
+
+-- @append
+CREATE OR REPLACE TEMP VIEW fold_signed AS SELECT 1 AS sign, * FROM fold_batch;
+INSERT INTO fold.task_fold BY NAME SELECT * FROM fold_batch;
+
+-- @bins
+CREATE OR REPLACE TEMP TABLE fold_delta AS SELECT * FROM fold_bins_of('fold_signed');
+-- fold_delta added to the kept counts; a bin that reaches 0 goes.
+CREATE OR REPLACE TEMP TABLE fold_bins AS
+SELECT dimension, value, bin, CAST(sum(tasks) AS BIGINT) AS tasks,
+       CAST(sum(finished) AS BIGINT) AS finished, CAST(sum(failed) AS BIGINT) AS failed,
+       CAST(sum(durations) AS BIGINT) AS durations
+FROM (
+    SELECT * FROM fold_delta
+    UNION ALL
+    SELECT b.* FROM fold.summary_bins AS b SEMI JOIN fold_delta AS d
+        ON b.dimension = d.dimension AND b.value IS NOT DISTINCT FROM d.value
+        AND b.bin IS NOT DISTINCT FROM d.bin
+)
+GROUP BY ALL
+HAVING sum(tasks) <> 0;
+DELETE FROM fold.summary_bins AS b USING fold_delta AS d
+WHERE b.dimension = d.dimension AND b.value IS NOT DISTINCT FROM d.value
+    AND b.bin IS NOT DISTINCT FROM d.bin;
+INSERT INTO fold.summary_bins SELECT * FROM fold_bins;
+
+-- @cleanup
+DROP TABLE IF EXISTS fold_ids;
+DROP TABLE IF EXISTS fold_recount;
+DROP TABLE IF EXISTS fold_timeline;
+DROP TABLE IF EXISTS fold_batch;
+DROP VIEW IF EXISTS fold_signed;
+DROP VIEW IF EXISTS fold_parts_merged;
+DROP VIEW IF EXISTS fold_parts;
+DROP VIEW IF EXISTS fold_batch_partial;
+DROP TABLE IF EXISTS fold_merged;
+DROP TABLE IF EXISTS fold_old;
+DROP TABLE IF EXISTS fold_delta;
+DROP TABLE IF EXISTS fold_bins;
+
+-- @views
+-- tasks over the fold: tasks.sql's final SELECT, reading the kept aggregates.
+CREATE OR REPLACE VIEW tasks AS
+SELECT
+    task_id,
+    attempt,
+    name,
+    coalesce(final_state, 'UNKNOWN') AS final_state,
+    pending_at,
+    submitted_at,
+    running_at,
+    finished_at,
+    failed_at,
+    duration_s,
+    job_id,
+    node_id,
+    worker_id,
+    coalesce(pid_attr, pid_running, pid_any) AS pid,
+    actor_id,
+    parent_id,
+    trace_id,
+    error.error_type AS error_type,
+    error.exception_class AS exception_class,
+    error.error_message AS error_message,
+    error.stack_trace AS stack_trace,
+    source,
+    task_type,
+    function,
+    nullif(session, '') AS ray_session,
+    first_seen,
+    last_seen,
+    events
+FROM fold.task_fold;
+
+-- Tasks by final state, from the summary counts (a few rows, not every task).
+CREATE OR REPLACE VIEW task_state_counts AS
+SELECT value AS state, CAST(sum(tasks) AS BIGINT) AS tasks
+FROM fold.summary_bins WHERE dimension = 'state' GROUP BY value;
+
+-- Events over time by kind, per second (distinct events, as the `events` view counts).
+CREATE OR REPLACE VIEW event_timeline AS
+SELECT second, kind, events, first_us, last_us FROM fold.timeline;
+
+-- @summary
+-- task_summary (summaries.sql) from summary_bins: counts add up; each quantile is
+-- quantile_cont's, the order statistics at floor and ceil of (n - 1) q interpolated,
+-- read from the only bin that holds each one (a few thousand task rows, not all).
+CREATE OR REPLACE TABLE fold.summary AS
+WITH bins AS (SELECT * FROM fold.summary_bins),
+groups AS (
+    SELECT dimension, value, sum(tasks) AS tasks, sum(finished) AS finished,
+           sum(failed) AS failed, sum(durations) AS n
+    FROM bins GROUP BY ALL
+),
+wanted_ranks AS (
+    SELECT dimension, value, n, CAST(unnest([
+        floor(fold_rn(n, 0.5)), ceil(fold_rn(n, 0.5)), floor(fold_rn(n, 0.9)),
+        ceil(fold_rn(n, 0.9)), floor(fold_rn(n, 0.99)), ceil(fold_rn(n, 0.99)), n - 1])
+        AS BIGINT) AS r
+    FROM groups WHERE n > 0
+),
+starts AS (
+    SELECT dimension, value, bin, durations,
+           sum(durations) OVER (PARTITION BY dimension, value ORDER BY bin) - durations AS before
+    FROM bins WHERE durations > 0 AND bin IS NOT NULL
+),
+wanted AS (
+    SELECT DISTINCT w.dimension, w.value, w.r, s.bin, w.r - s.before AS k
+    FROM wanted_ranks AS w JOIN starts AS s
+        ON w.dimension = s.dimension AND w.value IS NOT DISTINCT FROM s.value
+        AND w.r >= s.before AND w.r < s.before + s.durations
+),
+near AS (
+    SELECT coalesce(final_state, 'UNKNOWN') AS state, name, error.error_type AS error_type,
+           job_id, node_id, duration_s, bin
+    FROM fold.task_fold WHERE bin IN (SELECT DISTINCT bin FROM wanted)
+),
+near_dims AS (
+    SELECT 'all' AS dimension, CAST(NULL AS VARCHAR) AS value, duration_s, bin FROM near
+    UNION ALL SELECT 'state', state, duration_s, bin FROM near
+    UNION ALL SELECT 'name', name, duration_s, bin FROM near
+    UNION ALL SELECT 'error_type', error_type, duration_s, bin FROM near
+        WHERE error_type IS NOT NULL
+    UNION ALL SELECT 'job', job_id, duration_s, bin FROM near
+    UNION ALL SELECT 'node', node_id, duration_s, bin FROM near
+),
+ordered AS (
+    SELECT dimension, value, bin, duration_s,
+           row_number() OVER (PARTITION BY dimension, value, bin ORDER BY duration_s) - 1 AS k
+    FROM near_dims AS d
+    SEMI JOIN (SELECT DISTINCT dimension, value, bin FROM wanted) AS w
+        ON d.dimension = w.dimension AND d.value IS NOT DISTINCT FROM w.value AND d.bin = w.bin
+),
+picked AS (
+    SELECT w.dimension, w.value, w.r, o.duration_s
+    FROM wanted AS w JOIN ordered AS o
+        ON w.dimension = o.dimension AND w.value IS NOT DISTINCT FROM o.value
+        AND w.bin = o.bin AND w.k = o.k
+),
+stats AS (
+    SELECT g.dimension, g.value, g.n,
+           map_from_entries(list({'k': p.r, 'v': p.duration_s})) AS vals
+    FROM groups AS g JOIN picked AS p
+        ON g.dimension = p.dimension AND g.value IS NOT DISTINCT FROM p.value
+    GROUP BY ALL
+)
+SELECT
+    g.dimension, g.value, CAST(g.tasks AS BIGINT) AS tasks,
+    CAST(g.finished AS BIGINT) AS finished, CAST(g.failed AS BIGINT) AS failed,
+    CAST(g.tasks - g.finished - g.failed AS BIGINT) AS unfinished,
+    fold_quantile(s.vals, s.n, 0.5) AS p50_s,
+    fold_quantile(s.vals, s.n, 0.9) AS p90_s,
+    fold_quantile(s.vals, s.n, 0.99) AS p99_s,
+    s.vals[CAST(s.n - 1 AS BIGINT)] AS max_s
+FROM groups AS g LEFT JOIN stats AS s
+    ON g.dimension = s.dimension AND g.value IS NOT DISTINCT FROM s.value
+WHERE g.tasks > 0;

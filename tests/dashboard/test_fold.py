@@ -1,0 +1,245 @@
+"""The incremental task fold (dashboard/fold.py) against tasks.sql folding from scratch.
+
+Every check compares a Store that folds file by file into a cache with one that runs
+tasks.sql over every event (fold=False), on a generated store whose task events are
+split over files, out of order and partly duplicated: after the first fold, after
+files are added, after compaction, and after files are deleted.
+"""
+
+from __future__ import annotations
+
+import random
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from dashboard import queries
+from dashboard.fold import cache_file
+from dashboard.overview import overview
+from dashboard.store import Store, StoreOptions
+from sinks.compact import run_compact
+from tests.dashboard.lakegen import Row, event, local_put, task_events, write_rows
+from tests.dashboard.test_query_cli import evagg
+
+TASKS_SQL = "SELECT * FROM tasks ORDER BY task_id, attempt, ray_session"
+
+
+def random_attempts(rng: random.Random, count: int, prefix: str) -> list[Row]:
+    """Task attempts cut into pieces, some pieces sent twice, with Ray sessions, errors
+    and events that carry no name or a state out of order."""
+    rows: list[Row] = []
+    for i in range(count):
+        end = rng.choice(["FINISHED", "FAILED", None])
+        error = ("ValueError", f"bad {i}", f"Traceback {i}") if end == "FAILED" else None
+        pieces = task_events(f"{prefix}{i % (count // 2 + 1)}", f"fn{i % 5}",
+                             attempt=rng.randint(0, 2), start=rng.uniform(0, 3000),
+                             run_s=rng.choice([None, rng.uniform(0, 90)]), end_state=end,
+                             node=rng.choice(["nodeA", "nodeB"]), job=f"job{i % 3}",
+                             error=error, pid=rng.randint(1, 999))
+        for piece in pieces:
+            if i % 7 == 0:
+                piece["attrs"] = {**(piece.get("attrs") or {}), "ray_session": "s2"}
+            if rng.random() < 0.1:
+                piece["received"] += 10**9  # a later copy of the same event
+                rows.append(dict(piece, received=piece["received"] + 1))
+        rows += pieces
+    rows.append(event(kind="task", task_id=f"{prefix}-lone", state="RUNNING",
+                      time=rows[0]["time"], node_id="nodeA", pid=7))
+    rows.append(event(kind="op", name="forward", state="FINISHED", time=rows[0]["time"],
+                      node_id="nodeA", span_id="s1"))
+    rng.shuffle(rows)
+    return rows
+
+
+def write_in_files(root: Path, rows: list[Row], stem: str, files: int) -> None:
+    for index in range(files):
+        write_rows(local_put(root), rows[index::files], f"{stem}-{index:03d}.parquet")
+
+
+def assert_same(cached: Store, scratch: Store) -> None:
+    cached.refresh(force=True)
+    scratch.refresh(force=True)
+    mine, reference = cached.execute(TASKS_SQL), scratch.execute(TASKS_SQL)
+    assert mine.columns == reference.columns
+    assert mine.rows == reference.rows
+    summary, expected = queries.summary(cached), queries.summary(scratch)
+    assert summary.columns == expected.columns
+    assert summary.rows == expected.rows  # the same arithmetic: equal to the last bit
+    assert overview(cached) == overview(scratch)
+
+
+@pytest.fixture
+def stores(tmp_path: Path) -> tuple[Path, Path]:
+    root = tmp_path / "lake"
+    root.mkdir()
+    write_in_files(root, random_attempts(random.Random(1), 120, "t"), "part", 6)
+    return root, tmp_path / "cache"
+
+
+def open_pair(root: Path, cache: Path) -> tuple[Store, Store]:
+    cached = Store(StoreOptions(str(root), refresh_s=0.0, cache_dir=str(cache)))
+    scratch = Store(StoreOptions(str(root), refresh_s=0.0, fold=False))
+    return cached, scratch
+
+
+def test_fold_matches_tasks_sql_then_new_files_then_compaction(stores: tuple[Path, Path]
+                                                               ) -> None:
+    root, cache = stores
+    cached, scratch = open_pair(root, cache)
+    assert_same(cached, scratch)
+    # More pieces of the same tasks and new tasks arrive in new files.
+    write_in_files(root, random_attempts(random.Random(2), 80, "t"), "late", 3)
+    assert_same(cached, scratch)
+    before = cached.fold.generation if cached.fold else 0
+    report = run_compact(str(root), grace_s=0.0)
+    assert report.merged_files and not report.errors
+    assert_same(cached, scratch)
+    assert cached.fold is not None and cached.fold.rebuilds == 0  # compaction is no loss
+    assert cached.fold.adopted_files == report.written_files  # and nothing to read again
+    assert cached.fold.generation > before
+    cached.close()
+    scratch.close()
+
+
+def test_a_new_process_reuses_the_cache_and_folds_only_new_files(stores: tuple[Path, Path]
+                                                                 ) -> None:
+    root, cache = stores
+    first = Store(StoreOptions(str(root), cache_dir=str(cache)))
+    first.refresh()
+    first.close()
+    path = cache_file(str(cache), str(root.resolve()))
+    with duckdb.connect(str(path), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM files").fetchone() == (
+            len(list(root.rglob("*.parquet"))),)
+    write_in_files(root, random_attempts(random.Random(3), 30, "n"), "new", 1)
+    cached, scratch = open_pair(root, cache)
+    assert cached.fold is not None and cached.fold.path == path
+    with cached._lock:  # what the reopened fold still has to read
+        known = {p for p, in cached._con.execute("SELECT path FROM fold.files").fetchall()}
+    assert not any("new-000" in p for p in known)
+    assert_same(cached, scratch)
+    cached.close()
+    scratch.close()
+
+
+def test_refolding_the_same_rows_changes_nothing(stores: tuple[Path, Path]) -> None:
+    root, cache = stores
+    cached, scratch = open_pair(root, cache)
+    assert_same(cached, scratch)
+    # The same rows again under other names: a resent batch, or a copy before compaction.
+    for path in sorted(root.rglob("part-000.parquet")):
+        path.with_name("again.parquet").write_bytes(path.read_bytes())
+    assert_same(cached, scratch)
+    cached.close()
+    scratch.close()
+
+
+def test_deleted_files_rebuild_the_fold(stores: tuple[Path, Path]) -> None:
+    root, cache = stores
+    cached, scratch = open_pair(root, cache)
+    assert_same(cached, scratch)
+    for path in sorted(root.rglob("part-001.parquet")):  # retention, or a hand
+        path.unlink()
+    assert_same(cached, scratch)
+    assert cached.fold is not None and cached.fold.rebuilds == 1
+    cached.close()
+    scratch.close()
+
+
+def test_a_cache_held_by_other_processes_takes_the_next_slot_then_memory(
+        stores: tuple[Path, Path]) -> None:
+    root, cache = stores
+    cache.mkdir()
+    key = str(root.resolve())
+    holders = [Store(StoreOptions(str(root), cache_dir=str(cache)))]
+    try:
+        second, scratch = open_pair(root, cache)
+        assert second.fold is not None and second.fold.path == cache_file(str(cache), key, 1)
+        assert_same(second, scratch)
+        holders += [second, Store(StoreOptions(str(root), cache_dir=str(cache)))]
+        last = Store(StoreOptions(str(root), refresh_s=0.0, cache_dir=str(cache)))
+        assert last.fold is not None and last.fold.path is None  # every slot is held
+        assert "folding in memory" in last.note
+        assert_same(last, scratch)
+        last.close()
+        scratch.close()
+    finally:
+        for holder in holders:
+            holder.close()
+
+
+def test_a_cache_file_locked_by_another_process_is_left_alone(stores: tuple[Path, Path]
+                                                               ) -> None:
+    root, cache = stores
+    built = evagg("query", "--data", str(root), "--cache", str(cache), "summary")
+    assert built.returncode == 0, built.stderr
+    held = cache_file(str(cache), str(root.resolve()))
+    before = held.read_bytes()
+    holder = subprocess.Popen(  # another process that writes the file: it holds the lock
+        [sys.executable, "-c", "import duckdb, sys; con = duckdb.connect(sys.argv[1]); "
+         "print('ready', flush=True); sys.stdin.read()", str(held)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+        cached, scratch = open_pair(root, cache)
+        assert cached.fold is not None
+        assert cached.fold.path == cache_file(str(cache), str(root.resolve()), 1)
+        assert_same(cached, scratch)
+        cached.close()
+        scratch.close()
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(30)
+    assert held.read_bytes() == before  # neither removed nor rewritten
+
+
+def test_a_damaged_cache_file_is_started_again(stores: tuple[Path, Path]) -> None:
+    root, cache = stores
+    cache.mkdir()
+    cache_file(str(cache), str(root.resolve())).write_bytes(b"not a database" * 100)
+    cached, scratch = open_pair(root, cache)
+    assert cached.fold is not None and cached.fold.path is not None
+    assert_same(cached, scratch)
+    cached.close()
+    scratch.close()
+
+
+def test_an_unwritable_cache_folder_falls_back_to_memory(stores: tuple[Path, Path]) -> None:
+    root, cache = stores
+    cache.write_text("a file where the cache folder should be")
+    cached, scratch = open_pair(root, cache / "sub")
+    assert cached.fold is not None and cached.fold.path is None
+    assert "folding in memory" in cached.note
+    assert_same(cached, scratch)
+    cached.close()
+    scratch.close()
+
+
+def test_read_only_data_folder_with_a_writable_cache(stores: tuple[Path, Path]) -> None:
+    root, cache = stores
+    files = list(root.rglob("*.parquet"))
+    for path in files:
+        path.chmod(stat.S_IRUSR)
+    cached, scratch = open_pair(root, cache)
+    assert cached.fold is not None and cached.fold.path is not None
+    assert_same(cached, scratch)
+    assert not [p for p in root.rglob("*") if p.is_file() and p not in files]  # wrote nothing
+    cached.close()
+    scratch.close()
+
+
+def test_the_pyarrow_engine_folds_the_same(stores: tuple[Path, Path]) -> None:
+    root, cache = stores
+    arrow = Store(StoreOptions(str(root), engine="pyarrow", refresh_s=0.0, cache_dir=str(cache)))
+    scratch = Store(StoreOptions(str(root), refresh_s=0.0, fold=False))
+    assert_same(arrow, scratch)
+    run_compact(str(root), grace_s=0.0)
+    assert_same(arrow, scratch)
+    assert arrow.fold is not None and arrow.fold.rebuilds == 0
+    arrow.close()
+    scratch.close()
