@@ -24,7 +24,7 @@ from aggregator import systemd
 from aggregator.config import AgentConfig, ConfigError, SinkConfig, load_config
 from aggregator.http_api import HttpApi
 from aggregator.ingest import Ingestor, SpoolUnavailable
-from aggregator.memory import calm_garbage_collector, return_freed_memory
+from aggregator.memory import arrow_pool_name, calm_garbage_collector, cap_malloc_arenas
 from aggregator.metrics import AgentMetrics
 from aggregator.red_metrics import RedMetrics
 from aggregator.sink_set import SinkSet, build_sinks
@@ -42,7 +42,8 @@ class Agent:
     def __init__(self, config: AgentConfig, exit_when_unused: Path | None = None,
                  overrides: Mapping[str, Any] | None = None) -> None:
         self.config = config
-        self._arrow_pool = return_freed_memory()
+        cap_malloc_arenas()
+        self._arrow_pool = arrow_pool_name()
         self.overrides = dict(overrides or {})  # command-line flags, kept across reloads
         self.metrics = AgentMetrics()
         # -- RED metrics and agent on demand (see aggregator/red_metrics.py, emitters/autostart.py)

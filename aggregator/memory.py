@@ -40,15 +40,11 @@ def prefer_returning_pool() -> None:
         os.environ.setdefault(POOL_VARIABLE, PREFERRED_POOL)
 
 
-def return_freed_memory() -> str:
-    """Share one malloc arena; returns Arrow's pool name, which differs from the preferred
-    one where pyarrow was built without jemalloc."""
+def arrow_pool_name() -> str:
+    """The pool Arrow uses: not the preferred one where pyarrow was built without jemalloc."""
     import pyarrow as pa
 
-    pool = pa.default_memory_pool()
-    if "MALLOC_ARENA_MAX" not in os.environ:
-        _cap_glibc_arenas(1)
-    return str(pool.backend_name)
+    return str(pa.default_memory_pool().backend_name)
 
 
 def calm_garbage_collector() -> None:
@@ -60,9 +56,10 @@ def calm_garbage_collector() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
-def _cap_glibc_arenas(arenas: int) -> None:
+def cap_malloc_arenas() -> None:
+    """One glibc malloc arena for all the agent's threads, unless MALLOC_ARENA_MAX is set."""
     name = ctypes.util.find_library("c")
-    if name is None:
+    if "MALLOC_ARENA_MAX" in os.environ or name is None:
         return
     try:
         mallopt = ctypes.CDLL(name).mallopt
@@ -70,4 +67,4 @@ def _cap_glibc_arenas(arenas: int) -> None:
         return
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    mallopt(_M_ARENA_MAX, arenas)
+    mallopt(_M_ARENA_MAX, 1)

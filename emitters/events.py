@@ -128,7 +128,10 @@ def _with_built(items: Sequence[tuple[Any, ...]], context: Context,
         if item[1] is BUILT:
             if start < index:
                 out += _build(items[start:index], context, lost)
-            out.append(built_event(item[2], context))
+            try:
+                out.append(built_event(item[2], context))
+            except Exception:  # one bad row must not cost its neighbours their frame
+                lost["unencodable"] += 1
             start = index + 1
     if start < len(items):
         out += _build(items[start:], context, lost)

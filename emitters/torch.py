@@ -204,9 +204,10 @@ class TrainingTracker:
     def _metric(self, name: str, value: Any) -> None:
         if isinstance(value, (int, float)):
             self._step.metrics[name] = float(value)
-        elif value.device.type == "cpu" or not self._cuda:
-            # Without a CUDA model there is no step-end event to wait on before reading a
-            # non-blocking copy, so a GPU metric here is read at once (a sync, but right).
+        elif value.device.type == "cpu" or value.device != self._device:
+            # The step-end event is recorded on the model's GPU only: a metric anywhere else
+            # (a CPU model, a loss on another GPU) has no event to wait on before its
+            # non-blocking copy may be read, so it is read at once (a sync, but right).
             self._step.metrics[name] = float(value.detach().item())
         else:  # copied into pinned host memory; read once the step's end event is done
             self._step.deferred[name] = value.detach().to("cpu", non_blocking=True)

@@ -297,3 +297,20 @@ def test_built_and_emitted_events_share_frames_in_order() -> None:
     assert all(e["attrs"] == {**CONTEXT["attrs"], "shard": str(e["step"])} for e in tasks)
     spans_only = [e for e in events if e["kind"] == "span"]
     assert _by_id(spans_only) == _by_id(_delivered(_generic(spans)))
+
+
+def test_a_bad_built_row_is_counted_and_costs_its_neighbours_nothing() -> None:
+    good = {"event_id": "good-1", "kind": "span", "name": "kept", "time": 10**18}
+    bad = {"event_id": "bad-1", "kind": "span", "name": "lost", "attrs": 5}  # not a mapping
+    counted: list[int] = []
+
+    def send(emitter: Emitter) -> None:
+        emitter.emit(kind="task", name="before")
+        emitter.enqueue_built([bad, good])
+        emitter.emit(kind="task", name="after")
+        assert emitter.flush(20) is False  # a loss since the last flush
+        counted.append(emitter.stats().get("dropped_unencodable", 0))
+
+    delivered = _delivered(send, flush_interval=60)  # one drain takes all four
+    names = [e["name"] for e in delivered if e["kind"] != "loss"]
+    assert names == ["before", "kept", "after"] and counted == [1]
