@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 import orjson
 from aiohttp import web
 
-from aggregator import otlp, ray_batch, ray_events
+from aggregator import otlp, ray_batch, ray_dedupe, ray_events
 from aggregator.ingest import Ingestor, IngestResult, SpoolUnavailable
 from aggregator.metrics import AgentMetrics
 from aggregator.tail import stream_tail
@@ -24,6 +24,7 @@ log = logging.getLogger("evagg.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 INGEST_PATHS = frozenset({"/v1/events", "/ray/events", "/v1/traces"})
+RAY_RESEND_WAIT_S = 2.5  # under Ray's 3 s publish timeout
 
 
 class HttpApi:
@@ -97,17 +98,55 @@ class HttpApi:
         return _ingest_answer(result)
 
     async def post_ray_events(self, request: web.Request) -> web.Response:
+        """Ray's Event Export. The body's new eventIds are in flight from the split until
+        the spool write ends: stored, they are remembered; failed, forgotten (Ray's resend
+        is then stored). A resend that meets ids another request is still writing waits
+        for that write (at most RAY_RESEND_WAIT_S): 200 if it stored them, else 503 so that
+        Ray sends again. docs/ray.md, "Resends"."""
         body = await request.read()
         stamp = self.ingestor.stamp()
+        claim = ray_dedupe.Claim()
         try:
             mapped = await self.ingestor.in_thread(ray_batch.ray_body_to_batch, body,
-                                                   self.ray_ids, stamp)
+                                                   self.ray_ids, stamp, claim)
         except ray_events.RayBodyError as exc:
             return self._bad(request, "malformed", str(exc))
-        self.metrics.duplicate_frames.inc(mapped.duplicates, route="ray")
-        result = await self.ingestor.store(mapped.normalized, stamp, route="ray")
-        self.ray_ids.confirm(mapped.fresh_ids)
+        except BaseException:  # cancelled: the thread may still take ids under this claim
+            self.ray_ids.settle(claim, stored=False)
+            raise
+        self._count_ray_paths(mapped)
+        stored = False
+        try:
+            result = await self.ingestor.store(mapped.normalized, stamp, route="ray")
+            stored = True
+        finally:
+            self.ray_ids.settle(claim, stored)
+        if mapped.pending and not await self._stored_by_others(mapped.pending):
+            raise SpoolUnavailable("an earlier request with some of these events failed or "
+                                   "is still writing them: send again")
+        self.metrics.duplicate_frames.inc(mapped.duplicates + mapped.held, route="ray")
         return _ingest_answer(result, all_rejected_status=200)
+
+    def _count_ray_paths(self, mapped: ray_batch.RayBatch) -> None:
+        if mapped.declined:
+            self.metrics.ray_careful_events.inc(mapped.declined, reason="declined")
+        if mapped.careful > mapped.declined:
+            self.metrics.ray_careful_events.inc(mapped.careful - mapped.declined,
+                                                reason="other_event_type")
+        if mapped.times_one_by_one:
+            self.metrics.ray_time_remaps.inc()
+
+    async def _stored_by_others(self, pending: list[ray_dedupe.Claim]) -> bool:
+        """Whether the requests writing some of this body's events stored them, waiting
+        less than Ray's 3 s timeout: past that, nobody reads our answer."""
+        try:
+            async with asyncio.timeout(RAY_RESEND_WAIT_S):
+                for claim in pending:
+                    if not await self.ray_ids.outcome(claim):
+                        return False
+        except TimeoutError:
+            return False
+        return True
 
     async def post_traces(self, request: web.Request) -> web.Response:
         body = await request.read()

@@ -157,6 +157,14 @@ class AgentMetrics:
             "evagg_worker_errors_total",
             "Exceptions caught in background workers, by worker and type.",
         )
+        self.ray_careful_events = r.counter(
+            "evagg_ray_careful_events_total",
+            "Ray events mapped by the careful path, by reason (other_event_type, declined).",
+        )
+        self.ray_time_remaps = r.counter(
+            "evagg_ray_time_remaps_total",
+            "Ray bodies mapped again with times converted one by one.",
+        )
         self.open_connections = r.gauge("evagg_open_connections", "Producer connections open now.")
         self.draining = r.gauge("evagg_draining", "1 while the agent drains before exit.")
         self.sink_permanent_error = r.gauge(

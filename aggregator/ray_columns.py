@@ -4,9 +4,11 @@ A row is a tuple of the ROW_COLUMNS in order: every event column except those th
 stamps (pid, uid, received), which come from the batch's Stamp. Rows hold values exactly
 as `aggregator.normalize.normalize_event` leaves them (checked types, defaults applied),
 so a batch built here equals `rows_to_batch` over the same rows. The one exception is
-`time`, which may also hold Ray's own RFC 3339 text (UTC, "2026-11-29T12:05:22.487696773Z",
-protobuf's 0, 3, 6 or 9 fraction digits): Arrow converts those in one cast, to the same
-nanoseconds as `normalize` would.
+`time`, which may also hold Ray's own RFC 3339 text: UTC with a "Z" and 0-9 fraction
+digits ("2026-11-29T12:05:22Z" to "2026-11-29T12:05:22.487696773Z"; protobuf prints 0,
+3, 6 or 9). Arrow converts those in one cast, to the same nanoseconds as `normalize`
+would; any other text raises TimeTextError, and the caller maps the batch again with
+times converted one by one.
 """
 
 from __future__ import annotations

@@ -1,15 +1,18 @@
 """Dropping the events of a batch Ray sends again.
 
 Ray's exporter resends a batch byte for byte when our answer is slow (over its 3 s
-timeout) or not 2xx, and sends nothing else meanwhile, so remembering the eventIds of
-recently stored events catches every resend.
+timeout) or not 2xx, and sends nothing else meanwhile. An id is remembered from the
+moment a request takes it (in flight) until its write ends: stored, it stays remembered
+(a window of the recent ones); failed, it is forgotten so the resend is stored.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 
 def ray_event_id(item: Any) -> str | None:
@@ -22,28 +25,51 @@ def ray_event_id(item: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-class RecentEventIds:
-    """Ray eventIds stored lately, to drop the events of a resent batch.
+class Claim:
+    """One request's hold on the eventIds it is writing. `stored` is None while in flight,
+    then whether the write succeeded; a request that meets these ids meanwhile waits for it
+    (`RecentEventIds.outcome`)."""
 
-    Ray resends a batch byte for byte when the answer is slow (> 3 s) or not 2xx and
-    sends nothing else meanwhile, so a window of recent ids catches every resend. Two
-    generations of sets bound memory (about 2 x `capacity` ids, ~120 bytes each); when
-    the young one fills, the old one is dropped whole. Two steps: `filter_new` only
-    looks, `confirm` remembers once the batch is in the spool, so a failed write never
-    makes Ray's resend look like a duplicate. Not persisted: after an agent restart a
-    resend can be stored twice, and readers of the Parquet dedupe on event_id anyway.
-    Accepts raw eventIds or the event objects themselves.
+    __slots__ = ("ids", "stored", "waiters")
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.stored: bool | None = None
+        self.waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[bool]]] = []
+
+
+class NewEvents(NamedTuple):
+    """What `RecentEventIds.split_new` found in one body."""
+
+    indexes: list[int]  # of the events to store
+    ids: list[str]  # their eventIds, in order (events without one are always new)
+    pending: list[Claim]  # other requests writing some of the rest now
+    held: int  # how many of the rest those requests hold
+
+
+class RecentEventIds:
+    """Ray eventIds stored lately or being stored now, to drop the events of a resent batch.
+
+    `split_new` marks the new ids of a body in flight under a `Claim`; `settle` ends the
+    claim once the write is done: stored ids join the window, failed ones are forgotten,
+    so a failed write never makes Ray's resend look like a duplicate. A resend that meets
+    ids still in flight gets their claims, to wait for and answer by (`http_api`). The
+    window is two generations of sets (about 2 x `capacity` ids, ~120 bytes each); when
+    the young one fills, the old one is dropped whole. Not persisted: after an agent
+    restart a resend can be stored twice, and readers of the Parquet dedupe on event_id
+    anyway. Accepts raw eventIds or the event objects themselves.
     """
 
     def __init__(self, capacity: int = 100_000) -> None:
         self._capacity = max(1, capacity)
         self._young: set[str] = set()
         self._old: set[str] = set()
+        self._in_flight: dict[str, Claim] = {}
         self._lock = threading.Lock()
 
     def filter_new(self, events: Iterable[Any], *, remember: bool = False) -> list[bool]:
-        """True for each event not seen before (repeats within `events` count as seen).
-        Events without an id are always new."""
+        """True for each event not seen before nor in flight (repeats within `events` count
+        as seen). Events without an id are always new."""
         out: list[bool] = []
         batch: dict[str, None] = {}  # ordered, so generations age in arrival order
         with self._lock:
@@ -52,37 +78,84 @@ class RecentEventIds:
                 if event_id is None:
                     out.append(True)
                     continue
-                new = not (event_id in batch or event_id in self._young or event_id in self._old)
+                new = not (event_id in batch or self._seen(event_id))
                 batch[event_id] = None
                 out.append(new)
             if remember:
                 self._add(batch)
         return out
 
-    def split_new(self, events: list[Any]) -> tuple[list[int], list[str]]:
-        """The indexes of the events not seen before (as `filter_new`), and their ids in
-        order, for `confirm` once they are stored."""
+    def split_new(self, events: list[Any], claim: Claim | None = None) -> NewEvents:
+        """The events not seen before (as `filter_new`), their ids now in flight under
+        `claim` until `settle` (or `confirm`); and the claims of other requests that hold
+        some of the rest in flight. A claim settled already (its request was cancelled)
+        takes no ids."""
+        claim = Claim() if claim is None else claim
         fresh: list[int] = []
         fresh_ids: list[str] = []
         batch: set[str] = set()
+        pending: dict[Claim, None] = {}
+        held = 0
         with self._lock:
-            young, old = self._young, self._old
+            young, old, in_flight = self._young, self._old, self._in_flight
             for index, event in enumerate(events):
                 event_id = (event.get("eventId") or event.get("event_id")
                             if type(event) is dict else ray_event_id(event))
                 if type(event_id) is not str or not event_id:
                     fresh.append(index)
                 elif not (event_id in batch or event_id in young or event_id in old):
+                    holder = in_flight.get(event_id)
+                    if holder is not None:
+                        pending[holder] = None
+                        held += 1
+                        continue
                     batch.add(event_id)
                     fresh.append(index)
                     fresh_ids.append(event_id)
-        return fresh, fresh_ids
+            if claim.stored is None:
+                claim.ids += fresh_ids
+                in_flight.update(dict.fromkeys(fresh_ids, claim))
+        return NewEvents(fresh, fresh_ids, list(pending), held)
+
+    def settle(self, claim: Claim, stored: bool) -> None:
+        """End a claim: its ids are remembered (stored) or forgotten (the write failed),
+        and whoever waits for it learns which. A second call changes nothing."""
+        with self._lock:
+            if claim.stored is not None:
+                return
+            claim.stored = stored
+            for event_id in claim.ids:
+                if self._in_flight.get(event_id) is claim:
+                    del self._in_flight[event_id]
+            if stored:
+                self._add(claim.ids)
+            waiters, claim.waiters = claim.waiters, []
+        for loop, future in waiters:
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
+                loop.call_soon_threadsafe(_resolve, future, stored)
+
+    async def outcome(self, claim: Claim) -> bool:
+        """Wait until `claim` is settled; whether its ids were stored."""
+        with self._lock:
+            if claim.stored is not None:
+                return claim.stored
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[bool] = loop.create_future()
+            claim.waiters.append((loop, future))
+        return await future
 
     def confirm(self, events: Iterable[Any]) -> None:
-        """Remember these events as stored."""
+        """Remember these events as stored (ending the claims that held them)."""
         found = [i for i in map(ray_event_id, events) if i is not None]
         with self._lock:
+            claims = {c: None for c in map(self._in_flight.get, found) if c is not None}
+        for claim in claims:
+            self.settle(claim, stored=True)
+        with self._lock:
             self._add(found)
+
+    def _seen(self, event_id: str) -> bool:
+        return event_id in self._young or event_id in self._old or event_id in self._in_flight
 
     def _add(self, event_ids: Iterable[str]) -> None:
         young = self._young
@@ -93,8 +166,18 @@ class RecentEventIds:
                 young = self._young
 
     def __contains__(self, event: object) -> bool:
+        """Whether the event is remembered as stored (in flight does not count)."""
         event_id = ray_event_id(event)
         return event_id is not None and (event_id in self._young or event_id in self._old)
 
     def __len__(self) -> int:
         return len(self._young) + len(self._old)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+
+def _resolve(future: asyncio.Future[bool], stored: bool) -> None:
+    if not future.done():  # the waiter may have given up (a timeout)
+        future.set_result(stored)

@@ -135,11 +135,7 @@ def _stamp_envelope(item: dict[str, Any], k: Keys, event_type: str, payload_key:
     event_hex = b64_hex(item.get(k["event_id"]), k["event_id"], cache=False) or _content_id(item)
     envelope_ns: int | None = None
     node_hex = b64_hex(item.get(k["node_id"]), k["node_id"])  # the emitting node (Ray >= 2.56)
-    attrs = {"ray_event_type": event_type, **extra_attrs(item, k, ENVELOPE_TAKEN, payload_key)}
-    if item.get(k["session_name"]):
-        attrs["ray_session"] = str(item[k["session_name"]])
-    if item.get("severity") not in (None, "", "INFO"):
-        attrs["ray_severity"] = str(item["severity"])
+    attrs = envelope_attrs(item, k, event_type, payload_key)
     many = len(bodies) > 1
     for index, body in enumerate(bodies):
         body["event_id"] = f"{event_hex}-{index}" if many else event_hex
@@ -157,6 +153,19 @@ def _stamp_envelope(item: dict[str, Any], k: Keys, event_type: str, payload_key:
     return bodies
 
 
+def envelope_attrs(item: dict[str, Any], k: Keys, event_type: str,
+                   payload_key: str) -> dict[str, str]:
+    """The attrs every row of one Ray event shares (both paths call this)."""
+    attrs = {"ray_event_type": event_type, **extra_attrs(item, k, ENVELOPE_TAKEN, payload_key)}
+    session = item.get(k["session_name"])
+    if session:
+        attrs["ray_session"] = str(session)
+    severity = item.get("severity")
+    if severity not in (None, "", "INFO"):
+        attrs["ray_severity"] = str(severity)
+    return attrs
+
+
 def _content_id(item: dict[str, Any]) -> str:
     """An event without an eventId still gets a stable id: a digest of its content."""
     content = orjson.dumps(item, option=orjson.OPT_SORT_KEYS)
@@ -169,10 +178,7 @@ DEFINITION_TAKEN = Taken("task_id", "task_attempt", "task_name", "actor_task_nam
 
 
 def map_task_definition(p: dict[str, Any], k: Keys, event_type: str) -> list[Row]:
-    func = p.get(k["task_func"]) or p.get(k["actor_func"]) or {}
-    inner = next((v for v in func.values() if isinstance(v, dict)), {})
-    parts = (inner.get(k[n]) for n in ("module_name", "class_name", "function_name"))
-    function = ".".join(str(x) for x in parts if x) or None
+    function = function_name(function_parts(p, k))
     attrs = extra_attrs(p, k, DEFINITION_TAKEN)
     attrs.setdefault("ray_task_type", "ACTOR_TASK" if k["actor_func"] in p else "NORMAL_TASK")
     if function:
@@ -192,6 +198,19 @@ def map_task_definition(p: dict[str, Any], k: Keys, event_type: str) -> list[Row
         "parent_id": b64_hex(p.get(k["parent_task_id"]), k["parent_task_id"]),
         "attrs": attrs,
     }]
+
+
+def function_parts(p: dict[str, Any], k: Keys) -> tuple[Any, Any, Any]:
+    """(module, class, function) of a task definition's function descriptor."""
+    func = p.get(k["task_func"]) or p.get(k["actor_func"]) or {}
+    inner = next((v for v in func.values() if isinstance(v, dict)), {})
+    return (inner.get(k["module_name"]), inner.get(k["class_name"]),
+            inner.get(k["function_name"]))
+
+
+def function_name(parts: tuple[Any, ...]) -> str | None:
+    """"module.Class.function", leaving out the parts that are unset."""
+    return ".".join(str(x) for x in parts if x) or None
 
 
 TASK_STATUS = (  # ray.rpc.TaskStatus by number, for the 2.49-2.50 `taskState` map

@@ -10,8 +10,16 @@ not base64, an attempt out of range) it declines by raising, and the caller hand
 event to the careful path, which maps it or names the reason it cannot.
 
 Times: with `eager=False` a row keeps Ray's RFC 3339 text as is, and `ray_columns`
-converts the whole column at once; if any text is not in Ray's own shape, the caller maps
-the batch again with `eager=True`, which converts (or declines) event by event.
+converts the whole column in one cast, which takes UTC texts with 0-9 fraction digits
+("...T12:05:22Z" to "...T12:05:22.487696773Z"). If any text is of another shape (an
+offset, a lower-case "t"), names no real time or is out of range, the caller maps the
+batch again with `eager=True`: times are then converted event by event, with the
+careful path's parser, and only an event whose time that parser refuses or that lies
+before 1970 or past int64 nanoseconds declines to the careful path (which rejects that row).
+
+Caches (envelope attrs, function names, states) are keyed on values from outside:
+anything but a str (or None) declines first, since 1, True and 1.0 are one dict key but
+different texts; values too long to be worth keeping are mapped every time.
 """
 
 from __future__ import annotations
@@ -29,6 +37,9 @@ from aggregator.ray_events import (
     ERROR_TAKEN,
     LIFECYCLE_TAKEN,
     STATE_OF,
+    envelope_attrs,
+    function_name,
+    function_parts,
     task_state,
     transitions,
 )
@@ -36,9 +47,11 @@ from aggregator.ray_values import (
     HEX_CACHE,
     K_CAMEL,
     K_SNAKE,
+    MAX_CACHED_KEY,
     Keys,
     b64_hex,
     extra_attrs,
+    keep,
     runtime_env,
     time_ns,
     to_int,
@@ -53,16 +66,20 @@ class Declined(ValueError):
     """The fast path leaves this event to the careful path."""
 
 
+class OtherEventType(Declined):
+    """Not a task definition or lifecycle event: the careful path's to map, as planned."""
+
+
 def fast_rows(item: Any, stamp: Stamp, eager: bool = False) -> list[RowTuple]:
     """Row tuples for one task event; raises (Declined or the error of a helper) for any
     event the careful path must take."""
     if type(item) is not dict:
-        raise Declined("not an object")
+        raise OtherEventType("not an object")
     snake = "event_type" in item or "event_id" in item
     event_type: Any = item.get("eventType") or item.get("event_type")
     spec = _MAPPERS.get(event_type)
     if spec is None:
-        raise Declined("not a task event")
+        raise OtherEventType("not a task event")
     mapper, camel_key, snake_key = spec
     k, payload_key = (K_SNAKE, snake_key) if snake else (K_CAMEL, camel_key)
     payload = item.get(payload_key)
@@ -104,31 +121,33 @@ class _Envelope(NamedTuple):
 def _envelope_attrs(item: dict[str, Any], k: Keys, event_type: str,
                     payload_key: str) -> dict[str, str]:
     """The envelope's attrs; one dict for all events of a type, session and severity."""
+    session, severity = item.get(k["session_name"]), item.get("severity")
+    if not _plain(session) or not _plain(severity):
+        # 1, True and 1.0 are one dict key but "1", "True" and "1.0" as text
+        raise Declined("session or severity is not a string")
     if not item.keys() <= ENVELOPE_TAKEN.wire(k, payload_key):  # extras: their values count
-        return _new_envelope_attrs(item, k, event_type, payload_key)
-    shape = (event_type, item.get(k["session_name"]), item.get("severity"))
+        return envelope_attrs(item, k, event_type, payload_key)
+    shape = (event_type, session, severity)
     attrs = _ENVELOPE_ATTRS.get(shape)
     if attrs is None:
-        attrs = _new_envelope_attrs(item, k, event_type, payload_key)
-        if len(_ENVELOPE_ATTRS) >= 256:
-            _ENVELOPE_ATTRS.clear()
-        _ENVELOPE_ATTRS[shape] = attrs
+        attrs = envelope_attrs(item, k, event_type, payload_key)
+        if _short(shape):
+            keep(_ENVELOPE_ATTRS, shape, attrs, ENVELOPE_CACHE_SIZE)
     return attrs
 
 
+ENVELOPE_CACHE_SIZE = 256
+FUNCTION_CACHE_SIZE = 4096
 _ENVELOPE_ATTRS: dict[tuple[Any, ...], dict[str, str]] = {}
 
 
-def _new_envelope_attrs(item: dict[str, Any], k: Keys, event_type: str,
-                        payload_key: str) -> dict[str, str]:
-    attrs = {"ray_event_type": event_type, **extra_attrs(item, k, ENVELOPE_TAKEN, payload_key)}
-    session = item.get(k["session_name"])
-    if session:
-        attrs["ray_session"] = str(session)
-    severity = item.get("severity")
-    if severity not in (None, "", "INFO"):
-        attrs["ray_severity"] = str(severity)
-    return attrs
+def _plain(value: Any) -> bool:
+    return value is None or type(value) is str
+
+
+def _short(parts: tuple[Any, ...]) -> bool:
+    """Every part short enough to be worth keeping in a cache key."""
+    return all(x is None or len(x) <= MAX_CACHED_KEY for x in parts)
 
 
 def _checked(ns: int) -> int:
@@ -151,19 +170,16 @@ def _hex(p: dict[str, Any], key: str) -> str | None:
     return (HEX_CACHE.get(value) or b64_hex(value, key)) if value else None
 
 
-def _function(func: Any, k: Keys) -> str | None:
-    inner: dict[str, Any] = {}
-    for value in func.values():
-        if isinstance(value, dict):
-            inner = value
-            break
-    parts = (inner.get(k["module_name"]), inner.get(k["class_name"]),
-             inner.get(k["function_name"]))
+def _function(p: dict[str, Any], k: Keys) -> str | None:
+    """`ray_events.function_name`, cached: the tasks of a job share a few functions."""
+    parts = function_parts(p, k)
+    if not all(map(_plain, parts)):  # as in _envelope_attrs: 1 and 1.0 are one key
+        raise Declined("a function name part is not a string")
     found = _FUNCTIONS.get(parts)
     if found is None:
-        if len(_FUNCTIONS) >= 4096:
-            _FUNCTIONS.clear()
-        found = _FUNCTIONS[parts] = ".".join(str(x) for x in parts if x)
+        found = function_name(parts) or ""
+        if _short(parts):
+            keep(_FUNCTIONS, parts, found, FUNCTION_CACHE_SIZE)
     return found or None
 
 
@@ -171,7 +187,7 @@ _FUNCTIONS: dict[tuple[Any, ...], str] = {}
 
 
 def _definition(p: dict[str, Any], k: Keys, env: _Envelope) -> list[RowTuple]:
-    function = _function(p.get(k["task_func"]) or p.get(k["actor_func"]) or {}, k)
+    function = _function(p, k)
     attrs = extra_attrs(p, k, DEFINITION_TAKEN)
     attrs.setdefault("ray_task_type", "ACTOR_TASK" if k["actor_func"] in p else "NORMAL_TASK")
     if function:
@@ -262,7 +278,7 @@ class _States(dict[str, str]):
 
     def __missing__(self, raw: str) -> str:
         state = STATE_OF.get(raw) or task_state(raw)
-        if len(self) < 1024:
+        if len(self) < 1024 and len(raw) <= MAX_CACHED_KEY:  # states come from outside
             self[raw] = state
         return state
 

@@ -10,12 +10,29 @@ from __future__ import annotations
 
 import binascii
 import re
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
 from aggregator.normalize import EventError, parse_rfc3339_ns
 from emitters.fields import redact_environment
+
+# The caches below hold values that arrive from outside, so besides a count each bounds
+# what one entry may hold: longer values are mapped every time, never kept.
+MAX_CACHED_KEY = 64  # characters of an id or name; items of a key tuple
+MAX_CACHED_ENV = 4096  # characters of a serialized runtime env
+HEX_CACHE_SIZE = 1 << 16  # entries; module constants, so tests can shrink them
+NAMES_CACHE_SIZE = 4096
+ENV_CACHE_SIZE = 256
+_MISSING: Any = object()  # a cache miss (None is a value some caches hold)
+
+
+def keep(cache: dict[Any, Any], key: Any, value: Any, limit: int) -> None:
+    """Store in a cache that is emptied whole when full. Another decode thread may clear
+    it at any time: read it with one `.get`, never `in` then `[]`."""
+    if len(cache) >= limit:
+        cache.clear()
+    cache[key] = value
 
 
 class RayValueError(ValueError):
@@ -32,7 +49,8 @@ class Keys(dict[str, str]):
     def __missing__(self, snake: str) -> str:
         head, *rest = snake.split("_")
         key = head + "".join(p[:1].upper() + p[1:] for p in rest) if self.camel else snake
-        self[snake] = key
+        if len(snake) <= MAX_CACHED_KEY and len(self) < 1024:  # event types come from outside
+            self[snake] = key
         return key
 
 
@@ -50,7 +68,9 @@ _SNAKE_OF: dict[str, str] = {}
 def snake(key: str) -> str:
     name = _SNAKE_OF.get(key)
     if name is None:
-        name = _SNAKE_OF[key] = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key).lower()
+        name = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key).lower()
+        if len(key) <= MAX_CACHED_KEY:  # field names come from outside
+            keep(_SNAKE_OF, key, name, NAMES_CACHE_SIZE)
     return name
 
 
@@ -70,9 +90,9 @@ class Taken:
             return self.camel if k.camel else self.snake
         found = self._with.get((k.camel, also))
         if found is None:
-            if len(self._with) >= 64:
-                self._with.clear()
-            found = self._with[(k.camel, also)] = self.wire(k) | {also}
+            found = self.wire(k) | {also}
+            if len(also) <= MAX_CACHED_KEY:
+                keep(self._with, (k.camel, also), found, 64)
         return found
 
 
@@ -96,14 +116,21 @@ _EXTRA_NAMES: dict[tuple[Any, ...], tuple[tuple[str, str], ...]] = {}
 
 def extra_names(obj: dict[str, Any], k: Keys, taken: Taken,
                 also: str) -> tuple[tuple[str, str], ...]:
+    if len(obj) > MAX_CACHED_KEY:  # an odd object: not worth a cache entry of its size
+        return _names_of(obj, k, taken, also)
     shape = (taken, k.camel, also, tuple(obj))
     names = _EXTRA_NAMES.get(shape)
     if names is None:
-        names = tuple((key, _attr_name(key)) for key in sorted(obj.keys() - taken.wire(k, also)))
-        if len(_EXTRA_NAMES) >= 4096:  # odd producers (fuzzers) make new shapes
-            _EXTRA_NAMES.clear()
-        _EXTRA_NAMES[shape] = names
+        names = _names_of(obj, k, taken, also)
+        # odd producers (fuzzers) make new shapes: bounded in count and in size
+        if len(also) <= MAX_CACHED_KEY and all(len(n) <= MAX_CACHED_KEY for n in obj):
+            keep(_EXTRA_NAMES, shape, names, NAMES_CACHE_SIZE)
     return names
+
+
+def _names_of(obj: dict[str, Any], k: Keys, taken: Taken,
+              also: str) -> tuple[tuple[str, str], ...]:
+    return tuple((key, _attr_name(key)) for key in sorted(obj.keys() - taken.wire(k, also)))
 
 
 def _attr_name(key: str) -> str:
@@ -124,19 +151,17 @@ def b64_hex(value: Any, field: str, cache: bool = True) -> str | None:
     """A base64 id as hex; None when empty. Set cache=False for ids that never repeat."""
     if not value:
         return None
+    if not isinstance(value, str):
+        raise RayValueError(f"{field} must be a base64 string, got {type(value).__name__}")
     found = HEX_CACHE.get(value) if cache else None
     if found is not None:
         return found
-    if not isinstance(value, str):
-        raise RayValueError(f"{field} must be a base64 string, got {type(value).__name__}")
     try:
         found = binascii.a2b_base64(value, strict_mode=True).hex()
     except binascii.Error as exc:
         raise RayValueError(f"{field} is not base64 ({exc}): {value[:60]!r}") from None
-    if cache:
-        if len(HEX_CACHE) >= 1 << 16:
-            HEX_CACHE.clear()
-        HEX_CACHE[value] = found
+    if cache and len(value) <= MAX_CACHED_KEY:  # Ray's ids are 4-40 base64 characters
+        keep(HEX_CACHE, value, found, HEX_CACHE_SIZE)
     return found
 
 
@@ -162,9 +187,8 @@ def time_ns(value: Any, field: str) -> int:
             head = value[:19]
             seconds = _SECONDS.get(head)
             if seconds is None:
-                if len(_SECONDS) > 100_000:
-                    _SECONDS.clear()
-                seconds = _SECONDS[head] = parse_rfc3339_ns(head + "Z")
+                seconds = parse_rfc3339_ns(head + "Z")
+                keep(_SECONDS, head, seconds, 100_000)
             return seconds + int(value[20:-1][:9].ljust(9, "0"))
         return parse_rfc3339_ns(value)
     except EventError as exc:
@@ -187,8 +211,11 @@ def runtime_env(serialized: Any) -> str | None:
     """A serialized runtime env with secret-looking env_vars values redacted."""
     if not serialized or serialized == "{}":
         return None
-    if type(serialized) is str and serialized in _ENVS:
-        return _ENVS[serialized]
+    cacheable = type(serialized) is str and len(serialized) <= MAX_CACHED_ENV
+    if cacheable:
+        cached = _ENVS.get(serialized, _MISSING)
+        if cached is not _MISSING:
+            return cast(str | None, cached)
     try:
         env = orjson.loads(serialized)
     except orjson.JSONDecodeError:
@@ -196,8 +223,6 @@ def runtime_env(serialized: Any) -> str | None:
     if isinstance(env, dict) and isinstance(env.get("env_vars"), dict):
         env["env_vars"] = redact_environment({str(a): str(b) for a, b in env["env_vars"].items()})
     found = text(env)
-    if type(serialized) is str:
-        if len(_ENVS) >= 256:
-            _ENVS.clear()
-        _ENVS[serialized] = found
+    if cacheable:
+        keep(_ENVS, serialized, found, ENV_CACHE_SIZE)
     return found

@@ -2,7 +2,8 @@
 
 Targets, each in process and bounded by --runs: the wire frame decoder
 (`emitters.wire.decode_body` and `FrameBuffer`), the socket payload decoder
-(`aggregator.decode.decode_ndjson`), the Ray Event Export mapping, and the OTLP decoder
+(`aggregator.decode.decode_ndjson`), the Ray Event Export route's mapping
+(`aggregator.ray_batch.ray_body_to_batch`: fast and careful paths), and the OTLP decoder
 (protobuf and JSON). A target may only return or raise its documented error type
 (FrameError, RayBodyError, OtlpError); anything else is a crash, printed with its input.
 
@@ -31,10 +32,11 @@ def target(name: str) -> Callable[[bytes], None]:
     import atheris  # type: ignore[import-untyped]
 
     with atheris.instrument_imports():
-        from aggregator import otlp, ray_events
+        from aggregator import otlp, ray_batch, ray_events
         from aggregator.decode import decode_ndjson
         from aggregator.normalize import Stamp, rows_to_batch
         from emitters import wire
+        from sinks.schema import batch_to_bytes
 
     def fuzz_wire(data: bytes) -> None:
         with contextlib.suppress(wire.FrameError):
@@ -47,13 +49,17 @@ def target(name: str) -> Callable[[bytes], None]:
     def fuzz_ndjson(data: bytes) -> None:
         decode_ndjson(data, Stamp.now("node", "host", pid=1, uid=0))
 
+    recent = ray_events.RecentEventIds(capacity=1000)
+
     def fuzz_ray(data: bytes) -> None:
+        # What the /ray/events route runs: only RayBodyError (a 400) may escape; anything
+        # else is a 500, and Ray resends a body answered with one forever.
         try:
-            items = ray_events.parse_ray_body(data)
+            mapped = ray_batch.ray_body_to_batch(data, recent, Stamp.now("node", "host"))
         except ray_events.RayBodyError:
             return
-        rows, _ = ray_events.ray_events_to_rows(items)
-        rows_to_batch(rows, Stamp.now())
+        batch_to_bytes(mapped.batch)
+        recent.settle(mapped.claim, stored=len(data) % 2 == 0)  # writes that fail, too
 
     def otlp_of(content_type: str) -> Callable[[bytes], None]:
         def fuzz(data: bytes) -> None:

@@ -6,11 +6,13 @@ same reasons for what is refused.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import copy
 import json
 import os
 import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +22,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from aggregator import ray_batch, ray_events, ray_fast, ray_values
 from aggregator.normalize import Stamp, normalize_event, rows_to_batch
 from aggregator.ray_batch import ray_body_to_batch, ray_items_to_batch
 from aggregator.ray_columns import row_of_event, rows_to_record_batch
+from aggregator.ray_dedupe import Claim
 from aggregator.ray_events import RayBodyError, RecentEventIds, ray_events_to_rows
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ray"
@@ -198,10 +202,145 @@ def _pid_as_text_Lifecycle(e: dict[str, Any]) -> None:
     e["taskLifecycleEvent"]["workerPid"] = "12x"
 
 
+def _odd_values(key: str, *values: Any) -> list[Callable[[dict[str, Any]], None]]:
+    """One change per value, in order: each of 1, True and 1.0 is the same dict key, so the
+    second and later would meet the first one's cache entry if the fast path cached them.
+    The envelope has no extra field, so the fast path would take its cache."""
+    changes: list[Callable[[dict[str, Any]], None]] = []
+    for value in values:
+        def change(e: dict[str, Any], value: Any = value) -> None:
+            e.pop("_captured_in", None)
+            payload = e.get("taskDefinitionEvent")
+            if key in ("sessionName", "severity") or payload is None:
+                e[key] = value
+            else:
+                payload["taskFunc"]["pythonFunctionDescriptor"][key] = value
+        change.__name__ = f"_{key}_is_{value!r}"
+        changes.append(change)
+    return changes
+
+
 ODD_CHANGES = [_no_event_id, _bad_base64_id, _numeric_name, _huge_attempt, _func_not_an_object,
                _odd_transition_Lifecycle, _stateless_transition_Lifecycle,
                _many_transitions_Lifecycle, _payload_not_an_object_Lifecycle,
-               _pid_as_text_Lifecycle]
+               _pid_as_text_Lifecycle,
+               *_odd_values("sessionName", True, 1, 1.0, False, 0),
+               *_odd_values("severity", 1, True, 0.0, False),
+               *_odd_values("moduleName", 1, 1.0, True),
+               *_odd_values("className", 0, 1, True),
+               *_odd_values("functionName", 2, 2.0)]
+
+
+def test_odd_envelope_values_of_lifecycle_events_fall_back_too() -> None:
+    base = load("02_excerpt_task_lifecycle_normal_and_failed.json")[3]
+    odd = []
+    for session in (True, 1, 1.0):
+        item = copy.deepcopy(base)
+        item.pop("_captured_in", None)
+        item["sessionName"] = session
+        odd.append(item)
+    assert assert_same_as_reference(odd) == len(odd)
+
+
+# ---- caches: shrunk, cleared, bounded in size -------------------------------------------
+
+CACHES: list[dict[Any, Any]] = [ray_fast._ENVELOPE_ATTRS, ray_fast._FUNCTIONS, ray_values.HEX_CACHE,
+          ray_values._EXTRA_NAMES, ray_values._ENVS, ray_values._SECONDS,
+          ray_values._SNAKE_OF]
+
+
+@pytest.fixture
+def tiny_caches(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every cache of the Ray mapping holds two entries, so entries evict all the time."""
+    for module, name in ((ray_fast, "ENVELOPE_CACHE_SIZE"), (ray_fast, "FUNCTION_CACHE_SIZE"),
+                         (ray_values, "HEX_CACHE_SIZE"), (ray_values, "NAMES_CACHE_SIZE"),
+                         (ray_values, "ENV_CACHE_SIZE")):
+        monkeypatch.setattr(module, name, 2)
+    yield
+    clear_caches()
+
+
+def clear_caches() -> None:
+    for cache in CACHES:
+        cache.clear()
+
+
+def test_shrunk_and_cleared_caches_give_the_reference_rows(tiny_caches: None) -> None:
+    """Cache aliasing and eviction: many sessions, severities, functions and envs of
+    every type, mapped in chunks with every cache cleared between chunks."""
+    events = generated_events(60)
+    odd_values: list[Any] = [None, "", "s", 1, True, 1.0, 0, False, "1", "True"]
+    for index, event in enumerate(events):
+        event.pop("_captured_in", None)
+        event["sessionName"] = odd_values[index % len(odd_values)]
+        event["severity"] = odd_values[(index // 3) % len(odd_values)]
+        definition = event.get("taskDefinitionEvent")
+        if definition is not None:
+            descriptor = definition["taskFunc"]["pythonFunctionDescriptor"]
+            descriptor["moduleName"] = odd_values[(index // 2) % len(odd_values)]
+            descriptor["className"] = odd_values[(index // 5) % len(odd_values)]
+            definition.pop("taskName")
+            definition["serializedRuntimeEnv"] = json.dumps(
+                {"env_vars": {"API_TOKEN": "x", "N": str(index % 4)}})
+    for chunk in range(0, len(events), 7):
+        assert_same_as_reference(events[chunk:chunk + 7])
+        assert_same_as_reference(events[chunk:chunk + 7], STAMPS[1])
+        clear_caches()
+    assert_same_as_reference(events)
+    assert all(len(cache) <= 2 for cache in CACHES[:5])
+
+
+class ClearedBetweenLookups(dict[str, Any]):
+    """A cache another decode thread clears right after an `in` test said yes."""
+
+    def __contains__(self, key: object) -> bool:
+        found = super().__contains__(key)
+        self.clear()
+        return found
+
+
+def test_a_cache_cleared_by_another_thread_between_lookups_changes_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ray_values, "_ENVS", ClearedBetweenLookups())
+    events = [e for e in generated_events(12) if "taskDefinitionEvent" in e]
+    for event in events:
+        event["taskDefinitionEvent"]["serializedRuntimeEnv"] = '{"pip": ["x"]}'
+    assert assert_same_as_reference(events) == 0
+    assert assert_same_as_reference(events * 2) == 0
+
+
+def test_long_values_are_mapped_right_and_not_cached() -> None:
+    clear_caches()
+    long_id = b64(bytes(range(60)))  # 80 base64 characters
+    assert ray_values.b64_hex(long_id, "taskId") == bytes(range(60)).hex()
+    assert long_id not in ray_values.HEX_CACHE
+    short_id = b64(bytes(range(48)))  # 64 characters: Ray's longest ids are 40
+    assert ray_values.b64_hex(short_id, "taskId") == bytes(range(48)).hex()
+    assert short_id in ray_values.HEX_CACHE
+
+    wide = {f"field{i}": i + 1 for i in range(65)}
+    names = ray_values.extra_names(wide, ray_values.K_CAMEL, ray_events.ERROR_TAKEN, "")
+    assert len(names) == 65 and ("field7", "ray_field7") in names
+    assert not ray_values._EXTRA_NAMES
+    long_key = {"x" * 65: 1}
+    assert ray_values.extra_attrs(long_key, ray_values.K_CAMEL, ray_events.ERROR_TAKEN) == {
+        "ray_" + "x" * 65: "1"}
+    assert not ray_values._EXTRA_NAMES and "x" * 65 not in ray_values._SNAKE_OF
+
+    big_env = json.dumps({"env_vars": {"DB_PASSWORD": "hunter2", "PAD": "p" * 5000}})
+    kept = ray_values.runtime_env(big_env)
+    assert kept is not None and "hunter2" not in kept and "p" * 5000 in kept
+    assert not ray_values._ENVS
+    assert ray_values.runtime_env(big_env) == kept
+
+    events = generated_events(6)  # and through both paths
+    for event in events:
+        payload = event.get("taskLifecycleEvent") or event["taskDefinitionEvent"]
+        payload["taskId"] = long_id
+        payload["jobId"] = b64(bytes(70))
+    events[0]["taskDefinitionEvent"]["serializedRuntimeEnv"] = big_env
+    assert assert_same_as_reference(events) == 0
+    assert long_id not in ray_values.HEX_CACHE and not ray_values._ENVS
 
 
 # ---- mutated real payloads -------------------------------------------------------------
@@ -265,17 +404,66 @@ def test_row_tuples_of_any_event_build_the_batch_rows_to_batch_builds() -> None:
 # ---- whole bodies: parse, dedupe, indexes ------------------------------------------------
 
 
-def test_a_resent_body_is_all_duplicates_once_confirmed() -> None:
+def test_a_resent_body_is_held_while_in_flight_new_after_a_failed_write() -> None:
     recent = RecentEventIds()
     body = json.dumps(generated_events(30)).encode()
     first = ray_body_to_batch(body, recent, STAMPS[0])
     assert (first.batch.num_rows, first.duplicates, len(first.fresh_ids)) == (60, 0, 30)
-    again = ray_body_to_batch(body, recent, STAMPS[0])  # not confirmed yet: still new
-    assert again.batch.num_rows == 60
-    recent.confirm(first.fresh_ids)
+    assert recent.in_flight == 30 and len(recent) == 0
+    again = ray_body_to_batch(body, recent, STAMPS[0])  # the first one is still writing
+    assert (again.batch.num_rows, again.duplicates, again.held) == (0, 0, 30)
+    assert again.pending == [first.claim] and again.fresh_ids == []
+    recent.settle(first.claim, stored=False)  # its write failed: the resend is new
+    assert recent.in_flight == 0 and len(recent) == 0
+    retry = ray_body_to_batch(body, recent, STAMPS[0])
+    assert (retry.batch.num_rows, retry.held, retry.pending) == (60, 0, [])
+    recent.settle(retry.claim, stored=True)
+    recent.settle(retry.claim, stored=False)  # settled once: this changes nothing
+    assert (recent.in_flight, len(recent)) == (0, 30)
     resent = ray_body_to_batch(body, recent, STAMPS[0])
     assert (resent.batch.num_rows, resent.duplicates, resent.fresh_ids) == (0, 30, [])
-    assert resent.normalized.rejected == []
+    assert resent.normalized.rejected == [] and resent.pending == []
+
+
+def test_a_body_that_fails_to_map_releases_its_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    recent = RecentEventIds()
+    body = json.dumps(generated_events(6)).encode()
+
+    def broken(items: Any, stamp: Stamp) -> Any:
+        raise MemoryError
+
+    monkeypatch.setattr(ray_batch, "ray_items_to_batch", broken)
+    with pytest.raises(MemoryError):
+        ray_body_to_batch(body, recent, STAMPS[0])
+    assert (recent.in_flight, len(recent)) == (0, 0)
+
+
+def test_a_claim_settled_before_the_split_takes_no_ids() -> None:
+    """The route settles its claim when it is cancelled while the thread still maps."""
+    recent = RecentEventIds()
+    claim = Claim()
+    recent.settle(claim, stored=False)
+    found = recent.split_new([{"eventId": "a"}], claim)
+    assert (found.indexes, recent.in_flight, claim.ids) == ([0], 0, [])
+
+
+def test_waiters_learn_the_outcome_of_a_claim() -> None:
+    recent = RecentEventIds()
+    first, second = Claim(), Claim()
+    recent.split_new(["a", "b"], first)
+    recent.split_new(["c"], second)
+
+    async def wait_both() -> tuple[bool, bool, bool]:
+        waiting = [asyncio.ensure_future(recent.outcome(c)) for c in (first, second)]
+        await asyncio.sleep(0)
+        assert not any(w.done() for w in waiting)
+        await asyncio.get_running_loop().run_in_executor(None, recent.settle, first, True)
+        recent.settle(second, stored=False)
+        done = [await w for w in waiting]
+        return done[0], done[1], await recent.outcome(first)  # settled: answers at once
+
+    assert asyncio.run(wait_both()) == (True, False, True)
+    assert recent.filter_new(["a", "b", "c"]) == [False, False, True]
 
 
 def test_repeats_within_a_body_and_events_without_ids() -> None:
@@ -314,9 +502,13 @@ def test_split_new_agrees_with_filter_new() -> None:
     recent.confirm(["a"])
     items: list[Any] = [{"eventId": "a"}, {"event_id": "b"}, {"eventId": "b"}, {"x": 1},
                         {"eventId": 5}, "c", {"eventId": ""}, {"event_id": "d"}]
-    fresh, ids = recent.split_new(items)
-    assert [i in fresh for i in range(len(items))] == recent.filter_new(items)
-    assert ids == ["b", "c", "d"]
+    looked = recent.filter_new(items)
+    fresh, ids, pending, held = recent.split_new(items)
+    assert [i in fresh for i in range(len(items))] == looked
+    assert (ids, pending, held) == (["b", "c", "d"], [], 0)
+    assert recent.filter_new(["b", "c", "d", "e"]) == [False, False, False, True]  # in flight
+    again = recent.split_new(["b", "e"])
+    assert (again.indexes, again.held, len(again.pending)) == ([1], 1, 1)
 
 
 # ---- helpers -----------------------------------------------------------------------------

@@ -1,11 +1,13 @@
 """POST /ray/events on a real agent: what lands in the lake is the reference mapping of the
 body, a resent body stores nothing, a malformed body gets a 400 and nothing of it is
-spooled, and an unreadable event is named by its place in the body.
+spooled, an unreadable event is named by its place in the body, the slower mapping paths
+are counted, and a failed spool write answers 503 and lets the resend be stored.
 """
 
 from __future__ import annotations
 
 import json
+import resource
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -45,6 +47,11 @@ def test_a_body_lands_as_the_reference_rows_and_a_resend_stores_nothing(
     status, answer = post(agent, body)  # Ray's resend after a slow answer
     assert (status, answer["accepted"], answer["rejected"]) == (200, 0, 0)
     assert agent.metric('evagg_duplicate_frames_total{route="ray"}') == len(items)
+    others = sum(1 for e in items if e["eventType"] not in (
+        "TASK_DEFINITION_EVENT", "TASK_LIFECYCLE_EVENT", "ACTOR_TASK_DEFINITION_EVENT"))
+    assert others > 0
+    assert agent.metric('evagg_ray_careful_events_total{reason="other_event_type"}') == others
+    assert agent.metric('evagg_ray_careful_events_total{reason="declined"}') == 0
     stored = agent.wait_rows("SELECT event_id, state, task_id, node_id, attrs['ray_state'] "
                              "FROM events ORDER BY event_id", len(rows))
     assert len(stored) == len(rows)  # nothing twice
@@ -79,3 +86,38 @@ def test_unreadable_events_are_named_by_their_place_and_the_rest_is_kept(
     assert (status, answer["accepted"], answer["rejected"]) == (200, len(rows) - 1, 2)
     assert answer["errors"][0].startswith("event 4: field 'time' is out of range")
     assert answer["errors"][1].startswith("event 5: TASK_DEFINITION_EVENT: taskId is not base64")
+    # The slower paths are counted: the time before 1970 makes the bulk cast refuse the
+    # body (mapped again time by time), then both odd events decline to the careful path.
+    assert agent.metric('evagg_ray_careful_events_total{reason="declined"}') == 2
+    assert agent.metric('evagg_ray_careful_events_total{reason="other_event_type"}') == 0
+    assert agent.metric("evagg_ray_time_remaps_total") == 1
+
+
+def test_a_failed_spool_write_answers_503_and_the_resend_is_stored(agent: AgentProcess) -> None:
+    """The spool cannot grow (the agent's file size limit, so its writes fail with EFBIG):
+    Ray gets a 503 and resends; nothing was remembered, so the resend is stored, once."""
+    items = load("02_excerpt_task_lifecycle_normal_and_failed.json")
+    rows, _ = ray_events_to_rows(items)
+    assert post(agent, json.dumps(items[:1]).encode())[0] == 200  # the segment exists
+    assert agent.proc is not None
+    pid = agent.proc.pid
+    unlimited = resource.prlimit(pid, resource.RLIMIT_FSIZE)
+    largest = max(p.stat().st_size for p in agent.state_dir.rglob("*") if p.is_file())
+    resource.prlimit(pid, resource.RLIMIT_FSIZE, (largest, unlimited[1]))
+    try:
+        body = json.dumps(items[1:]).encode()
+        status, answer = post(agent, body)
+        assert status == 503 and "spool write failed" in answer["error"], answer
+        assert status_of(post(agent, body)) == 503  # failed again: still not remembered
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, unlimited)
+    assert agent.metric('evagg_bad_input_total{reason="spool_write_failed",route="ray"}') == 2
+    status, answer = post(agent, body)  # Ray's resend, once the disk takes writes again
+    assert (status, answer["accepted"]) == (200, len(rows) - 1)
+    assert post(agent, body)[1]["accepted"] == 0
+    stored = agent.wait_rows("SELECT event_id FROM events WHERE source = 'ray'", len(rows))
+    assert sorted(stored) == sorted((r["event_id"],) for r in rows)  # each once
+
+
+def status_of(answer: tuple[int, dict[str, Any]]) -> int:
+    return answer[0]
