@@ -26,7 +26,7 @@ from dashboard.listing import FileEntry, Listing
 from dashboard.s3 import sql_literal
 
 log = logging.getLogger(__name__)
-FORMAT = "1"  # bump when the tables change shape
+FORMAT = "2"  # bump when the tables change shape
 BATCH_BYTES = 2**30  # fold at most this much Parquet per transaction (bounds memory)
 BATCH_FILES = 10_000
 SLOTS = 3  # cache files per location: processes folding the same data at once

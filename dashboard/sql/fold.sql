@@ -14,7 +14,7 @@
 CREATE TABLE IF NOT EXISTS fold.meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 CREATE TABLE IF NOT EXISTS fold.files (path VARCHAR, size BIGINT);
 CREATE TABLE IF NOT EXISTS fold.covers (path VARCHAR, name VARCHAR, size BIGINT);
-CREATE TABLE IF NOT EXISTS fold.seen (h UBIGINT);
+CREATE TABLE IF NOT EXISTS fold.seen (t BIGINT, h UBIGINT);
 CREATE TABLE IF NOT EXISTS fold.timeline (
     second BIGINT, kind VARCHAR, events BIGINT, first_us BIGINT, last_us BIGINT);
 CREATE TABLE IF NOT EXISTS fold.task_fold AS
@@ -198,13 +198,18 @@ GROUP BY task_id, attempt, session;
 -- in the batch and whether an earlier batch counted it. Copies of an event repeat the
 -- producer's fields, so any copy's time will do.
 CREATE OR REPLACE TEMP TABLE fold_ids AS
-SELECT hash(event_id, kind) AS h, kind, min(epoch_us(time)) AS us, count(*) AS copies,
+SELECT hash(event_id, kind) AS h, kind, min(epoch_us(time)) AS us,
+       coalesce(min(epoch_us(time)), -9223372036854775808) AS t, count(*) AS copies,
        false AS counted
 FROM fold_rows GROUP BY 1, 2;
--- (a semi join hashes the batch's ids and streams `seen` past them, not the reverse)
+-- `seen` is kept in time order (t: the event's time, microseconds; NULL time first), and
+-- a copy has its event's time, so the semi join matches on (t, h): DuckDB pushes the
+-- batch's min and max t into the scan of `seen`, whose zone maps skip every row group
+-- outside the batch's time span (a file of the last minutes reads a few row groups,
+-- not 10 million hashes). The semi join hashes the batch's ids and streams `seen` past.
 UPDATE fold_ids SET counted = true
-WHERE h IN (SELECT s.h FROM fold.seen AS s SEMI JOIN fold_ids AS i ON s.h = i.h);
-INSERT INTO fold.seen SELECT h FROM fold_ids WHERE NOT counted;
+WHERE h IN (SELECT s.h FROM fold.seen AS s SEMI JOIN fold_ids AS i ON s.t = i.t AND s.h = i.h);
+INSERT INTO fold.seen SELECT t, h FROM fold_ids WHERE NOT counted ORDER BY t;
 CREATE OR REPLACE TEMP TABLE fold_timeline AS
 SELECT second, kind, CAST(sum(events) AS BIGINT) AS events, min(first_us) AS first_us,
        max(last_us) AS last_us
@@ -238,16 +243,21 @@ LEFT JOIN fold_recount AS c USING (task_id, attempt, session);
 CREATE OR REPLACE TEMP TABLE fold_batch AS SELECT * FROM fold_finish_of('fold_batch_partial');
 
 -- @merge
+-- The stored rows the batch touches, found reading k alone, then fetched by rowid: the
+-- join pushes the rowids' min and max into the scan, and the rows a new file touches
+-- are recent, so near the end (a merge re-inserts what it rewrites at the end), so only
+-- the last row groups are read; none at all when the batch's tasks are all new.
+CREATE OR REPLACE TEMP TABLE fold_hit AS
+SELECT f.rowid AS r FROM fold.task_fold AS f SEMI JOIN fold_batch AS b USING (k);
 CREATE OR REPLACE TEMP TABLE fold_old AS
-SELECT f.* FROM fold.task_fold AS f SEMI JOIN fold_batch AS b USING (k);
+SELECT f.* FROM fold.task_fold AS f SEMI JOIN fold_hit AS h ON f.rowid = h.r;
 CREATE OR REPLACE TEMP VIEW fold_parts AS
 SELECT * FROM fold_old UNION ALL BY NAME SELECT * FROM fold_batch;
 CREATE OR REPLACE TEMP VIEW fold_parts_merged AS SELECT * FROM fold_merge_of('fold_parts');
 CREATE OR REPLACE TEMP TABLE fold_merged AS SELECT * FROM fold_finish_of('fold_parts_merged');
 CREATE OR REPLACE TEMP VIEW fold_signed AS
 SELECT -1 AS sign, * FROM fold_old UNION ALL BY NAME SELECT 1 AS sign, * FROM fold_merged;
-DELETE FROM fold.task_fold AS f USING (SELECT DISTINCT k FROM fold_batch) AS b
-WHERE f.k = b.k;
+DELETE FROM fold.task_fold WHERE rowid IN (SELECT r FROM fold_hit);
 INSERT INTO fold.task_fold BY NAME SELECT * FROM fold_merged;
 
 -- @append
@@ -286,6 +296,7 @@ DROP VIEW IF EXISTS fold_parts;
 DROP VIEW IF EXISTS fold_batch_partial;
 DROP TABLE IF EXISTS fold_merged;
 DROP TABLE IF EXISTS fold_old;
+DROP TABLE IF EXISTS fold_hit;
 DROP TABLE IF EXISTS fold_delta;
 DROP TABLE IF EXISTS fold_bins;
 
@@ -350,16 +361,37 @@ wanted_ranks AS (
         AS BIGINT) AS r
     FROM groups WHERE n > 0
 ),
+-- Which bin holds each wanted rank, in two steps: running counts over coarse bins (32
+-- bins each; `//` truncates, so -31..31 share one, still contiguous and in order) find
+-- the coarse bin, then running counts over its few fine bins. One running sum over every
+-- (dimension, value, bin) row cost more than the rest of the summary together.
+counted AS (SELECT * FROM bins WHERE durations > 0 AND bin IS NOT NULL),
+coarse AS (
+    SELECT dimension, value, bin // 32 AS cb, sum(durations) AS durations
+    FROM counted GROUP BY ALL
+),
+coarse_starts AS (
+    SELECT *, sum(durations) OVER (PARTITION BY dimension, value ORDER BY cb) - durations
+        AS before
+    FROM coarse
+),
+coarse_wanted AS (
+    SELECT DISTINCT w.dimension, w.value, w.r, c.cb, c.before AS coarse_before
+    FROM wanted_ranks AS w JOIN coarse_starts AS c
+        ON w.dimension = c.dimension AND w.value IS NOT DISTINCT FROM c.value
+        AND w.r >= c.before AND w.r < c.before + c.durations
+),
 starts AS (
-    SELECT dimension, value, bin, durations,
-           sum(durations) OVER (PARTITION BY dimension, value ORDER BY bin) - durations AS before
-    FROM bins WHERE durations > 0 AND bin IS NOT NULL
+    SELECT w.dimension, w.value, w.r, b.bin, b.durations,
+           w.coarse_before + sum(b.durations) OVER (
+               PARTITION BY w.dimension, w.value, w.r ORDER BY b.bin) - b.durations AS before
+    FROM coarse_wanted AS w JOIN counted AS b
+        ON w.dimension = b.dimension AND w.value IS NOT DISTINCT FROM b.value
+        AND b.bin // 32 = w.cb
 ),
 wanted AS (
-    SELECT DISTINCT w.dimension, w.value, w.r, s.bin, w.r - s.before AS k
-    FROM wanted_ranks AS w JOIN starts AS s
-        ON w.dimension = s.dimension AND w.value IS NOT DISTINCT FROM s.value
-        AND w.r >= s.before AND w.r < s.before + s.durations
+    SELECT DISTINCT dimension, value, r, bin, r - before AS k
+    FROM starts WHERE r >= before AND r < before + durations
 ),
 near AS (
     SELECT coalesce(final_state, 'UNKNOWN') AS state, name, error.error_type AS error_type,

@@ -243,3 +243,30 @@ def test_the_pyarrow_engine_folds_the_same(stores: tuple[Path, Path]) -> None:
     assert arrow.fold is not None and arrow.fold.rebuilds == 0
     arrow.close()
     scratch.close()
+
+
+def test_late_pieces_of_old_tasks_and_old_copies_fold_exactly(stores: tuple[Path, Path]
+                                                              ) -> None:
+    """The merge finds touched rows by rowid (old ones sit mid-table, not at its end) and
+    `seen` is searched within the batch's time span: copies of old events, resent in a
+    new file with their own times, still count once."""
+    root, cache = stores
+    cached, scratch = open_pair(root, cache)
+    assert_same(cached, scratch)
+    old = sorted(root.rglob("part-000.parquet"))
+    copies = [row for path in old for row in duckdb.execute(
+        "SELECT * REPLACE (epoch_ns(time) AS time, epoch_ns(received) AS received) "
+        "FROM read_parquet($p, hive_partitioning = false)", {"p": str(path)}
+    ).to_arrow_table().to_pylist()]
+    write_in_files(root, random_attempts(random.Random(4), 200, "m"), "middle", 2)
+    assert_same(cached, scratch)  # now the first tasks' rows are far from the end
+    rng = random.Random(5)
+    late: list[Row] = [dict(row, received=row["received"] + 7 * 10**9) for row in copies[::3]]
+    for i in range(0, 60, 4):  # more pieces of early tasks, some finishing before running
+        late += task_events(f"t{i}", f"fn{i % 5}", attempt=0, start=rng.uniform(0, 3000),
+                            run_s=rng.uniform(-30, 3000), end_state="FINISHED")
+    write_in_files(root, late, "resent", 1)
+    assert_same(cached, scratch)
+    assert cached.fold is not None and cached.fold.rebuilds == 0
+    cached.close()
+    scratch.close()
