@@ -67,11 +67,12 @@ class RecentEventIds:
         self._in_flight: dict[str, Claim] = {}
         self._lock = threading.Lock()
 
-    def filter_new(self, events: Iterable[Any], *, remember: bool = False) -> list[bool]:
+    def filter_new(self, events: Iterable[Any]) -> list[bool]:
         """True for each event not seen before nor in flight (repeats within `events` count
-        as seen). Events without an id are always new."""
+        as seen); looking remembers nothing (`confirm` does). Events without an id are
+        always new. The handler uses `split_new`; this is the reference path's lookup."""
         out: list[bool] = []
-        batch: dict[str, None] = {}  # ordered, so generations age in arrival order
+        batch: set[str] = set()
         with self._lock:
             for event in events:
                 event_id = ray_event_id(event)
@@ -79,10 +80,8 @@ class RecentEventIds:
                     out.append(True)
                     continue
                 new = not (event_id in batch or self._seen(event_id))
-                batch[event_id] = None
+                batch.add(event_id)
                 out.append(new)
-            if remember:
-                self._add(batch)
         return out
 
     def split_new(self, events: list[Any], claim: Claim | None = None) -> NewEvents:

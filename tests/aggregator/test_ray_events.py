@@ -361,7 +361,7 @@ def test_recent_event_ids_two_steps_and_bounded() -> None:
     assert recent.filter_new(items) == [True, True, False, True]  # looking remembers nothing
     recent.confirm(items)
     assert recent.filter_new(["a", "b", "c", None]) == [False, False, True, True]
-    recent.filter_new(["c", "d", "e"], remember=True)
+    recent.confirm(["c", "d", "e"])
     assert len(recent) == 5 and "a" in recent
     recent.confirm(["f", "g", "h", "i"])  # two generations of 4: "a".."d" are gone
     assert recent.filter_new(["a", "d", "e", "i"]) == [True, True, False, False]
