@@ -17,6 +17,7 @@ import logging
 import os
 import re
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 
@@ -29,6 +30,9 @@ log = logging.getLogger(__name__)
 FORMAT = "2"  # bump when the tables change shape
 BATCH_BYTES = 2**30  # fold at most this much Parquet per transaction (bounds memory)
 BATCH_FILES = 10_000
+# A batch this small folds on one thread: on a few cores, splitting ~50,000 rows over
+# threads cost more than it saved (each statement 2-3x slower on two threads).
+SMALL_BATCH_BYTES = 64 * 2**20
 SLOTS = 3  # cache files per location: processes folding the same data at once
 COMPACTED_PREFIX = "compacted-"
 META_KEY = "evagg.compacted"
@@ -132,6 +136,11 @@ class TaskFold:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 _attach_file(con, path)
+                # A fold's commit stays in the WAL until it reaches DuckDB's
+                # checkpoint_threshold, or a process at rest checkpoints it (close()):
+                # a checkpoint on every close cost the command after a new file
+                # 0.1-0.9 s. The next open replays the WAL (docs/queries.md).
+                con.execute("PRAGMA disable_checkpoint_on_shutdown")
                 return path, ""
             except (OSError, duckdb.Error) as exc:
                 reason = str(exc).splitlines()[0]
@@ -235,11 +244,21 @@ class TaskFold:
                                for c, t in COLUMNS.items())
         cur.execute(f"CREATE OR REPLACE TEMP VIEW fold_rows AS SELECT {projection} "
                     f"FROM {source}")
+        with _threads(cur, 1 if sum(f.size for f in batch.files) < SMALL_BATCH_BYTES else 0):
+            self._fold_rows(cur, batch)
+        log.debug("folded %d files of %s", len(batch.files), self.key)
+
+    def _fold_rows(self, cur: duckdb.DuckDBPyConnection, batch: Listing) -> None:
         cur.execute("BEGIN TRANSACTION")
         try:
-            empty = cur.execute("SELECT count(*) FROM fold.task_fold").fetchone() == (0,)
+            found = cur.execute("SELECT (SELECT count(*) FROM fold.task_fold), "
+                                "(SELECT count(*) FROM fold.seen)").fetchone()
+            tasks, seen = found if found else (0, 0)
+            cur.execute(self.sql["ids"])
+            if seen:
+                cur.execute(self.sql["counted"])
             cur.execute(self.sql["batch"])
-            cur.execute(self.sql["append" if empty else "merge"])
+            cur.execute(self.sql["merge" if tasks else "append"])
             cur.execute(self.sql["bins"])
             _insert(cur, "fold.files", [(f.path, f.size) for f in batch.files])
             cur.execute("COMMIT")
@@ -248,7 +267,6 @@ class TaskFold:
             raise
         finally:
             cur.execute(self.sql["cleanup"])
-        log.debug("folded %d files of %s", len(batch.files), self.key)
 
     def _bump(self, cur: duckdb.DuckDBPyConnection) -> None:
         self.generation += 1
@@ -263,15 +281,47 @@ class TaskFold:
         if found is None or found[0] != str(self.generation):
             self._prepare(cur)
             cur.execute(self.sql["summary"])
+            bins = [int(b) for b, in cur.execute("SELECT DISTINCT bin FROM fold_wanted"
+                                                  ).fetchall()]
+            # integers read back from the fold, never outside text
+            cur.execute(self.sql["summary_table"].replace(
+                "@bins", ", ".join(map(str, bins)) or "NULL"))
+            cur.execute("DROP TABLE IF EXISTS fold_wanted")
             cur.execute("DELETE FROM fold.meta WHERE key = 'summary'")
             cur.execute("INSERT INTO fold.meta VALUES ('summary', $g)",
                         {"g": str(self.generation)})
         return "fold.summary"
 
+    def close(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Checkpoint a WAL left by an earlier process's fold when this one folded
+        nothing: every open replays the WAL, so a location queried at rest pays it once,
+        here, rather than on every query. A process that folded leaves its own WAL."""
+        if self.path is None or self.folded_files or self.adopted_files or self.rebuilds:
+            return
+        wal = Path(f"{self.path}.wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            con.execute("CHECKPOINT fold")
+
     def describe(self) -> dict[str, object]:
         return {"cache": str(self.path) if self.path else "memory", "note": self.note,
                 "generation": self.generation, "rebuilds": self.rebuilds,
                 "folded_files": self.folded_files, "adopted_files": self.adopted_files}
+
+
+@contextmanager
+def _threads(cur: duckdb.DuckDBPyConnection, threads: int) -> Iterator[None]:
+    """Run with DuckDB's `threads` at `threads` (0: as it is), then restore it. The
+    setting is the database's: a query on another cursor meanwhile gets it too."""
+    if threads <= 0:
+        yield
+        return
+    found = cur.execute("SELECT current_setting('threads')").fetchone()
+    before = int(found[0]) if found else threads
+    cur.execute(f"SET threads = {int(threads)}")
+    try:
+        yield
+    finally:
+        cur.execute(f"SET threads = {before}")
 
 
 def _held_by_folder(known: dict[str, set[Cover]], listed: dict[str, FileEntry]

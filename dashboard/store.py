@@ -332,6 +332,11 @@ class Store:
 
     def close(self) -> None:
         with self._lock:
+            if self.fold is not None:
+                try:
+                    self.fold.close(self._con)
+                except duckdb.Error as exc:  # the WAL stays; the next open replays it
+                    log.warning("task cache checkpoint failed: %s", exc)
             self._con.close()
 
 

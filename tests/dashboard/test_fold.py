@@ -17,8 +17,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
+import dashboard.fold as fold_module
 from dashboard import queries
 from dashboard.fold import cache_file
+from dashboard.listing import Listing
 from dashboard.overview import overview
 from dashboard.store import Store, StoreOptions
 from sinks.compact import run_compact
@@ -178,24 +180,25 @@ def test_a_cache_file_locked_by_another_process_is_left_alone(stores: tuple[Path
     built = evagg("query", "--data", str(root), "--cache", str(cache), "summary")
     assert built.returncode == 0, built.stderr
     held = cache_file(str(cache), str(root.resolve()))
-    before = held.read_bytes()
     holder = subprocess.Popen(  # another process that writes the file: it holds the lock
         [sys.executable, "-c", "import duckdb, sys; con = duckdb.connect(sys.argv[1]); "
          "print('ready', flush=True); sys.stdin.read()", str(held)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+        # Read once the holder has it: opening replays what the last fold left in the WAL.
+        before = held.read_bytes()
         cached, scratch = open_pair(root, cache)
         assert cached.fold is not None
         assert cached.fold.path == cache_file(str(cache), str(root.resolve()), 1)
         assert_same(cached, scratch)
         cached.close()
         scratch.close()
+        assert held.read_bytes() == before  # neither removed nor rewritten
     finally:
         assert holder.stdin is not None
         holder.stdin.close()
         holder.wait(30)
-    assert held.read_bytes() == before  # neither removed nor rewritten
 
 
 def test_a_damaged_cache_file_is_started_again(stores: tuple[Path, Path]) -> None:
@@ -269,4 +272,112 @@ def test_late_pieces_of_old_tasks_and_old_copies_fold_exactly(stores: tuple[Path
     assert_same(cached, scratch)
     assert cached.fold is not None and cached.fold.rebuilds == 0
     cached.close()
+    scratch.close()
+
+
+def wal_bytes(path: Path) -> int:
+    wal = Path(f"{path}.wal")
+    return wal.stat().st_size if wal.exists() else 0
+
+
+def test_a_fold_leaves_its_wal_and_a_process_at_rest_checkpoints_it(
+        stores: tuple[Path, Path]) -> None:
+    """Closing after a fold skips the checkpoint (the next open replays the WAL); a
+    process that folds nothing checkpoints what it replayed, so queries at rest don't
+    replay it again. Answers are the same across both."""
+    root, cache = stores
+    first = Store(StoreOptions(str(root), cache_dir=str(cache)))
+    first.refresh()
+    first.close()
+    path = cache_file(str(cache), str(root.resolve()))
+    write_in_files(root, random_attempts(random.Random(6), 40, "w"), "wal", 1)
+    folding = Store(StoreOptions(str(root), cache_dir=str(cache)))
+    queries.summary(folding)
+    assert folding.fold is not None and folding.fold.folded_files > 0
+    folding.close()
+    assert wal_bytes(path) > 0  # the fold's commit, not yet in the file
+    cached, scratch = open_pair(root, cache)
+    assert_same(cached, scratch)  # replayed from the WAL
+    assert cached.fold is not None and cached.fold.folded_files == 0
+    cached.close()
+    scratch.close()
+    assert wal_bytes(path) == 0
+    again, scratch = open_pair(root, cache)
+    assert_same(again, scratch)
+    again.close()
+    scratch.close()
+
+
+def test_a_first_build_in_several_batches_after_events_without_tasks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first batch holds no task events (task_fold stays empty, `seen` does not), the
+    next appends into the empty table, the rest merge: all as tasks.sql."""
+    root = tmp_path / "lake"
+    root.mkdir()
+    ops = [event(kind="op", name=f"op{i}", state="FINISHED", time=1_700_000_000 + i,
+                 node_id="nodeA", span_id=f"s{i}") for i in range(20)]
+    write_rows(local_put(root), ops, "a-ops.parquet")
+    write_in_files(root, random_attempts(random.Random(7), 90, "b"), "b-part", 4)
+    monkeypatch.setattr(fold_module, "BATCH_FILES", 1)  # one file per transaction
+    cached, scratch = open_pair(root, tmp_path / "cache")
+    assert_same(cached, scratch)
+    listing = cached.refresh()
+    assert listing.files[0].path.endswith("a-ops.parquet")  # folded first, alone
+    assert cached.fold is not None and cached.fold.folded_files == len(listing.files) > 2
+    cached.close()
+    scratch.close()
+
+
+def test_tasks_without_durations_summarise_as_tasks_sql(tmp_path: Path) -> None:
+    """No task has a duration: no bin holds a quantile's rank, the summary reads no rows."""
+    root = tmp_path / "lake"
+    root.mkdir()
+    rows = [event(kind="task", task_id=f"u{i}", name="fn", state="RUNNING",
+                  time=1_700_000_000 + i, node_id="nodeA") for i in range(5)]
+    write_rows(local_put(root), rows, "running.parquet")
+    cached, scratch = open_pair(root, tmp_path / "cache")
+    assert_same(cached, scratch)
+    cached.close()
+    scratch.close()
+
+
+def test_a_small_fold_runs_on_one_thread_and_restores_the_setting(
+        stores: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    root, cache = stores
+    during: list[object] = []
+    fold_rows = fold_module.TaskFold._fold_rows
+
+    def spy(self: fold_module.TaskFold, cur: duckdb.DuckDBPyConnection, batch: Listing
+            ) -> None:
+        during.append(cur.execute("SELECT current_setting('threads')").fetchone())
+        fold_rows(self, cur, batch)
+
+    monkeypatch.setattr(fold_module.TaskFold, "_fold_rows", spy)
+    cached, scratch = open_pair(root, cache)
+    cached._con.execute("SET threads = 3")
+    assert_same(cached, scratch)
+    assert during == [(1,)]
+    assert cached._con.execute("SELECT current_setting('threads')").fetchone() == (3,)
+    cached.close()
+    scratch.close()
+
+
+def test_a_failed_checkpoint_on_close_is_logged_and_the_store_still_closes(
+        stores: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    root, cache = stores
+    cached = Store(StoreOptions(str(root), cache_dir=str(cache)))
+    cached.refresh()
+
+    def fail(self: fold_module.TaskFold, con: duckdb.DuckDBPyConnection) -> None:
+        raise duckdb.IOException("disk full")
+
+    monkeypatch.setattr(fold_module.TaskFold, "close", fail)
+    cached.close()
+    assert "task cache checkpoint failed: disk full" in caplog.text
+    with pytest.raises(duckdb.ConnectionException):
+        cached._con.execute("SELECT 1")
+    reopened, scratch = open_pair(root, cache)  # the WAL replays: nothing lost
+    assert_same(reopened, scratch)
+    reopened.close()
     scratch.close()
