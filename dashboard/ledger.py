@@ -23,7 +23,7 @@ import duckdb
 
 from dashboard.errors import BadInput
 from dashboard.filters import clean_text
-from dashboard.results import from_arrow
+from dashboard.results import from_cursor
 
 MAX_IDS = 100  # outstanding ids listed in the summary row; `outstanding()` lists them all
 OPEN = "state IN ('ENQUEUED', 'STARTED')"
@@ -100,7 +100,7 @@ def _run(con: duckdb.DuckDBPyConnection, query: tuple[str, dict[str, Any]]
          ) -> list[dict[str, Any]]:
     con.execute(view_sql())
     sql, params = query
-    return from_arrow(con.execute(sql, params).to_arrow_table()).records()
+    return from_cursor(con.execute(sql, params)).records()
 
 
 def ledger(con: duckdb.DuckDBPyConnection, run_id: str, outstanding_after_s: float,

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import pyarrow as pa
-
 from dashboard.listing import Listing
 from dashboard.s3 import sql_literal
 
-HIVE_SCHEMA = pa.schema([("date", pa.date32()), ("hour", pa.int32()), ("node", pa.string())])
 _HIVE_TYPES = "{'date': DATE, 'hour': INTEGER, 'node': VARCHAR}"
 _NULL_HIVE = ("CAST(NULL AS DATE) AS date, CAST(NULL AS INTEGER) AS hour, "
               "CAST(NULL AS VARCHAR) AS node")
@@ -38,14 +35,17 @@ def parquet_source(listing: Listing, registered: str | None) -> str:
 
 def arrow_dataset(listing: Listing, filesystem: Any, base_dir: str, s3: bool) -> Any:
     """A pyarrow dataset over the listed files, with the event schema (missing columns null)."""
+    import pyarrow as pa
     import pyarrow.dataset as ds
 
     from sinks.schema import EVENT_SCHEMA
 
+    hive_schema = pa.schema([("date", pa.date32()), ("hour", pa.int32()), ("node", pa.string())])
+
     paths = [f.path[5:] if s3 else f.path for f in listing.files]  # S3FileSystem: bucket/key
     if listing.hive:
-        schema = pa.unify_schemas([EVENT_SCHEMA, HIVE_SCHEMA])
-        partitioning = ds.partitioning(HIVE_SCHEMA, flavor="hive")
+        schema = pa.unify_schemas([EVENT_SCHEMA, hive_schema])
+        partitioning = ds.partitioning(hive_schema, flavor="hive")
         return ds.dataset(paths, schema=schema, format="parquet", filesystem=filesystem,
                           partitioning=partitioning, partition_base_dir=base_dir.rstrip("/"))
     return ds.dataset(paths, schema=EVENT_SCHEMA, format="parquet", filesystem=filesystem)

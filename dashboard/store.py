@@ -26,7 +26,7 @@ from dashboard.cancel import current_token
 from dashboard.errors import BadInput, NoData, NotFound, QueryFailed, StoreUnavailable
 from dashboard.fold import Cover, TaskFold, parse_covers
 from dashboard.listing import FileEntry, Listing, list_local, list_s3
-from dashboard.results import Result, from_arrow
+from dashboard.results import Result, from_cursor
 from dashboard.s3 import S3Location, S3Settings, load_httpfs, pyarrow_filesystem, sql_literal
 from dashboard.sources import arrow_dataset, parquet_source
 
@@ -261,7 +261,7 @@ class Store:
                 cursor.execute(sql, params or {})
                 if cursor.description is None:  # a statement without rows (user SQL)
                     return Result([], [])
-                return from_arrow(cursor.to_arrow_table())
+                return from_cursor(cursor)
             except duckdb.IOException as exc:
                 if attempt:  # a file listed a moment ago is gone: relist once, then give up
                     raise StoreUnavailable(f"reading {self.location} failed: {exc}") from None
