@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import time
 
 from aggregator.agent import Agent
 from aggregator.config import AgentConfig
@@ -26,10 +27,13 @@ def produce_demo_events(socket_path: str, events: int) -> bool:
                 if name == "forward":
                     op.metric(loss=math.exp(-step / 50) + random.random() * 0.05)
         task_id = f"demo-task-{step}"
-        emitter.emit(kind="task", name="preprocess", state="RUNNING", task_id=task_id)
+        duration_s = random.uniform(0.01, 0.2)
+        # Started `duration_s` ago, so the tasks view's time between states agrees with it.
+        emitter.emit(kind="task", name="preprocess", state="RUNNING", task_id=task_id,
+                     time=time.time_ns() - int(duration_s * 1e9))
         failed = step % 17 == 16
         emitter.emit(kind="task", name="preprocess", state="FAILED" if failed else "FINISHED",
-                     task_id=task_id, duration_s=random.uniform(0.01, 0.2),
+                     task_id=task_id, duration_s=duration_s,
                      error_type="ValueError" if failed else None,
                      error_message="ValueError: bad shard" if failed else None)
     ok = emitter.flush(10.0)

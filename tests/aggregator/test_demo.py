@@ -1,0 +1,35 @@
+"""The README's first command: `evagg run --demo` on the embedded default, no config."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+
+from tests.agentproc import REPO, free_port, short_socket_dir
+
+
+def test_demo_writes_parquet_whose_task_durations_agree_with_their_states(
+    tmp_path: Path,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EVAGG_", "XDG_"))}
+    env.update(HOME=str(tmp_path), XDG_RUNTIME_DIR=str(short_socket_dir()),
+               EVAGG_HTTP_LISTEN=f"127.0.0.1:{free_port()}", PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-m", "aggregator", "run", "--demo", "80"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lake = tmp_path / ".local" / "share" / "evagg" / "parquet"
+    assert f"Parquet written under {lake}" in done.stdout
+    con = duckdb.connect()
+    rows = con.execute(
+        "SELECT r.time, f.time, f.duration_s FROM read_parquet($glob) AS r "
+        "JOIN read_parquet($glob) AS f USING (task_id) "
+        "WHERE r.state = 'RUNNING' AND f.state IN ('FINISHED', 'FAILED')",
+        {"glob": f"{lake}/**/*.parquet"}).fetchall()
+    assert len(rows) == 10  # 80 events: ten steps, one task each
+    for running, ended, reported in rows:
+        between = (ended - running).total_seconds()
+        assert 0.01 <= reported <= 0.2 and abs(between - reported) < 0.05
