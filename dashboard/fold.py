@@ -114,6 +114,9 @@ class TaskFold:
         self.rebuilds = 0
         self.folded_files = 0  # read and folded by this process
         self.adopted_files = 0  # compacted files whose rows were all folded already
+        # DuckDB's threads before a small batch set them to 1 (0: unchanged): the
+        # statements that scan a whole stored table run on these again.
+        self.scan_threads = 0
         cur = con.cursor()
         try:
             self._prepare(cur)
@@ -244,7 +247,9 @@ class TaskFold:
                                for c, t in COLUMNS.items())
         cur.execute(f"CREATE OR REPLACE TEMP VIEW fold_rows AS SELECT {projection} "
                     f"FROM {source}")
-        with _threads(cur, 1 if sum(f.size for f in batch.files) < SMALL_BATCH_BYTES else 0):
+        small = sum(f.size for f in batch.files) < SMALL_BATCH_BYTES
+        with _threads(cur, 1 if small else 0) as before:
+            self.scan_threads = before
             self._fold_rows(cur, batch)
         log.debug("folded %d files of %s", len(batch.files), self.key)
 
@@ -256,9 +261,10 @@ class TaskFold:
             tasks, seen = found if found else (0, 0)
             cur.execute(self.sql["ids"])
             if seen:
-                cur.execute(self.sql["counted"])
+                with _threads(cur, self.scan_threads):  # scans `seen`: every thread helps
+                    cur.execute(self.sql["counted"])
             cur.execute(self.sql["batch"])
-            cur.execute(self.sql["merge" if tasks else "append"])
+            self._fold_tasks(cur, tasks)
             cur.execute(self.sql["bins"])
             _insert(cur, "fold.files", [(f.path, f.size) for f in batch.files])
             cur.execute("COMMIT")
@@ -267,6 +273,18 @@ class TaskFold:
             raise
         finally:
             cur.execute(self.sql["cleanup"])
+
+    def _fold_tasks(self, cur: duckdb.DuckDBPyConnection, stored: int) -> None:
+        """The batch's task rows into task_fold: appended to an empty table; else merged
+        with the stored rows they touch, or, touching none, inserted as they are."""
+        if not stored:
+            cur.execute(self.sql["append"])
+            return
+        cur.execute(self.sql["merge_batch"])
+        with _threads(cur, self.scan_threads):  # scans task_fold's k
+            cur.execute(self.sql["hit"])
+        hits = cur.execute("SELECT count(*) FROM fold_hit").fetchone()
+        cur.execute(self.sql["merge" if hits and hits[0] else "fresh"])
 
     def _bump(self, cur: duckdb.DuckDBPyConnection) -> None:
         self.generation += 1
@@ -309,17 +327,18 @@ class TaskFold:
 
 
 @contextmanager
-def _threads(cur: duckdb.DuckDBPyConnection, threads: int) -> Iterator[None]:
-    """Run with DuckDB's `threads` at `threads` (0: as it is), then restore it. The
-    setting is the database's: a query on another cursor meanwhile gets it too."""
+def _threads(cur: duckdb.DuckDBPyConnection, threads: int) -> Iterator[int]:
+    """Run with DuckDB's `threads` at `threads` (0: as it is), then restore it; yields
+    the setting before (0 when left as it is). The setting is the database's: a query
+    on another cursor meanwhile gets it too."""
     if threads <= 0:
-        yield
+        yield 0
         return
     found = cur.execute("SELECT current_setting('threads')").fetchone()
     before = int(found[0]) if found else threads
     cur.execute(f"SET threads = {int(threads)}")
     try:
-        yield
+        yield before
     finally:
         cur.execute(f"SET threads = {before}")
 

@@ -34,6 +34,10 @@ DROP TABLE IF EXISTS fold.summary_bins;
 
 -- @macros
 -- The partial fold of task rows: tasks.sql's `folded` CTE with each arg_max's key kept.
+-- tasks.sql's `FILTER (WHERE c)` is written `CASE WHEN c THEN ... END` on the value (the
+-- key of an arg_max): min, max and arg_max skip NULLs, so the same rows count, and the
+-- aggregation takes one pass over its input rather than one filtered pass per
+-- aggregate (40,000 task rows: 50 ms -> 40 ms).
 -- `events` counts rows with an event_id; @batch takes away copies and rows counted before.
 CREATE OR REPLACE TEMP MACRO fold_partial_of(rows) AS TABLE
 WITH task_events AS (
@@ -74,35 +78,37 @@ SELECT
     task_id,
     attempt_no AS attempt,
     session,
-    arg_max(name, name_rank) FILTER (WHERE coalesce(name, '') <> '') AS name,
-    max(name_rank) FILTER (WHERE coalesce(name, '') <> '') AS name_key,
-    arg_max(state, final_rank) FILTER (WHERE state_rank IS NOT NULL) AS final_state,
-    max(final_rank) FILTER (WHERE state_rank IS NOT NULL) AS final_key,
-    min(time) FILTER (WHERE state = 'PENDING') AS pending_at,
-    min(time) FILTER (WHERE state = 'SUBMITTED') AS submitted_at,
-    min(time) FILTER (WHERE state = 'RUNNING') AS running_at,
-    min(time) FILTER (WHERE state = 'FINISHED') AS finished_at,
-    min(time) FILTER (WHERE state = 'FAILED') AS failed_at,
-    arg_max(duration_s, time)
-        FILTER (WHERE state_rank = 4 AND duration_s IS NOT NULL) AS reported_s,
-    max(time) FILTER (WHERE state_rank = 4 AND duration_s IS NOT NULL) AS reported_key,
-    max(job_id) FILTER (WHERE job_id <> '') AS job_id,
-    arg_max(node_id, node_rank) FILTER (WHERE node_id <> '') AS node_id,
-    max(node_rank) FILTER (WHERE node_id <> '') AS node_key,
-    arg_max(worker_id, worker_rank) FILTER (WHERE worker_id <> '') AS worker_id,
-    max(worker_rank) FILTER (WHERE worker_id <> '') AS worker_key,
+    arg_max(name, CASE WHEN coalesce(name, '') <> '' THEN name_rank END) AS name,
+    max(CASE WHEN coalesce(name, '') <> '' THEN name_rank END) AS name_key,
+    arg_max(state, CASE WHEN state_rank IS NOT NULL THEN final_rank END) AS final_state,
+    max(CASE WHEN state_rank IS NOT NULL THEN final_rank END) AS final_key,
+    min(CASE WHEN state = 'PENDING' THEN time END) AS pending_at,
+    min(CASE WHEN state = 'SUBMITTED' THEN time END) AS submitted_at,
+    min(CASE WHEN state = 'RUNNING' THEN time END) AS running_at,
+    min(CASE WHEN state = 'FINISHED' THEN time END) AS finished_at,
+    min(CASE WHEN state = 'FAILED' THEN time END) AS failed_at,
+    arg_max(duration_s, CASE WHEN state_rank = 4 AND duration_s IS NOT NULL THEN time END)
+        AS reported_s,
+    max(CASE WHEN state_rank = 4 AND duration_s IS NOT NULL THEN time END) AS reported_key,
+    max(CASE WHEN job_id <> '' THEN job_id END) AS job_id,
+    arg_max(node_id, CASE WHEN node_id <> '' THEN node_rank END) AS node_id,
+    max(CASE WHEN node_id <> '' THEN node_rank END) AS node_key,
+    arg_max(worker_id, CASE WHEN worker_id <> '' THEN worker_rank END) AS worker_id,
+    max(CASE WHEN worker_id <> '' THEN worker_rank END) AS worker_key,
     max(TRY_CAST(attrs['worker_pid'] AS INTEGER)) AS pid_attr,
-    max(pid) FILTER (WHERE state = 'RUNNING') AS pid_running,
+    max(CASE WHEN state = 'RUNNING' THEN pid END) AS pid_running,
     max(pid) AS pid_any,
-    max(actor_id) FILTER (WHERE actor_id <> '') AS actor_id,
-    max(parent_id) FILTER (WHERE parent_id <> '') AS parent_id,
-    max(trace_id) FILTER (WHERE trace_id <> '') AS trace_id,
+    max(CASE WHEN actor_id <> '' THEN actor_id END) AS actor_id,
+    max(CASE WHEN parent_id <> '' THEN parent_id END) AS parent_id,
+    max(CASE WHEN trace_id <> '' THEN trace_id END) AS trace_id,
     max(attrs['ray_task_type']) AS task_type,
     max(attrs['ray_function']) AS function,
     arg_max({'error_type': error_type, 'exception_class': attrs['exception_class'],
-             'error_message': error_message, 'stack_trace': stack_trace}, time)
-        FILTER (WHERE error_type IS NOT NULL OR error_message IS NOT NULL) AS error,
-    max(time) FILTER (WHERE error_type IS NOT NULL OR error_message IS NOT NULL) AS error_key,
+             'error_message': error_message, 'stack_trace': stack_trace},
+            CASE WHEN error_type IS NOT NULL OR error_message IS NOT NULL THEN time END)
+        AS error,
+    max(CASE WHEN error_type IS NOT NULL OR error_message IS NOT NULL THEN time END)
+        AS error_key,
     max(source) AS source,
     min(time) AS first_seen,
     max(time) AS last_seen,
@@ -216,23 +222,21 @@ WHERE h IN (SELECT s.h FROM fold.seen AS s SEMI JOIN fold_ids AS i ON s.t = i.t 
 
 -- @batch
 INSERT INTO fold.seen SELECT t, h FROM fold_ids WHERE NOT counted ORDER BY t;
+-- The batch's new counts per (second, kind) joined to the kept row (unique per second
+-- and kind), whose rowid is kept so the old row goes by rowid.
 CREATE OR REPLACE TEMP TABLE fold_timeline AS
-SELECT second, kind, CAST(sum(events) AS BIGINT) AS events, min(first_us) AS first_us,
-       max(last_us) AS last_us
+SELECT n.second, n.kind, n.events + coalesce(t.events, 0) AS events,
+       least(n.first_us, t.first_us) AS first_us, greatest(n.last_us, t.last_us) AS last_us,
+       t.rowid AS r
 FROM (
     SELECT us // 1000000 AS second, kind, count(*) AS events, min(us) AS first_us,
            max(us) AS last_us
     FROM fold_ids WHERE NOT counted GROUP BY ALL
-    UNION ALL
-    SELECT t.* FROM fold.timeline AS t
-    SEMI JOIN (SELECT DISTINCT us // 1000000 AS second, kind FROM fold_ids
-               WHERE NOT counted) AS f
-        ON t.second IS NOT DISTINCT FROM f.second AND t.kind IS NOT DISTINCT FROM f.kind
-)
-GROUP BY ALL;
-DELETE FROM fold.timeline AS t USING fold_timeline AS f
-WHERE t.second IS NOT DISTINCT FROM f.second AND t.kind IS NOT DISTINCT FROM f.kind;
-INSERT INTO fold.timeline SELECT * FROM fold_timeline;
+) AS n
+LEFT JOIN fold.timeline AS t
+    ON t.second IS NOT DISTINCT FROM n.second AND t.kind IS NOT DISTINCT FROM n.kind;
+DELETE FROM fold.timeline WHERE rowid IN (SELECT r FROM fold_timeline WHERE r IS NOT NULL);
+INSERT INTO fold.timeline SELECT second, kind, events, first_us, last_us FROM fold_timeline;
 -- A task's new events: its rows with an event_id, less the rows that are copies or were
 -- counted before (few: a resent batch, a refolded file), plus their new distinct ids.
 CREATE OR REPLACE TEMP TABLE fold_recount AS
@@ -247,24 +251,42 @@ SELECT p.* REPLACE (p.events - coalesce(c.surplus, 0) AS events)
 FROM fold_partial_of('fold_rows') AS p
 LEFT JOIN fold_recount AS c USING (task_id, attempt, session);
 
--- @merge
+-- @merge_batch
 CREATE OR REPLACE TEMP TABLE fold_batch AS SELECT * FROM fold_finish_of('fold_batch_partial');
--- The stored rows the batch touches, found reading k alone, then fetched by rowid: the
--- join pushes the rowids' min and max into the scan, and the rows a new file touches
--- are recent, so near the end (a merge re-inserts what it rewrites at the end), so only
--- the last row groups are read; none at all when the batch's tasks are all new.
+
+-- @hit
+-- The stored rows the batch touches, found reading k alone (on every thread: a scan of
+-- every row), then fetched by rowid (@merge): the join pushes the rowids' min and max
+-- into the scan, and the rows a new file touches are recent, so near the end (a merge
+-- re-inserts what it rewrites at the end), so only the last row groups are read; none
+-- at all when the batch's tasks are all new.
 CREATE OR REPLACE TEMP TABLE fold_hit AS
 SELECT f.rowid AS r FROM fold.task_fold AS f SEMI JOIN fold_batch AS b USING (k);
+
+-- @merge
 CREATE OR REPLACE TEMP TABLE fold_old AS
 SELECT f.* FROM fold.task_fold AS f SEMI JOIN fold_hit AS h ON f.rowid = h.r;
+-- Only the batch's rows of tasks already stored are merged: a merge of one partial row
+-- is that row (each arg_max kept with its key), so the batch's new tasks pass as they are.
 CREATE OR REPLACE TEMP VIEW fold_parts AS
-SELECT * FROM fold_old UNION ALL BY NAME SELECT * FROM fold_batch;
+SELECT * FROM fold_old UNION ALL BY NAME
+SELECT b.* FROM fold_batch AS b SEMI JOIN fold_old AS o USING (task_id, attempt, session);
 CREATE OR REPLACE TEMP VIEW fold_parts_merged AS SELECT * FROM fold_merge_of('fold_parts');
 CREATE OR REPLACE TEMP TABLE fold_merged AS SELECT * FROM fold_finish_of('fold_parts_merged');
+CREATE OR REPLACE TEMP VIEW fold_new AS
+SELECT b.* FROM fold_batch AS b ANTI JOIN fold_old AS o USING (task_id, attempt, session);
 CREATE OR REPLACE TEMP VIEW fold_signed AS
-SELECT -1 AS sign, * FROM fold_old UNION ALL BY NAME SELECT 1 AS sign, * FROM fold_merged;
+SELECT -1 AS sign, * FROM fold_old
+UNION ALL BY NAME SELECT 1 AS sign, * FROM fold_merged
+UNION ALL BY NAME SELECT 1 AS sign, * FROM fold_new;
 DELETE FROM fold.task_fold WHERE rowid IN (SELECT r FROM fold_hit);
-INSERT INTO fold.task_fold BY NAME SELECT * FROM fold_merged;
+INSERT INTO fold.task_fold BY NAME
+SELECT * FROM fold_merged UNION ALL BY NAME SELECT * FROM fold_new;
+
+-- @fresh
+-- No stored row is touched (a file of new tasks): the batch's rows go in as they are.
+INSERT INTO fold.task_fold BY NAME SELECT * FROM fold_batch;
+CREATE OR REPLACE TEMP VIEW fold_signed AS SELECT 1 AS sign, * FROM fold_batch;
 
 -- @append
 -- Into an empty table (a first build): the batch's rows go straight in, and the summary
@@ -273,25 +295,21 @@ INSERT INTO fold.task_fold BY NAME SELECT * FROM fold_finish_of('fold_batch_part
 CREATE OR REPLACE TEMP VIEW fold_signed AS SELECT 1 AS sign, * FROM fold.task_fold;
 
 -- @bins
-CREATE OR REPLACE TEMP TABLE fold_delta AS SELECT * FROM fold_bins_of('fold_signed');
--- fold_delta added to the kept counts; a bin that reaches 0 goes.
+-- The signed rows' counts added to the kept counts, in one pass: the change per bin
+-- (unique per bin) joined to the bin's kept row (unique too), whose rowid is kept so the
+-- old row goes by rowid; a bin that reaches 0 goes.
 CREATE OR REPLACE TEMP TABLE fold_bins AS
-SELECT dimension, value, bin, CAST(sum(tasks) AS BIGINT) AS tasks,
-       CAST(sum(finished) AS BIGINT) AS finished, CAST(sum(failed) AS BIGINT) AS failed,
-       CAST(sum(durations) AS BIGINT) AS durations
-FROM (
-    SELECT * FROM fold_delta
-    UNION ALL
-    SELECT b.* FROM fold.summary_bins AS b SEMI JOIN fold_delta AS d
-        ON b.dimension = d.dimension AND b.value IS NOT DISTINCT FROM d.value
-        AND b.bin IS NOT DISTINCT FROM d.bin
-)
-GROUP BY ALL
-HAVING sum(tasks) <> 0;
-DELETE FROM fold.summary_bins AS b USING fold_delta AS d
-WHERE b.dimension = d.dimension AND b.value IS NOT DISTINCT FROM d.value
+SELECT d.dimension, d.value, d.bin, d.tasks + coalesce(b.tasks, 0) AS tasks,
+       d.finished + coalesce(b.finished, 0) AS finished,
+       d.failed + coalesce(b.failed, 0) AS failed,
+       d.durations + coalesce(b.durations, 0) AS durations, b.rowid AS r
+FROM fold_bins_of('fold_signed') AS d LEFT JOIN fold.summary_bins AS b
+    ON b.dimension = d.dimension AND b.value IS NOT DISTINCT FROM d.value
     AND b.bin IS NOT DISTINCT FROM d.bin;
-INSERT INTO fold.summary_bins SELECT * FROM fold_bins;
+DELETE FROM fold.summary_bins WHERE rowid IN (SELECT r FROM fold_bins WHERE r IS NOT NULL);
+INSERT INTO fold.summary_bins
+SELECT dimension, value, bin, tasks, finished, failed, durations FROM fold_bins
+WHERE tasks <> 0;
 
 -- @cleanup
 DROP TABLE IF EXISTS fold_ids;
@@ -299,13 +317,13 @@ DROP TABLE IF EXISTS fold_recount;
 DROP TABLE IF EXISTS fold_timeline;
 DROP TABLE IF EXISTS fold_batch;
 DROP VIEW IF EXISTS fold_signed;
+DROP VIEW IF EXISTS fold_new;
 DROP VIEW IF EXISTS fold_parts_merged;
 DROP VIEW IF EXISTS fold_parts;
 DROP VIEW IF EXISTS fold_batch_partial;
 DROP TABLE IF EXISTS fold_merged;
 DROP TABLE IF EXISTS fold_old;
 DROP TABLE IF EXISTS fold_hit;
-DROP TABLE IF EXISTS fold_delta;
 DROP TABLE IF EXISTS fold_bins;
 DROP TABLE IF EXISTS fold_wanted;
 

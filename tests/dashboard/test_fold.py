@@ -12,6 +12,8 @@ import random
 import stat
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -380,4 +382,83 @@ def test_a_failed_checkpoint_on_close_is_logged_and_the_store_still_closes(
     reopened, scratch = open_pair(root, cache)  # the WAL replays: nothing lost
     assert_same(reopened, scratch)
     reopened.close()
+    scratch.close()
+
+
+class SectionSpy(dict[str, str]):
+    """fold.sql's sections, recording which ones the fold runs."""
+
+    def __init__(self, sections: dict[str, str]) -> None:
+        super().__init__(sections)
+        self.ran: list[str] = []
+
+    def __getitem__(self, key: str) -> str:
+        self.ran.append(key)
+        return super().__getitem__(key)
+
+
+def spy_sections(store: Store) -> SectionSpy:
+    assert store.fold is not None
+    spy = SectionSpy(store.fold.sql)
+    store.fold.sql = spy
+    return spy
+
+
+def test_a_file_of_new_tasks_goes_in_as_it_is_and_one_touching_stored_tasks_merges(
+        stores: tuple[Path, Path]) -> None:
+    """A batch whose tasks are all new skips the merge (@fresh); a batch with pieces of
+    stored tasks and new tasks merges the stored ones and passes the new ones: both as
+    tasks.sql, summary counts included."""
+    root, cache = stores
+    cached, scratch = open_pair(root, cache)
+    assert_same(cached, scratch)
+    spy = spy_sections(cached)
+    write_in_files(root, random_attempts(random.Random(8), 40, "fresh"), "fresh", 1)
+    assert_same(cached, scratch)
+    assert "fresh" in spy.ran and "merge" not in spy.ran
+    spy.ran.clear()
+    rng = random.Random(9)
+    mixed: list[Row] = []
+    for i in range(0, 40, 3):  # the end of stored attempts (new bins), and new attempts
+        mixed += task_events(f"t{i}", f"fn{i % 5}", attempt=0, start=rng.uniform(0, 3000),
+                             run_s=rng.uniform(0, 90), end_state="FAILED",
+                             error=("KeyError", "late", "Traceback"))
+        mixed += task_events(f"mixed{i}", "fn1", start=rng.uniform(0, 3000),
+                             run_s=rng.uniform(0, 90), end_state="FINISHED")
+    write_in_files(root, mixed, "mixed", 1)
+    assert_same(cached, scratch)
+    assert "merge" in spy.ran and "fresh" not in spy.ran
+    cached.close()
+    scratch.close()
+
+
+def test_scans_of_stored_tables_run_on_every_thread_in_a_small_fold(
+        stores: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small batch folds on one thread, but the statements that scan a whole stored
+    table (the id check against `seen`, finding touched rows by k) get the database's
+    threads back for themselves; the setting is restored after."""
+    root, cache = stores
+    cached, scratch = open_pair(root, cache)
+    assert_same(cached, scratch)
+    cached._con.execute("SET threads = 3")
+    during: list[tuple[str, object]] = []  # (the section run last, threads inside)
+    spy = spy_sections(cached)
+    threads = fold_module._threads
+
+    @contextmanager
+    def watch(cur: duckdb.DuckDBPyConnection, wanted: int) -> Iterator[int]:
+        with threads(cur, wanted) as before:
+            during.append((spy.ran[-1], cur.execute(
+                "SELECT current_setting('threads')").fetchone()))
+            yield before
+
+    monkeypatch.setattr(fold_module, "_threads", watch)
+    write_in_files(root, random_attempts(random.Random(10), 30, "t"), "threads", 1)
+    assert_same(cached, scratch)
+    # the batch on one thread; then the check against `seen` (after @ids) and the
+    # search for touched rows (after @merge_batch) on three
+    assert [t for _, t in during] == [(1,), (3,), (3,)]
+    assert [s for s, _ in during[1:]] == ["ids", "merge_batch"]
+    assert cached._con.execute("SELECT current_setting('threads')").fetchone() == (3,)
+    cached.close()
     scratch.close()
