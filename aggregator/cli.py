@@ -7,10 +7,12 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aggregator.config import AgentConfig, ConfigError, load_config
 from aggregator.memory import prefer_returning_pool
+
+if TYPE_CHECKING:  # imported when used: `evagg query` needs none of the agent's config
+    from aggregator.config import AgentConfig, ConfigError
 
 Command = Callable[[argparse.Namespace], int]
 DEFERRED_COMMANDS = ("query", "dashboard")  # their parsers import DuckDB: built only when run
@@ -65,6 +67,7 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def load_from_args(args: argparse.Namespace) -> AgentConfig:
     """The config with its flags applied, its sinks built once to check them."""
+    from aggregator.config import load_config
     from aggregator.sink_set import build_sinks
 
     config = load_config(args.config, overrides=overrides_from_args(args))
@@ -85,6 +88,8 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _run(args: argparse.Namespace) -> int:
+    from aggregator.config import ConfigError
+
     try:
         config = load_from_args(args)
     except ConfigError as exc:
@@ -110,6 +115,8 @@ def _add_check_config(commands: argparse._SubParsersAction[argparse.ArgumentPars
 
 
 def _check_config(args: argparse.Namespace) -> int:
+    from aggregator.config import ConfigError
+
     try:
         config = load_from_args(args)
     except ConfigError as exc:

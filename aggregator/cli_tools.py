@@ -7,7 +7,6 @@ query layer, boto3 or the OpenTelemetry protobufs loaded.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -33,12 +32,16 @@ def _add_deferred(commands: Parsers, name: str, summary: str) -> None:
 
 
 def run_deferred(name: str, rest: list[str]) -> int:
-    from dashboard.query import add_query_parser
-    from dashboard.server import add_dashboard_parser
-
     parser = argparse.ArgumentParser(prog="evagg")
     commands = parser.add_subparsers()
-    (add_query_parser if name == "query" else add_dashboard_parser)(commands)
+    if name == "query":  # each imports only its own layer: a query never loads aiohttp
+        from dashboard.query import add_query_parser
+
+        add_query_parser(commands)
+    else:
+        from dashboard.server import add_dashboard_parser
+
+        add_dashboard_parser(commands)
     args = parser.parse_args([name, *rest])
     code: int = args.command(args)
     return code
@@ -81,6 +84,8 @@ def _add_dlq(commands: Parsers) -> None:
 
 
 def _dlq(args: argparse.Namespace) -> int:
+    import asyncio
+
     from aggregator.config import ConfigError, load_config
     from sinks.deadletter import dead_letter_dir, list_dead_letters, replay_dead_letters
     from sinks.http_config import HttpSinkConfigError, resolve_headers

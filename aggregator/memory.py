@@ -18,8 +18,6 @@ event. Operators' own ARROW_DEFAULT_MEMORY_POOL and MALLOC_ARENA_MAX still win.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 import os
 import sys
@@ -58,6 +56,8 @@ def calm_garbage_collector() -> None:
 
 def cap_malloc_arenas() -> None:
     """One glibc malloc arena for all the agent's threads, unless MALLOC_ARENA_MAX is set."""
+    import ctypes.util  # here, not at the top: every evagg command imports this module
+
     name = ctypes.util.find_library("c")
     if "MALLOC_ARENA_MAX" in os.environ or name is None:
         return
