@@ -56,10 +56,12 @@ def calm_garbage_collector() -> None:
 
 def cap_malloc_arenas() -> None:
     """One glibc malloc arena for all the agent's threads, unless MALLOC_ARENA_MAX is set."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return
     import ctypes.util  # here, not at the top: every evagg command imports this module
 
-    name = ctypes.util.find_library("c")
-    if "MALLOC_ARENA_MAX" in os.environ or name is None:
+    name = ctypes.util.find_library("c")  # may run ldconfig: once, at the agent's start
+    if name is None:
         return
     try:
         mallopt = ctypes.CDLL(name).mallopt
