@@ -12,9 +12,7 @@ any other loss (retention deleted data, a file rewritten with another size) rebu
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,19 +21,24 @@ from pathlib import Path
 
 import duckdb
 
+from dashboard.fold_cache import attach_cache, cache_file, default_cache_dir
+from dashboard.fold_files import (
+    Cover,
+    batches,
+    coverage,
+    explained,
+    held_by_folder,
+    is_compacted,
+    parent_and_name,
+    parse_covers,
+)
 from dashboard.listing import FileEntry, Listing
-from dashboard.s3 import sql_literal
 
 log = logging.getLogger(__name__)
 FORMAT = "2"  # bump when the tables change shape
-BATCH_BYTES = 2**30  # fold at most this much Parquet per transaction (bounds memory)
-BATCH_FILES = 10_000
 # A batch this small folds on one thread: on a few cores, splitting ~50,000 rows over
 # threads cost more than it saved (each statement 2-3x slower on two threads).
 SMALL_BATCH_BYTES = 64 * 2**20
-SLOTS = 3  # cache files per location: processes folding the same data at once
-COMPACTED_PREFIX = "compacted-"
-META_KEY = "evagg.compacted"
 # The columns the fold reads, with their DuckDB types: missing ones read as NULL.
 COLUMNS = {
     "event_id": "VARCHAR", "time": "TIMESTAMPTZ", "kind": "VARCHAR", "source": "VARCHAR",
@@ -45,7 +48,7 @@ COLUMNS = {
     "error_type": "VARCHAR", "error_message": "VARCHAR", "stack_trace": "VARCHAR",
     "attrs": "MAP(VARCHAR, VARCHAR)",
 }
-Cover = tuple[str, int]  # (file name, size)
+__all__ = ["Cover", "TaskFold", "cache_file", "default_cache_dir", "parse_covers"]
 SourceFor = Callable[[duckdb.DuckDBPyConnection, Listing], str]
 CoversOf = Callable[[duckdb.DuckDBPyConnection, FileEntry], set[Cover]]
 
@@ -56,60 +59,13 @@ def sql_sections() -> dict[str, str]:
     return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
 
 
-def default_cache_dir() -> Path:
-    """$EVAGG_CACHE_DIR, else $XDG_CACHE_HOME/evagg, else ~/.cache/evagg."""
-    explicit = os.environ.get("EVAGG_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "evagg"
-
-
-def cache_file(cache_dir: str, key: str, slot: int = 0) -> Path:
-    digest = hashlib.blake2b(key.encode(), digest_size=10).hexdigest()
-    return Path(cache_dir).expanduser() / f"tasks-{digest}{f'-{slot}' if slot else ''}.duckdb"
-
-
-def _damaged(path: Path, message: str) -> bool:
-    """Whether an ATTACH failed on the file itself (not a DuckDB file, or another
-    storage version) rather than because someone holds it."""
-    try:
-        with path.open("rb") as handle:
-            header = handle.read(12)
-    except OSError:
-        return False
-    if "lock" in message.lower() or "conflict" in message.lower():
-        return False  # held: the message may name anything (a path with "version" in it)
-    return header[8:12] != b"DUCK" or "version number" in message.lower()
-
-
-def _attach_file(con: duckdb.DuckDBPyConnection, path: Path) -> None:
-    """ATTACH a cache file; one that is not a DuckDB database (damaged, or from another
-    DuckDB version) is only a cache: it is removed and started again."""
-    try:
-        con.execute(f"ATTACH {sql_literal(str(path))} AS fold")
-    except duckdb.Error as exc:
-        if not _damaged(path, str(exc)):
-            raise  # held by another process or connection: never remove it
-        log.warning("task cache %s unreadable (%s): starting it again", path,
-                    str(exc).splitlines()[0])
-        path.unlink(missing_ok=True)
-        Path(f"{path}.wal").unlink(missing_ok=True)
-        con.execute(f"ATTACH {sql_literal(str(path))} AS fold")
-
-
-def parent_and_name(path: str) -> tuple[str, str]:
-    parent, _, name = path.rpartition("/")
-    return parent, name
-
-
 class TaskFold:
     def __init__(self, con: duckdb.DuckDBPyConnection, key: str, cache_dir: str | None) -> None:
         self.key = key
         self.sql = sql_sections()
         self.version = hashlib.blake2b((FORMAT + "".join(self.sql.values())).encode(),
                                        digest_size=8).hexdigest()
-        self.path, self.note = self._attach(con, cache_dir)
+        self.path, self.note = attach_cache(con, key, cache_dir)
         self.generation = 0
         self.rebuilds = 0
         self.folded_files = 0  # read and folded by this process
@@ -125,34 +81,6 @@ class TaskFold:
             cur.close()
 
     # -- opening ---------------------------------------------------------------------
-
-    def _attach(self, con: duckdb.DuckDBPyConnection, cache_dir: str | None
-                ) -> tuple[Path | None, str]:
-        """Attach the first cache file no other process holds (DuckDB lets one process
-        write a file), so a query beside a running dashboard keeps a cache of its own."""
-        if cache_dir is None:
-            con.execute("ATTACH ':memory:' AS fold")
-            return None, ""
-        reason = ""
-        for slot in range(SLOTS):
-            path = cache_file(cache_dir, self.key, slot)
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                _attach_file(con, path)
-                # A fold's commit stays in the WAL until it reaches DuckDB's
-                # checkpoint_threshold, or a process at rest checkpoints it (close()):
-                # a checkpoint on every close cost the command after a new file
-                # 0.1-0.9 s. The next open replays the WAL (docs/queries.md).
-                con.execute("PRAGMA disable_checkpoint_on_shutdown")
-                return path, ""
-            except (OSError, duckdb.Error) as exc:
-                reason = str(exc).splitlines()[0]
-                if not isinstance(exc, duckdb.Error):
-                    break  # the folder cannot be made or written
-        note = f"task cache in {cache_dir} not usable ({reason}); folding in memory"
-        log.warning("%s", note)
-        con.execute("ATTACH ':memory:' AS fold")
-        return None, note
 
     def _prepare(self, cur: duckdb.DuckDBPyConnection) -> None:
         """Connection-local helpers (temp macros, the empty source) on one cursor."""
@@ -195,12 +123,12 @@ class TaskFold:
         known = self._known_covers(cur)
         listed = {f.path: f for f in listing.files}
         for entry in listing.files:  # read what each new compacted file covers, once
-            if _compacted(entry) and entry.path not in known:
+            if is_compacted(entry) and entry.path not in known:
                 known[entry.path] = covers_of(cur, entry)
                 _insert(cur, "fold.covers", [(entry.path, n, s) for n, s in known[entry.path]])
         gone = [p for p, size in folded.items() if p not in listed or listed[p].size != size]
-        held = _held_by_folder(known, listed)
-        if gone and not all(_explained(p, folded[p], known, held) for p in gone):
+        held = held_by_folder(known, listed)
+        if gone and not all(explained(p, folded[p], known, held) for p in gone):
             log.info("%d folded files of %s vanished unexplained: refolding", len(gone),
                      self.key)
             self.rebuilds += 1
@@ -208,15 +136,15 @@ class TaskFold:
             _insert(cur, "fold.covers",
                     [(p, n, s) for p in listed if p in known for n, s in known[p]])
             return self.sync(cur, listing, source_for, covers_of)
-        coverage = _coverage(folded, known)
+        covered = coverage(folded, known)
         fresh = [f for f in listing.files if folded.get(f.path) != f.size]
-        adopted = {f.path for f in fresh if _compacted(f) and known.get(f.path)
-                   and known[f.path] <= coverage.get(parent_and_name(f.path)[0], set())}
+        adopted = {f.path for f in fresh if is_compacted(f) and known.get(f.path)
+                   and known[f.path] <= covered.get(parent_and_name(f.path)[0], set())}
         todo = [f for f in fresh if f.path not in adopted]
         self._forget(cur, gone, listed)
         # Every row of an adopted file is folded already: refolding it would change nothing.
         _insert(cur, "fold.files", [(f.path, f.size) for f in fresh if f.path in adopted])
-        for batch in _batches(todo):
+        for batch in batches(todo):
             self._fold_batch(cur, Listing(tuple(batch), listing.hive), source_for)
         self.folded_files += len(todo)
         self.adopted_files += len(adopted)
@@ -341,61 +269,6 @@ def _threads(cur: duckdb.DuckDBPyConnection, threads: int) -> Iterator[int]:
         yield before
     finally:
         cur.execute(f"SET threads = {before}")
-
-
-def _held_by_folder(known: dict[str, set[Cover]], listed: dict[str, FileEntry]
-                    ) -> dict[str, set[Cover]]:
-    """Per folder: what its listed compacted files say they cover."""
-    held: dict[str, set[Cover]] = {}
-    for path in listed:
-        if path in known:
-            held.setdefault(parent_and_name(path)[0], set()).update(known[path])
-    return held
-
-
-def _explained(path: str, size: int, known: dict[str, set[Cover]],
-               held: dict[str, set[Cover]]) -> bool:
-    """Whether a listed compacted file in the same folder holds a vanished file's rows:
-    it covers the file itself, or (for a compacted file) everything that file covered."""
-    parent, name = parent_and_name(path)
-    there = held.get(parent, set())
-    return (name, size) in there or (bool(known.get(path)) and known[path] <= there)
-
-
-def _coverage(folded: dict[str, int], known: dict[str, set[Cover]]) -> dict[str, set[Cover]]:
-    """Per folder: the (name, size) of every file whose rows are folded."""
-    covered: dict[str, set[Cover]] = {}
-    for path, size in folded.items():
-        parent, name = parent_and_name(path)
-        covered.setdefault(parent, set()).add((name, size))
-        covered[parent] |= known.get(path, set())
-    return covered
-
-
-def _compacted(entry: FileEntry) -> bool:
-    return parent_and_name(entry.path)[1].startswith(COMPACTED_PREFIX)
-
-
-def _batches(files: list[FileEntry]) -> Iterator[list[FileEntry]]:
-    batch: list[FileEntry] = []
-    size = 0
-    for entry in files:
-        if batch and (size + entry.size > BATCH_BYTES or len(batch) >= BATCH_FILES):
-            yield batch
-            batch, size = [], 0
-        batch.append(entry)
-        size += entry.size
-    if batch:
-        yield batch
-
-
-def parse_covers(raw: bytes | str | None) -> set[Cover]:
-    """What `evagg compact`'s metadata says a compacted file covers (empty if not ours)."""
-    try:
-        recorded = json.loads(raw) if raw else {}
-        return {(str(name), int(size)) for name, size in recorded.get("covers", [])}
-    except (ValueError, TypeError, AttributeError):
-        return set()
 
 
 def _insert(cur: duckdb.DuckDBPyConnection, table: str, rows: list[tuple[object, ...]]) -> None:

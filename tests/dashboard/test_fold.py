@@ -20,6 +20,7 @@ import duckdb
 import pytest
 
 import dashboard.fold as fold_module
+import dashboard.fold_files as fold_files
 from dashboard import queries
 from dashboard.fold import cache_file
 from dashboard.listing import Listing
@@ -320,7 +321,7 @@ def test_a_first_build_in_several_batches_after_events_without_tasks(
                  node_id="nodeA", span_id=f"s{i}") for i in range(20)]
     write_rows(local_put(root), ops, "a-ops.parquet")
     write_in_files(root, random_attempts(random.Random(7), 90, "b"), "b-part", 4)
-    monkeypatch.setattr(fold_module, "BATCH_FILES", 1)  # one file per transaction
+    monkeypatch.setattr(fold_files, "BATCH_FILES", 1)  # one file per transaction
     cached, scratch = open_pair(root, tmp_path / "cache")
     assert_same(cached, scratch)
     listing = cached.refresh()
