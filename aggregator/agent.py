@@ -26,6 +26,7 @@ from aggregator.http_api import HttpApi
 from aggregator.ingest import Ingestor, SpoolUnavailable
 from aggregator.memory import arrow_pool_name, calm_garbage_collector, cap_malloc_arenas
 from aggregator.metrics import AgentMetrics
+from aggregator.ray_recall import recall_ray_ids
 from aggregator.red_metrics import RedMetrics
 from aggregator.sink_set import SinkSet, build_sinks
 from aggregator.socket_ingest import SocketIngest
@@ -80,6 +81,7 @@ class Agent:
         if report.truncated_bytes or report.corrupt_records:
             log.warning("spool recovery: truncated %d bytes, %d corrupt records, quarantined %s",
                         report.truncated_bytes, report.corrupt_records, report.quarantined_files)
+        self._recall_ray_ids()
         self.sinks = SinkSet(self.spool, self.metrics, self._build_sinks(self.config))
         await self.socket.start(systemd.inherited_socket())
         await self._start_http()
@@ -116,6 +118,20 @@ class Agent:
                         "stopping" if self._stop.is_set() else "already reloading")
             return
         self._reload_task = asyncio.create_task(self.reload(), name="reload")
+
+    def _recall_ray_ids(self) -> None:
+        """Remember the Ray eventIds still in the spool, so that Ray's resend of a batch
+        spooled before a restart is not stored again (aggregator/ray_recall.py)."""
+        window = self.http.ray_ids
+        try:
+            ids = recall_ray_ids(self.spool, want=window.capacity)
+        except Exception as exc:  # a damaged record: start anyway, resends may repeat
+            self.metrics.worker_errors.inc(worker="ray_recall", type=type(exc).__name__)
+            log.exception("could not read Ray eventIds back from the spool")
+            return
+        window.confirm(ids)
+        if ids:
+            log.info("remembered %d Ray eventIds from the spool", len(ids))
 
     async def _start_http(self) -> None:
         if not self.config.http_listen:

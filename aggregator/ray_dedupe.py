@@ -55,9 +55,10 @@ class RecentEventIds:
     so a failed write never makes Ray's resend look like a duplicate. A resend that meets
     ids still in flight gets their claims, to wait for and answer by (`http_api`). The
     window is two generations of sets (about 2 x `capacity` ids, ~120 bytes each); when
-    the young one fills, the old one is dropped whole. Not persisted: after an agent
-    restart a resend can be stored twice, and readers of the Parquet dedupe on event_id
-    anyway. Accepts raw eventIds or the event objects themselves.
+    the young one fills, the old one is dropped whole. Not a file of its own: at start the
+    agent refills it from the spool's newest records (`ray_recall`), so a batch spooled
+    before a restart is dropped when Ray sends it again. Accepts raw eventIds or the
+    event objects themselves.
     """
 
     def __init__(self, capacity: int = 100_000) -> None:
@@ -171,6 +172,11 @@ class RecentEventIds:
 
     def __len__(self) -> int:
         return len(self._young) + len(self._old)
+
+    @property
+    def capacity(self) -> int:
+        """About how many stored ids the window holds (two generations)."""
+        return 2 * self._capacity
 
     @property
     def in_flight(self) -> int:

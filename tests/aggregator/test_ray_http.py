@@ -121,3 +121,24 @@ def test_a_failed_spool_write_answers_503_and_the_resend_is_stored(agent: AgentP
 
 def status_of(answer: tuple[int, dict[str, Any]]) -> int:
     return answer[0]
+
+
+def test_a_resend_after_the_agent_was_killed_and_restarted_stores_nothing(
+        agent: AgentProcess) -> None:
+    """Killed after spooling a batch, before Ray had the answer: Ray sends the batch to
+    the new agent, which knows its eventIds from the spool (aggregator/ray_recall.py)."""
+    items = load("02_excerpt_task_lifecycle_normal_and_failed.json")
+    body = json.dumps(items).encode()
+    rows, _ = ray_events_to_rows(items)
+    assert post(agent, body)[0] == 200
+    agent.kill()
+    agent.start()
+    status, answer = post(agent, body)
+    assert (status, answer["accepted"], answer["rejected"]) == (200, 0, 0)
+    assert agent.metric('evagg_duplicate_frames_total{route="ray"}') == len(items)
+    more = load("01_body_task_events_actor_methods_camelCase.json")
+    assert post(agent, json.dumps(more).encode())[0] == 200  # new events are still stored
+    more_rows, _ = ray_events_to_rows(more)
+    stored = agent.wait_rows("SELECT event_id FROM events WHERE source = 'ray'",
+                             len(rows) + len(more_rows))
+    assert sorted(e for e, in stored) == sorted(r["event_id"] for r in rows + more_rows)

@@ -1,0 +1,79 @@
+"""Ray eventIds read back from a real spool at start (aggregator/ray_recall.py): exactly
+the Ray events' ids, as Ray sent them, oldest first; other sources, records of socket
+sessions and ids that are not Ray's are skipped; reading stops at the window or the
+byte budget, keeping the newest."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aggregator.normalize import Stamp, rows_to_batch
+from aggregator.ray_batch import ray_items_to_batch
+from aggregator.ray_recall import ray_ids_of, recall_ray_ids
+from aggregator.spool import Spool
+from sinks.schema import batch_to_bytes
+from tests.aggregator.test_ray_batch import generated_events
+
+STAMP = Stamp.now("node-a", "host-a")
+
+
+def ray_payload(items: list[dict[str, Any]]) -> bytes:
+    mapped = ray_items_to_batch(list(enumerate(items)), STAMP)
+    assert mapped.normalized.rejected == []
+    return batch_to_bytes(mapped.batch)
+
+
+def native_payload(event_ids: list[str], source: str = "torch") -> bytes:
+    rows = [{"kind": "op", "event_id": e, "source": source, "name": "step"} for e in event_ids]
+    return batch_to_bytes(rows_to_batch(rows, STAMP).batch)
+
+
+@pytest.fixture
+def spool(tmp_path: Path) -> Spool:
+    opened = Spool(tmp_path / "spool", max_bytes=2**30, segment_bytes=2**20)
+    opened.open()
+    return opened
+
+
+def append(spool: Spool, payload: bytes, session: bytes = bytes(16), seq: int = 0) -> None:
+    asyncio.run(spool.append(payload, 1, received_ns=1, session=session, seq=seq))
+
+
+def test_every_ray_event_id_comes_back_as_ray_sent_it(spool: Spool) -> None:
+    first, second = generated_events(30), generated_events(30)
+    append(spool, ray_payload(first))
+    append(spool, native_payload(["a" * 32, "bb"]))  # hex-looking ids of another source
+    append(spool, ray_payload(second))
+    ids = recall_ray_ids(spool, want=10_000)
+    assert ids == [e["eventId"] for e in first + second]
+    spool.close()
+
+
+def test_records_of_socket_sessions_are_not_read(spool: Spool) -> None:
+    items = generated_events(9)
+    append(spool, ray_payload(items), session=b"s" * 16, seq=1)  # not an HTTP route's
+    assert recall_ray_ids(spool, want=10_000) == []
+    spool.close()
+
+
+def test_reading_stops_at_the_window_keeping_the_newest(spool: Spool) -> None:
+    batches = [generated_events(30) for _ in range(200)]  # over one 64-record step
+    for items in batches:
+        append(spool, ray_payload(items))
+    newest = [e["eventId"] for items in batches[-3:] for e in items]
+    assert recall_ray_ids(spool, want=len(newest)) == newest
+    assert recall_ray_ids(spool, want=1, max_bytes=1) == [e["eventId"] for e in batches[-1]]
+    assert len(recall_ray_ids(spool, want=10**9)) == 200 * 30  # across steps and segments
+    spool.close()
+
+
+def test_ids_of_several_rows_and_ids_that_are_not_ray_s() -> None:
+    items = generated_events(6)
+    lifecycle = [e for e in items if "taskLifecycleEvent" in e]
+    assert any(len(e["taskLifecycleEvent"]["stateTransitions"]) > 1 for e in lifecycle)
+    assert ray_ids_of(ray_payload(items)) == [e["eventId"] for e in items]  # each once
+    assert ray_ids_of(native_payload(["not-hex", "abc-1"], source="ray")) == []
