@@ -8,6 +8,7 @@ be read at all gets a 400 with the reason and nothing of it is spooled.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
@@ -104,7 +105,10 @@ class HttpApi:
         for that write (at most RAY_RESEND_WAIT_S): 200 if it stored them, else 503 so that
         Ray sends again. docs/ray.md, "Resends"."""
         body = await request.read()
-        stamp = self.ingestor.stamp()
+        # node_id holds Ray's own node ids on Ray's rows: a row Ray sent without one (the
+        # executor's RUNNING event before Ray 2.56) stays empty rather than taking the
+        # agent's node name, which the tasks view would then prefer over the hex id.
+        stamp = dataclasses.replace(self.ingestor.stamp(), node_id="")
         claim = ray_dedupe.Claim()
         try:
             mapped = await self.ingestor.in_thread(ray_batch.ray_body_to_batch, body,

@@ -13,7 +13,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from aggregator.ray_events import ray_events_to_rows
+from dashboard.store import Store, StoreOptions
 from tests.agentproc import AgentProcess
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ray"
@@ -56,7 +59,7 @@ def test_a_body_lands_as_the_reference_rows_and_a_resend_stores_nothing(
                              "FROM events ORDER BY event_id", len(rows))
     assert len(stored) == len(rows)  # nothing twice
     expected = sorted((r["event_id"], r.get("state"), r.get("task_id"),
-                       r.get("node_id") or "test-node", r["attrs"].get("ray_state"))
+                       r.get("node_id"), r["attrs"].get("ray_state"))
                       for r in rows)
     assert sorted(stored) == expected
 
@@ -142,3 +145,43 @@ def test_a_resend_after_the_agent_was_killed_and_restarted_stores_nothing(
     stored = agent.wait_rows("SELECT event_id FROM events WHERE source = 'ray'",
                              len(rows) + len(more_rows))
     assert sorted(e for e, in stored) == sorted(r["event_id"] for r in rows + more_rows)
+
+
+@pytest.mark.parametrize("fold", [True, False])
+def test_before_ray_2_56_a_task_s_node_is_ray_s_id_not_the_agent_s_name(
+        agent: AgentProcess, fold: bool) -> None:
+    """Before 2.56 no event carries the emitting node, and the executor's RUNNING event
+    has nodeId "": its row keeps node_id empty, so the tasks view takes Ray's id from the
+    owner's terminal event rather than the agent's own node name."""
+    items = load("02_excerpt_task_lifecycle_normal_and_failed.json")
+    for item in items:
+        item.pop("nodeId", None)
+    rows, _ = ray_events_to_rows(items)
+    terminal = {r["task_id"]: r["node_id"] for r in rows if r.get("state") in ("FINISHED",
+                                                                               "FAILED")}
+    assert terminal and all(terminal.values())
+    assert post(agent, json.dumps(items).encode())[0] == 200
+    stored = agent.wait_rows("SELECT state, node_id FROM events WHERE source = 'ray'",
+                             len(rows))
+    assert ("RUNNING", None) in stored and all(n != "test-node" for _, n in stored)
+    store = Store(StoreOptions(str(agent.lake_dir), refresh_s=0.0, fold=fold))
+    try:
+        found = dict(store.execute("SELECT task_id, node_id FROM tasks").rows)
+    finally:
+        store.close()
+    assert {t: found[t] for t in terminal} == terminal
+
+
+def test_the_tasks_query_in_docs_ray_md_runs_on_the_agent_s_lake(
+        agent: AgentProcess, capsys: pytest.CaptureFixture[str]) -> None:
+    items = load("02_excerpt_task_lifecycle_normal_and_failed.json")
+    assert post(agent, json.dumps(items).encode())[0] == 200
+    rows, _ = ray_events_to_rows(items)
+    agent.wait_rows("SELECT * FROM events", len(rows))
+    text = (Path(__file__).resolve().parents[2] / "docs" / "ray.md").read_text()
+    snippet = text.split("## The `tasks` view", 1)[1].split("```python\n", 1)[1]
+    snippet = snippet.split("```", 1)[0].replace('LAKE = "lake"', f"LAKE = {str(agent.lake_dir)!r}")
+    exec(compile(snippet, "docs/ray.md", "exec"), {})
+    shown = capsys.readouterr().out
+    failed = [r for r in rows if r.get("state") == "FAILED"]
+    assert failed and failed[0]["attrs"]["exception_class"] in shown
