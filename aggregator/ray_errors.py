@@ -26,6 +26,10 @@ import orjson
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # `ValueError`, `mod.sub.MyError`, `ray.exceptions.RayTaskError(ValueError)`
 _EXCEPTION_HEAD = re.compile(r"^([A-Za-z_][\w.]*(?:\([\w.]+\))?)(?::(?:\s|$)|$)")
+# Without a traceback before it, a head is a class only when it looks like one: dotted,
+# wrapped (`RayTaskError(ValueError)`), or named like Python's exceptions; not "bye",
+# "Killed" or "Note: ..." from a death's prose.
+_EXCEPTION_NAME = re.compile(r"[.(]|(?:Error|Exception|Interrupt|Exit|Warning|Iteration)$")
 _BANNER = "User exception:"
 
 # Where each kind of death keeps its type and its text (camelCase, snake_case).
@@ -55,18 +59,19 @@ def parse_error_message(text: str) -> ParsedError:
         lines = lines[1:]
     if not lines:
         return ParsedError("", None, None)
-    start = _exception_start(lines)
+    start, after_frames = _exception_start(lines)
     exception_text = "\n".join(lines[start:]).strip()
     match = _EXCEPTION_HEAD.match(exception_text)
-    if match is None:
+    if match is None or not (after_frames or _EXCEPTION_NAME.search(match.group(1))):
         return ParsedError("\n".join(lines).strip(), None, None)
     stack = "\n".join(lines[:start]).rstrip() or None
     return ParsedError(exception_text, match.group(1), stack)
 
 
-def _exception_start(lines: list[str]) -> int:
+def _exception_start(lines: list[str]) -> tuple[int, bool]:
     """Index of the first line of the exception text (the first unindented line after
-    the last frame), or the last line when there are no frames."""
+    the last frame), or the last line when there are no frames; and whether it follows
+    a frame."""
     last_frame = -1
     for index, line in enumerate(lines):
         if line[:1].isspace() and line.lstrip().startswith('File "'):
@@ -74,8 +79,8 @@ def _exception_start(lines: list[str]) -> int:
     if last_frame >= 0:
         for index in range(last_frame + 1, len(lines)):
             if lines[index] and not lines[index][:1].isspace():
-                return index
-    return len(lines) - 1
+                return index, True
+    return len(lines) - 1, False
 
 
 def error_columns(error_type: Any, message: Any) -> dict[str, Any]:

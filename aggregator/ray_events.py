@@ -236,6 +236,7 @@ STATE_OF = {raw: task_state(raw) for raw in TASK_STATUS}
 
 
 def transitions(p: dict[str, Any], k: Keys) -> list[tuple[str, int]]:
+    """(Ray's state, time) of each transition, in order (the extras: `transition_attrs`)."""
     listed = p.get(k["state_transitions"])
     if isinstance(listed, list):
         return [(str(t.get("state") or "NIL"), time_ns(t.get("timestamp"), "stateTransitions"))
@@ -251,6 +252,16 @@ def transitions(p: dict[str, Any], k: Keys) -> list[tuple[str, int]]:
     return [(name, ns) for ns, _, name in sorted(found)]
 
 
+def transition_attrs(p: dict[str, Any], k: Keys) -> list[dict[str, str]]:
+    """attrs["ray_<snake>"] of each listed transition's fields besides state and time (none
+    today; kept as Ray adds them), in the order `transitions` gives them."""
+    listed = p.get(k["state_transitions"])
+    if not isinstance(listed, list):
+        return []
+    return [extra_attrs(t, k, TRANSITION_TAKEN) for t in listed if isinstance(t, dict)]
+
+
+TRANSITION_TAKEN = Taken("state", "timestamp")
 LIFECYCLE_TAKEN = Taken("task_id", "task_attempt", "state_transitions", "task_state",
                     "ray_error_info", "node_id", "worker_id", "worker_pid", "job_id")
 
@@ -267,8 +278,10 @@ def map_task_lifecycle(p: dict[str, Any], k: Keys, event_type: str) -> list[Row]
     if p.get(k["worker_pid"]):
         attrs["worker_pid"] = str(to_int(p[k["worker_pid"]], k["worker_pid"]))
     found = transitions(p, k)
+    extras = transition_attrs(p, k) or [{}] * len(found)
     rows: list[Row] = [{**common, "state": STATE_OF.get(raw) or task_state(raw), "time": ns,
-                        "attrs": {**attrs, "ray_state": raw}} for raw, ns in found]
+                        "attrs": {**attrs, **extra, "ray_state": raw}}
+                       for (raw, ns), extra in zip(found, extras, strict=True)]
     if not rows:
         rows = [{**common, "attrs": attrs}]
     info = p.get(k["ray_error_info"])

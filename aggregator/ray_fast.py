@@ -253,8 +253,8 @@ def _transitions(p: dict[str, Any], k: Keys, eager: bool) -> list[tuple[str, Tim
     found: list[tuple[str, Time]] = []
     for t in listed:
         state, text = t["state"], t["timestamp"]  # not there, or not a dict: declined
-        if type(state) is not str or not state or type(text) is not str:
-            raise Declined("odd transition")
+        if type(state) is not str or not state or type(text) is not str or len(t) != 2:
+            raise Declined("odd transition")  # more fields: the careful path keeps them
         found.append((state, _checked(time_ns(text, "stateTransitions")) if eager else text))
     return found
 

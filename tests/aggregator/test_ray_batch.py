@@ -94,6 +94,20 @@ def test_ray_249_task_execution_events_give_the_reference_rows() -> None:
     assert assert_same_as_reference(items) == 1  # the refused one
 
 
+def test_fields_ray_adds_to_a_transition_are_kept_on_that_transition_s_row() -> None:
+    items = generated_events(6)
+    lifecycle = next(i for i in items if len(
+        i.get("taskLifecycleEvent", {}).get("stateTransitions", [])) > 1)
+    transitions = lifecycle["taskLifecycleEvent"]["stateTransitions"]
+    transitions[1]["newPerTransitionField"] = "x"
+    transitions[1]["someCount"] = "0"  # an int64 at its default: not kept
+    assert assert_same_as_reference(items) == 1  # that event declines the fast path
+    rows, _ = ray_events_to_rows([lifecycle])
+    kept = [r["attrs"].get("ray_new_per_transition_field") for r in rows]
+    assert kept == [None, "x"] + [None] * (len(rows) - 2)
+    assert all("ray_some_count" not in r["attrs"] for r in rows)
+
+
 def test_generated_ray_bodies_take_the_fast_path() -> None:
     items = generated_events(300)
     assert assert_same_as_reference(items) == 0

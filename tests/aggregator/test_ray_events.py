@@ -348,6 +348,13 @@ def test_profile_events_become_timed_rows() -> None:
      None, None),
     ("  File \"a.py\", line 3, in f\nStopIteration", "StopIteration", "StopIteration",
      "  File \"a.py\", line 3, in f"),
+    ("  File \"a.py\", line 3, in f\nBoom: custom", "Boom: custom", "Boom",
+     "  File \"a.py\", line 3, in f"),  # after a frame any name is the class
+    ("KeyboardInterrupt", "KeyboardInterrupt", "KeyboardInterrupt", None),
+    ("TimeoutError: took too long", "TimeoutError: took too long", "TimeoutError", None),
+    ("bye", "bye", None, None),  # a death's prose, not an exception
+    ("Killed", "Killed", None, None),
+    ("Note: the node was drained", "Note: the node was drained", None, None),
 ])
 def test_parse_error_message(text: str, message: str, cls: str | None, stack: str | None) -> None:
     parsed = parse_error_message(text)
