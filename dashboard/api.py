@@ -8,10 +8,11 @@ list's fingerprint), so a page that polls while nothing new was written costs no
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from multidict import MultiMapping
 
 from aggregator.units import parse_duration
 from dashboard import ledger, queries
@@ -34,11 +35,16 @@ def json_result(result: Result) -> dict[str, Any]:
     return payload
 
 
-def only(params: Mapping[str, str], allowed: set[str]) -> dict[str, str]:
+def only(params: MultiMapping[str], allowed: set[str]) -> dict[str, str]:
+    """The query string as one value per key; an unknown or repeated key is a 400
+    (a filter given twice would otherwise keep one value and drop the other unseen)."""
     unknown = sorted(set(params) - allowed)
     if unknown:
         raise BadInput(f"unknown parameter {unknown[0]!r}")
-    return dict(params)
+    repeated = sorted(key for key in set(params) if len(params.getall(key)) > 1)
+    if repeated:
+        raise BadInput(f"repeated parameter {repeated[0]!r}: give each parameter once")
+    return {key: params[key] for key in params}
 
 
 class Api:

@@ -176,4 +176,20 @@ def _search(store: Store, args: argparse.Namespace) -> Result:
 
 
 def _sql(store: Store, args: argparse.Namespace) -> Result:
+    if not has_statement(args.statement):
+        raise BadInput("sql: the statement is empty (give a query such as "
+                       "\"SELECT count(*) FROM tasks\")")
     return store.execute(args.statement, user_sql=True)
+
+
+def has_statement(sql: str) -> bool:
+    """False for SQL with nothing to run (blank, only comments or semicolons), which
+    DuckDB accepts silently; SQL that does not parse is left for execute to report."""
+    import duckdb
+
+    if not sql.strip():
+        return False
+    try:
+        return bool(duckdb.extract_statements(sql))
+    except duckdb.Error:
+        return True

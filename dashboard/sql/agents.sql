@@ -1,5 +1,7 @@
 -- Agent heartbeats (kind = 'agent'): the metrics map holds the agent's own counters,
--- keyed "name{labels}"; totals add up every label set of one counter.
+-- keyed "name{labels}"; totals add up every label set of one counter. A labelled counter
+-- appears only once something was counted, so an absent one is 0 (list_sum of no
+-- entries is NULL).
 CREATE OR REPLACE VIEW heartbeats AS
 SELECT
     node_id,
@@ -7,15 +9,15 @@ SELECT
     state,
     host,
     attrs['version'] AS version,
-    list_sum(list_transform(
+    coalesce(list_sum(list_transform(
         list_filter(map_entries(metrics), e -> starts_with(e.key, 'evagg_received_events_total')),
-        e -> e.value)) AS received_total,
-    list_sum(list_transform(
+        e -> e.value)), 0) AS received_total,
+    coalesce(list_sum(list_transform(
         list_filter(map_entries(metrics), e -> starts_with(e.key, 'evagg_delivered_events_total')),
-        e -> e.value)) AS delivered_total,
-    list_sum(list_transform(
+        e -> e.value)), 0) AS delivered_total,
+    coalesce(list_sum(list_transform(
         list_filter(map_entries(metrics), e -> starts_with(e.key, 'evagg_dropped_events_total')),
-        e -> e.value)) AS dropped_total,
+        e -> e.value)), 0) AS dropped_total,
     metrics['evagg_spool_bytes'] AS spool_bytes,
     metrics
 FROM events

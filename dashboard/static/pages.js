@@ -12,6 +12,10 @@ function countLink(filters, n, label) {
   return hashLink("tasks", filters, fmtNum(n), { class: "count-link", title: label || "show these tasks" });
 }
 
+function plainCount(n) {
+  return n ? h("span", { class: "count-plain" }, fmtNum(n)) : h("span", { class: "muted" }, "0");
+}
+
 // -- overview ------------------------------------------------------------------------
 
 export async function overview() {
@@ -59,10 +63,14 @@ function groupTable(by, rows) {
     { key: "p99_s", label: "p99", num: true }, { key: "max_s", label: "max", num: true },
   ];
   return table(columns, rows, (row, c) => {
-    const base = row.value === null ? {} : { [key]: row.value };
-    if (c.key === "value") return row.value === null ? h("span", { class: "muted" }, "(none)") : row.value;
-    if (c.key === "tasks") return countLink(base, row.tasks);
-    if (c.state) return countLink({ ...base, state: c.state }, row[c.key], `${c.state} tasks`);
+    // The task filters cannot ask for "no value", so the counts of the (none) row are
+    // plain text: a link without the filter would open every task.
+    const none = row.value === null;
+    const count = (filters, n, label) => none ? plainCount(n) : countLink(filters, n, label);
+    const base = { [key]: row.value };
+    if (c.key === "value") return none ? h("span", { class: "muted" }, "(none)") : row.value;
+    if (c.key === "tasks") return count(base, row.tasks);
+    if (c.state) return count({ ...base, state: c.state }, row[c.key], `${c.state} tasks`);
     if (c.key === "hist") return histogram(row.duration_bins, row);
     return fmtDur(row[c.key]);
   });

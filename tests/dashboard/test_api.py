@@ -10,10 +10,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
+from moto.server import ThreadedMotoServer
 
 from dashboard.errors import StoreUnavailable
 from dashboard.runner import QueryRunner
@@ -22,6 +25,9 @@ from tests.dashboard.lakegen import Expected, local_put, task_events, write_rows
 from tests.dashboard.serve import serving
 
 REPO = Path(__file__).resolve().parents[2]
+SUMMARY_COLUMNS = ["value", "tasks", "pending", "submitted", "running", "finished", "failed",
+                   "p50_s", "p90_s", "p99_s", "max_s", "mean_s", "duration_bins"]
+EMPTY_BUCKET, EMPTY_PREFIX = "evagg-api", "cluster-9/events"
 
 
 def get(url: str) -> tuple[int, Any, dict[str, str]]:
@@ -77,6 +83,9 @@ def test_endpoints_answer(lake: Path) -> None:
         ("/api/search?q=", 400, "search text is empty"),
         ("/api/search?q=" + "x" * 600, 400, "longer than 500"),
         ("/api/drop_tables", 404, "no such endpoint"),
+        ("/api/tasks?state=FAILED&state=FINISHED", 400, "repeated parameter 'state'"),
+        ("/api/tasks?limit=5&name=square&limit=6", 400, "repeated parameter 'limit'"),
+        ("/api/ledger?run=a&run=b", 400, "repeated parameter 'run'"),
     ],
 )
 def test_bad_input_is_a_json_error(lake: Path, path: str, status: int, message: str) -> None:
@@ -87,6 +96,14 @@ def test_bad_input_is_a_json_error(lake: Path, path: str, status: int, message: 
         assert "Traceback" not in body["error"]
         _, ok, _ = get(f"{url}/api/overview")  # and the server still answers
         assert ok["tasks"] == Expected.tasks
+
+
+def test_aggregate_sends_each_column_once(lake: Path) -> None:
+    with serving(Store(StoreOptions(str(lake)))) as url:
+        for by in ("name", "error_type", "job", "node", "state"):
+            status, body, _ = get(f"{url}/api/aggregate?by={by}")
+            assert status == 200 and body["columns"] == SUMMARY_COLUMNS
+            assert body["rows"] and all(list(row) == SUMMARY_COLUMNS for row in body["rows"])
 
 
 def test_static_files_stay_inside_their_folder(lake: Path) -> None:
@@ -186,3 +203,49 @@ def test_dashboard_command(lake: Path, tmp_path: Path) -> None:
                           "--listen", "nowhere"], cwd=REPO, capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode == 2 and "--listen must be HOST:PORT" in bad.stderr
+
+
+@pytest.fixture
+def s3_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """moto's S3 on loopback with one bucket that holds an object, but none under
+    EMPTY_PREFIX."""
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                        ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_EC2_METADATA_DISABLED", "true")):
+        monkeypatch.setenv(name, value)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        client: Any = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        client.create_bucket(Bucket=EMPTY_BUCKET)
+        client.put_object(Bucket=EMPTY_BUCKET, Key="elsewhere/readme.txt", Body=b"x")
+        yield endpoint
+    finally:
+        server.stop()
+
+
+def test_empty_s3_prefix_answers_with_a_message(s3_endpoint: str) -> None:
+    location = f"s3://{EMPTY_BUCKET}/{EMPTY_PREFIX}"
+    store = Store(StoreOptions(location, endpoint_url=s3_endpoint, refresh_s=0.0))
+    with serving(store) as url:
+        status, info, _ = get(f"{url}/api/info")
+        assert status == 200 and info["files"] == 0
+        assert f"no Parquet files under {location}" in info["message"]
+        for path in ("/api/overview", "/api/tasks?state=FAILED", "/api/aggregate?by=name",
+                     "/api/agents", "/api/search?q=boom"):
+            status, body, _ = get(url + path)
+            assert status == 404, (path, body)
+            assert f"no Parquet files under {location}" in body["error"]
+            assert "Traceback" not in body["error"]
+        client: Any = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+
+        def put(relative: str, data: bytes) -> None:
+            client.put_object(Bucket=EMPTY_BUCKET, Key=f"{EMPTY_PREFIX}/{relative}", Body=data)
+
+        write_rows(put, task_events("s3t1", "f", start=0, run_s=1.0, end_state="FINISHED"),
+                   "part-1.parquet")
+        status, overview, _ = get(f"{url}/api/overview")  # still serving, and sees the file
+        assert status == 200 and overview["tasks"] == 1

@@ -130,6 +130,21 @@ def test_groups_and_agents_pages(page: Page) -> None:
     shot(page, "agents")
 
 
+def test_counts_of_a_none_group_are_not_links(page: Page, lake: Path) -> None:
+    # A link for the (none) row could carry no job filter, so it would open every task.
+    rows = task_events("nojob1", "orphan", start=65.0, run_s=1.0, end_state="FINISHED")
+    for row in rows:
+        row["job_id"] = None
+    write_rows(local_put(lake), rows, "part-00012.parquet")
+    page.goto("/#/groups?by=job")
+    none_row = page.locator("table.grid tbody tr", has_text="(none)")
+    expect(none_row).to_have_count(1)
+    expect(none_row.locator("a")).to_have_count(0)
+    expect(none_row.locator(".count-plain")).to_have_count(2)  # tasks and finished: 1 each
+    job1 = page.locator("table.grid tbody tr", has_text="job1")
+    expect(job1.locator("a.count-link").first).to_have_attribute("href", "#/tasks?job=job1")
+
+
 def test_auto_refresh_shows_new_files_and_escapes_text(page: Page, lake: Path) -> None:
     page.goto("/#/tasks")
     expect(page.locator("#task-count")).to_have_text(f"{Expected.tasks} task attempts")

@@ -153,9 +153,32 @@ def test_agents_and_losses(store: Store, expected: type[Expected]) -> None:
     assert node_a["received_total"] == pytest.approx(400)
     assert node_a["received_per_s"] == pytest.approx(expected.agents_received_per_s)
     assert node_a["lost_events"] == pytest.approx(expected.lost_events_node_a)
+    assert node_a["dropped_total"] == 0  # the sample's heartbeats have no dropped counter
     assert node_a["last_seen"] == "2025-03-01T10:00:20.000000Z"
     assert agents["nodeB"]["received_per_s"] is None  # one heartbeat: no rate yet
     assert one(store, "SELECT sum(events) FROM losses") == pytest.approx(8)
+
+
+def test_agent_totals_are_zero_without_their_counters(tmp_path: Path) -> None:
+    # A labelled counter appears only once something was counted: a heartbeat without
+    # the dropped counter (or without metrics at all) has dropped nothing.
+    def beat(node: str, t: float, metrics: dict[str, float] | None) -> dict[str, object]:
+        return event(kind="agent", source="evagg", name="heartbeat", state="RUNNING",
+                     node_id=node, time=at(t), metrics=metrics)
+
+    counted = {'evagg_received_events_total{route="socket"}': 10.0,
+               'evagg_dropped_events_total{reason="spool_full"}': 2.0,
+               'evagg_dropped_events_total{reason="queue_full"}': 3.0}
+    write_rows(local_put(tmp_path), [
+        beat("quiet", 0, {'evagg_received_events_total{route="socket"}': 7.0}),
+        beat("bare", 0, None),
+        beat("dropping", 0, counted),
+    ], "part-1.parquet")
+    with_store = Store(StoreOptions(str(tmp_path)))
+    rows = with_store.execute("SELECT node_id, received_total, delivered_total, dropped_total "
+                              "FROM agents ORDER BY node_id").rows
+    assert rows == [["bare", 0, 0, 0], ["dropping", 10, 0, 5], ["quiet", 7, 0, 0]]
+    with_store.close()
 
 
 def test_duplicate_op_counts_once_in_steps(store: Store) -> None:
