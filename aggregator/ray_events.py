@@ -44,6 +44,7 @@ from aggregator.ray_values import (
     ids,
     keys_of,
     runtime_env,
+    text,
     time_ns,
     to_int,
 )
@@ -132,10 +133,15 @@ def map_event(item: Any) -> list[Row]:
 def _stamp_envelope(item: dict[str, Any], k: Keys, event_type: str, payload_key: str,
                     bodies: list[Row]) -> list[Row]:
     """Add what every row of one Ray event shares: ids, source, time, emitting node, attrs."""
-    event_hex = b64_hex(item.get(k["event_id"]), k["event_id"], cache=False) or _content_id(item)
+    raw_id = item.get(k["event_id"])
     envelope_ns: int | None = None
     node_hex = b64_hex(item.get(k["node_id"]), k["node_id"])  # the emitting node (Ray >= 2.56)
     attrs = envelope_attrs(item, k, event_type, payload_key)
+    try:
+        event_hex = b64_hex(raw_id, k["event_id"], cache=False) or _content_id(item)
+    except RayValueError:  # an id in another form: the event is kept, under a digest
+        event_hex = _content_id(item)
+        attrs = {**attrs, "ray_event_id": text(raw_id)}
     many = len(bodies) > 1
     for index, body in enumerate(bodies):
         body["event_id"] = f"{event_hex}-{index}" if many else event_hex

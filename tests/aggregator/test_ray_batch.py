@@ -108,6 +108,19 @@ def test_fields_ray_adds_to_a_transition_are_kept_on_that_transition_s_row() -> 
     assert all("ray_some_count" not in r["attrs"] for r in rows)
 
 
+@pytest.mark.parametrize("odd_id", ["not-base64-id", "AA", 5])
+def test_an_event_id_in_another_form_keeps_the_event_under_a_digest(odd_id: Any) -> None:
+    items = generated_events(3)
+    items[1]["eventId"] = odd_id
+    assert assert_same_as_reference(items) == 1  # declined to the careful path, kept there
+    rows, rejected = ray_events_to_rows([items[1]])
+    assert rejected == [] and rows
+    assert {r["attrs"]["ray_event_id"] for r in rows} == {ray_values.text(odd_id)}
+    assert all(re.fullmatch(r"[0-9a-f]{56}(-\d+)?", r["event_id"]) for r in rows)
+    again, _ = ray_events_to_rows([copy.deepcopy(items[1])])
+    assert [r["event_id"] for r in again] == [r["event_id"] for r in rows]  # stable
+
+
 def test_generated_ray_bodies_take_the_fast_path() -> None:
     items = generated_events(300)
     assert assert_same_as_reference(items) == 0
