@@ -128,8 +128,9 @@ class HttpApi:
         if mapped.pending and not await self._stored_by_others(mapped.pending):
             raise SpoolUnavailable("an earlier request with some of these events failed or "
                                    "is still writing them: send again")
-        self.metrics.duplicate_frames.inc(mapped.duplicates + mapped.held, route="ray")
-        return _ingest_answer(result, all_rejected_status=200)
+        duplicates = mapped.duplicates + mapped.held
+        self.metrics.duplicate_frames.inc(duplicates, route="ray")
+        return _ingest_answer(result, all_rejected_status=200, duplicates=duplicates)
 
     def _count_ray_paths(self, mapped: ray_batch.RayBatch) -> None:
         if mapped.declined:
@@ -193,10 +194,15 @@ class HttpApi:
                                  is_ready=self.is_ready)
 
 
-def _ingest_answer(result: IngestResult, all_rejected_status: int = 400) -> web.Response:
+def _ingest_answer(result: IngestResult, all_rejected_status: int = 400,
+                   duplicates: int | None = None) -> web.Response:
+    """accepted: rows stored; rejected: lines, events or rows refused; duplicate: the
+    whole request was stored before; duplicates (Ray): events dropped as resent."""
     status = all_rejected_status if result.accepted == 0 and result.rejected else 200
-    body = {"accepted": result.accepted, "rejected": result.rejected,
-            "duplicate": result.duplicate, "errors": list(result.reasons)}
+    body: dict[str, object] = {"accepted": result.accepted, "rejected": result.rejected,
+                               "duplicate": result.duplicate, "errors": list(result.reasons)}
+    if duplicates is not None:
+        body["duplicates"] = duplicates
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
 
 

@@ -47,8 +47,10 @@ def test_a_body_lands_as_the_reference_rows_and_a_resend_stores_nothing(
     assert rejected == []
     status, answer = post(agent, body)
     assert (status, answer["accepted"], answer["rejected"]) == (200, len(rows), 0)
+    assert answer["duplicates"] == 0
     status, answer = post(agent, body)  # Ray's resend after a slow answer
     assert (status, answer["accepted"], answer["rejected"]) == (200, 0, 0)
+    assert answer["duplicates"] == len(items)
     assert agent.metric('evagg_duplicate_frames_total{route="ray"}') == len(items)
     others = sum(1 for e in items if e["eventType"] not in (
         "TASK_DEFINITION_EVENT", "TASK_LIFECYCLE_EVENT", "ACTOR_TASK_DEFINITION_EVENT"))
