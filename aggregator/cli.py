@@ -67,10 +67,11 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def load_from_args(args: argparse.Namespace) -> AgentConfig:
     """The config with its flags applied, its sinks built once to check them."""
-    from aggregator.config import load_config
+    from aggregator.config import check_host, load_config
     from aggregator.sink_set import build_sinks
 
     config = load_config(args.config, overrides=overrides_from_args(args))
+    check_host(config)
     build_sinks(config.sinks, node_id=config.node_id, spool_id="check",
                 state_dir=config.state_dir)
     return config
@@ -94,13 +95,13 @@ def _run(args: argparse.Namespace) -> int:
         config = load_from_args(args)
     except ConfigError as exc:
         return _print_problems(exc)
-    if args.demo:
-        from aggregator.demo import run_demo
-
-        return run_demo(config, events=args.demo)
-    from aggregator.agent import run_agent
-
     try:
+        if args.demo:
+            from aggregator.demo import run_demo
+
+            return run_demo(config, events=args.demo)
+        from aggregator.agent import run_agent
+
         return run_agent(config, exit_when_unused=args.exit_when_unused,
                          overrides=overrides_from_args(args))
     except (OSError, RuntimeError) as exc:  # socket or port taken, spool locked, ...

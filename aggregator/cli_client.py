@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 import urllib.error
@@ -20,9 +19,32 @@ from aggregator.status import format_status, parse_metrics
 Parsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
-def agent_url(explicit: str | None) -> str:
-    listen = explicit or os.environ.get("EVAGG_HTTP_LISTEN") or "127.0.0.1:4040"
+class NoAgentUrl(Exception):
+    """The agent's HTTP address cannot be known: a config error, or its port is off."""
+
+
+def agent_url(explicit: str | None, config: Path | None = None) -> str:
+    """--url, else the agent's http_listen from the sources `evagg run` reads: --config
+    or $EVAGG_CONFIG, then $EVAGG_HTTP_LISTEN, else the default."""
+    listen = explicit
+    if not listen:
+        from aggregator.config import ConfigError, configured_http_listen
+
+        try:
+            listen = configured_http_listen(config)
+        except ConfigError as exc:
+            raise NoAgentUrl(f"config error: {exc}") from None
+        if not listen:
+            raise NoAgentUrl("the agent's HTTP port is disabled (http_listen = \"\"); "
+                             "pass --url")
     return listen if listen.startswith("http") else f"http://{listen}"
+
+
+def _add_address_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", help="agent HTTP address (default: the agent's http_listen)")
+    parser.add_argument("--config", type=Path,
+                        help="the agent's TOML file, for its http_listen "
+                             "(default: $EVAGG_CONFIG or none; $EVAGG_HTTP_LISTEN wins)")
 
 
 # -- emit ------------------------------------------------------------------------------------
@@ -110,7 +132,7 @@ def _json_or_text(value: str) -> Any:
 
 def add_tail_parser(commands: Parsers) -> None:
     tail = commands.add_parser("tail", help="follow events as they are spooled")
-    tail.add_argument("--url", help="agent HTTP address (default: $EVAGG_HTTP_LISTEN)")
+    _add_address_flags(tail)
     tail.add_argument("--kind", action="append", default=[])
     tail.add_argument("--name", action="append", default=[])
     tail.add_argument("--json", action="store_true", help="print raw NDJSON")
@@ -121,7 +143,11 @@ def add_tail_parser(commands: Parsers) -> None:
 def run_tail(args: argparse.Namespace) -> int:
     query = urllib.parse.urlencode([*(("kind", k) for k in args.kind),
                                     *(("name", n) for n in args.name)])
-    url = f"{agent_url(args.url)}/v1/tail" + (f"?{query}" if query else "")
+    try:
+        url = f"{agent_url(args.url, args.config)}/v1/tail" + (f"?{query}" if query else "")
+    except NoAgentUrl as exc:
+        print(f"evagg tail: {exc}", file=sys.stderr)
+        return 2
     shown = 0
     try:
         with urllib.request.urlopen(url) as response:
@@ -152,14 +178,18 @@ def _short(event: dict[str, Any]) -> str:
 
 def add_status_parser(commands: Parsers) -> None:
     status = commands.add_parser("status", help="rates, per-sink lag, spool bytes and losses")
-    status.add_argument("--url", help="agent HTTP address (default: $EVAGG_HTTP_LISTEN)")
+    _add_address_flags(status)
     status.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
     status.add_argument("--json", action="store_true")
     status.set_defaults(command=run_status)
 
 
 def run_status(args: argparse.Namespace) -> int:
-    url = f"{agent_url(args.url)}/metrics"
+    try:
+        url = f"{agent_url(args.url, args.config)}/metrics"
+    except NoAgentUrl as exc:
+        print(f"evagg status: {exc}", file=sys.stderr)
+        return 2
     try:
         first = _scrape(url)
         time.sleep(args.interval)

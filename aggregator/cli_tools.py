@@ -87,6 +87,8 @@ def _dlq(args: argparse.Namespace) -> int:
     import asyncio
 
     from aggregator.config import ConfigError, load_config
+    from aggregator.sink_factory import SinkOptionError, option
+    from aggregator.units import parse_bool
     from sinks.deadletter import dead_letter_dir, list_dead_letters, replay_dead_letters
     from sinks.http_config import HttpSinkConfigError, resolve_headers
 
@@ -94,13 +96,14 @@ def _dlq(args: argparse.Namespace) -> int:
         config = load_config(args.config)
         sink = next(s for s in config.sinks if s.name == args.sink and s.type == "http")
         headers = resolve_headers(sink.options.get("headers", {}))
+        gzip = option(sink.options, "gzip", False, parse_bool)
     except ConfigError as exc:
         print(f"evagg dlq: config error: {exc}", file=sys.stderr)
         return 2
     except StopIteration:
         print(f"evagg dlq: no http sink named {args.sink!r} in the config", file=sys.stderr)
         return 2
-    except HttpSinkConfigError as exc:
+    except (HttpSinkConfigError, SinkOptionError) as exc:
         print(f"evagg dlq: {exc}", file=sys.stderr)
         return 2
     directory = dead_letter_dir(config.state_dir, sink.name)
@@ -111,7 +114,7 @@ def _dlq(args: argparse.Namespace) -> int:
         print(f"{len(letters)} dead-lettered batches in {directory}")
         return 0
     report = asyncio.run(replay_dead_letters(directory, args.url or sink.url, headers,
-                                             gzip=bool(sink.options.get("gzip", False))))
+                                             gzip=gzip))
     print(report)
     return 0 if not report.failed else 1
 

@@ -7,6 +7,7 @@ a spool under the user's state directory and one Parquet sink in a local directo
 
 from __future__ import annotations
 
+import grp
 import os
 import re
 import socket
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from aggregator.units import parse_duration, parse_size
+from aggregator.units import parse_duration, parse_positive_duration, parse_size
 from emitters import paths
 
 
@@ -105,6 +106,7 @@ SINK_KEYS: dict[str, set[str]] = {
         "max_in_flight",
     },
 }
+DEFAULT_HTTP_LISTEN = "127.0.0.1:4040"
 _SINK_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -132,6 +134,26 @@ def load_config(
     if problems or config is None:
         raise ConfigError(problems)
     return config
+
+
+def configured_http_listen(
+    path: Path | None = None, env: Mapping[str, str] | None = None
+) -> str:
+    """The agent's http_listen ("" when disabled) as `evagg run` resolves it from the same
+    file and variables, for `evagg tail` and `evagg status`. Only that key is checked: a
+    client must not need to read the agent's token or header files."""
+    env = os.environ if env is None else env
+    if path is None and env.get("EVAGG_CONFIG"):
+        path = Path(env["EVAGG_CONFIG"])
+    problems: list[str] = []
+    agent = _table(_read_toml(path), "agent", problems) if path is not None else {}
+    if problems:
+        raise ConfigError(problems)
+    _apply_env(agent, env)
+    try:
+        return _listen(agent.get("http_listen", DEFAULT_HTTP_LISTEN))
+    except ValueError as exc:
+        raise ConfigError([f"agent.http_listen: {exc}"]) from None
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -192,29 +214,29 @@ def _build(
             problems.append(f"{label}{key}: {exc}")
             return parse(default) if default is not None else None
 
-    node_id = str(agent.get("node_id", "auto"))
+    node_id = get(agent, "node_id", "auto", _text, "agent.")
     host = socket.gethostname()
     if node_id in ("", "auto"):
         node_id = host
-    state_dir = Path(agent.get("state_dir") or paths.user_state_dir())
     config = AgentConfig(
         node_id=node_id,
         host=host,
-        socket=Path(agent.get("socket") or paths.user_socket_path()),
+        socket=get(agent, "socket", "", _path_or(paths.user_socket_path), "agent."),
         socket_mode=get(agent, "socket_mode", "0660", _octal_mode, "agent."),
-        socket_group=_optional_str(agent.get("socket_group")),
-        state_dir=state_dir,
-        http_listen=get(agent, "http_listen", "127.0.0.1:4040", _listen, "agent."),
+        socket_group=get(agent, "socket_group", "", _group, "agent."),
+        state_dir=get(agent, "state_dir", "", _path_or(paths.user_state_dir), "agent."),
+        http_listen=get(agent, "http_listen", DEFAULT_HTTP_LISTEN, _listen, "agent."),
         http_token=get(agent, "http_token_file", None, _read_token, "agent."),
         http_max_body_bytes=get(agent, "http_max_body", "64MiB", parse_size, "agent."),
         max_frame_bytes=get(agent, "max_frame", "4MiB", parse_size, "agent."),
-        frame_timeout_s=get(agent, "frame_timeout", "10s", parse_duration, "agent."),
+        frame_timeout_s=get(agent, "frame_timeout", "10s", parse_positive_duration, "agent."),
         spool_max_bytes=get(spool, "max_bytes", "4GiB", parse_size, "spool."),
         spool_when_full=get(spool, "when_full", "block", _one_of("block", "drop_oldest"), "spool."),
         spool_fsync=get(spool, "fsync", "os", _one_of("os", "always"), "spool."),
         spool_segment_bytes=get(spool, "segment_bytes", "64MiB", parse_size, "spool."),
         drain_timeout_s=get(agent, "drain_timeout", "60s", parse_duration, "agent."),
-        heartbeat_interval_s=get(agent, "heartbeat_interval", "30s", parse_duration, "agent."),
+        heartbeat_interval_s=get(agent, "heartbeat_interval", "30s", parse_positive_duration,
+                                 "agent."),
         sinks=_sinks(sinks_raw, problems),
         source_path=path,
         red_metrics=get(agent, "red_metrics", True, _boolean, "agent."),
@@ -227,6 +249,19 @@ def _build(
     if config.spool_segment_bytes < 2 * config.max_frame_bytes:
         problems.append("spool.segment_bytes: must be at least twice agent.max_frame")
     return config
+
+
+def check_host(config: AgentConfig) -> None:
+    """What only the host that runs the agent can answer, for `evagg check-config` and
+    `evagg run` (load_config itself reads another host's config fine)."""
+    group = config.socket_group
+    if group is None:
+        return
+    try:
+        grp.getgrnam(group)
+    except KeyError:
+        raise ConfigError([f"agent.socket_group: no group named {group!r} on this host "
+                           "(create it, or remove the key)"]) from None
 
 
 def default_sink() -> SinkConfig:
@@ -285,7 +320,7 @@ def _sink(table: Any, index: int, problems: list[str]) -> SinkConfig | None:
     }
     options = {k: v for k, v in table.items() if k not in _COMMON_SINK_KEYS}
     try:
-        retry_cap = parse_duration(table.get("retry_max_backoff", "60s"))
+        retry_cap = parse_positive_duration(table.get("retry_max_backoff", "60s"))
     except ValueError as exc:
         problems.append(f"{label}.retry_max_backoff: {exc}")
         retry_cap = 60.0
@@ -313,8 +348,23 @@ def _string_list(value: Any, label: str, problems: list[str]) -> tuple[str, ...]
     return tuple(value)
 
 
-def _optional_str(value: Any) -> str | None:
-    return None if value in (None, "") else str(value)
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is not a string (quote it)")
+    return value
+
+
+def _path_or(default: Any) -> Any:
+    """A path from a string; "" (or no key) means the user default."""
+    def parse(value: Any) -> Path:
+        text = _text(value)
+        return Path(text) if text else Path(default())
+
+    return parse
+
+
+def _group(value: Any) -> str | None:
+    return _text(value) or None
 
 
 def _octal_mode(value: Any) -> int:

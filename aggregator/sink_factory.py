@@ -1,18 +1,41 @@
-"""Build the configured sinks. The one place that knows every sink type."""
+"""Build the configured sinks. The one place that knows every sink type.
+
+Every option goes through `option()`, so an error names its key ("roll_max_bytes: 'abc'
+is not a size") and a wrong type is a ValueError, never a TypeError traceback.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 from aggregator.config import SinkConfig
-from aggregator.units import parse_duration, parse_size
+from aggregator.units import parse_bool, parse_int, parse_positive_duration, parse_size
 from sinks.base import Sink
 from sinks.filters import EventFilter
 
+T = TypeVar("T")
+
+
+class SinkOptionError(ValueError):
+    """One sink option that cannot be used; `key` is its name in the config."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"{key}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+def option(options: Mapping[str, Any], key: str, default: Any, parse: Callable[[Any], T]) -> T:
+    try:
+        return parse(options.get(key, default))
+    except (ValueError, TypeError) as exc:
+        raise SinkOptionError(key, str(exc)) from None
+
 
 def build_sink(config: SinkConfig, *, node_id: str, spool_id: str, state_dir: Path) -> Sink:
-    """Raises ValueError with a readable reason when the options don't make a sink."""
+    """Raises ValueError (SinkOptionError for one option) when the options don't make a sink."""
     event_filter = EventFilter.of(config.kinds, config.sources, config.names)
     options = dict(config.options)
     if config.type == "parquet":
@@ -32,10 +55,10 @@ def _parquet(config: SinkConfig, options: dict[str, Any], event_filter: EventFil
         store = S3Store(
             config.url,
             staging_dir=state_dir / "staging" / config.name,
-            endpoint_url=options.get("endpoint_url"),
-            region=options.get("region"),
-            path_style=bool(options.get("path_style", False)),
-            multipart_threshold=parse_size(options.get("multipart_threshold", "64MiB")),
+            endpoint_url=option(options, "endpoint_url", None, _optional_text),
+            region=option(options, "region", None, _optional_text),
+            path_style=option(options, "path_style", False, parse_bool),
+            multipart_threshold=option(options, "multipart_threshold", "64MiB", _positive_size),
         )
     else:
         store = LocalStore(Path(config.url).expanduser())
@@ -44,9 +67,9 @@ def _parquet(config: SinkConfig, options: dict[str, Any], event_filter: EventFil
         store,
         node_id=node_id,
         spool_id=spool_id,
-        roll_max_bytes=parse_size(options.get("roll_max_bytes", "64MiB")),
-        roll_interval_s=parse_duration(options.get("roll_interval", "5m")),
-        row_group_rows=int(options.get("row_group_rows", 10_000)),
+        roll_max_bytes=option(options, "roll_max_bytes", "64MiB", _positive_size),
+        roll_interval_s=option(options, "roll_interval", "5m", parse_positive_duration),
+        row_group_rows=option(options, "row_group_rows", 10_000, _at_least(1)),
         event_filter=event_filter,
     )
 
@@ -56,25 +79,66 @@ def _http(config: SinkConfig, options: dict[str, Any], event_filter: EventFilter
     from sinks.deadletter import dead_letter_dir
     from sinks.http import HttpSink
 
-    headers = options.get("headers", {})
-    if not isinstance(headers, dict):
-        raise ValueError("headers: must be a table of name = value")
-    body_format = options.get("format", "ndjson")
-    if body_format not in ("ndjson", "json"):
-        raise ValueError(f"format: {body_format!r} is not one of ndjson, json")
+    headers = option(options, "headers", {}, _header_table)
     return HttpSink(
         config.name,
         config.url,
         spool_id=spool_id,
-        batch_max_events=int(options.get("batch_max_events", 1000)),
-        batch_max_bytes=parse_size(options.get("batch_max_bytes", "4MiB")),
-        batch_interval_s=parse_duration(options.get("batch_interval", "1s")),
-        body_format=body_format,
-        gzip=bool(options.get("gzip", False)),
-        gzip_level=int(options.get("gzip_level", 1)),
-        headers={str(k): str(v) for k, v in headers.items()},
-        timeout_s=parse_duration(options.get("timeout", "10s")),
-        max_in_flight=int(options.get("max_in_flight", 4)),
+        batch_max_events=option(options, "batch_max_events", 1000, _at_least(1)),
+        batch_max_bytes=option(options, "batch_max_bytes", "4MiB", _positive_size),
+        batch_interval_s=option(options, "batch_interval", "1s", parse_positive_duration),
+        body_format=option(options, "format", "ndjson", _body_format),
+        gzip=option(options, "gzip", False, parse_bool),
+        gzip_level=option(options, "gzip_level", 1, _gzip_level),
+        headers=headers,
+        timeout_s=option(options, "timeout", "10s", parse_positive_duration),
+        max_in_flight=option(options, "max_in_flight", 4, _at_least(1)),
         event_filter=event_filter,
         dead_letter_dir=dead_letter_dir(state_dir, config.name),
     )
+
+
+def _positive_size(value: Any) -> int:
+    size = parse_size(value)
+    if size <= 0:
+        raise ValueError(f"{value!r} must be larger than zero")
+    return size
+
+
+def _at_least(lowest: int) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        number = parse_int(value)
+        if number < lowest:
+            raise ValueError(f"{value!r} must be at least {lowest}")
+        return number
+
+    return parse
+
+
+def _gzip_level(value: Any) -> int:
+    level = parse_int(value)
+    if not -1 <= level <= 9:
+        raise ValueError(f"{value!r} is not a zlib level from -1 to 9")
+    return level
+
+
+def _optional_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is not a string (quote it)")
+    return value
+
+
+def _body_format(value: Any) -> Literal["ndjson", "json"]:
+    if value == "ndjson":
+        return "ndjson"
+    if value == "json":
+        return "json"
+    raise ValueError(f"{value!r} is not one of ndjson, json")
+
+
+def _header_table(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise ValueError("must be a table of name = value")
+    return {str(k): str(v) for k, v in value.items()}

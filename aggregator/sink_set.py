@@ -15,7 +15,7 @@ from pathlib import Path
 from aggregator.config import ConfigError, SinkConfig
 from aggregator.delivery import SinkConsumer
 from aggregator.metrics import AgentMetrics
-from aggregator.sink_factory import build_sink
+from aggregator.sink_factory import SinkOptionError, build_sink
 from aggregator.spool import Spool
 from sinks.base import Sink
 
@@ -33,6 +33,8 @@ def build_sinks(configs: Sequence[SinkConfig], *, node_id: str, spool_id: str,
         try:
             built.append((config, build_sink(config, node_id=node_id, spool_id=spool_id,
                                              state_dir=state_dir)))
+        except SinkOptionError as exc:
+            problems.append(f"sinks[{index}] ({config.name}).{exc.key}: {exc.reason}")
         except (ValueError, OSError) as exc:
             problems.append(f"sinks[{index}] ({config.name}): {exc}")
     if problems:

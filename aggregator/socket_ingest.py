@@ -48,9 +48,10 @@ class SocketIngest:
         if inherited is not None:
             self._server = await loop.create_unix_server(self._new_connection, sock=inherited)
             return
+        gid = group_id(self.group)  # before the socket exists: a bad group leaves no file
         prepare_socket_path(self.path)
         self._server = await loop.create_unix_server(self._new_connection, path=str(self.path))
-        apply_socket_permissions(self.path, self.mode, self.group)
+        apply_socket_permissions(self.path, self.mode, gid)
 
     async def stop_accepting(self) -> None:
         if self._server is not None:
@@ -181,7 +182,18 @@ def prepare_socket_path(path: Path) -> None:
     raise RuntimeError(f"another agent is already listening on {path}")
 
 
-def apply_socket_permissions(path: Path, mode: int, group: str | None) -> None:
-    if group:
-        os.chown(path, -1, grp.getgrnam(group).gr_gid)
+def group_id(group: str | None) -> int:
+    """-1 (keep the group) for none. The group may have gone since the config was
+    checked: a RuntimeError, which `evagg run` reports without a traceback."""
+    if not group:
+        return -1
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise RuntimeError(f"agent.socket_group: no group named {group!r} on this host") from None
+
+
+def apply_socket_permissions(path: Path, mode: int, gid: int) -> None:
+    if gid != -1:
+        os.chown(path, -1, gid)
     os.chmod(path, mode)

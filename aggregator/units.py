@@ -47,3 +47,26 @@ def parse_duration(value: object) -> float:
     if not match:
         raise ValueError(f"{value!r} is not a duration such as \"30s\" or \"5m\"")
     return float(match.group(1)) * _DURATION_UNITS[match.group(2) or ""]
+
+
+def parse_positive_duration(value: object) -> float:
+    """A duration that must be longer than zero: an interval or a timeout of 0 would
+    spin (heartbeats, retries) or fire at once (a frame split across two reads)."""
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError(f"{value!r} must be longer than zero")
+    return seconds
+
+
+def parse_bool(value: object) -> bool:
+    """A TOML boolean only: "no" or "false" as a string is a mistake, not a truthy value."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{value!r} is not true or false (a TOML boolean, unquoted)")
+    return value
+
+
+def parse_int(value: object) -> int:
+    """A TOML integer only: 1.5 or "10" is refused rather than truncated or guessed."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{value!r} is not a whole number (a TOML integer, unquoted)")
+    return value

@@ -80,3 +80,69 @@ def test_status_without_an_agent_is_a_clear_error() -> None:
     result = evagg("status", "--url", "127.0.0.1:9", "--interval", "0.1")
     assert result.returncode == 1 and b"cannot reach the agent" in result.stderr
     assert b"Traceback" not in result.stderr
+
+
+# -- tail and status find the agent through its config, as `evagg run` does ----------------
+
+def client_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVAGG_")}
+    return {**env, "PYTHONPATH": str(REPO), **extra}
+
+
+def client(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "aggregator", *args], cwd=REPO,
+                          capture_output=True, timeout=60, env=env)
+
+
+def test_status_reads_http_listen_from_config_and_environment(agent: AgentProcess,
+                                                              tmp_path: Path) -> None:
+    by_flag = client("status", "--config", str(agent.config_path), "--interval", "0.1",
+                     "--json", env=client_env())
+    assert by_flag.returncode == 0, by_flag.stderr
+    assert "lake" in orjson.loads(by_flag.stdout)["lag_events"]
+    by_variable = client("status", "--interval", "0.1",
+                         env=client_env(EVAGG_CONFIG=str(agent.config_path)))
+    assert by_variable.returncode == 0 and b"sink lake" in by_variable.stdout
+    # As for `evagg run`, EVAGG_HTTP_LISTEN wins over the file.
+    elsewhere = client("status", "--config", str(agent.config_path), "--interval", "0.1",
+                       env=client_env(EVAGG_HTTP_LISTEN="127.0.0.1:9"))
+    assert elsewhere.returncode == 1 and b"127.0.0.1:9" in elsewhere.stderr
+
+
+def test_tail_reads_http_listen_from_evagg_config(agent: AgentProcess) -> None:
+    tail = subprocess.Popen([sys.executable, "-m", "aggregator", "tail", "--json", "--limit", "1"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=client_env(EVAGG_CONFIG=str(agent.config_path)))
+    time.sleep(1.5)  # let it connect before the event exists
+    assert evagg("emit", "--socket", str(agent.socket_path), "--name", "via-config").returncode == 0
+    out, err = tail.communicate(timeout=30)
+    assert tail.returncode == 0, err
+    assert orjson.loads(out.splitlines()[0])["name"] == "via-config"
+
+
+def test_status_with_http_disabled_or_a_broken_config_says_why(tmp_path: Path) -> None:
+    off = tmp_path / "off.toml"
+    off.write_text('[agent]\nhttp_listen = ""\n')
+    disabled = client("status", "--config", str(off), env=client_env())
+    assert disabled.returncode == 2 and b"HTTP port is disabled" in disabled.stderr
+    missing = client("tail", "--config", str(tmp_path / "none.toml"), env=client_env())
+    assert missing.returncode == 2 and b"does not exist" in missing.stderr
+    assert b"Traceback" not in disabled.stderr + missing.stderr
+
+
+# -- `evagg run --demo` next to a running agent ----------------------------------------------
+
+def test_demo_beside_a_running_agent_says_why(agent: AgentProcess) -> None:
+    """The README's first command, run twice: a clear message and exit 1, no traceback."""
+    locked = client("run", "--demo", "10", "--config", str(agent.config_path), env=client_env())
+    assert locked.returncode == 1
+    assert b"cannot start the agent" in locked.stderr and b"in use" in locked.stderr
+    port_taken = client("run", "--demo", "10", "--config", str(agent.config_path),
+                        "--state-dir", str(agent.workdir / "other-state"),
+                        "--socket", str(agent.socket_path.parent / "other.sock"),
+                        env=client_env())
+    assert port_taken.returncode == 1
+    assert b"cannot start the agent" in port_taken.stderr
+    assert b"address already in use" in port_taken.stderr
+    assert b"Traceback" not in locked.stderr + port_taken.stderr
+    assert agent.running

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import grp
 import os
 import subprocess
 import sys
@@ -9,8 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.config import ConfigError, load_config
-from tests.agentproc import REPO
+from aggregator.config import ConfigError, check_host, load_config
+from aggregator.sink_set import build_sinks
+from sinks.http import HttpSink
+from sinks.parquet import ParquetSink
+from sinks.s3 import S3Store
+from tests.agentproc import REPO, short_socket_dir
 
 GOOD = """
 [agent]
@@ -63,6 +68,17 @@ BAD = {
     "not TOML": ("[agent\n", "is not valid TOML"),
     "unreadable token file": ("[agent]\nhttp_token_file = '/nonexistent/token'\n",
                               "agent.http_token_file: cannot read token file"),
+    "zero heartbeat interval": ("[agent]\nheartbeat_interval = '0s'\n",
+                                "agent.heartbeat_interval: '0s' must be longer than zero"),
+    "zero frame timeout": ("[agent]\nframe_timeout = 0\n",
+                           "agent.frame_timeout: 0 must be longer than zero"),
+    "zero retry backoff": ("[[sinks]]\ntype='parquet'\nurl='/tmp/a'\nretry_max_backoff='0ms'\n",
+                           "sinks[0].retry_max_backoff: '0ms' must be longer than zero"),
+    "socket not a string": ("[agent]\nsocket = 5\n", "agent.socket: 5 is not a string"),
+    "state_dir not a string": ("[agent]\nstate_dir = [1]\n",
+                               "agent.state_dir: [1] is not a string"),
+    "socket_group not a string": ("[agent]\nsocket_group = 0\n",
+                                  "agent.socket_group: 0 is not a string"),
 }
 
 
@@ -137,3 +153,132 @@ def test_check_config_accepts_a_good_file(tmp_path: Path) -> None:
     result = check_config("--config", str(write(tmp_path, local)))
     assert result.returncode == 0, result.stderr
     assert "config OK" in result.stdout
+
+
+def test_drain_timeout_may_be_zero(tmp_path: Path) -> None:
+    """"0s" means exit without waiting for the sinks: what they hold stays spooled."""
+    config = load_config(write(tmp_path, "[agent]\ndrain_timeout = '0s'\n"), env={})
+    assert config.drain_timeout_s == 0.0
+
+
+def test_check_config_names_a_zero_interval(tmp_path: Path) -> None:
+    result = check_config("--config", str(write(tmp_path, "[agent]\nheartbeat_interval = 0\n")))
+    assert result.returncode == 2
+    assert "agent.heartbeat_interval: 0 must be longer than zero" in result.stderr
+
+
+def test_check_config_names_a_socket_that_is_not_a_string(tmp_path: Path) -> None:
+    result = check_config("--config", str(write(tmp_path, "[agent]\nsocket = 5\n")))
+    assert result.returncode == 2 and "agent.socket: 5 is not a string" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# -- socket_group: checked against this host's groups, and again at start --------------------
+
+MISSING_GROUP = "evagg-no-such-group"
+
+
+def test_check_config_refuses_a_group_this_host_lacks(tmp_path: Path) -> None:
+    with pytest.raises(KeyError):
+        grp.getgrnam(MISSING_GROUP)
+    path = write(tmp_path, f"[agent]\nsocket_group = '{MISSING_GROUP}'\n")
+    result = check_config("--config", str(path))
+    assert result.returncode == 2
+    assert f"agent.socket_group: no group named '{MISSING_GROUP}'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_group_gone_by_start_is_a_clear_error(tmp_path: Path) -> None:
+    """The group may vanish between the check and the start: `evagg run` says so, exits 1,
+    and leaves no socket file (the check is bypassed here to reach the start)."""
+    sock = short_socket_dir() / "events.sock"
+    path = write(tmp_path, f"[agent]\nsocket = '{sock}'\nstate_dir = '{tmp_path}/state'\n"
+                           f"http_listen = ''\nsocket_group = '{MISSING_GROUP}'\n"
+                           f"[[sinks]]\nname = 'lake'\ntype = 'parquet'\nurl = '{tmp_path}/lake'\n")
+    bypass = ("import sys, aggregator.config as c; c.check_host = lambda config: None; "
+              "from aggregator.cli import main; sys.exit(main(sys.argv[1:]))")
+    result = subprocess.run([sys.executable, "-c", bypass, "run", "--config", str(path)],
+                            cwd=REPO, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 1, result.stderr
+    assert ("cannot start the agent: agent.socket_group: "
+            f"no group named '{MISSING_GROUP}'") in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not sock.exists()
+
+
+def test_an_existing_group_passes(tmp_path: Path) -> None:
+    group = grp.getgrgid(os.getgid()).gr_name
+    config = load_config(write(tmp_path, f"[agent]\nsocket_group = '{group}'\n"), env={})
+    check_host(config)
+    assert config.socket_group == group
+
+
+# -- sink options: strict types, every error names the sink and the key ---------------------
+
+PARQUET = "[[sinks]]\nname = 'lake'\ntype = 'parquet'\nurl = '{url}'\n"
+HTTP = "[[sinks]]\nname = 'out'\ntype = 'http'\nurl = 'http://127.0.0.1:9/in'\n"
+BAD_SINK_OPTIONS = {
+    "roll_max_bytes": (PARQUET, "roll_max_bytes = 'abc'",
+                       "sinks[0] (lake).roll_max_bytes: 'abc' is not a size"),
+    "roll_interval": (PARQUET, "roll_interval = 'soon'",
+                      "sinks[0] (lake).roll_interval: 'soon' is not a duration"),
+    "zero roll_interval": (PARQUET, "roll_interval = '0s'",
+                           "sinks[0] (lake).roll_interval: '0s' must be longer than zero"),
+    "row_group_rows zero": (PARQUET, "row_group_rows = 0",
+                            "sinks[0] (lake).row_group_rows: 0 must be at least 1"),
+    "row_group_rows list": (PARQUET, "row_group_rows = [1]",
+                            "sinks[0] (lake).row_group_rows: [1] is not a whole number"),
+    "row_group_rows float": (PARQUET, "row_group_rows = 1.5",
+                             "sinks[0] (lake).row_group_rows: 1.5 is not a whole number"),
+    "multipart_threshold": (PARQUET.replace("{url}", "s3://bucket/p/"),
+                            "multipart_threshold = 'abc'",
+                            "sinks[0] (lake).multipart_threshold: 'abc' is not a size"),
+    "path_style string": (PARQUET.replace("{url}", "s3://bucket/p/"), "path_style = 'false'",
+                          "sinks[0] (lake).path_style: 'false' is not true or false"),
+    "endpoint_url not a string": (PARQUET.replace("{url}", "s3://bucket/p/"),
+                                  "endpoint_url = 5",
+                                  "sinks[0] (lake).endpoint_url: 5 is not a string"),
+    "batch_max_events": (HTTP, "batch_max_events = 'abc'",
+                         "sinks[0] (out).batch_max_events: 'abc' is not a whole number"),
+    "gzip string": (HTTP, "gzip = 'no'", "sinks[0] (out).gzip: 'no' is not true or false"),
+    "gzip_level": (HTTP, "gzip_level = 12", "sinks[0] (out).gzip_level: 12 is not a zlib level"),
+    "zero timeout": (HTTP, "timeout = '0s'", "sinks[0] (out).timeout: '0s' must be longer"),
+    "max_in_flight float": (HTTP, "max_in_flight = 2.0",
+                            "sinks[0] (out).max_in_flight: 2.0 is not a whole number"),
+    "headers": (HTTP, "headers = 5", "sinks[0] (out).headers: must be a table"),
+}
+
+
+def sink_problems(tmp_path: Path, text: str) -> str:
+    config = load_config(write(tmp_path, text.replace("{url}", str(tmp_path / "lake"))), env={})
+    with pytest.raises(ConfigError) as caught:
+        build_sinks(config.sinks, node_id="n", spool_id="s", state_dir=tmp_path / "state")
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SINK_OPTIONS))
+def test_each_sink_option_error_names_its_key(tmp_path: Path, case: str) -> None:
+    table, line, expected = BAD_SINK_OPTIONS[case]
+    assert expected in sink_problems(tmp_path, f"{table}{line}\n")
+
+
+def test_check_config_names_a_sink_option_of_the_wrong_type(tmp_path: Path) -> None:
+    text = PARQUET.replace("{url}", str(tmp_path / "lake")) + "row_group_rows = [1]\n"
+    result = check_config("--config", str(write(tmp_path, text)))
+    assert result.returncode == 2
+    assert "sinks[0] (lake).row_group_rows: [1] is not a whole number" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_sink_options_of_the_right_type_are_used(tmp_path: Path) -> None:
+    text = (PARQUET.replace("{url}", "s3://bucket/p/") + "path_style = true\nrow_group_rows = 500\n"
+            + HTTP + "gzip = true\ngzip_level = 6\nmax_in_flight = 2\n")
+    config = load_config(write(tmp_path, text), env={})
+    built = dict((c.name, sink) for c, sink in build_sinks(
+        config.sinks, node_id="n", spool_id="s", state_dir=tmp_path / "state"))
+    lake, out = built["lake"], built["out"]
+    assert isinstance(lake, ParquetSink) and isinstance(lake.store, S3Store)
+    assert lake.row_group_rows == 500 and lake.store.path_style is True
+    assert isinstance(out, HttpSink)
+    assert (out.gzip, out.gzip_level, out.max_in_flight) == (True, 6, 2)
