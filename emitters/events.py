@@ -172,6 +172,7 @@ def _op_event(item: tuple[Any, ...], context: Context) -> dict[str, Any]:
     event["name"] = op.name if type(op.name) is str else text(op.name)
     event["state"] = state
     event["task_id"] = op.task_id
+    event["span_id"] = op.task_id  # what the ops view pairs STARTED and the end by
     if op.parent is not None:
         event["parent_id"] = op.parent.task_id
     attrs: dict[str, str] = {}

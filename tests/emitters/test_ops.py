@@ -1,4 +1,5 @@
-"""`with op(...)`: STARTED then FINISHED/FAILED, paired by task_id, nested by parent_id."""
+"""`with op(...)`: STARTED then FINISHED/FAILED, paired by task_id and span_id, nested
+by parent_id."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def test_op_records_started_then_finished_with_metrics(agent: FakeAgent,
         assert event["kind"] == "op" and event["name"] == "train_step"
         assert event["source"] == "trainer" and event["run_id"] == "r1"
         assert event["step"] == 12 and event["attrs"]["lr"] == "0.1"
-        assert event["task_id"] == op.task_id
+        assert event["task_id"] == event["span_id"] == op.task_id
     assert "duration_s" not in started and "metrics" not in started
     assert 0 <= finished["duration_s"] < 60
     assert finished["time"] >= started["time"]
