@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,8 +29,11 @@ def free_port() -> int:
 
 
 def short_socket_dir() -> Path:
-    """Unix socket paths are limited to ~107 bytes; pytest's tmp_path can be longer."""
-    return Path(tempfile.mkdtemp(prefix="evagg-", dir="/tmp"))
+    """Unix socket paths are limited to ~107 bytes; pytest's tmp_path can be longer. The
+    folder is outside tmp_path, so it goes when the test process exits."""
+    folder = Path(tempfile.mkdtemp(prefix="evagg-", dir="/tmp"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 class AgentProcess:
