@@ -21,7 +21,8 @@ from typing import Any
 from aiohttp import web
 
 from aggregator import systemd
-from aggregator.config import AgentConfig, ConfigError, SinkConfig, load_config
+from aggregator.config import AgentConfig, ConfigError, load_config
+from aggregator.config_sinks import SinkConfig
 from aggregator.http_api import HttpApi
 from aggregator.ingest import Ingestor, SpoolUnavailable
 from aggregator.memory import arrow_pool_name, calm_garbage_collector, cap_malloc_arenas

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from aggregator.config import SinkConfig
+from aggregator.config_sinks import SinkConfig
 from aggregator.units import parse_bool, parse_int, parse_positive_duration, parse_size
 from sinks.base import Sink
 from sinks.filters import EventFilter

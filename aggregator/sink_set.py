@@ -12,7 +12,8 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from aggregator.config import ConfigError, SinkConfig
+from aggregator.config import ConfigError
+from aggregator.config_sinks import SinkConfig
 from aggregator.delivery import SinkConsumer
 from aggregator.metrics import AgentMetrics
 from aggregator.sink_factory import SinkOptionError, build_sink
