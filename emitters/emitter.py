@@ -22,10 +22,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from emitters.events import BUILT, ContextChange, text
+from emitters.events import BUILT, ContextChange
 from emitters.ledger import FlushWaiter
 from emitters.ops import Op
 from emitters.sender import Sender, Settings
+from emitters.values import text
 
 log = logging.getLogger("evagg.emitter")
 

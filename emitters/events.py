@@ -1,34 +1,23 @@
 """Queued caller tuples -> event dicts of the exact column types (runs in the sender thread).
 
-Known fields are coerced to their column type; a value that does not fit its column, and
-every unknown field, goes to `attrs` as text. NaN and infinite metrics become `nonfinite`
-names. Nothing here raises for a caller's value: whatever has no JSON form is written as
-its str() (or its type name when even str() fails).
+The process's context (job, run, node, attrs) under every event, event ids from the
+event's time, emit() and op() tuples and rows built elsewhere (the OTel exporter) made
+into events; each field goes into its column through `emitters.values`, which never
+raises for a caller's value.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
 import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
-import orjson
-
-from emitters.fields import AGENT_STAMPED, EVENT_FIELDS
 from emitters.ops import Op
+from emitters.values import add_metrics, apply_fields, text
 
-_INT64 = 2**63
-_INT_LIMITS = {"int32": 2**31, "int64": _INT64}
-_STAMPED = "stamped by the agent"
-_COLUMNS = {name: _STAMPED if name in AGENT_STAMPED else column
-            for name, column in EVENT_FIELDS.items()}
 _VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
-_JSON_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 
 _CONTEXT_ENV = (
@@ -197,155 +186,3 @@ def _finish(event: dict[str, Any], attrs: dict[str, str], context: Context) -> d
     if attrs:
         event["attrs"] = attrs
     return event
-
-
-def apply_fields(event: dict[str, Any], attrs: dict[str, str], fields: Mapping[Any, Any]) -> None:
-    for key, value in fields.items():
-        column = _COLUMNS.get(key)
-        if column is None:
-            if value is not None:
-                attrs[key if type(key) is str else text(key)] = (
-                    value if type(value) is str else text(value))
-        elif value is None or column is _STAMPED:
-            continue
-        elif column == "string":
-            event[key] = value if type(value) is str else text(value)
-        # The common cases first, without calls: this runs for every field of every event.
-        elif column == "int64" and type(value) is int and -_INT64 <= value < _INT64:
-            event[key] = value
-        elif column == "float64" and type(value) is float and value - value == 0.0:
-            event[key] = value  # finite: inf - inf and nan - nan are nan
-        else:
-            _typed(event, attrs, key, column, value)
-
-
-def _typed(event: dict[str, Any], attrs: dict[str, str], key: str, column: str, value: Any) -> None:
-    if column in _INT_LIMITS:
-        number = as_int(value, _INT_LIMITS[column])
-        if number is None:
-            attrs[key] = text(value)
-        else:
-            event[key] = number
-    elif column == "float64":
-        real = as_float(value)
-        if real is None or not math.isfinite(real):
-            attrs[key] = text(value)
-        else:
-            event[key] = real
-    elif column == "timestamp_ns":
-        _time(event, attrs, key, value)
-    elif column == "map_string_float64" and isinstance(value, Mapping):
-        add_metrics(event, attrs, value)
-    elif column == "list_string" and isinstance(value, (list, tuple, set, frozenset)):
-        names = set(event.get(key) or ()) | {text(v) for v in value}
-        event[key] = sorted(names)
-    elif column == "map_string_string" and isinstance(value, Mapping):
-        for k, v in value.items():
-            if v is not None:
-                attrs[text(k)] = text(v)
-    else:
-        attrs[key] = text(value)
-
-
-def _time(event: dict[str, Any], attrs: dict[str, str], key: str, value: Any) -> None:
-    if isinstance(value, datetime) and value.tzinfo is not None:
-        event[key] = int(value.timestamp()) * 1_000_000_000 + value.microsecond * 1000
-    elif isinstance(value, str):
-        event[key] = value  # RFC 3339: the agent parses it and says so when it cannot
-    else:
-        number = as_int(value, 2**63)
-        if number is None or number < 0:
-            attrs[key] = text(value)
-        else:
-            event[key] = number
-
-
-def add_metrics(event: dict[str, Any], attrs: dict[str, str], values: Mapping[Any, Any]) -> None:
-    """Finite numbers into `metrics`, NaN/inf names into `nonfinite`, the rest into attrs."""
-    metrics: dict[str, float] = event.get("metrics") or {}
-    nonfinite: set[str] = set(event.get("nonfinite") or ())
-    for key, value in values.items():
-        name = key if type(key) is str else text(key)
-        real = as_float(value)
-        if real is None:
-            if value is not None:
-                attrs[name] = text(value)
-        elif math.isfinite(real):
-            metrics[name] = real
-        else:
-            nonfinite.add(name)
-    if metrics:
-        event["metrics"] = metrics
-    if nonfinite:
-        event["nonfinite"] = sorted(nonfinite)
-
-
-def as_int(value: Any, limit: int) -> int | None:
-    if type(value) is not int:
-        if isinstance(value, (bool, str, bytes)):
-            return None
-        try:
-            value = value.__index__()
-        except Exception:
-            return None
-        if type(value) is not int:
-            return None
-    return value if -limit <= value < limit else None
-
-
-def as_float(value: Any) -> float | None:
-    if type(value) is float:
-        return value
-    if isinstance(value, (str, bytes)) or value is None:
-        return None
-    try:
-        return float(value)  # ints, bools, numpy and torch scalars
-    except Exception:
-        return None
-
-
-def text(value: Any) -> str:
-    """A value as attrs text: JSON for containers and literals, str() for the rest."""
-    if type(value) is str:
-        return value
-    try:
-        return _text(value)
-    except Exception:
-        return f"<unprintable {type(value).__name__}>"
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, str):
-        return str.__str__(value)
-    if value is True or value is False:
-        return "true" if value else "false"
-    if type(value) is int:
-        return str(value)
-    if type(value) is float:
-        return repr(value)
-    if isinstance(value, (dict, list, tuple)):
-        with contextlib.suppress(Exception):
-            return orjson.dumps(value, default=_json_default, option=_JSON_OPTIONS).decode()
-    return _str_or_type_name(value)
-
-
-def _json_default(value: Any) -> str:
-    return _str_or_type_name(value)
-
-
-def _str_or_type_name(value: Any) -> str:
-    try:
-        return str(value)
-    except Exception:
-        return f"<unprintable {type(value).__name__}>"
-
-
-def scrub(value: Any) -> Any:
-    """The value with every string made valid UTF-8 (lone surrogates become escapes)."""
-    if isinstance(value, str):
-        return value.encode("utf-8", "backslashreplace").decode("utf-8")
-    if isinstance(value, dict):
-        return {scrub(k): scrub(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [scrub(v) for v in value]
-    return value

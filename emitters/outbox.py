@@ -15,8 +15,8 @@ from typing import Any, Final
 import orjson
 
 from emitters import wire
-from emitters.events import scrub
 from emitters.ids import new_session_id
+from emitters.values import scrub
 
 BATCH_HEADER = 30  # version, type, session, seq, count: body bytes before the payload
 
