@@ -3,7 +3,8 @@ on one core, stage by stage side by side: the reference path (parse, dedupe, map
 dicts, `normalize.rows_to_batch`) and the agent's columnar path (`ray_batch`), with the
 wall rate and the CPU time per Ray event; then, with --start-agent or --url, POSTed to a
 running agent's /ray/events one at a time (as Ray sends them) for the answer's latency,
-and with --start-agent the agent process's own CPU time per Ray event.
+and with --start-agent the agent process's own CPU time per Ray event: once while its
+Parquet sink writes the events, once with its one sink down (POST -> spool only).
 
 Bodies are built from the captured Ray 2.60 shapes in tests/fixtures/ray with fresh ids
 and times: per task a TASK_DEFINITION_EVENT, the owner's lifecycle event (4 transitions)
@@ -154,13 +155,14 @@ def _report(name: str, latencies: list[float], events: int, extra: str = "") -> 
     p50 = statistics.median(latencies) * 1e3
     p99 = statistics.quantiles(latencies, n=100)[98] * 1e3 if len(latencies) >= 100 \
         else max(latencies) * 1e3
-    print(f"  {name:<18} {len(latencies) / total:>8,.1f} batches/s "
+    print(f"  {name:<22} {len(latencies) / total:>8,.1f} batches/s "
           f"{len(latencies) * events / total:>10,.0f} Ray events/s  "
           f"p50 {p50:>6.2f} ms  p99 {p99:>6.2f} ms{extra}")
 
 
 def bench_post(url: str, maker: BodyMaker, events: int, seconds: float,
-               agent_cpu: Callable[[], float] | None = None) -> None:
+               agent_cpu: Callable[[], float] | None = None,
+               label: str = "POST to agent") -> None:
     bodies = [maker.body(events) for _ in range(max(8, int(seconds * 20)))]
     latencies: list[float] = []
     cpu = agent_cpu() if agent_cpu else 0.0
@@ -172,17 +174,17 @@ def bench_post(url: str, maker: BodyMaker, events: int, seconds: float,
             answer.read()
         latencies.append(time.perf_counter() - start)
     extra = ""
-    if agent_cpu:  # all of the agent's threads, its Parquet sink's work included
+    if agent_cpu:  # all of the agent's threads, its sink's work included
         cpu_us = (agent_cpu() - cpu) / (len(bodies) * events) * 1e6
         extra = f"  agent cpu {cpu_us:5.2f} us/event"
-    _report("POST to agent", latencies, events, extra)
+    _report(label, latencies, events, extra)
     resend = bodies[-1]
     request = urllib.request.Request(url, data=resend, method="POST",
                                      headers={"Content-Type": "application/json"})
     start = time.perf_counter()
     with urllib.request.urlopen(request, timeout=30) as answer:
         answer.read()
-    print(f"  {'resent body':<18} {(time.perf_counter() - start) * 1e3:>6.2f} ms (all duplicates)")
+    print(f"  {'resent body':<22} {(time.perf_counter() - start) * 1e3:>6.2f} ms (all duplicates)")
 
 
 def process_cpu(pid: int) -> Callable[[], float] | None:
@@ -209,16 +211,21 @@ def main() -> None:
     maker = BodyMaker()
     bench_stages([maker.body(args.events) for _ in range(16)], args.events, args.seconds)
     if args.start_agent:
-        from tests.agentproc import AgentProcess
+        from tests.agentproc import AgentProcess, free_port
 
-        with tempfile.TemporaryDirectory(prefix="evagg-bench-") as workdir:
-            agent = AgentProcess(Path(workdir)).start()
-            assert agent.proc is not None
-            try:
-                bench_post(f"{agent.http_url}/ray/events", maker, args.events, args.seconds,
-                           process_cpu(agent.proc.pid))
-            finally:
-                agent.stop()
+        # The issue's figure is POST -> spool; the agent also writes Parquet meanwhile
+        # unless its one sink is down (an HTTP sink to a closed port backs off quietly).
+        down = (f'[[sinks]]\nname = "down"\ntype = "http"\n'
+                f'url = "http://127.0.0.1:{free_port()}/"\n')
+        for label, sinks in (("POST, spool + Parquet", ""), ("POST, spool only", down)):
+            with tempfile.TemporaryDirectory(prefix="evagg-bench-") as workdir:
+                agent = AgentProcess(Path(workdir), sinks_toml=sinks).start()
+                assert agent.proc is not None
+                try:
+                    bench_post(f"{agent.http_url}/ray/events", maker, args.events,
+                               args.seconds, process_cpu(agent.proc.pid), label)
+                finally:
+                    agent.stop()
     elif args.url:
         bench_post(args.url, maker, args.events, args.seconds)
 
