@@ -219,7 +219,8 @@ def main() -> None:
                 f'url = "http://127.0.0.1:{free_port()}/"\n')
         for label, sinks in (("POST, spool + Parquet", ""), ("POST, spool only", down)):
             with tempfile.TemporaryDirectory(prefix="evagg-bench-") as workdir:
-                agent = AgentProcess(Path(workdir), sinks_toml=sinks).start()
+                agent = AgentProcess(Path(workdir), sinks_toml=sinks,
+                                     spool_toml='max_bytes = "8GiB"').start()
                 assert agent.proc is not None
                 try:
                     bench_post(f"{agent.http_url}/ray/events", maker, args.events,
