@@ -39,6 +39,8 @@ FORMAT = "2"  # bump when the tables change shape
 # A batch this small folds on one thread: on a few cores, splitting ~50,000 rows over
 # threads cost more than it saved (each statement 2-3x slower on two threads).
 SMALL_BATCH_BYTES = 64 * 2**20
+# Folding this much takes a while (about a second per 40 MiB here): say so first.
+LONG_FOLD_BYTES = 256 * 2**20
 # The columns the fold reads, with their DuckDB types: missing ones read as NULL.
 COLUMNS = {
     "event_id": "VARCHAR", "time": "TIMESTAMPTZ", "kind": "VARCHAR", "source": "VARCHAR",
@@ -60,8 +62,10 @@ def sql_sections() -> dict[str, str]:
 
 
 class TaskFold:
-    def __init__(self, con: duckdb.DuckDBPyConnection, key: str, cache_dir: str | None) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, key: str, cache_dir: str | None,
+                 on_long_fold: Callable[[str], None] | None = None) -> None:
         self.key = key
+        self.on_long_fold = on_long_fold
         self.sql = sql_sections()
         self.version = hashlib.blake2b((FORMAT + "".join(self.sql.values())).encode(),
                                        digest_size=8).hexdigest()
@@ -141,6 +145,7 @@ class TaskFold:
         adopted = {f.path for f in fresh if is_compacted(f) and known.get(f.path)
                    and known[f.path] <= covered.get(parent_and_name(f.path)[0], set())}
         todo = [f for f in fresh if f.path not in adopted]
+        self._announce(todo, first=not folded)
         self._forget(cur, gone, listed)
         # Every row of an adopted file is folded already: refolding it would change nothing.
         _insert(cur, "fold.files", [(f.path, f.size) for f in fresh if f.path in adopted])
@@ -151,6 +156,15 @@ class TaskFold:
         if gone or fresh:
             self._bump(cur)
         return len(todo)
+
+    def _announce(self, todo: list[FileEntry], first: bool) -> None:
+        size = sum(f.size for f in todo)
+        if self.on_long_fold is None or size < LONG_FOLD_BYTES:
+            return
+        where = f"the task cache {self.path}" if self.path else "tasks in memory"
+        once = "; once: later queries fold only new files" if first and self.path else ""
+        self.on_long_fold(f"folding {len(todo)} files ({size / 2**20:,.0f} MiB) into "
+                          f"{where}{once}")
 
     def _known_covers(self, cur: duckdb.DuckDBPyConnection) -> dict[str, set[Cover]]:
         known: dict[str, set[Cover]] = {}

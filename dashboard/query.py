@@ -126,7 +126,8 @@ def run_query(args: argparse.Namespace) -> int:
     try:
         options = StoreOptions(location=args.data or default_data(),
                                endpoint_url=args.endpoint_url, region=args.region,
-                               engine=args.engine or "auto", cache_dir=cache_dir(args))
+                               engine=args.engine or "auto", cache_dir=cache_dir(args),
+                               on_long_fold=_tell)
         store = Store(options)
         try:
             result = func(store, args)
@@ -173,6 +174,11 @@ def _search(store: Store, args: argparse.Namespace) -> Result:
     if not 1 <= args.limit <= 100_000:
         raise BadInput("--limit must be 1..100000")
     return queries.search(store, args.text, args.limit)
+
+
+def _tell(message: str) -> None:
+    """A line on stderr before a long wait (a first query of a large store)."""
+    print(f"evagg query: {message}", file=sys.stderr, flush=True)
 
 
 def _sql(store: Store, args: argparse.Namespace) -> Result:

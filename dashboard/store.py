@@ -47,6 +47,8 @@ class StoreOptions:
     refresh_s: float = 5.0
     fold: bool = True  # tasks from the incremental fold; False: tasks.sql over every event
     cache_dir: str | None = None  # where the fold's cache file lives; None: memory only
+    # Told once when the fold is about to read a lot (a first query of a large store).
+    on_long_fold: Callable[[str], None] | None = None
 
 
 class Store:
@@ -75,7 +77,8 @@ class Store:
             self.engine = self._open_local(options)
         self.fold: TaskFold | None = None
         if options.fold:
-            self.fold = TaskFold(self._con, self._cache_key(), options.cache_dir)
+            self.fold = TaskFold(self._con, self._cache_key(), options.cache_dir,
+                                 on_long_fold=options.on_long_fold)
             self.fold.create_views(self._con)
             self.note = "; ".join(n for n in (self.note, self.fold.note) if n)
 

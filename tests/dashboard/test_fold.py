@@ -28,7 +28,7 @@ from dashboard.overview import overview
 from dashboard.store import Store, StoreOptions
 from sinks.compact import run_compact
 from tests.dashboard.lakegen import Row, event, local_put, task_events, write_rows
-from tests.dashboard.test_query_cli import evagg
+from tests.dashboard.test_query_cli import evagg, in_process
 
 TASKS_SQL = "SELECT * FROM tasks ORDER BY task_id, attempt, ray_session"
 
@@ -129,6 +129,25 @@ def test_a_new_process_reuses_the_cache_and_folds_only_new_files(stores: tuple[P
     assert_same(cached, scratch)
     cached.close()
     scratch.close()
+
+
+def test_a_long_first_fold_is_announced_once_on_stderr(
+        stores: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    root, cache = stores
+    monkeypatch.setattr(fold_module, "LONG_FOLD_BYTES", 1)  # every fold counts as long
+    args = ("--data", str(root), "--cache", str(cache), "summary", "--json")
+    code, out, err = in_process(capsys, *args)
+    assert code == 0 and out
+    files = len(list(root.rglob("*.parquet")))
+    assert err.startswith(f"evagg query: folding {files} files (")
+    assert "once: later queries fold only new files" in err
+    code, out, err = in_process(capsys, *args)
+    assert (code, err) == (0, "")  # nothing new to fold: nothing to say
+    monkeypatch.setattr(fold_module, "LONG_FOLD_BYTES", 2**40)
+    write_in_files(root, random_attempts(random.Random(4), 10, "q"), "quick", 1)
+    code, out, err = in_process(capsys, *args)
+    assert (code, err) == (0, "")  # a short fold says nothing
 
 
 def test_refolding_the_same_rows_changes_nothing(stores: tuple[Path, Path]) -> None:
