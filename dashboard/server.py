@@ -55,7 +55,7 @@ def open_store(args: argparse.Namespace) -> Store:
         raise BadInput("--refresh must be >= 0 and --query-timeout > 0")
     options = StoreOptions(location=args.data or default_data(), endpoint_url=args.endpoint_url,
                            region=args.region, engine=args.engine, refresh_s=args.refresh,
-                           cache_dir=cache_dir(args))
+                           cache_dir=cache_dir(args), on_long_fold=_tell)
     store = Store(options)
     try:
         store.refresh(views=False)  # folds new files; the views wait for a page that needs them
@@ -65,6 +65,11 @@ def open_store(args: argparse.Namespace) -> Store:
         store.close()
         raise
     return store
+
+
+def _tell(message: str) -> None:
+    """A line before a long wait: the first open of a large store folds it all."""
+    print(f"evagg dashboard: {message}", file=sys.stderr, flush=True)
 
 
 def run_dashboard(args: argparse.Namespace) -> int:
