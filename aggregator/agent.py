@@ -123,16 +123,24 @@ class Agent:
     def _recall_ray_ids(self) -> None:
         """Remember the Ray eventIds still in the spool, so that Ray's resend of a batch
         spooled before a restart is not stored again (aggregator/ray_recall.py)."""
+        if not self.config.http_listen:
+            return  # no /ray/events route
         window = self.http.ray_ids
         try:
-            ids = recall_ray_ids(self.spool, want=window.capacity)
-        except Exception as exc:  # a damaged record: start anyway, resends may repeat
+            recalled = recall_ray_ids(self.spool, want=window.capacity)
+        except Exception as exc:  # the spool itself failing: start anyway
             self.metrics.worker_errors.inc(worker="ray_recall", type=type(exc).__name__)
             log.exception("could not read Ray eventIds back from the spool")
             return
-        window.confirm(ids)
-        if ids:
-            log.info("remembered %d Ray eventIds from the spool", len(ids))
+        window.confirm(recalled.ids)
+        if recalled.unreadable:
+            self.metrics.worker_errors.inc(recalled.unreadable, worker="ray_recall",
+                                           type="unreadable_record")
+            log.warning("%d spool records could not be read for Ray eventIds: a resend of "
+                        "their events after this restart may be stored again",
+                        recalled.unreadable)
+        if recalled.ids:
+            log.info("remembered %d Ray eventIds from the spool", len(recalled.ids))
 
     async def _start_http(self) -> None:
         if not self.config.http_listen:

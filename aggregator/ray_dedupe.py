@@ -175,8 +175,9 @@ class RecentEventIds:
 
     @property
     def capacity(self) -> int:
-        """About how many stored ids the window holds (two generations)."""
-        return 2 * self._capacity
+        """How many stored ids the window surely holds: one generation (more ids than
+        that, remembered at once, would push the oldest of them out again)."""
+        return self._capacity
 
     @property
     def in_flight(self) -> int:

@@ -4,20 +4,23 @@ Ray resends a batch until it gets a 2xx. When the agent stops (or is killed) aft
 batch is spooled but before Ray has its answer, Ray sends that batch to the new agent,
 whose `RecentEventIds` window starts empty: without this, every event of the batch would
 be stored twice. The batch in question is among the spool's last records (the active
-segment is never deleted), so the agent reads the eventIds of the newest records back,
-newest first, until it has a window's worth, has read `max_bytes`, or reached the oldest.
+segment is never deleted), so the agent reads the newest records back one at a time,
+newest first, until it has a window's worth of ids, has read `max_bytes` of records of
+any route, or reached the oldest. A record that cannot be read is skipped and counted.
 
 A stored Ray row's event_id is the hex of Ray's base64 eventId, with "-<n>" when one
 event gave several rows; the base64 is rebuilt from it (Ray prints standard, padded
-base64, the only form the mappers accept). Rows from elsewhere are skipped by `source`.
+base64, the only form the mappers accept). An eventId in another form was stored under a
+digest and kept as sent in attrs["ray_event_id"], which is used instead. Rows from
+elsewhere are skipped by `source`.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import logging
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Final
 
 import pyarrow.compute as pc
@@ -26,55 +29,61 @@ from aggregator.spool import Spool
 from emitters.wire import NO_SESSION
 from sinks.schema import batch_from_bytes
 
-log = logging.getLogger(__name__)
-
-RECALL_BYTES: Final = 256 * 2**20  # payload bytes read at most: a few seconds at start
-_STEP: Final = 64  # records read per step back
+RECALL_BYTES: Final = 64 * 2**20  # records read at most, of any route: well under a second
 
 
-def recall_ray_ids(spool: Spool, want: int, max_bytes: int = RECALL_BYTES) -> list[str]:
-    """Up to about `want` eventIds of the Ray events in the spool's newest records, oldest
-    first (the order to remember them in, so the newest outlive a window that fills)."""
+@dataclass
+class Recalled:
+    ids: list[str] = field(default_factory=list)  # oldest first: the order to remember them
+    unreadable: int = 0  # records whose payload could not be decoded (skipped)
+
+
+def recall_ray_ids(spool: Spool, want: int, max_bytes: int = RECALL_BYTES) -> Recalled:
+    """About `want` eventIds of the Ray events in the spool's newest records (fewer when
+    `max_bytes` of records were read first)."""
     chunks: list[list[str]] = []
-    found = read = 0
-    for payload in _newest_payloads(spool):
-        ids = ray_ids_of(payload)
+    found = 0
+    unreadable = 0
+    for payload in _newest_payloads(spool, max_bytes):
+        try:
+            ids = ray_ids_of(payload)
+        except Exception:  # damaged, or of another schema: the rest still counts
+            unreadable += 1
+            continue
         chunks.append(ids)
         found += len(ids)
-        read += len(payload)
-        if found >= want or read >= max_bytes:
+        if found >= want:
             break
-    return [event_id for ids in reversed(chunks) for event_id in ids]
+    return Recalled([event_id for ids in reversed(chunks) for event_id in ids], unreadable)
 
 
-def _newest_payloads(spool: Spool) -> Iterator[bytes]:
-    """The payloads of session-less records (HTTP routes, Ray among them), newest first."""
-    end = spool.next_offset
+def _newest_payloads(spool: Spool, max_bytes: int) -> Iterator[bytes]:
+    """The payloads of session-less records (HTTP routes, Ray among them), newest first;
+    one record in memory at a time, every record read counted against `max_bytes`."""
+    read = 0
     first = spool.first_offset
-    while end > first:
-        start = max(first, end - _STEP)
-        records = []
-        at = start
-        while at < end:
-            batch = [r for r in spool.read(at, max_records=end - at) if r.offset < end]
-            if not batch:
-                break
-            records += batch
-            at = batch[-1].offset + 1
-        for record in reversed(records):
-            if record.session == NO_SESSION:
-                yield record.payload
-        end = start
+    for offset in range(spool.next_offset - 1, first - 1, -1):
+        records = spool.read(offset, max_bytes=1, max_records=1)
+        if not records or records[0].offset != offset:
+            continue  # dropped by policy: a gap in the offsets
+        record = records[0]
+        if record.session == NO_SESSION:
+            yield record.payload
+        read += record.size
+        if read >= max_bytes:
+            return
 
 
 def ray_ids_of(payload: bytes) -> list[str]:
-    """Ray's eventIds (base64) of the rows one spool record holds from Ray, each once."""
+    """Ray's eventIds of the rows one spool record holds from Ray, each once."""
     batch = batch_from_bytes(payload)
     from_ray = pc.equal(batch.column("source"), "ray")
     hex_ids = pc.filter(batch.column("event_id"), from_ray).to_pylist()
+    as_sent = pc.filter(pc.map_lookup(batch.column("attrs"), "ray_event_id", "first"),
+                        from_ray).to_pylist()
     out: dict[str, None] = {}
-    for hex_id in hex_ids:
-        event_id = _base64_of(hex_id.partition("-")[0]) if hex_id else None
+    for hex_id, sent in zip(hex_ids, as_sent, strict=True):
+        event_id = sent or (_base64_of(hex_id.partition("-")[0]) if hex_id else None)
         if event_id is not None:
             out[event_id] = None
     return list(out)

@@ -6,6 +6,7 @@ are counted, and a failed spool write answers 503 and lets the resend be stored.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import resource
 import urllib.error
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from aggregator.ray_events import ray_events_to_rows
+from aggregator.spool import Spool
 from dashboard.store import Store, StoreOptions
 from tests.agentproc import AgentProcess
 
@@ -187,3 +189,21 @@ def test_the_tasks_query_in_docs_ray_md_runs_on_the_agent_s_lake(
     shown = capsys.readouterr().out
     failed = [r for r in rows if r.get("state") == "FAILED"]
     assert failed and failed[0]["attrs"]["exception_class"] in shown
+
+
+def test_an_unreadable_spool_record_costs_the_recall_only_itself(agent: AgentProcess) -> None:
+    """A record that does not decode (here one written behind the agent's back) is
+    skipped and counted; the Ray batch spooled before it is still remembered."""
+    items = load("02_excerpt_task_lifecycle_normal_and_failed.json")
+    body = json.dumps(items).encode()
+    assert post(agent, body)[0] == 200
+    agent.stop()
+    spool = Spool(agent.state_dir / "spool", max_bytes=256 * 2**20)
+    spool.open()
+    asyncio.run(spool.append(b"not an arrow record batch", 1, received_ns=1))
+    spool.close()
+    agent.start()
+    status, answer = post(agent, body)
+    assert (status, answer["accepted"], answer["duplicates"]) == (200, 0, len(items))
+    assert agent.metric('evagg_worker_errors_total{type="unreadable_record",'
+                        'worker="ray_recall"}') == 1

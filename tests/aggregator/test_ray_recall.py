@@ -1,7 +1,8 @@
 """Ray eventIds read back from a real spool at start (aggregator/ray_recall.py): exactly
 the Ray events' ids, as Ray sent them, oldest first; other sources, records of socket
-sessions and ids that are not Ray's are skipped; reading stops at the window or the
-byte budget, keeping the newest."""
+sessions and ids that are not Ray's are skipped; reading stops at the window or at the
+byte budget, which every record read counts against, keeping the newest; a record that
+cannot be read is skipped and counted, and the rest still counts."""
 
 from __future__ import annotations
 
@@ -48,15 +49,16 @@ def test_every_ray_event_id_comes_back_as_ray_sent_it(spool: Spool) -> None:
     append(spool, ray_payload(first))
     append(spool, native_payload(["a" * 32, "bb"]))  # hex-looking ids of another source
     append(spool, ray_payload(second))
-    ids = recall_ray_ids(spool, want=10_000)
-    assert ids == [e["eventId"] for e in first + second]
+    recalled = recall_ray_ids(spool, want=10_000)
+    assert recalled.ids == [e["eventId"] for e in first + second]
+    assert recalled.unreadable == 0
     spool.close()
 
 
 def test_records_of_socket_sessions_are_not_read(spool: Spool) -> None:
     items = generated_events(9)
     append(spool, ray_payload(items), session=b"s" * 16, seq=1)  # not an HTTP route's
-    assert recall_ray_ids(spool, want=10_000) == []
+    assert recall_ray_ids(spool, want=10_000).ids == []
     spool.close()
 
 
@@ -65,9 +67,41 @@ def test_reading_stops_at_the_window_keeping_the_newest(spool: Spool) -> None:
     for items in batches:
         append(spool, ray_payload(items))
     newest = [e["eventId"] for items in batches[-3:] for e in items]
-    assert recall_ray_ids(spool, want=len(newest)) == newest
-    assert recall_ray_ids(spool, want=1, max_bytes=1) == [e["eventId"] for e in batches[-1]]
-    assert len(recall_ray_ids(spool, want=10**9)) == 200 * 30  # across steps and segments
+    assert recall_ray_ids(spool, want=len(newest)).ids == newest
+    assert recall_ray_ids(spool, want=1, max_bytes=1).ids == [e["eventId"] for e in batches[-1]]
+    assert len(recall_ray_ids(spool, want=10**9, max_bytes=2**40).ids) == 200 * 30
+    spool.close()
+
+
+def test_records_of_other_routes_count_against_the_byte_budget(spool: Spool) -> None:
+    older = generated_events(30)
+    append(spool, ray_payload(older))
+    socket_record = ray_payload(generated_events(30))  # the size of a Ray record
+    for seq in range(1, 21):
+        append(spool, socket_record, session=b"s" * 16, seq=seq)
+    budget = 10 * len(socket_record)
+    assert recall_ray_ids(spool, want=10_000, max_bytes=budget).ids == []  # never reached
+    found = recall_ray_ids(spool, want=10_000, max_bytes=100 * len(socket_record))
+    assert found.ids == [e["eventId"] for e in older]
+    spool.close()
+
+
+def test_an_unreadable_record_is_skipped_and_counted(spool: Spool) -> None:
+    older, newer = generated_events(30), generated_events(30)
+    append(spool, ray_payload(older))
+    append(spool, b"not an arrow record batch")
+    append(spool, ray_payload(newer))
+    recalled = recall_ray_ids(spool, want=10_000)
+    assert recalled.ids == [e["eventId"] for e in older + newer]
+    assert recalled.unreadable == 1
+    spool.close()
+
+
+def test_an_event_id_kept_as_sent_comes_back_as_sent(spool: Spool) -> None:
+    items = generated_events(3)
+    items[1]["eventId"] = "not-base64-id"  # stored under a digest, kept in attrs
+    append(spool, ray_payload(items))
+    assert recall_ray_ids(spool, want=10_000).ids == [e["eventId"] for e in items]
     spool.close()
 
 

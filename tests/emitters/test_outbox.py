@@ -63,11 +63,25 @@ def test_an_event_that_cannot_be_encoded_costs_only_itself() -> None:
     assert lost == {"unencodable": 1}
 
 
-def test_an_event_holding_the_separator_is_still_one_line_of_its_own() -> None:
+@pytest.mark.parametrize("names", [
+    ["loss", outbox._SEPARATOR, "x"],  # a list item between two others: `,"<sep>",`
+    ["a", outbox._SEPARATOR, outbox._SEPARATOR, "b"],  # two, sharing a comma
+])
+def test_an_event_holding_the_separator_is_still_one_line_of_its_own(
+        names: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = Counter[str]()
+    real_dumps = orjson.dumps
+
+    def counted(value: Any, *args: Any, **kwargs: Any) -> bytes:
+        calls["list" if isinstance(value, list) else "one"] += 1
+        return real_dumps(value, *args, **kwargs)
+
+    monkeypatch.setattr(outbox.orjson, "dumps", counted)
     batch = events(5)
-    batch[2]["nonfinite"] = [outbox._SEPARATOR, "loss"]  # the one place it could appear
+    batch[2]["nonfinite"] = names  # the one place it could appear
     found = lines_of(pack(FramePacker(2**24, Counter()), batch))
     assert [orjson.loads(line) for line in found] == batch
+    assert calls == {"list": 1, "one": 5}  # the line count caught it: one call per event
 
 
 @pytest.mark.parametrize("max_bytes", [300, 1000, 7000, 60_000])
