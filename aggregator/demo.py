@@ -70,7 +70,8 @@ def run_demo(config: AgentConfig, events: int) -> int:
 def _show(lake: str) -> None:
     import duckdb
 
-    sql = (f"SELECT kind, name, state, count(*) AS events, round(avg(duration_s), 4) AS avg_s\n"
+    sql = ("SELECT kind, name, state, count(*) AS events,\n"
+           "       round(avg(duration_s) * 1000, 3) AS avg_ms\n"
            f"FROM read_parquet('{lake}/**/*.parquet', hive_partitioning = true)\n"
            f"GROUP BY ALL ORDER BY kind, name, state")
     print(f"\nParquet written under {lake}\nQuery it with DuckDB:\n\n{sql};\n")
