@@ -25,7 +25,12 @@ from aggregator.config import AgentConfig, ConfigError, load_config
 from aggregator.config_sinks import SinkConfig
 from aggregator.http_api import HttpApi
 from aggregator.ingest import Ingestor, SpoolUnavailable
-from aggregator.memory import arrow_pool_name, calm_garbage_collector, cap_malloc_arenas
+from aggregator.memory import (
+    arrow_pool_name,
+    calm_garbage_collector,
+    cap_malloc_arenas,
+    keep_pandas_out,
+)
 from aggregator.metrics import AgentMetrics
 from aggregator.ray_recall import recall_ray_ids
 from aggregator.red_metrics import RedMetrics
@@ -312,6 +317,7 @@ def _version() -> str:
 
 def run_agent(config: AgentConfig, exit_when_unused: Path | None = None,
               overrides: Mapping[str, Any] | None = None) -> int:
+    keep_pandas_out()
     agent = Agent(config, exit_when_unused, overrides)
     calm_garbage_collector()
     return asyncio.run(agent.run())

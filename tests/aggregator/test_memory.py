@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,22 @@ def test_start_up_objects_are_frozen_and_young_collections_are_rare() -> None:
                    "GC_YOUNG_THRESHOLD as t; c(); "
                    "print(gc.get_freeze_count() > 1000, gc.get_threshold()[0] == t)")
     assert shown == "True True"
+
+
+def test_pyarrow_does_not_load_pandas_into_the_agent(tmp_path: Path) -> None:
+    """pandas is installed here (the test extra); pyarrow would load it on its first
+    conversion of Python objects. Events on both decode paths, then the agent's maps."""
+    pytest.importorskip("pandas")  # the premise: without pandas there is nothing to keep out
+    with AgentProcess(tmp_path) as agent:
+        assert agent.proc is not None
+        body = b'{"kind": "op", "name": "a"}\n{"kind": "op", "name": "b", "step": "x"}\n'
+        request = urllib.request.Request(f"{agent.http_url}/v1/events", data=body,
+                                         method="POST")
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert answer.status == 200
+        agent.wait_delivered(1)
+        maps = Path(f"/proc/{agent.proc.pid}/maps").read_text()
+    assert "pyarrow" in maps and "/pandas/" not in maps
+    shown = _child("import sys; from aggregator.memory import keep_pandas_out as k; k(); "
+                   "import pyarrow as pa; pa.array([1, 2]); print('pandas' in sys.modules)")
+    assert shown == "False"
