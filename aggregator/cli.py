@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aggregator.memory import prefer_returning_pool
+from aggregator.memory import keep_pandas_out, prefer_returning_pool
 
 if TYPE_CHECKING:  # imported when used: `evagg query` needs none of the agent's config
     from aggregator.config import AgentConfig, ConfigError
@@ -23,6 +23,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     prefer_returning_pool()  # before anything imports pyarrow
     if argv and argv[0] in DEFERRED_COMMANDS:
         from aggregator.cli_tools import run_deferred
+
+        keep_pandas_out()  # DuckDB imports pandas, where installed, to bind any parameter
 
         return run_deferred(argv[0], argv[1:])
     parser = build_parser()
