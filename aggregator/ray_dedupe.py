@@ -9,20 +9,41 @@ moment a request takes it (in flight) until its write ends: stored, it stays rem
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
 import threading
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+import orjson
+
 
 def ray_event_id(item: Any) -> str | None:
-    """The raw eventId of a Ray event (the dedupe key), in either casing; or an id as is."""
+    """The dedupe key of a Ray event: its raw eventId, in either casing, else the base64
+    of its content's digest (what `content_id` stores it under); or an id as is."""
     if isinstance(item, str):
         return item
     if not isinstance(item, dict):
         return None
     value = item.get("eventId") or item.get("event_id")
-    return value if isinstance(value, str) and value else None
+    return value if isinstance(value, str) and value else _content_key(item)
+
+
+def content_id(item: dict[str, Any]) -> str:
+    """An event without a usable eventId still gets a stable id: a digest of its content,
+    in hex (the event_id its rows are stored under)."""
+    content = orjson.dumps(item, option=orjson.OPT_SORT_KEYS)
+    return hashlib.blake2b(content, digest_size=28).hexdigest()
+
+
+def _content_key(item: dict[str, Any]) -> str | None:
+    """`content_id` as base64, the form `ray_recall` rebuilds from a stored row; None for
+    an event that cannot be encoded (the careful path rejects it)."""
+    try:
+        return base64.b64encode(bytes.fromhex(content_id(item))).decode("ascii")
+    except (TypeError, ValueError, orjson.JSONEncodeError):
+        return None
 
 
 class Claim:
@@ -101,6 +122,8 @@ class RecentEventIds:
             for index, event in enumerate(events):
                 event_id = (event.get("eventId") or event.get("event_id")
                             if type(event) is dict else ray_event_id(event))
+                if (type(event_id) is not str or not event_id) and type(event) is dict:
+                    event_id = _content_key(event)  # no eventId: its content's digest
                 if type(event_id) is not str or not event_id:
                     fresh.append(index)
                 elif not (event_id in batch or event_id in young or event_id in old):

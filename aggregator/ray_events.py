@@ -20,13 +20,12 @@ the same ids.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-from aggregator.ray_dedupe import RecentEventIds, ray_event_id
+from aggregator.ray_dedupe import RecentEventIds, content_id, ray_event_id
 from aggregator.ray_entities import (
     DEFINITIONS,
     LIFECYCLES,
@@ -138,9 +137,9 @@ def _stamp_envelope(item: dict[str, Any], k: Keys, event_type: str, payload_key:
     node_hex = b64_hex(item.get(k["node_id"]), k["node_id"])  # the emitting node (Ray >= 2.56)
     attrs = envelope_attrs(item, k, event_type, payload_key)
     try:
-        event_hex = b64_hex(raw_id, k["event_id"], cache=False) or _content_id(item)
+        event_hex = b64_hex(raw_id, k["event_id"], cache=False) or content_id(item)
     except RayValueError:  # an id in another form: the event is kept, under a digest
-        event_hex = _content_id(item)
+        event_hex = content_id(item)
         attrs = {**attrs, "ray_event_id": text(raw_id)}
     many = len(bodies) > 1
     for index, body in enumerate(bodies):
@@ -170,12 +169,6 @@ def envelope_attrs(item: dict[str, Any], k: Keys, event_type: str,
     if severity not in (None, "", "INFO"):
         attrs["ray_severity"] = str(severity)
     return attrs
-
-
-def _content_id(item: dict[str, Any]) -> str:
-    """An event without an eventId still gets a stable id: a digest of its content."""
-    content = orjson.dumps(item, option=orjson.OPT_SORT_KEYS)
-    return hashlib.blake2b(content, digest_size=28).hexdigest()
 
 
 DEFINITION_TAKEN = Taken("task_id", "task_attempt", "task_name", "actor_task_name", "job_id",

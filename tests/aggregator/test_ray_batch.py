@@ -26,7 +26,7 @@ from aggregator import ray_batch, ray_events, ray_fast, ray_values
 from aggregator.normalize import Stamp, normalize_event, rows_to_batch
 from aggregator.ray_batch import ray_body_to_batch, ray_items_to_batch
 from aggregator.ray_columns import row_of_event, rows_to_record_batch
-from aggregator.ray_dedupe import Claim
+from aggregator.ray_dedupe import Claim, ray_event_id
 from aggregator.ray_events import RayBodyError, RecentEventIds, ray_events_to_rows
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ray"
@@ -501,10 +501,12 @@ def test_repeats_within_a_body_and_events_without_ids() -> None:
         ray_body_to_batch(body, RecentEventIds(), STAMPS[0])
     body = json.dumps([events[0], events[1], events[0], no_id, no_id]).encode()
     result = ray_body_to_batch(body, RecentEventIds(), STAMPS[0])
-    assert result.duplicates == 1
-    assert result.fresh_ids == [events[0]["eventId"], events[1]["eventId"]]
-    ids = plain(result.batch)
-    assert len({r["event_id"] for r in ids}) == len(ids) - 1  # the two copies without an id
+    assert result.duplicates == 2  # a copy without an id is known by its content
+    digest = ray_events.content_id(no_id)
+    assert result.fresh_ids == [events[0]["eventId"], events[1]["eventId"],
+                                base64.b64encode(bytes.fromhex(digest)).decode()]
+    ids = [r["event_id"] for r in plain(result.batch)]
+    assert len(set(ids)) == len(ids) and digest in ids
 
 
 def test_refusals_name_the_event_by_its_place_in_the_body() -> None:
@@ -532,7 +534,10 @@ def test_split_new_agrees_with_filter_new() -> None:
     looked = recent.filter_new(items)
     fresh, ids, pending, held = recent.split_new(items)
     assert [i in fresh for i in range(len(items))] == looked
-    assert (ids, pending, held) == (["b", "c", "d"], [], 0)
+    by_content = [ray_event_id(items[i]) for i in (3, 4, 6)]  # no usable eventId
+    assert all(by_content) and len(set(by_content)) == 3
+    assert (ids, pending, held) == (["b", by_content[0], by_content[1], "c", by_content[2],
+                                     "d"], [], 0)
     assert recent.filter_new(["b", "c", "d", "e"]) == [False, False, False, True]  # in flight
     again = recent.split_new(["b", "e"])
     assert (again.indexes, again.held, len(again.pending)) == ([1], 1, 1)

@@ -367,11 +367,12 @@ def test_recent_event_ids_two_steps_and_bounded() -> None:
     assert recent.filter_new(items) == [True, True, False, True]
     assert recent.filter_new(items) == [True, True, False, True]  # looking remembers nothing
     recent.confirm(items)
+    assert len(recent) == 3 and {"x": 1} in recent  # no eventId: known by its content
     assert recent.filter_new(["a", "b", "c", None]) == [False, False, True, True]
-    recent.confirm(["c", "d", "e"])
-    assert len(recent) == 5 and "a" in recent
-    recent.confirm(["f", "g", "h", "i"])  # two generations of 4: "a".."d" are gone
-    assert recent.filter_new(["a", "d", "e", "i"]) == [True, True, False, False]
+    recent.confirm(["c", "d", "e"])  # the young generation fills at "c" and turns old
+    assert len(recent) == 6 and "a" in recent
+    recent.confirm(["f", "g", "h", "i"])  # two generations of 4: "a".."c" are gone
+    assert recent.filter_new(["a", "c", "d", "i"]) == [True, True, False, False]
 
 
 # ---- the tasks view ---------------------------------------------------------------------

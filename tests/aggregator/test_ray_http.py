@@ -207,3 +207,24 @@ def test_an_unreadable_spool_record_costs_the_recall_only_itself(agent: AgentPro
     assert (status, answer["accepted"], answer["duplicates"]) == (200, 0, len(items))
     assert agent.metric('evagg_worker_errors_total{type="unreadable_record",'
                         'worker="ray_recall"}') == 1
+
+
+def test_events_without_an_event_id_are_deduplicated_by_their_content(
+        agent: AgentProcess) -> None:
+    """Ray always sends eventIds; an event without one is stored under a digest of its
+    content, and Ray's resend of it (the same bytes) is dropped, also after a restart."""
+    items = load("02_excerpt_task_lifecycle_normal_and_failed.json")
+    for item in items:
+        item.pop("eventId")
+    body = json.dumps(items).encode()
+    rows, _ = ray_events_to_rows(items)
+    status, answer = post(agent, body)
+    assert (status, answer["accepted"], answer["duplicates"]) == (200, len(rows), 0)
+    status, answer = post(agent, body)
+    assert (status, answer["accepted"], answer["duplicates"]) == (200, 0, len(items))
+    agent.kill()
+    agent.start()
+    status, answer = post(agent, body)
+    assert (status, answer["accepted"], answer["duplicates"]) == (200, 0, len(items))
+    stored = agent.wait_rows("SELECT event_id FROM events WHERE source = 'ray'", len(rows))
+    assert sorted(e for e, in stored) == sorted(r["event_id"] for r in rows)
