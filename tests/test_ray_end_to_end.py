@@ -9,11 +9,8 @@ proxy between Ray and the agent can hold one request back to make Ray time out.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-import shutil
-import tempfile
 import threading
 import time
 import urllib.error
@@ -27,7 +24,8 @@ from typing import Any
 import duckdb
 import pytest
 
-from tests.agentproc import AgentProcess, free_port
+from tests.agentproc import AgentProcess
+from tests.raylocal import local_ray
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS_SQL = REPO / "dashboard" / "sql" / "tasks.sql"
@@ -104,30 +102,6 @@ class DelayingProxy:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-@contextlib.contextmanager
-def local_ray(env: dict[str, str], dashboard: bool = True) -> Iterator[str]:
-    """A local Ray cluster with `env` in the environment it starts with; yields its job id."""
-    import ray
-
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    # Ray puts Unix sockets under its temp dir, whose paths must stay short.
-    temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-    try:
-        ray.init(num_cpus=2, include_dashboard=dashboard,
-                 dashboard_port=free_port() if dashboard else None,
-                 _temp_dir=temp_dir, log_to_driver=False)
-        yield ray.get_runtime_context().get_job_id()
-    finally:
-        ray.shutdown()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def lake_query(agent: AgentProcess, sql: str) -> list[dict[str, Any]]:

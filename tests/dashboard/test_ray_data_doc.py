@@ -16,12 +16,9 @@ import base64
 import hashlib
 import json
 import math
-import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -32,6 +29,7 @@ import duckdb
 import pytest
 
 from tests.agentproc import REPO, AgentProcess
+from tests.raylocal import local_ray
 
 DOC = REPO / "docs" / "queries.md"
 FIXTURES = REPO / "tests" / "fixtures" / "ray"
@@ -183,24 +181,12 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
+def ray_cluster() -> Iterator[None]:
     import ray
 
-    saved = {key: os.environ.get(key) for key in RAY_ENV}
-    os.environ.update(RAY_ENV)
-    temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Unix socket paths stay short
-    try:
-        ray.init(num_cpus=1, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False)
+    with local_ray(RAY_ENV, dashboard=False, num_cpus=1):
         ray.data.DataContext.get_current().enable_progress_bars = False
         yield
-    finally:
-        ray.shutdown()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def evagg_json(lake: Path, *query: str) -> list[dict[str, Any]]:
@@ -251,7 +237,7 @@ def test_the_made_up_tasks_hit_the_tie_rules_in_the_views(lake: Path) -> None:
 
 
 def test_the_ray_data_snippet_gives_the_summary_of_evagg_query(lake: Path,
-                                                               local_ray: None) -> None:
+                                                               ray_cluster: None) -> None:
     code = doc_block("The same summary with Ray Data", "python")
     assert code.count(RAY_PATH) == 1
     namespace: dict[str, Any] = {}

@@ -36,20 +36,26 @@ def pack(packer: FramePacker, batch: list[dict[str, Any]]) -> list[tuple[bytes, 
     return payloads + ([last] if last else [])
 
 
-def test_one_orjson_call_per_chunk_gives_the_same_lines(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = Counter[str]()
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """orjson.dumps calls in the outbox, by what they encode: a list (a chunk) or one event."""
+    counted = Counter[str]()
     real_dumps = orjson.dumps
 
-    def counted(value: Any, *args: Any, **kwargs: Any) -> bytes:
-        calls["list" if isinstance(value, list) else "one"] += 1
+    def dumps(value: Any, *args: Any, **kwargs: Any) -> bytes:
+        counted["list" if isinstance(value, list) else "one"] += 1
         return real_dumps(value, *args, **kwargs)
 
-    monkeypatch.setattr(outbox.orjson, "dumps", counted)
+    monkeypatch.setattr(outbox.orjson, "dumps", dumps)
+    return counted
+
+
+def test_one_orjson_call_per_chunk_gives_the_same_lines(calls: Counter[str]) -> None:
     batch = events(600)
     payloads = pack(FramePacker(2**24, Counter()), batch)
     assert calls == {"list": 3}  # 256 + 256 + 88 events, no per-event call
-    assert lines_of(payloads) == [real_dumps(e) for e in batch]
+    calls.clear()
+    assert lines_of(payloads) == [orjson.dumps(e) for e in batch]
 
 
 def test_an_event_that_cannot_be_encoded_costs_only_itself() -> None:
@@ -68,15 +74,7 @@ def test_an_event_that_cannot_be_encoded_costs_only_itself() -> None:
     ["a", outbox._SEPARATOR, outbox._SEPARATOR, "b"],  # two, sharing a comma
 ])
 def test_an_event_holding_the_separator_is_still_one_line_of_its_own(
-        names: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = Counter[str]()
-    real_dumps = orjson.dumps
-
-    def counted(value: Any, *args: Any, **kwargs: Any) -> bytes:
-        calls["list" if isinstance(value, list) else "one"] += 1
-        return real_dumps(value, *args, **kwargs)
-
-    monkeypatch.setattr(outbox.orjson, "dumps", counted)
+        names: list[str], calls: Counter[str]) -> None:
     batch = events(5)
     batch[2]["nonfinite"] = names  # the one place it could appear
     found = lines_of(pack(FramePacker(2**24, Counter()), batch))
