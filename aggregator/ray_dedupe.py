@@ -33,17 +33,21 @@ def ray_event_id(item: Any) -> str | None:
 def content_id(item: dict[str, Any]) -> str:
     """An event without a usable eventId still gets a stable id: a digest of its content,
     in hex (the event_id its rows are stored under)."""
-    content = orjson.dumps(item, option=orjson.OPT_SORT_KEYS)
-    return hashlib.blake2b(content, digest_size=28).hexdigest()
+    return _content_digest(item).hex()
 
 
 def _content_key(item: dict[str, Any]) -> str | None:
-    """`content_id` as base64, the form `ray_recall` rebuilds from a stored row; None for
-    an event that cannot be encoded (the careful path rejects it)."""
+    """The same digest in base64, the form `ray_recall` rebuilds from a stored row; None
+    for an event that cannot be encoded (the careful path rejects it)."""
     try:
-        return base64.b64encode(bytes.fromhex(content_id(item))).decode("ascii")
-    except (TypeError, ValueError, orjson.JSONEncodeError):
+        return base64.b64encode(_content_digest(item)).decode("ascii")
+    except TypeError:  # orjson.JSONEncodeError is one
         return None
+
+
+def _content_digest(item: dict[str, Any]) -> bytes:
+    content = orjson.dumps(item, option=orjson.OPT_SORT_KEYS)
+    return hashlib.blake2b(content, digest_size=28).digest()
 
 
 class Claim:
