@@ -54,7 +54,7 @@ class _NoPandas(importlib.abc.MetaPathFinder):
 
     def find_spec(self, name: str, path: Sequence[str] | None, target: Any = None) -> None:
         if name == "pandas" or name.startswith("pandas."):
-            raise ImportError("the agent keeps pandas out (aggregator/memory.py)")
+            raise ImportError("this evagg command keeps pandas out (aggregator/memory.py)")
 
 
 def keep_pandas_out() -> None:
