@@ -5,8 +5,9 @@ batch is spooled but before Ray has its answer, Ray sends that batch to the new 
 whose `RecentEventIds` window starts empty: without this, every event of the batch would
 be stored twice. The batch in question is among the spool's last records (the active
 segment is never deleted), so the agent reads the newest records back one at a time,
-newest first, until it has a window's worth of ids, has read `max_bytes` of records of
-any route, or reached the oldest. A record that cannot be read is skipped and counted.
+newest first, until it has a window's worth of ids, has read `max_bytes` (or
+`max_records`) of records of any route, or reached the oldest. A record that cannot be
+read is skipped and counted.
 
 A stored Ray row's event_id is the hex of Ray's base64 eventId, with "-<n>" when one
 event gave several rows; the base64 is rebuilt from it (Ray prints standard, padded
@@ -30,6 +31,7 @@ from emitters.wire import NO_SESSION
 from sinks.schema import batch_from_bytes
 
 RECALL_BYTES: Final = 64 * 2**20  # records read at most, of any route: well under a second
+RECALL_RECORDS: Final = 10_000  # and at most this many (each is one read)
 
 
 @dataclass
@@ -38,13 +40,14 @@ class Recalled:
     unreadable: int = 0  # records whose payload could not be decoded (skipped)
 
 
-def recall_ray_ids(spool: Spool, want: int, max_bytes: int = RECALL_BYTES) -> Recalled:
+def recall_ray_ids(spool: Spool, want: int, max_bytes: int = RECALL_BYTES,
+                   max_records: int = RECALL_RECORDS) -> Recalled:
     """About `want` eventIds of the Ray events in the spool's newest records (fewer when
-    `max_bytes` of records were read first)."""
+    `max_bytes` or `max_records` of records were read first)."""
     chunks: list[list[str]] = []
     found = 0
     unreadable = 0
-    for payload in _newest_payloads(spool, max_bytes):
+    for payload in _newest_payloads(spool, max_bytes, max_records):
         try:
             ids = ray_ids_of(payload)
         except Exception:  # damaged, or of another schema: the rest still counts
@@ -57,12 +60,13 @@ def recall_ray_ids(spool: Spool, want: int, max_bytes: int = RECALL_BYTES) -> Re
     return Recalled([event_id for ids in reversed(chunks) for event_id in ids], unreadable)
 
 
-def _newest_payloads(spool: Spool, max_bytes: int) -> Iterator[bytes]:
+def _newest_payloads(spool: Spool, max_bytes: int, max_records: int) -> Iterator[bytes]:
     """The payloads of session-less records (HTTP routes, Ray among them), newest first;
-    one record in memory at a time, every record read counted against `max_bytes`."""
+    one record in memory at a time, every record read counted against the limits."""
     read = 0
-    first = spool.first_offset
-    for offset in range(spool.next_offset - 1, first - 1, -1):
+    last = spool.next_offset - 1
+    first = max(spool.first_offset, last - max_records + 1)
+    for offset in range(last, first - 1, -1):
         records = spool.read(offset, max_bytes=1, max_records=1)
         if not records or records[0].offset != offset:
             continue  # dropped by policy: a gap in the offsets

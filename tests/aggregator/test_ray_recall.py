@@ -81,6 +81,8 @@ def test_records_of_other_routes_count_against_the_byte_budget(spool: Spool) -> 
         append(spool, socket_record, session=b"s" * 16, seq=seq)
     budget = 10 * len(socket_record)
     assert recall_ray_ids(spool, want=10_000, max_bytes=budget).ids == []  # never reached
+    assert recall_ray_ids(spool, want=10_000, max_records=20).ids == []  # nor by count
+    assert len(recall_ray_ids(spool, want=10_000, max_records=21).ids) == 30
     found = recall_ray_ids(spool, want=10_000, max_bytes=100 * len(socket_record))
     assert found.ids == [e["eventId"] for e in older]
     spool.close()
