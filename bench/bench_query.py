@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from aggregator.memory import keep_pandas_out
 from dashboard import queries, views
 from dashboard.store import Store, StoreOptions
 from sinks.schema import EVENT_SCHEMA
@@ -354,6 +355,7 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
 
 
 def main() -> int:
+    keep_pandas_out()  # as `evagg query` and `evagg dashboard` do (aggregator/memory.py)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--events", type=int, default=1_000_000,
                         help="events to generate (the issue's figure: 10000000)")
