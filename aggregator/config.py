@@ -28,7 +28,13 @@ from aggregator.config_values import (
     read_token,
     string,
 )
-from aggregator.units import parse_bool, parse_duration, parse_positive_duration, parse_size
+from aggregator.units import (
+    parse_bool,
+    parse_duration,
+    parse_positive_duration,
+    parse_positive_size,
+    parse_size,
+)
 from emitters import paths
 
 
@@ -192,8 +198,8 @@ def _build(
         state_dir=get(agent, "state_dir", "", path_or(paths.user_state_dir), "agent."),
         http_listen=get(agent, "http_listen", DEFAULT_HTTP_LISTEN, listen, "agent."),
         http_token=get(agent, "http_token_file", None, read_token, "agent."),
-        http_max_body_bytes=get(agent, "http_max_body", "64MiB", parse_size, "agent."),
-        max_frame_bytes=get(agent, "max_frame", "4MiB", parse_size, "agent."),
+        http_max_body_bytes=get(agent, "http_max_body", "64MiB", parse_positive_size, "agent."),
+        max_frame_bytes=get(agent, "max_frame", "4MiB", parse_positive_size, "agent."),
         frame_timeout_s=get(agent, "frame_timeout", "10s", parse_positive_duration, "agent."),
         spool_max_bytes=get(spool, "max_bytes", "4GiB", parse_size, "spool."),
         spool_when_full=get(spool, "when_full", "block", one_of("block", "drop_oldest"), "spool."),

@@ -11,7 +11,12 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from aggregator.config_sinks import SinkConfig
-from aggregator.units import parse_bool, parse_int, parse_positive_duration, parse_size
+from aggregator.units import (
+    parse_bool,
+    parse_int,
+    parse_positive_duration,
+    parse_positive_size,
+)
 from sinks.base import Sink
 from sinks.filters import EventFilter
 
@@ -58,7 +63,8 @@ def _parquet(config: SinkConfig, options: dict[str, Any], event_filter: EventFil
             endpoint_url=option(options, "endpoint_url", None, _optional_text),
             region=option(options, "region", None, _optional_text),
             path_style=option(options, "path_style", False, parse_bool),
-            multipart_threshold=option(options, "multipart_threshold", "64MiB", _positive_size),
+            multipart_threshold=option(options, "multipart_threshold", "64MiB",
+                                       parse_positive_size),
         )
     else:
         store = LocalStore(Path(config.url).expanduser())
@@ -67,7 +73,7 @@ def _parquet(config: SinkConfig, options: dict[str, Any], event_filter: EventFil
         store,
         node_id=node_id,
         spool_id=spool_id,
-        roll_max_bytes=option(options, "roll_max_bytes", "64MiB", _positive_size),
+        roll_max_bytes=option(options, "roll_max_bytes", "64MiB", parse_positive_size),
         roll_interval_s=option(options, "roll_interval", "5m", parse_positive_duration),
         row_group_rows=option(options, "row_group_rows", 10_000, _at_least(1)),
         event_filter=event_filter,
@@ -85,7 +91,7 @@ def _http(config: SinkConfig, options: dict[str, Any], event_filter: EventFilter
         config.url,
         spool_id=spool_id,
         batch_max_events=option(options, "batch_max_events", 1000, _at_least(1)),
-        batch_max_bytes=option(options, "batch_max_bytes", "4MiB", _positive_size),
+        batch_max_bytes=option(options, "batch_max_bytes", "4MiB", parse_positive_size),
         batch_interval_s=option(options, "batch_interval", "1s", parse_positive_duration),
         body_format=option(options, "format", "ndjson", _body_format),
         gzip=option(options, "gzip", False, parse_bool),
@@ -96,13 +102,6 @@ def _http(config: SinkConfig, options: dict[str, Any], event_filter: EventFilter
         event_filter=event_filter,
         dead_letter_dir=dead_letter_dir(state_dir, config.name),
     )
-
-
-def _positive_size(value: Any) -> int:
-    size = parse_size(value)
-    if size <= 0:
-        raise ValueError(f"{value!r} must be larger than zero")
-    return size
 
 
 def _at_least(lowest: int) -> Callable[[Any], int]:

@@ -49,6 +49,15 @@ def parse_duration(value: object) -> float:
     return float(match.group(1)) * _DURATION_UNITS[match.group(2) or ""]
 
 
+def parse_positive_size(value: object) -> int:
+    """A size that must be larger than zero: a frame, a body or a file of 0 bytes would
+    refuse everything, or roll on every write."""
+    size = parse_size(value)
+    if size <= 0:
+        raise ValueError(f"{value!r} must be larger than zero")
+    return size
+
+
 def parse_positive_duration(value: object) -> float:
     """A duration that must be longer than zero: an interval or a timeout of 0 would
     spin (heartbeats, retries) or fire at once (a frame split across two reads)."""
