@@ -221,9 +221,13 @@ def test_tasks_view_matches_ray_state_api(rig: Rig, tmp_path: Path) -> None:
         rows = lake_query(rig.agent, f"SELECT * FROM tasks WHERE job_id = '{rig.job_id}' "
                                      "AND coalesce(task_type, '') <> 'DRIVER_TASK'")
         found = {(r["task_id"], r["attempt"]): r for r in rows}
+        # The executor's RUNNING event comes in its own POST, and may come after the
+        # owner's FINISHED: wait for it too.
         complete = set(found) == set(ray_tasks) and all(
             found[key]["final_state"] == ray_tasks[key].state and found[key]["name"]
-            and (found[key]["pid"] or not ray_tasks[key].worker_pid) for key in found)
+            and (found[key]["pid"] or not ray_tasks[key].worker_pid)
+            and (found[key]["final_state"] != "FINISHED" or found[key]["running_at"])
+            for key in found)
         return found if complete else None
 
     tasks = wait_for(ours, 40, "the tasks view to match Ray's tasks")
