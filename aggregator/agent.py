@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from aggregator import systemd
-from aggregator.config import AgentConfig, ConfigError, load_config
+from aggregator.config import AgentConfig, ConfigError, config_warnings, load_config
 from aggregator.config_sinks import SinkConfig
 from aggregator.http_api import HttpApi
 from aggregator.ingest import Ingestor, SpoolUnavailable
@@ -158,6 +158,8 @@ class Agent:
         await web.TCPSite(self._runner, host.strip("[]"), int(port)).start()
 
     def _announce(self) -> None:
+        for warning in config_warnings(self.config):
+            log.warning("%s", warning)
         sinks = self.sinks.describe() if self.sinks else ""
         log.info("evagg agent ready: node %s, socket %s, http %s, spool %s, sinks: %s, "
                  "arrow memory pool %s", self.config.node_id, self.config.socket,

@@ -118,12 +118,14 @@ def _add_check_config(commands: argparse._SubParsersAction[argparse.ArgumentPars
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    from aggregator.config import ConfigError
+    from aggregator.config import ConfigError, config_warnings
 
     try:
         config = load_from_args(args)
     except ConfigError as exc:
         return _print_problems(exc)
+    for warning in config_warnings(config):
+        print(f"evagg: config warning: {warning}", file=sys.stderr)
     print(f"config OK: node {config.node_id}, socket {config.socket}, "
           f"state {config.state_dir}, sinks: {', '.join(s.name for s in config.sinks)}")
     return 0

@@ -137,6 +137,8 @@ def add_tail_parser(commands: Parsers) -> None:
     tail.add_argument("--name", action="append", default=[])
     tail.add_argument("--json", action="store_true", help="print raw NDJSON")
     tail.add_argument("--limit", type=int, default=0, help="stop after this many events")
+    tail.add_argument("--token-file", type=Path,
+                      help="a file holding the agent's token, when it has http_token_file")
     tail.set_defaults(command=run_tail)
 
 
@@ -148,19 +150,34 @@ def run_tail(args: argparse.Namespace) -> int:
     except NoAgentUrl as exc:
         print(f"evagg tail: {exc}", file=sys.stderr)
         return 2
+    try:
+        headers = _bearer(args.token_file)
+    except OSError as exc:
+        print(f"evagg tail: cannot read the token file: {exc.strerror}", file=sys.stderr)
+        return 2
     shown = 0
     try:
-        with urllib.request.urlopen(url) as response:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers)) as response:
             for line in response:
                 print(line.decode().rstrip() if args.json else _short(orjson.loads(line)),
                       flush=True)
                 shown += 1
                 if args.limit and shown >= args.limit:
                     return 0
+    except urllib.error.HTTPError as exc:
+        hint = (": the agent wants its token, pass --token-file" if exc.code == 401 else "")
+        print(f"evagg tail: the agent at {url} answered {exc.code}{hint}", file=sys.stderr)
+        return 2 if exc.code == 401 else 1
     except (urllib.error.URLError, ConnectionError) as exc:
         print(f"evagg tail: cannot reach the agent at {url}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _bearer(token_file: Path | None) -> dict[str, str]:
+    if token_file is None:
+        return {}
+    return {"Authorization": f"Bearer {token_file.read_text().strip()}"}
 
 
 def _short(event: dict[str, Any]) -> str:

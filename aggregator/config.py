@@ -8,6 +8,7 @@ a spool under the user's state directory and one Parquet sink in a local directo
 from __future__ import annotations
 
 import grp
+import ipaddress
 import os
 import socket
 import tomllib
@@ -220,6 +221,24 @@ def _build(
     if config.spool_segment_bytes < 2 * config.max_frame_bytes:
         problems.append("spool.segment_bytes: must be at least twice agent.max_frame")
     return config
+
+
+def config_warnings(config: AgentConfig) -> list[str]:
+    """What is allowed but likely a mistake; `check-config` prints it, the agent logs it."""
+    host = config.http_listen.rpartition(":")[0].strip("[]")
+    if not host or config.http_token is not None or _is_loopback(host):
+        return []
+    return [f"agent.http_listen: {config.http_listen} can be reached from other hosts and "
+            "no http_token_file is set: anyone who reaches it can write events"]
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
 
 
 def check_host(config: AgentConfig) -> None:

@@ -286,3 +286,21 @@ def test_sink_options_of_the_right_type_are_used(tmp_path: Path) -> None:
     assert lake.row_group_rows == 500 and lake.store.path_style is True
     assert isinstance(out, HttpSink)
     assert (out.gzip, out.gzip_level, out.max_in_flight) == (True, 6, 2)
+
+
+@pytest.mark.parametrize(("listen", "token", "warned"), [
+    ("0.0.0.0:4040", False, True), ("10.0.0.7:4040", False, True),
+    ("agent.example:4040", False, True), ("0.0.0.0:4040", True, False),
+    ("127.0.0.1:4040", False, False), ("127.0.0.2:4040", False, False),
+    ("[::1]:4040", False, False), ("localhost:4040", False, False), ("", False, False),
+])
+def test_a_port_beyond_loopback_without_a_token_is_a_warning(
+        tmp_path: Path, listen: str, token: bool, warned: bool) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("t0ken\n")
+    text = f"[agent]\nhttp_listen = '{listen}'\n" + (
+        f"http_token_file = '{token_file}'\n" if token else "")
+    result = check_config("--config", str(write(tmp_path, text)))
+    assert result.returncode == 0, result.stderr  # allowed: a warning, not an error
+    assert ("config warning: agent.http_listen" in result.stderr) == warned
+    assert ("anyone who reaches it can write events" in result.stderr) == warned

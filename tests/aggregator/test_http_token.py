@@ -6,6 +6,9 @@ refused request carried is not stored."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -13,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agentproc import AgentProcess
+from tests.agentproc import REPO, AgentProcess
 
 TOKEN = "s3cret-token-for-tests"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ray"
@@ -79,3 +82,24 @@ def test_nothing_of_a_refused_request_is_stored(agent: AgentProcess) -> None:
         "SELECT name FROM events WHERE name IN ('refused', 'admitted')", 1)}
     assert names == {"admitted"}
     assert agent.metric("evagg_bad_input_total") >= 1
+
+
+def test_evagg_tail_sends_the_token_from_a_file(agent: AgentProcess, tmp_path: Path) -> None:
+    tail = [sys.executable, "-m", "aggregator", "tail", "--url", agent.http_url, "--limit", "1"]
+    refused = subprocess.run(tail, capture_output=True, text=True, timeout=30, cwd=REPO)
+    assert refused.returncode == 2 and "pass --token-file" in refused.stderr
+    missing = subprocess.run([*tail, "--token-file", str(tmp_path / "none")],
+                             capture_output=True, text=True, timeout=30, cwd=REPO)
+    assert missing.returncode == 2 and "cannot read the token file" in missing.stderr
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    with subprocess.Popen([*tail, "--token-file", str(token_file)], cwd=REPO, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as follower:
+        deadline = time.monotonic() + 20
+        while follower.poll() is None and time.monotonic() < deadline:
+            assert status(agent, "/v1/events", b'{"kind": "op", "name": "tailed"}\n',
+                          bearer=TOKEN) == 200  # until the follower has seen one
+            time.sleep(0.3)
+        out, err = follower.communicate(timeout=10)
+    assert follower.returncode == 0, err
+    assert "tailed" in out
