@@ -108,11 +108,13 @@ def load_config(
     spool = _table(raw, "spool", problems)
     check_keys(agent, _AGENT_KEYS, "agent.", problems)
     check_keys(spool, _SPOOL_KEYS, "spool.", problems)
-    _apply_env(agent, env)
-    agent.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    from_env = _apply_env(agent, env)
+    flags = {k: v for k, v in (overrides or {}).items() if v is not None}
+    agent.update(flags)
     config = _build(agent, spool, raw.get("sinks"), problems, path)
     if problems or config is None:
-        raise ConfigError(problems)
+        raise ConfigError(_name_variables(problems, {k: v for k, v in from_env.items()
+                                                     if k not in flags}))
     return config
 
 
@@ -129,11 +131,11 @@ def configured_http_listen(
     agent = _table(_read_toml(path), "agent", problems) if path is not None else {}
     if problems:
         raise ConfigError(problems)
-    _apply_env(agent, env)
+    from_env = _apply_env(agent, env)
     try:
         return listen(agent.get("http_listen", DEFAULT_HTTP_LISTEN))
     except ValueError as exc:
-        raise ConfigError([f"agent.http_listen: {exc}"]) from None
+        raise ConfigError(_name_variables([f"agent.http_listen: {exc}"], from_env)) from None
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -164,10 +166,25 @@ _ENV_KEYS = {
 }
 
 
-def _apply_env(agent: dict[str, Any], env: Mapping[str, str]) -> None:
+def _apply_env(agent: dict[str, Any], env: Mapping[str, str]) -> dict[str, str]:
+    """Set the keys the EVAGG_* variables give; returns key -> the variable it came from."""
+    applied = {}
     for variable, key in _ENV_KEYS.items():
         if env.get(variable):
             agent[key] = env[variable]
+            applied[key] = variable
+    return applied
+
+
+def _name_variables(problems: list[str], from_env: Mapping[str, str]) -> list[str]:
+    """A problem with a value from the environment says which variable set it."""
+    out = []
+    for problem in problems:
+        key = problem.partition(":")[0].removeprefix("agent.")
+        if problem.startswith("agent.") and key in from_env:
+            problem = f"agent.{key} (from ${from_env[key]}){problem[len('agent.' + key):]}"
+        out.append(problem)
+    return out
 
 
 def _build(

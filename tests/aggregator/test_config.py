@@ -304,3 +304,16 @@ def test_a_port_beyond_loopback_without_a_token_is_a_warning(
     assert result.returncode == 0, result.stderr  # allowed: a warning, not an error
     assert ("config warning: agent.http_listen" in result.stderr) == warned
     assert ("anyone who reaches it can write events" in result.stderr) == warned
+
+
+def test_a_bad_value_from_the_environment_names_its_variable(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, env={"EVAGG_HTTP_LISTEN": "nowhere"})
+    assert str(caught.value).startswith("agent.http_listen (from $EVAGG_HTTP_LISTEN): ")
+    with pytest.raises(ConfigError) as caught:  # a flag wins over the variable
+        load_config(None, env={"EVAGG_HTTP_LISTEN": "127.0.0.1:1"},
+                    overrides={"http_listen": "nowhere"})
+    assert str(caught.value).startswith("agent.http_listen: ")
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, "[agent]\nhttp_listen = 'nowhere'\n"), env={})
+    assert str(caught.value).startswith("agent.http_listen: ")
