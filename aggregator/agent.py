@@ -90,7 +90,12 @@ class Agent:
         self._recall_ray_ids()
         self.sinks = SinkSet(self.spool, self.metrics, self._build_sinks(self.config))
         await self.socket.start(systemd.inherited_socket())
-        await self._start_http()
+        try:
+            await self._start_http()
+        except BaseException:  # the port is taken: leave no socket file behind either
+            await self.socket.stop_accepting()
+            self._remove_socket_file()
+            raise
         self._install_signals()
         self._ready = True
         systemd.notify("READY=1\nSTATUS=accepting events")
@@ -179,6 +184,9 @@ class Agent:
             await self._runner.cleanup()
         self.ingestor.close()
         self.spool.close()
+        self._remove_socket_file()
+
+    def _remove_socket_file(self) -> None:
         if self.config.socket.exists() and systemd.inherited_socket() is None:
             self.config.socket.unlink(missing_ok=True)
 

@@ -144,5 +144,6 @@ def test_demo_beside_a_running_agent_says_why(agent: AgentProcess) -> None:
     assert port_taken.returncode == 1
     assert b"cannot start the agent" in port_taken.stderr
     assert b"address already in use" in port_taken.stderr
+    assert not (agent.socket_path.parent / "other.sock").exists()  # nothing left behind
     assert b"Traceback" not in locked.stderr + port_taken.stderr
     assert agent.running
