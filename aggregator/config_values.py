@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from aggregator.units import parse_int
+
 
 def check_keys(
     table: Mapping[str, Any], allowed: set[str], prefix: str, problems: list[str]
@@ -63,16 +65,10 @@ def read_token(value: Any) -> str:
     return token
 
 
-def boolean(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{value!r} is not true or false")
-    return value
-
-
 def label_cap(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
+    if not 1 <= parse_int(value) <= 100_000:
         raise ValueError(f"{value!r} is not a whole number from 1 to 100000")
-    return value
+    return int(value)
 
 
 def one_of(*choices: str) -> Any:

@@ -105,8 +105,6 @@ _SEPARATOR_JSON: Final = b',"' + _SEPARATOR.encode() + b'",'
 def _dumps_lines(chunk: Sequence[dict[str, Any]]) -> bytes | None:
     """The events as NDJSON lines (without the last newline), from one orjson call; None
     when some event cannot be encoded or held the separator."""
-    if not chunk:
-        return b""  # no line: nothing is added
     items: list[Any] = [_SEPARATOR] * (2 * len(chunk) - 1)
     items[::2] = chunk
     try:
