@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sinks.compact import META_KEY, LocalTarget, S3Target, run_compact
+from sinks.compact import META_KEY, run_compact
+from sinks.compact_targets import LocalTarget, S3Target
 from sinks.schema import EVENT_SCHEMA
 from tests.agentproc import REPO
 from tests.sinks.moto_server import MotoS3, aws_env
