@@ -19,7 +19,8 @@ from typing import Literal
 
 from aggregator.records import SpoolRecord
 from aggregator.spool_log import SegmentLog
-from aggregator.spool_segment import HEADER_SIZE, RECORD_OVERHEAD, Recovered
+from aggregator.spool_recovery import Recovered
+from aggregator.spool_segment import HEADER_SIZE, RECORD_OVERHEAD
 from aggregator.spool_state import (
     CURSOR_DIR,
     MARKS_FILE,

@@ -17,11 +17,11 @@ from functools import partial
 from pathlib import Path
 
 from aggregator.records import SpoolRecord
+from aggregator.spool_recovery import Recovered, recover_segment
 from aggregator.spool_segment import (
     FORMAT_VERSION,
     HEADER_SIZE,
     RECORD_OVERHEAD,
-    Recovered,
     SegmentIndex,
     TornWriteError,
     create_segment,
@@ -30,7 +30,6 @@ from aggregator.spool_segment import (
     open_for_append,
     parse_segment_name,
     record_head,
-    recover_segment,
     write_frame,
 )
 from aggregator.spool_state import QUARANTINE_DIR, DedupeMarks, prune_quarantine
