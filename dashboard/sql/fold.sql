@@ -60,11 +60,10 @@ WITH task_events AS (
     WHERE kind = 'task' AND coalesce(task_id, '') <> ''
 ),
 ranked AS (
-    -- tasks.sql's struct keys as BIGINTs in the same order (2^55 = 36028797018963968;
-    -- a NULL struct field sorts after every value, so a NULL state ranks 2 for the name)
+    -- tasks.sql's struct keys as BIGINTs in the same order (2^55 = 36028797018963968)
     SELECT
         *,
-        CASE WHEN state IS NULL THEN 2 WHEN state = 'DEFINED' THEN 1 ELSE 0 END
+        CASE WHEN state = 'DEFINED' THEN 1 ELSE 0 END
             * 36028797018963968 + time_bits AS name_rank,
         (state_rank * 36028797018963968 + time_bits) * 2
             + CAST(state = 'FAILED' AS BIGINT) AS final_rank,

@@ -42,7 +42,7 @@ folded AS (
         task_id,
         attempt_no AS attempt,
         session,
-        arg_max(name, {'defined': state = 'DEFINED', 'time': time})
+        arg_max(name, {'defined': coalesce(state = 'DEFINED', false), 'time': time})
             FILTER (WHERE coalesce(name, '') <> '') AS name,
         arg_max(state, {'rank': state_rank, 'time': time, 'failed': state = 'FAILED'})
             FILTER (WHERE state_rank IS NOT NULL) AS final_state,

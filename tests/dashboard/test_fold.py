@@ -27,7 +27,7 @@ from dashboard.listing import Listing
 from dashboard.overview import overview
 from dashboard.store import Store, StoreOptions
 from sinks.compact import run_compact
-from tests.dashboard.lakegen import Row, event, local_put, task_events, write_rows
+from tests.dashboard.lakegen import Row, at, event, local_put, task_events, write_rows
 from tests.dashboard.test_query_cli import evagg, in_process
 
 TASKS_SQL = "SELECT * FROM tasks ORDER BY task_id, attempt, ray_session"
@@ -480,5 +480,26 @@ def test_scans_of_stored_tables_run_on_every_thread_in_a_small_fold(
     assert [t for _, t in during] == [(1,), (3,), (3,)]
     assert [s for s, _ in during[1:]] == ["ids", "merge_batch"]
     assert cached._con.execute("SELECT current_setting('threads')").fetchone() == (3,)
+    cached.close()
+    scratch.close()
+
+
+def test_the_definitions_name_wins_over_a_later_event_without_a_state(tmp_path: Path) -> None:
+    """A NULL state must rank below DEFINED for the name, in tasks.sql and in the fold:
+    DuckDB orders a NULL struct field after every value."""
+    root = tmp_path / "lake"
+    root.mkdir()
+    rows = [event(kind="task", task_id="d1", name="defined_name", state="DEFINED",
+                  time=at(10)),
+            event(kind="task", task_id="d1", name="stateless_name", time=at(20)),
+            event(kind="task", task_id="d1", state="FINISHED", time=at(30)),
+            event(kind="task", task_id="d2", name="first", state="RUNNING", time=at(10)),
+            event(kind="task", task_id="d2", name="latest", time=at(20))]
+    write_rows(local_put(root), rows, "names.parquet")
+    cached, scratch = open_pair(root, tmp_path / "cache")
+    for store in (cached, scratch):
+        names = store.execute("SELECT task_id, name FROM tasks ORDER BY task_id").rows
+        assert names == [["d1", "defined_name"], ["d2", "latest"]]
+    assert_same(cached, scratch)
     cached.close()
     scratch.close()

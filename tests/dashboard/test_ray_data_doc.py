@@ -147,8 +147,8 @@ def native_events(base: int) -> list[dict[str, Any]]:
                task("odd0", "odd", "RETRYING", 43),  # no ranked state: UNKNOWN
                task("named0", "named", "DEFINED", 44),  # the definition's name wins
                task("named0", "alias", "FINISHED", 45, duration_s=0.5),
-               task("named1", "named", "DEFINED", 47),  # an event with no state outranks
-               task("named1", "drifted", None, 46)]     # a definition, in DuckDB and pandas
+               task("named1", "named", "DEFINED", 46),  # the definition outranks a later
+               task("named1", "drifted", None, 47)]     # event with no state
     return events
 
 
@@ -226,7 +226,7 @@ def test_the_made_up_tasks_hit_the_tie_rules_in_the_views(lake: Path) -> None:
                                    "'named', 'alias', 'drifted')")
     found = rounded([(r["name"], r["final_state"], r["duration_s"]) for r in rows])
     expected = [("late", "FINISHED", 0.3), ("late", "FINISHED", 0.4), ("late", "RUNNING", None),
-                ("drifted", "DEFINED", None), ("named", "FINISHED", 0.5),
+                ("named", "DEFINED", None), ("named", "FINISHED", 0.5),
                 ("odd", "UNKNOWN", None),
                 ("square", "FAILED", 0.25), ("square", "FAILED", 0.75),
                 ("square", "FINISHED", 0.053726),
