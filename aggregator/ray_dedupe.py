@@ -18,16 +18,28 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from aggregator.ray_values import text
+
 
 def ray_event_id(item: Any) -> str | None:
     """The dedupe key of a Ray event: its raw eventId, in either casing, else the base64
-    of its content's digest (what `content_id` stores it under); or an id as is."""
+    of its content's digest (what `content_id` stores it under); or an id as is.
+
+    An eventId that is not a string (5) keys as its JSON text ("5"): the text the event's
+    rows keep in attrs["ray_event_id"], so `ray_recall` rebuilds the same key."""
     if isinstance(item, str):
         return item
     if not isinstance(item, dict):
         return None
     value = item.get("eventId") or item.get("event_id")
-    return value if isinstance(value, str) and value else _content_key(item)
+    if isinstance(value, str) and value:
+        return value
+    if value:
+        try:
+            return text(value)
+        except TypeError:  # orjson.JSONEncodeError is one; the careful path rejects it
+            return None
+    return _content_key(item)
 
 
 def content_id(item: dict[str, Any]) -> str:
@@ -127,7 +139,7 @@ class RecentEventIds:
                 event_id = (event.get("eventId") or event.get("event_id")
                             if type(event) is dict else ray_event_id(event))
                 if (type(event_id) is not str or not event_id) and type(event) is dict:
-                    event_id = _content_key(event)  # no eventId: its content's digest
+                    event_id = ray_event_id(event)  # the rare ids that are not strings
                 if type(event_id) is not str or not event_id:
                     fresh.append(index)
                 elif not (event_id in batch or event_id in young or event_id in old):

@@ -14,6 +14,7 @@ import pytest
 
 from aggregator.normalize import Stamp, rows_to_batch
 from aggregator.ray_batch import ray_items_to_batch
+from aggregator.ray_dedupe import ray_event_id
 from aggregator.ray_recall import ray_ids_of, recall_ray_ids
 from aggregator.spool import Spool
 from sinks.schema import batch_to_bytes
@@ -104,6 +105,18 @@ def test_an_event_id_kept_as_sent_comes_back_as_sent(spool: Spool) -> None:
     items[1]["eventId"] = "not-base64-id"  # stored under a digest, kept in attrs
     append(spool, ray_payload(items))
     assert recall_ray_ids(spool, want=10_000).ids == [e["eventId"] for e in items]
+    spool.close()
+
+
+def test_an_event_id_that_is_not_a_string_comes_back_as_its_dedupe_key(spool: Spool
+                                                                        ) -> None:
+    """A resend that straddles a restart is caught only if the recall rebuilds the key
+    the ingest deduped the event by."""
+    items = generated_events(3)
+    items[0]["eventId"], items[2]["eventId"] = 5, ["a", 1]
+    append(spool, ray_payload(items))
+    assert recall_ray_ids(spool, want=10_000).ids == [ray_event_id(e) for e in items]
+    assert recall_ray_ids(spool, want=10_000).ids[::2] == ["5", '["a",1]']
     spool.close()
 
 
