@@ -5,6 +5,7 @@ The store lists its Parquet files (at most every `refresh_s` seconds), builds th
 changed, so new files appear without a restart and one connection serves every query.
 Engines: "local" (DuckDB reads the files), "httpfs" (DuckDB reads s3:// itself) and
 "pyarrow" (pyarrow's filesystem and dataset, registered in DuckDB; the S3 fallback).
+The S3 side (engine choice, rotating credentials, listing errors) is dashboard/store_s3.py.
 With `fold` on (the default), `tasks` reads the incrementally folded task table of
 dashboard/fold.py instead of folding every task event on every query.
 """
@@ -26,10 +27,11 @@ from dashboard.cancel import current_token
 from dashboard.errors import BadInput, NoData, NotFound, QueryFailed, StoreUnavailable
 from dashboard.fold import Cover, TaskFold, parse_covers
 from dashboard.fold_files import META_KEY
-from dashboard.listing import FileEntry, Listing, list_local, list_s3
+from dashboard.listing import FileEntry, Listing, list_local
 from dashboard.results import Result, from_cursor
-from dashboard.s3 import S3Location, S3Settings, load_httpfs, pyarrow_filesystem, sql_literal
+from dashboard.s3 import sql_literal
 from dashboard.sources import arrow_dataset, parquet_source
+from dashboard.store_s3 import S3Reader
 
 log = logging.getLogger(__name__)
 ENGINES = ("auto", "httpfs", "pyarrow")
@@ -68,8 +70,7 @@ class Store:
         self._con = duckdb.connect(":memory:")
         self._con.execute("SET TimeZone = 'UTC'")
         self._con.execute("SET parquet_metadata_cache = true")
-        self._s3: S3Location | None = None
-        self._client: Any = None
+        self._s3: S3Reader | None = None
         self._fs: Any = None
         if options.location.startswith("s3://"):
             self.engine = self._open_s3(options)
@@ -85,8 +86,12 @@ class Store:
     def _cache_key(self) -> str:
         """What names the data: the same key opens the same cache file."""
         if self._s3 is not None:
-            return f"{self._s3.url} {self._settings.endpoint_url or ''}".strip()
+            return self._s3.cache_key
         return str(self._root.resolve())
+
+    def _dataset_base(self) -> str:
+        """Where pyarrow's paths start: the bucket and prefix, or the local directory."""
+        return self._s3.location.url[5:] if self._s3 else str(self._root)
 
     # -- opening ---------------------------------------------------------------------
 
@@ -105,27 +110,10 @@ class Store:
         return "local"
 
     def _open_s3(self, options: StoreOptions) -> str:
-        self._s3 = S3Location.parse(options.location)
-        try:
-            import boto3
-
-            self._session = boto3.Session()
-        except ImportError:
-            raise StoreUnavailable("reading s3:// needs boto3: pip install 'evagg[s3]'") from None
-        settings = self._settings = S3Settings.resolve(options.endpoint_url, options.region,
-                                                       self._session)
-        self._client = settings.client()
-        if options.engine != "pyarrow":
-            try:
-                load_httpfs(self._con, settings)
-                return "httpfs"
-            except Exception as exc:  # any load failure falls back to pyarrow
-                if options.engine == "httpfs":
-                    raise StoreUnavailable(f"the httpfs extension did not load: {exc}") from None
-                self.note = f"httpfs did not load ({exc}); reading with pyarrow"
-                log.warning("%s", self.note)
-        self._fs = pyarrow_filesystem(settings)
-        return "pyarrow"
+        self._s3 = S3Reader(options.location, options.endpoint_url, options.region)
+        engine = self._s3.open(self._con, options.engine)
+        self.note, self._fs = self._s3.note, self._s3.fs
+        return engine
 
     # -- listing and views -----------------------------------------------------------
 
@@ -159,25 +147,10 @@ class Store:
                 raise NotFound(f"data directory {self.location} does not exist") from None
             except OSError as exc:
                 raise StoreUnavailable(f"cannot list {self.location}: {exc.strerror}") from None
-        self._follow_credentials()
-        try:
-            return list_s3(self._client, self._s3.bucket, self._s3.prefix)
-        except Exception as exc:
-            raise _s3_error(exc, self._s3) from None
-
-    def _follow_credentials(self) -> None:
-        """Temporary credentials rotate: hand the new ones to boto3, DuckDB and pyarrow."""
-        fresh = S3Settings.resolve(self.options.endpoint_url, self.options.region,
-                                   self._session)
-        if fresh == self._settings:
-            return
-        self._settings = fresh
-        self._client = fresh.client()
-        if self.engine == "httpfs":
-            load_httpfs(self._con, fresh)
-        else:
-            self._fs = pyarrow_filesystem(fresh)
+        if self._s3.follow_credentials(self._con):
+            self._fs = self._s3.fs
             self._built_for = None  # the dataset holds the old filesystem: rebuild it
+        return self._s3.list()
 
     def _sync(self, listing: Listing) -> Listing:
         """Fold the files the task fold has not seen; a file gone mid-read relists once.
@@ -203,8 +176,8 @@ class Store:
     def _batch_source(self, cursor: duckdb.DuckDBPyConnection, batch: Listing) -> str:
         if self.engine != "pyarrow":
             return parquet_source(batch, None)
-        base = self._s3.url[5:] if self._s3 else str(self._root)
-        cursor.register(BATCH_DATASET, arrow_dataset(batch, self._fs, base, self._s3 is not None))
+        cursor.register(BATCH_DATASET, arrow_dataset(batch, self._fs, self._dataset_base(),
+                                                     self._s3 is not None))
         return parquet_source(batch, BATCH_DATASET)
 
     def _covers_of(self, cursor: duckdb.DuckDBPyConnection, entry: FileEntry) -> set[Cover]:
@@ -227,8 +200,8 @@ class Store:
 
     def _build(self, listing: Listing) -> None:
         if self.engine == "pyarrow":
-            base = self._s3.url[5:] if self._s3 else str(self._root)
-            self._dataset = arrow_dataset(listing, self._fs, base, self._s3 is not None)
+            self._dataset = arrow_dataset(listing, self._fs, self._dataset_base(),
+                                          self._s3 is not None)
             self._con.register(DATASET_NAME, self._dataset)
             source = parquet_source(listing, DATASET_NAME)
         else:
@@ -342,18 +315,6 @@ class Store:
                 except duckdb.Error as exc:  # the WAL stays; the next open replays it
                     log.warning("task cache checkpoint failed: %s", exc)
             self._con.close()
-
-
-def _s3_error(exc: Exception, where: S3Location) -> Exception:
-    code = ""
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        code = str(response.get("Error", {}).get("Code", ""))
-    if code in ("NoSuchBucket", "404"):
-        return NotFound(f"bucket {where.bucket} does not exist")
-    if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-        return StoreUnavailable(f"access to {where.url} denied ({code})")
-    return StoreUnavailable(f"cannot list {where.url}: {type(exc).__name__}: {exc}")
 
 
 __all__ = ["Store", "StoreOptions", "sql_literal"]
