@@ -87,16 +87,18 @@ def _dlq(args: argparse.Namespace) -> int:
     import asyncio
 
     from aggregator.config import ConfigError, load_config
-    from aggregator.sink_factory import SinkOptionError, option
+    from aggregator.sink_factory import SinkOptionError, option, tls_options
     from aggregator.units import parse_bool
     from sinks.deadletter import dead_letter_dir, list_dead_letters, replay_dead_letters
     from sinks.http_config import HttpSinkConfigError, resolve_headers
+    from sinks.http_tls import client_ssl
 
     try:
         config = load_config(args.config)
         sink = next(s for s in config.sinks if s.name == args.sink and s.type == "http")
         headers = resolve_headers(sink.options.get("headers", {}))
         gzip = option(sink.options, "gzip", False, parse_bool)
+        ssl = client_ssl(tls_options(sink.options))
     except ConfigError as exc:
         print(f"evagg dlq: config error: {exc}", file=sys.stderr)
         return 2
@@ -114,7 +116,7 @@ def _dlq(args: argparse.Namespace) -> int:
         print(f"{len(letters)} dead-lettered batches in {directory}")
         return 0
     report = asyncio.run(replay_dead_letters(directory, args.url or sink.url, headers,
-                                             gzip=gzip))
+                                             gzip=gzip, ssl=ssl))
     print(report)
     return 0 if not report.failed else 1
 

@@ -242,11 +242,21 @@ def _build(
 
 def config_warnings(config: AgentConfig) -> list[str]:
     """What is allowed but likely a mistake; `check-config` prints it, the agent logs it."""
+    warnings = [f"sinks[{index}] ({sink.name}).tls_verify: false: the endpoint's certificate "
+                "is not checked, so whoever is on the path can read and change the events"
+                for index, sink in enumerate(config.sinks) if _unverified(sink.options)]
     host = config.http_listen.rpartition(":")[0].strip("[]")
     if not host or config.http_token is not None or _is_loopback(host):
-        return []
+        return warnings
     return [f"agent.http_listen: {config.http_listen} can be reached from other hosts and "
-            "no http_token_file is set: anyone who reaches it can write events"]
+            "no http_token_file is set: anyone who reaches it can write events", *warnings]
+
+
+def _unverified(options: Mapping[str, Any]) -> bool:
+    try:
+        return not parse_bool(options.get("tls_verify", True))
+    except ValueError:
+        return False  # the sink's build names the bad value
 
 
 def _is_loopback(host: str) -> bool:

@@ -47,6 +47,10 @@ SINK_KEYS: dict[str, set[str]] = {
         "batch_interval",
         "timeout",
         "max_in_flight",
+        "tls_ca_file",
+        "tls_cert_file",
+        "tls_key_file",
+        "tls_verify",
     },
 }
 _SINK_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")

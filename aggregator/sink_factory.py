@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from aggregator.config_sinks import SinkConfig
 from aggregator.units import (
@@ -19,6 +19,9 @@ from aggregator.units import (
 )
 from sinks.base import Sink
 from sinks.filters import EventFilter
+
+if TYPE_CHECKING:
+    from sinks.http_tls import TlsOptions
 
 T = TypeVar("T")
 
@@ -101,6 +104,19 @@ def _http(config: SinkConfig, options: dict[str, Any], event_filter: EventFilter
         max_in_flight=option(options, "max_in_flight", 4, _at_least(1)),
         event_filter=event_filter,
         dead_letter_dir=dead_letter_dir(state_dir, config.name),
+        tls=tls_options(options),
+    )
+
+
+def tls_options(options: Mapping[str, Any]) -> TlsOptions:
+    """An HTTP sink's `tls_*` keys (also read by `evagg dlq replay`)."""
+    from sinks.http_tls import TlsOptions
+
+    return TlsOptions(
+        ca_file=option(options, "tls_ca_file", None, _optional_text),
+        cert_file=option(options, "tls_cert_file", None, _optional_text),
+        key_file=option(options, "tls_key_file", None, _optional_text),
+        verify=option(options, "tls_verify", True, parse_bool),
     )
 
 

@@ -16,6 +16,7 @@ import os
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from ssl import SSLContext
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -136,11 +137,14 @@ async def replay_dead_letters(
     timeout_s: float = 10.0,
     gzip: bool = False,
     keys: Collection[str] | None = None,
+    ssl: SSLContext | None = None,
 ) -> ReplayReport:
-    """POST each dead letter (or those in `keys`) to `url`; delete the ones answered 2xx."""
+    """POST each dead letter (or those in `keys`) to `url`; delete the ones answered 2xx.
+    `ssl`: the sink's TLS context (`sinks.http_tls.client_ssl`); None, the system CAs."""
     report = ReplayReport()
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    connector = aiohttp.TCPConnector(ssl=True if ssl is None else ssl)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         for letter in list_dead_letters(directory):
             if keys is not None and letter.key not in keys:
                 continue

@@ -39,6 +39,7 @@ from sinks.http_config import (
     resolve_headers,
     validate_http_sink_config,
 )
+from sinks.http_tls import TlsOptions, client_ssl
 from sinks.schema import EVENT_SCHEMA, batch_from_bytes
 
 __all__ = ["HttpSink", "HttpSinkConfigError", "validate_http_sink_config"]
@@ -86,10 +87,14 @@ class HttpSink(Sink):
         max_retry_backoff_s: float = 60.0,
         event_filter: EventFilter | None = None,
         dead_letter_dir: Path | None = None,
+        tls: TlsOptions | None = None,
     ) -> None:
         super().__init__(name)
         check_options(url, headers or {}, body_format, gzip_level, batch_max_events,
                       batch_max_bytes, batch_interval_s, timeout_s, max_in_flight)
+        if tls is not None and not tls.is_default and not url.startswith("https://"):
+            raise HttpSinkConfigError("tls_* options need an https:// url")
+        self._ssl = client_ssl(tls or TlsOptions())  # checked now: a bad file fails the start
         self.url, self.spool_id, self.body_format, self.gzip = url, spool_id, body_format, gzip
         self.batch_max_events, self.batch_max_bytes = batch_max_events, batch_max_bytes
         self.batch_interval_s, self.timeout_s = batch_interval_s, timeout_s
@@ -264,6 +269,11 @@ class HttpSink(Sink):
                 retry_after = parse_retry_after(response.headers.get("Retry-After"))
         except TimeoutError:
             return self._failed("timeouts", f"no answer within {self.timeout_s:g}s", "timeout")
+        except aiohttp.ClientSSLError as exc:  # a certificate problem outlasts any backoff
+            self._counters["tls_errors"] += 1
+            self._counters["requests_failed"] += 1
+            return SinkResult.failure(f"TLS handshake failed: {_tls_reason(exc)}", "tls",
+                                      permanent=True)
         except aiohttp.ClientError as exc:
             reason = f"cannot reach the endpoint: {type(exc).__name__}"
             return self._failed("connect_errors", reason, "connect")
@@ -308,10 +318,19 @@ class HttpSink(Sink):
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                connector=aiohttp.TCPConnector(limit=self.max_in_flight))
+                connector=aiohttp.TCPConnector(limit=self.max_in_flight,
+                                               ssl=True if self._ssl is None else self._ssl))
         return self._session
 
 
+def _tls_reason(exc: aiohttp.ClientSSLError) -> str:
+    """OpenSSL's short reason (CERTIFICATE_VERIFY_FAILED, ...), without the address."""
+    cause = exc.__cause__ or (exc.args[1] if len(exc.args) > 1 else None)
+    reason = getattr(cause, "reason", None) or getattr(cause, "verify_message", None)
+    return str(reason or type(exc).__name__)[:200]
+
+
 _METRICS: Final = ("requests_2xx", "requests_3xx", "requests_4xx", "requests_5xx",
-                   "requests_failed", "timeouts", "connect_errors", "internal_errors", "retries",
-                   "dead_lettered_batches", "dead_lettered_events", "bytes_sent", "events_sent")
+                   "requests_failed", "timeouts", "connect_errors", "tls_errors",
+                   "internal_errors", "retries", "dead_lettered_batches", "dead_lettered_events",
+                   "bytes_sent", "events_sent")

@@ -4,13 +4,15 @@ It answers 200 by default; `answer()` scripts other statuses (with Retry-After),
 `stall()` delays answers past a client's timeout, and `stop()`/`start()` close and
 reopen the port so that connections are refused. It decodes each body (aiohttp undoes
 the gzip; NDJSON or a JSON array) and keeps what it saw: every request, batches by
-Idempotency-Key, and the distinct event ids of accepted (2xx) batches.
+Idempotency-Key, and the distinct event ids of accepted (2xx) batches. With an
+`ssl_context` it serves https://.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -55,10 +57,12 @@ class FlakyServer:
     _conditional: list[tuple[Callable[[list[dict[str, Any]]], bool], _Answer]] = field(
         default_factory=list)
     _runner: web.AppRunner | None = None
+    ssl_context: ssl.SSLContext | None = None  # serve https:// with it
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}{self.path}"
+        scheme = "https" if self.ssl_context else "http"
+        return f"{scheme}://127.0.0.1:{self.port}{self.path}"
 
     def batches(self) -> dict[str, list[Seen]]:
         """Requests grouped by Idempotency-Key, in arrival order."""
@@ -94,7 +98,8 @@ class FlakyServer:
         await self._runner.setup()
         if not self.port:
             self.port = _free_port()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True).start()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True,
+                          ssl_context=self.ssl_context).start()
         return self
 
     async def stop(self) -> None:
