@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import subprocess
 import sys
 import threading
@@ -17,6 +18,7 @@ import pytest
 
 from tests.agentproc import REPO, AgentProcess
 from tests.aggregator.test_end_to_end import producer_report, start_producer
+from tests.sinks.certs import make_pki
 from tests.sinks.flaky_server import FlakyServer
 
 T = TypeVar("T")
@@ -25,11 +27,11 @@ T = TypeVar("T")
 class ServerThread:
     """A FlakyServer on its own event loop in a thread, driven from synchronous tests."""
 
-    def __init__(self) -> None:
+    def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.server = self.call(FlakyServer().start())
+        self.server = self.call(FlakyServer(ssl_context=ssl_context).start())
 
     def call(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(30)
@@ -46,11 +48,11 @@ class ServerThread:
 
 
 @pytest.fixture
-def servers() -> Iterator[Callable[[], ServerThread]]:
+def servers() -> Iterator[Callable[..., ServerThread]]:
     made: list[ServerThread] = []
 
-    def make() -> ServerThread:
-        made.append(ServerThread())
+    def make(ssl_context: ssl.SSLContext | None = None) -> ServerThread:
+        made.append(ServerThread(ssl_context))
         return made[-1]
 
     yield make
@@ -75,7 +77,7 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
 
 def test_flaky_endpoint_gets_everything_while_a_healthy_sink_keeps_pace(
         agent_factory: Callable[..., AgentProcess],
-        servers: Callable[[], ServerThread]) -> None:
+        servers: Callable[..., ServerThread]) -> None:
     flaky, healthy = servers(), servers()
     flaky.do(lambda: flaky.server.answer(500, times=3))
     flaky.do(lambda: flaky.server.answer(429, times=2, retry_after="1"))
@@ -116,7 +118,7 @@ def test_flaky_endpoint_gets_everything_while_a_healthy_sink_keeps_pace(
 
 def test_permanent_4xx_goes_to_dead_letters_and_replay_delivers(
         agent_factory: Callable[..., AgentProcess],
-        servers: Callable[[], ServerThread]) -> None:
+        servers: Callable[..., ServerThread]) -> None:
     endpoint = servers()
     endpoint.do(lambda: endpoint.server.answer(400, times=None, text="schema mismatch"))
     agent = agent_factory(sinks_toml=http_sink("collector", endpoint.server.url)).start()
@@ -138,6 +140,27 @@ def test_permanent_4xx_goes_to_dead_letters_and_replay_delivers(
     assert delivered == {f"dl-{i}" for i in range(1500)}
     again = evagg("dlq", "list", "--sink", "collector", "--config", str(agent.config_path))
     assert "0 dead-lettered batches" in again.stdout
+
+
+def test_mutual_tls_with_a_private_ca_from_the_config_and_replay_over_it(
+        agent_factory: Callable[..., AgentProcess], servers: Callable[..., ServerThread],
+        tmp_path: Path) -> None:
+    pki = make_pki(tmp_path / "pki")
+    endpoint = servers(pki.server_context(require_client_cert=True))
+    endpoint.do(lambda: endpoint.server.answer(400, times=1, text="one batch refused"))
+    tls = (f'tls_ca_file = "{pki.ca.cert}"\ntls_cert_file = "{pki.client.cert}"\n'
+           f'tls_key_file = "{pki.client.key}"')
+    agent = agent_factory(sinks_toml=http_sink("secure", endpoint.server.url, tls)).start()
+    assert producer_report(start_producer(agent.socket_path, "tls", 2000))["flushed"]
+    wait_until(lambda: agent.metric('evagg_sink_lag_events{sink="secure"}') == 0, 60,
+               "the https sink to deliver")
+    assert agent.stop() == 0
+    replayed = evagg("dlq", "replay", "--sink", "secure", "--config", str(agent.config_path))
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    delivered = {str(e.get("task_id")) for s in endpoint.server.requests if s.status == 200
+                 for e in s.events if e.get("kind") == "task"}
+    assert delivered == {f"tls-{i}" for i in range(2000)}
+    assert endpoint.server.url.startswith("https://")
 
 
 def evagg(*args: str) -> subprocess.CompletedProcess[str]:
