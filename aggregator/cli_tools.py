@@ -91,6 +91,7 @@ def _dlq(args: argparse.Namespace) -> int:
     from aggregator.units import parse_bool
     from sinks.deadletter import dead_letter_dir, list_dead_letters, replay_dead_letters
     from sinks.http_config import HttpSinkConfigError, resolve_headers
+    from sinks.http_proxy import proxy_route
     from sinks.http_tls import client_ssl
 
     try:
@@ -99,6 +100,7 @@ def _dlq(args: argparse.Namespace) -> int:
         headers = resolve_headers(sink.options.get("headers", {}))
         gzip = option(sink.options, "gzip", False, parse_bool)
         ssl = client_ssl(tls_options(sink.options))
+        route = proxy_route(args.url or sink.url, option(sink.options, "proxy", "env", str))
     except ConfigError as exc:
         print(f"evagg dlq: config error: {exc}", file=sys.stderr)
         return 2
@@ -116,7 +118,8 @@ def _dlq(args: argparse.Namespace) -> int:
         print(f"{len(letters)} dead-lettered batches in {directory}")
         return 0
     report = asyncio.run(replay_dead_letters(directory, args.url or sink.url, headers,
-                                             gzip=gzip, ssl=ssl))
+                                             gzip=gzip, ssl=ssl,
+                                             proxy=route))
     print(report)
     return 0 if not report.failed else 1
 

@@ -51,6 +51,7 @@ SINK_KEYS: dict[str, set[str]] = {
         "tls_cert_file",
         "tls_key_file",
         "tls_verify",
+        "proxy",
     },
 }
 _SINK_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")

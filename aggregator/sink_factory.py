@@ -105,6 +105,7 @@ def _http(config: SinkConfig, options: dict[str, Any], event_filter: EventFilter
         event_filter=event_filter,
         dead_letter_dir=dead_letter_dir(state_dir, config.name),
         tls=tls_options(options),
+        proxy=option(options, "proxy", "env", _text),
     )
 
 
@@ -135,6 +136,12 @@ def _gzip_level(value: Any) -> int:
     if not -1 <= level <= 9:
         raise ValueError(f"{value!r} is not a zlib level from -1 to 9")
     return level
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is not a string (quote it)")
+    return value
 
 
 def _optional_text(value: Any) -> str | None:

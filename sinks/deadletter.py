@@ -17,12 +17,16 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from ssl import SSLContext
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import orjson
 
 from sinks.http_batches import gzip_body
+
+if TYPE_CHECKING:
+    from sinks.http_proxy import ProxyRoute
 
 RESPONSE_LIMIT = 4096  # bytes of the refusal's response text kept in the sidecar
 META_SUFFIX = ".meta.json"
@@ -138,9 +142,11 @@ async def replay_dead_letters(
     gzip: bool = False,
     keys: Collection[str] | None = None,
     ssl: SSLContext | None = None,
+    proxy: ProxyRoute | None = None,
 ) -> ReplayReport:
     """POST each dead letter (or those in `keys`) to `url`; delete the ones answered 2xx.
-    `ssl`: the sink's TLS context (`sinks.http_tls.client_ssl`); None, the system CAs."""
+    `ssl`: the sink's TLS context (`sinks.http_tls.client_ssl`); None, the system CAs.
+    `proxy`: the sink's route (`sinks.http_proxy.proxy_route`); None: direct."""
     report = ReplayReport()
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     connector = aiohttp.TCPConnector(ssl=True if ssl is None else ssl)
@@ -148,7 +154,8 @@ async def replay_dead_letters(
         for letter in list_dead_letters(directory):
             if keys is not None and letter.key not in keys:
                 continue
-            reason = await _replay_one(session, letter, url, headers or {}, gzip)
+            reason = await _replay_one(session, letter, url, headers or {}, gzip,
+                                       proxy.for_endpoint(url) if proxy else ({}, {}))
             if reason is None:
                 report.sent += 1
                 report.events_sent += letter.events
@@ -166,21 +173,22 @@ async def _replay_one(
     url: str,
     headers: Mapping[str, str],
     gzip: bool,
+    proxy: tuple[dict[str, str], dict[str, Any]],
 ) -> str | None:
     """None on a 2xx, else a short reason."""
     try:
         body = letter.body_path.read_bytes()
     except OSError as exc:
         return f"cannot read {letter.body_path.name}: {exc.strerror or exc}"
-    sent_headers = {**headers, "Content-Type": CONTENT_TYPES.get(letter.body_format,
+    sent_headers = {**headers, **proxy[0], "Content-Type": CONTENT_TYPES.get(letter.body_format,
                                                                    "application/json"),
                     "Idempotency-Key": letter.key}
     if gzip:
         body = gzip_body(body)
         sent_headers["Content-Encoding"] = "gzip"
     try:
-        async with session.post(url, data=body, headers=sent_headers,
-                                allow_redirects=False) as response:
+        async with session.post(url, data=body, headers=sent_headers, allow_redirects=False,
+                                **proxy[1]) as response:
             if 200 <= response.status < 300:
                 return None
             return f"HTTP {response.status}"

@@ -39,6 +39,7 @@ from sinks.http_config import (
     resolve_headers,
     validate_http_sink_config,
 )
+from sinks.http_proxy import proxy_route
 from sinks.http_tls import TlsOptions, client_ssl
 from sinks.schema import EVENT_SCHEMA, batch_from_bytes
 
@@ -88,6 +89,7 @@ class HttpSink(Sink):
         event_filter: EventFilter | None = None,
         dead_letter_dir: Path | None = None,
         tls: TlsOptions | None = None,
+        proxy: str = "env",
     ) -> None:
         super().__init__(name)
         check_options(url, headers or {}, body_format, gzip_level, batch_max_events,
@@ -95,6 +97,9 @@ class HttpSink(Sink):
         if tls is not None and not tls.is_default and not url.startswith("https://"):
             raise HttpSinkConfigError("tls_* options need an https:// url")
         self._ssl = client_ssl(tls or TlsOptions())  # checked now: a bad file fails the start
+        route = proxy_route(url, proxy)
+        proxy_headers, self._proxy = route.for_endpoint(url)
+        self._via = route.describe()
         self.url, self.spool_id, self.body_format, self.gzip = url, spool_id, body_format, gzip
         self.batch_max_events, self.batch_max_bytes = batch_max_events, batch_max_bytes
         self.batch_interval_s, self.timeout_s = batch_interval_s, timeout_s
@@ -102,7 +107,8 @@ class HttpSink(Sink):
         self.max_retry_backoff_s = max_retry_backoff_s  # the delivery loop's cap for this sink
         self.event_filter = event_filter or EventFilter()
         self.dead_letter_dir = dead_letter_dir  # None: a permanent 4xx stops the sink instead
-        self.__headers = resolve_headers(headers or {})  # private: never in repr or describe
+        # private: never in repr or describe
+        self.__headers = {**resolve_headers(headers or {}), **proxy_headers}
         self.gzip_level = gzip_level
         self._session: aiohttp.ClientSession | None = None
         self._slots = asyncio.Semaphore(max_in_flight)
@@ -125,7 +131,8 @@ class HttpSink(Sink):
 
     def describe(self) -> str:
         encoding = f"{self.body_format}{', gzip' if self.gzip else ''}"
-        return f"http {url_for_display(self.url)} ({encoding}, {self.max_in_flight} in flight)"
+        return (f"http {url_for_display(self.url)} ({encoding}, {self.max_in_flight} in "
+                f"flight{self._via})")
 
     def metrics(self) -> dict[str, int]:
         """Counters since start: requests by status class, retries, dead letters, bytes."""
@@ -263,7 +270,7 @@ class HttpSink(Sink):
             payload = aiohttp.payload.BytesPayload(body, content_type=headers["Content-Type"])
         try:
             async with self._client().post(self.url, data=payload, headers=headers,
-                                           allow_redirects=False) as response:
+                                           allow_redirects=False, **self._proxy) as response:
                 status = response.status
                 text = (await response.read()).decode(errors="replace")
                 retry_after = parse_retry_after(response.headers.get("Retry-After"))
