@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sinks.compact_targets import FileEntry, LocalTarget, S3Target, Target
+from sinks.parquet_writer import open_writer
 from sinks.s3 import S3Store
 
 GRACE_S: Final = 600.0
@@ -217,7 +218,7 @@ def merge_files(inputs: list[Path], output: Path, metadata: dict[bytes, bytes]) 
     keep = _first_occurrences(inputs) if "event_id" in schema.names else None
     written, start = 0, 0
     pending: list[pa.Table] = []
-    with pq.ParquetWriter(output, schema.with_metadata(metadata), compression="zstd") as writer:
+    with open_writer(output, schema.with_metadata(metadata)) as writer:
         for path in inputs:
             table = _conform(pq.read_table(path), schema)
             if keep is not None:

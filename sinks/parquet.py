@@ -26,33 +26,17 @@ from typing import Final
 from urllib.parse import quote
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from aggregator.records import SpoolRecord
 from sinks.base import Sink, SinkResult
 from sinks.filters import EventFilter
+from sinks.parquet_writer import open_writer
 from sinks.schema import EVENT_SCHEMA, batch_from_bytes
 from sinks.stores import ObjectStore, StoreError
 
 log = logging.getLogger(__name__)
 
 MIB: Final = 1024 * 1024
-# Dictionary pages only for columns whose values repeat; ids, times and measurements are
-# smaller plain or delta-encoded under zstd (47 instead of 64 bytes per event, and faster
-# to write, in bench/bench_decode_parquet.py). DuckDB, Spark and Trino read all of these.
-# fmt: off
-DICTIONARY_COLUMNS: Final = (
-    "kind", "source", "name", "state", "job_id", "run_id", "node_id", "worker_id", "actor_id",
-    "host", "pid", "uid", "attempt", "error_type", "error_message", "received",
-    "metrics.key_value.key", "attrs.key_value.key", "attrs.key_value.value",
-    "nonfinite.list.element",
-)
-# fmt: on
-COLUMN_ENCODINGS: Final = {
-    "time": "DELTA_BINARY_PACKED",
-    "step": "DELTA_BINARY_PACKED",
-    "event_id": "DELTA_BYTE_ARRAY",  # UUIDv7: neighbours share their leading time digits
-}
 _NS_PER_SECOND: Final = 1_000_000_000
 _NS_PER_HOUR: Final = 3600 * _NS_PER_SECOND
 
@@ -110,13 +94,7 @@ class _OpenFile:
         self.pending_rows = 0
         self.sink = pa.OSFile(str(staged), "wb")
         try:
-            self.writer = pq.ParquetWriter(
-                self.sink,
-                EVENT_SCHEMA,
-                compression=compression,
-                use_dictionary=list(DICTIONARY_COLUMNS),
-                column_encoding=dict(COLUMN_ENCODINGS),
-            )
+            self.writer = open_writer(self.sink, EVENT_SCHEMA, compression)
         except BaseException:
             self.sink.close()
             raise

@@ -145,7 +145,7 @@ def test_files_read_back_with_the_event_schema(root: Path) -> None:
 
 
 def test_rolls_by_bytes_with_one_row_group_in_memory(root: Path) -> None:
-    sink = make_sink(root, roll_max_bytes=12_000, row_group_rows=150)
+    sink = make_sink(root, roll_max_bytes=9_000, row_group_rows=150)
     results = write_all(sink, [[r] for r in records(1, 13)])  # the last result is the final flush
     rolled = [r.durable_through for r in results if r.durable_through is not None]
     assert len([r for r in results[:-1] if r.durable_through is not None]) >= 2  # by size
