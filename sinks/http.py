@@ -40,7 +40,7 @@ from sinks.http_config import (
     validate_http_sink_config,
 )
 from sinks.http_proxy import proxy_route
-from sinks.http_tls import TlsOptions, client_ssl
+from sinks.http_tls import TlsOptions, client_ssl, tls_failure_reason
 from sinks.schema import EVENT_SCHEMA, batch_from_bytes
 
 __all__ = ["HttpSink", "HttpSinkConfigError", "validate_http_sink_config"]
@@ -277,10 +277,8 @@ class HttpSink(Sink):
         except TimeoutError:
             return self._failed("timeouts", f"no answer within {self.timeout_s:g}s", "timeout")
         except aiohttp.ClientSSLError as exc:  # a certificate problem outlasts any backoff
-            self._counters["tls_errors"] += 1
-            self._counters["requests_failed"] += 1
-            return SinkResult.failure(f"TLS handshake failed: {_tls_reason(exc)}", "tls",
-                                      permanent=True)
+            return self._failed("tls_errors", f"TLS handshake failed: {tls_failure_reason(exc)}",
+                                "tls", permanent=True)
         except aiohttp.ClientError as exc:
             reason = f"cannot reach the endpoint: {type(exc).__name__}"
             return self._failed("connect_errors", reason, "connect")
@@ -316,10 +314,11 @@ class HttpSink(Sink):
             self._last_refusal_log = now
         return None
 
-    def _failed(self, counter: str, error: str, kind: str) -> SinkResult:
+    def _failed(self, counter: str, error: str, kind: str, permanent: bool = False
+                ) -> SinkResult:
         self._counters[counter] += 1
         self._counters["requests_failed"] += 1
-        return SinkResult.failure(error, kind)
+        return SinkResult.failure(error, kind, permanent=permanent)
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -328,13 +327,6 @@ class HttpSink(Sink):
                 connector=aiohttp.TCPConnector(limit=self.max_in_flight,
                                                ssl=True if self._ssl is None else self._ssl))
         return self._session
-
-
-def _tls_reason(exc: aiohttp.ClientSSLError) -> str:
-    """OpenSSL's short reason (CERTIFICATE_VERIFY_FAILED, ...), without the address."""
-    cause = exc.__cause__ or (exc.args[1] if len(exc.args) > 1 else None)
-    reason = getattr(cause, "reason", None) or getattr(cause, "verify_message", None)
-    return str(reason or type(exc).__name__)[:200]
 
 
 _METRICS: Final = ("requests_2xx", "requests_3xx", "requests_4xx", "requests_5xx",

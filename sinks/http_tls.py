@@ -68,3 +68,11 @@ def _reason(exc: OSError) -> str:
     if isinstance(exc, ssl.SSLError):
         return str(exc.reason or exc).lower().replace("_", " ")
     return exc.strerror or type(exc).__name__
+
+
+def tls_failure_reason(exc: Exception) -> str:
+    """OpenSSL's short reason for a failed handshake (CERTIFICATE_VERIFY_FAILED, ...),
+    from aiohttp's error, without the address."""
+    cause = exc.__cause__ or (exc.args[1] if len(exc.args) > 1 else None)
+    reason = getattr(cause, "reason", None) or getattr(cause, "verify_message", None)
+    return str(reason or type(exc).__name__)[:200]
