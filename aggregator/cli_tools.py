@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 Parsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -87,41 +88,47 @@ def _dlq(args: argparse.Namespace) -> int:
     import asyncio
 
     from aggregator.config import ConfigError, load_config
-    from aggregator.sink_factory import SinkOptionError, option, tls_options
-    from aggregator.units import parse_bool
     from sinks.deadletter import dead_letter_dir, list_dead_letters, replay_dead_letters
-    from sinks.http_config import HttpSinkConfigError, resolve_headers
-    from sinks.http_proxy import proxy_route
-    from sinks.http_tls import client_ssl
 
     try:
         config = load_config(args.config)
-        sink = next(s for s in config.sinks if s.name == args.sink and s.type == "http")
-        headers = resolve_headers(sink.options.get("headers", {}))
-        gzip = option(sink.options, "gzip", False, parse_bool)
-        ssl = client_ssl(tls_options(sink.options))
-        route = proxy_route(args.url or sink.url, option(sink.options, "proxy", "env", str))
     except ConfigError as exc:
         print(f"evagg dlq: config error: {exc}", file=sys.stderr)
         return 2
-    except StopIteration:
+    sink = next((s for s in config.sinks if s.name == args.sink and s.type == "http"), None)
+    if sink is None:
         print(f"evagg dlq: no http sink named {args.sink!r} in the config", file=sys.stderr)
         return 2
-    except (HttpSinkConfigError, SinkOptionError) as exc:
-        print(f"evagg dlq: {exc}", file=sys.stderr)
-        return 2
     directory = dead_letter_dir(config.state_dir, sink.name)
-    if args.action == "list":
+    if args.action == "list":  # needs none of the sending options (keys, proxy, headers)
         letters = list_dead_letters(directory)
         for letter in letters:
             print(letter)
         print(f"{len(letters)} dead-lettered batches in {directory}")
         return 0
-    report = asyncio.run(replay_dead_letters(directory, args.url or sink.url, headers,
-                                             gzip=gzip, ssl=ssl,
-                                             proxy=route))
+    url = args.url or sink.url
+    try:
+        sending = _replay_options(sink.options, url)
+    except ValueError as exc:  # HttpSinkConfigError and SinkOptionError are ValueErrors
+        print(f"evagg dlq: {exc}", file=sys.stderr)
+        return 2
+    report = asyncio.run(replay_dead_letters(directory, url, **sending))
     print(report)
     return 0 if not report.failed else 1
+
+
+def _replay_options(options: Mapping[str, Any], url: str) -> dict[str, Any]:
+    """What a replay sends with, from the sink's own options."""
+    from aggregator.sink_factory import headers_option, option, proxy_option, tls_options
+    from aggregator.units import parse_bool
+    from sinks.http_config import resolve_headers
+    from sinks.http_proxy import proxy_route
+    from sinks.http_tls import client_ssl
+
+    return {"headers": resolve_headers(headers_option(options)),
+            "gzip": option(options, "gzip", False, parse_bool),
+            "ssl": client_ssl(tls_options(options)),
+            "proxy": proxy_route(url, proxy_option(options))}
 
 
 def _add_export_traces(commands: Parsers) -> None:

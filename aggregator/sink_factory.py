@@ -88,7 +88,7 @@ def _http(config: SinkConfig, options: dict[str, Any], event_filter: EventFilter
     from sinks.deadletter import dead_letter_dir
     from sinks.http import HttpSink
 
-    headers = option(options, "headers", {}, _header_table)
+    headers = headers_option(options)
     return HttpSink(
         config.name,
         config.url,
@@ -105,8 +105,18 @@ def _http(config: SinkConfig, options: dict[str, Any], event_filter: EventFilter
         event_filter=event_filter,
         dead_letter_dir=dead_letter_dir(state_dir, config.name),
         tls=tls_options(options),
-        proxy=option(options, "proxy", "env", _text),
+        proxy=proxy_option(options),
     )
+
+
+def headers_option(options: Mapping[str, Any]) -> dict[str, str]:
+    """An HTTP sink's `headers` table, unresolved (also read by `evagg dlq replay`)."""
+    return option(options, "headers", {}, _header_table)
+
+
+def proxy_option(options: Mapping[str, Any]) -> str:
+    """An HTTP sink's `proxy` key (also read by `evagg dlq replay`)."""
+    return option(options, "proxy", "env", _text)
 
 
 def tls_options(options: Mapping[str, Any]) -> TlsOptions:

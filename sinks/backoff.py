@@ -1,4 +1,5 @@
-"""Retry policy: which HTTP answers are worth retrying, and how long to wait first.
+"""Retry policy: which HTTP answers (and requests that got none) are worth retrying, and
+how long to wait first.
 
 Waits are exponential backoff with full jitter: a uniform draw between zero and the
 exponential ceiling spreads the retries of many agents that failed together, so a
@@ -14,7 +15,10 @@ import time
 from collections.abc import Callable
 from email.utils import parsedate_to_datetime
 
+import aiohttp
+
 from sinks.base import SinkResult
+from sinks.http_tls import tls_failure_reason
 
 MAX_RETRY_AFTER_S = 3600.0  # a peer asking for more than an hour is more likely wrong
 
@@ -75,7 +79,29 @@ def failure_for_status(status: int, retry_after: float | None = None) -> SinkRes
     if status in (401, 403):  # the credentials, not the batch: keep the data spooled
         return SinkResult.failure(f"HTTP {status}: check the credentials", "http_auth",
                                   permanent=True)
+    if status == 407:  # a proxy's answer (to an http:// request), not the endpoint's
+        return SinkResult.failure("HTTP 407: check the proxy's credentials", "http_auth",
+                                  permanent=True)
     if not 400 <= status < 500:  # redirects are not followed: the URL needs fixing
         return SinkResult.failure(f"HTTP {status}: not followed, fix the url", "http_status",
                                   permanent=True)
     return None
+
+
+def failure_for_error(exc: TimeoutError | aiohttp.ClientError, timeout_s: float
+                      ) -> tuple[str, SinkResult]:
+    """What a request that got no HTTP answer from the endpoint means: the sink's counter
+    to raise, and the result. Proxy credentials and certificates outlast any backoff."""
+    if isinstance(exc, TimeoutError):
+        return "timeouts", SinkResult.failure(f"no answer within {timeout_s:g}s", "timeout")
+    if isinstance(exc, aiohttp.ClientHttpProxyError):  # the proxy refused the CONNECT
+        if exc.status == 407:
+            return "connect_errors", SinkResult.failure(
+                "HTTP 407: check the proxy's credentials", "http_auth", permanent=True)
+        return "connect_errors", SinkResult.failure(f"the proxy answered {exc.status}",
+                                                    "connect")
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return "tls_errors", SinkResult.failure(
+            f"TLS handshake failed: {tls_failure_reason(exc)}", "tls", permanent=True)
+    return "connect_errors", SinkResult.failure(
+        f"cannot reach the endpoint: {type(exc).__name__}", "connect")

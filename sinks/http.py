@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from aggregator.records import SpoolRecord
-from sinks.backoff import failure_for_status, parse_retry_after
+from sinks.backoff import failure_for_error, failure_for_status, parse_retry_after
 from sinks.base import Sink, SinkResult
 from sinks.deadletter import CONTENT_TYPES, url_for_display, write_dead_letter
 from sinks.filters import EventFilter
@@ -40,7 +40,7 @@ from sinks.http_config import (
     validate_http_sink_config,
 )
 from sinks.http_proxy import proxy_route
-from sinks.http_tls import TlsOptions, client_ssl, tls_failure_reason
+from sinks.http_tls import TlsOptions, client_ssl
 from sinks.schema import EVENT_SCHEMA, batch_from_bytes
 
 __all__ = ["HttpSink", "HttpSinkConfigError", "validate_http_sink_config"]
@@ -257,8 +257,8 @@ class HttpSink(Sink):
                 result = await self._request(batch, body, headers)
         except Exception as exc:  # a sink never raises into the loop
             log.exception("sink %s: unexpected error sending a batch", self.name)
-            result = self._failed("internal_errors", f"internal error: {type(exc).__name__}",
-                                  "internal")
+            result = self._failed("internal_errors", SinkResult.failure(
+                f"internal error: {type(exc).__name__}", "internal"))
         if result is not None and self._failure is None:
             self._failure = result
         return result
@@ -274,14 +274,8 @@ class HttpSink(Sink):
                 status = response.status
                 text = (await response.read()).decode(errors="replace")
                 retry_after = parse_retry_after(response.headers.get("Retry-After"))
-        except TimeoutError:
-            return self._failed("timeouts", f"no answer within {self.timeout_s:g}s", "timeout")
-        except aiohttp.ClientSSLError as exc:  # a certificate problem outlasts any backoff
-            return self._failed("tls_errors", f"TLS handshake failed: {tls_failure_reason(exc)}",
-                                "tls", permanent=True)
-        except aiohttp.ClientError as exc:
-            reason = f"cannot reach the endpoint: {type(exc).__name__}"
-            return self._failed("connect_errors", reason, "connect")
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            return self._failed(*failure_for_error(exc, self.timeout_s))
         self._counters[f"requests_{min(status // 100, 5)}xx"] += 1
         self._counters["bytes_sent"] += len(body)
         if 200 <= status < 300:
@@ -314,11 +308,10 @@ class HttpSink(Sink):
             self._last_refusal_log = now
         return None
 
-    def _failed(self, counter: str, error: str, kind: str, permanent: bool = False
-                ) -> SinkResult:
+    def _failed(self, counter: str, failure: SinkResult) -> SinkResult:
         self._counters[counter] += 1
         self._counters["requests_failed"] += 1
-        return SinkResult.failure(error, kind, permanent=permanent)
+        return failure
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:

@@ -56,12 +56,18 @@ def _context(ca_file: str | None) -> ssl.SSLContext:
 
 def _load_client_cert(context: ssl.SSLContext, cert_file: str, key_file: str | None) -> None:
     try:
-        context.load_cert_chain(cert_file, key_file)
+        context.load_cert_chain(cert_file, key_file, password=_no_passphrase)
     except OSError as exc:
         names = "tls_cert_file and tls_key_file" if key_file else "tls_cert_file"
         raise HttpSinkConfigError(
             f"{names}: cannot use {cert_file}{f' with {key_file}' if key_file else ''}: "
             f"{_reason(exc)} (a PEM certificate and its matching private key)") from None
+
+
+def _no_passphrase() -> str:
+    """OpenSSL would ask the terminal for an encrypted key's passphrase: refuse instead."""
+    raise HttpSinkConfigError("tls_key_file: the private key is encrypted; give the agent "
+                              "an unencrypted PEM key that only its user can read")
 
 
 def _reason(exc: OSError) -> str:
@@ -74,5 +80,7 @@ def tls_failure_reason(exc: Exception) -> str:
     """OpenSSL's short reason for a failed handshake (CERTIFICATE_VERIFY_FAILED, ...),
     from aiohttp's error, without the address."""
     cause = exc.__cause__ or (exc.args[1] if len(exc.args) > 1 else None)
-    reason = getattr(cause, "reason", None) or getattr(cause, "verify_message", None)
-    return str(reason or type(exc).__name__)[:200]
+    reason = getattr(cause, "reason", None)
+    detail = getattr(cause, "verify_message", None)  # "certificate has expired", ...
+    text = f"{reason}: {detail}" if reason and detail else reason or detail
+    return str(text or type(exc).__name__)[:200]

@@ -1,21 +1,19 @@
 """The HTTP sink through a real forward proxy (tests/sinks/forward_proxy.py): an explicit
-`proxy` URL, the environment's HTTP(S)_PROXY and NO_PROXY by default, "none" to go
-direct whatever the environment says, an https:// endpoint through a CONNECT tunnel,
-and a proxy that is down as a retried failure."""
+`proxy` URL, the environment's HTTP(S)_PROXY and NO_PROXY by default (loopback endpoints
+always direct), "none" to go direct whatever the environment says, an https:// endpoint
+through a CONNECT tunnel, credentials that reach the proxy and nothing else, a proxy that
+refuses them (407) or is down."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import functools
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from sinks.base import SinkResult
 from sinks.deadletter import replay_dead_letters
 from sinks.http import HttpSink, HttpSinkConfigError
 from sinks.http_proxy import proxy_route
@@ -23,16 +21,11 @@ from sinks.http_tls import TlsOptions
 from tests.sinks.certs import make_pki
 from tests.sinks.flaky_server import FlakyServer
 from tests.sinks.forward_proxy import ForwardProxy
+from tests.sinks.synced import synced
 from tests.sinks.test_http import deliver, make_records
 
-
-def synced(test: Callable[..., Awaitable[None]]) -> Callable[..., None]:
-    """Run an async test body in its own event loop; its arguments stay pytest fixtures."""
-    @functools.wraps(test)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        asyncio.run(test(*args, **kwargs))  # type: ignore[arg-type]
-
-    return wrapper
+NAME = "collector.test"  # an endpoint only the proxy can resolve (to 127.0.0.1)
+BASIC = "Basic " + base64.b64encode(b"agent:s3cret").decode()
 
 
 @pytest.fixture(autouse=True)
@@ -42,14 +35,30 @@ def no_proxy_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name.lower(), raising=False)
 
 
-async def delivered_through(proxy_option: str, server: FlakyServer,
+def named(server: FlakyServer) -> str:
+    return server.url.replace("127.0.0.1", NAME)
+
+
+def with_credentials(proxy: ForwardProxy) -> str:
+    return proxy.url.replace("http://", "http://agent:s3cret@")
+
+
+async def delivered_through(proxy_option: str, server: FlakyServer, url: str | None = None,
                             tls: TlsOptions | None = None) -> int:
-    """Events the endpoint got from a sink set to `proxy_option`."""
-    sink = HttpSink("collector", server.url, spool_id="spool-a", timeout_s=5.0,
+    """Events the endpoint got from a sink set to `proxy_option`, sending to `url`."""
+    sink = HttpSink("collector", url or server.url, spool_id="spool-a", timeout_s=5.0,
                     proxy=proxy_option, tls=tls)
     assert await deliver(sink, make_records(2, 25)) == []
     await sink.close()
     return len(server.event_ids)
+
+
+async def one_attempt(sink: HttpSink) -> SinkResult:
+    result = await sink.write(make_records(1, 5))
+    if result.ok:
+        result = await sink.flush(final=True)
+    await sink.close()
+    return result
 
 
 @synced
@@ -64,77 +73,119 @@ async def test_an_explicit_proxy_carries_every_request() -> None:
 
 
 @synced
-async def test_credentials_in_the_proxy_url_authenticate_and_are_never_shown() -> None:
-    proxy, server = await ForwardProxy().start(), await FlakyServer().start()
-    with_credentials = proxy.url.replace("http://", "http://agent:s3cret@")
+async def test_credentials_reach_the_proxy_on_an_http_request_and_are_never_shown() -> None:
+    proxy, server = await ForwardProxy(required=BASIC).start(), await FlakyServer().start()
     try:
-        assert await delivered_through(with_credentials, server) == 50
-        shown = HttpSink("c", server.url, spool_id="s", proxy=with_credentials).describe()
+        assert await delivered_through(with_credentials(proxy), server) == 50
+        shown = HttpSink("c", server.url, spool_id="s", proxy=with_credentials(proxy))
     finally:
         await server.stop()
         await proxy.stop()
-    assert proxy.credentials[0] == "Basic " + base64.b64encode(b"agent:s3cret").decode()
-    assert "s3cret" not in shown and f"via {proxy.url}" in shown
-    assert all("Proxy-Authorization" not in request.headers for request in server.requests)
+    assert proxy.credentials[0] == BASIC
+    assert "s3cret" not in shown.describe() and f"via {proxy.url}" in shown.describe()
+    route = proxy_route(server.url, with_credentials(proxy))
+    assert "s3cret" not in repr(route) and BASIC not in repr(route)
 
 
 @synced
-async def test_an_https_endpoint_is_reached_through_a_connect_tunnel(tmp_path: Path) -> None:
+async def test_an_https_endpoint_is_reached_through_a_connect_tunnel_with_the_credentials(
+        tmp_path: Path) -> None:
     pki = make_pki(tmp_path)
-    proxy = await ForwardProxy().start()
+    proxy = await ForwardProxy(required=BASIC).start()
     server = await FlakyServer(ssl_context=pki.server_context()).start()
     try:
-        delivered = await delivered_through(proxy.url, server, TlsOptions(ca_file=str(pki.ca.cert)))
+        delivered = await delivered_through(with_credentials(proxy), server,
+                                            tls=TlsOptions(ca_file=str(pki.ca.cert)))
     finally:
         await server.stop()
         await proxy.stop()
     assert delivered == 50 and proxy.targets[0] == f"CONNECT 127.0.0.1:{server.port}"
+    assert proxy.credentials[0] == BASIC  # on the CONNECT, for the proxy
+    assert all("Proxy-Authorization" not in seen.headers for seen in server.requests)
 
 
 @synced
-async def test_by_default_the_environment_names_the_proxy_and_no_proxy_bypasses_it(
+async def test_a_proxy_that_refuses_the_credentials_keeps_the_data_spooled(
+        tmp_path: Path) -> None:
+    """407 is about the proxy, not the batch: never a dead letter, a permanent auth error."""
+    pki = make_pki(tmp_path / "pki")
+    proxy = await ForwardProxy(required=BASIC).start()
+    plain, tls_server = await FlakyServer().start(), await FlakyServer(
+        ssl_context=pki.server_context()).start()
+    wrong = proxy.url.replace("http://", "http://agent:wrong@")
+    try:
+        for server, tls in ((plain, None), (tls_server, TlsOptions(ca_file=str(pki.ca.cert)))):
+            sink = HttpSink("collector", server.url, spool_id="s", timeout_s=5.0, proxy=wrong,
+                            tls=tls, dead_letter_dir=tmp_path / "dlq")
+            result = await one_attempt(sink)
+            assert (result.ok, result.error_kind, result.permanent) == (False, "http_auth", True)
+            assert "proxy" in (result.error or "")
+    finally:
+        for running in (plain, tls_server, proxy):
+            await running.stop()
+    assert not (tmp_path / "dlq").exists() and plain.requests == tls_server.requests == []
+
+
+@synced
+async def test_by_default_the_environment_names_the_proxy(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    proxy, server = await ForwardProxy().start(), await FlakyServer().start()
+    proxy = await ForwardProxy(hosts={NAME: "127.0.0.1"}).start()
+    server = await FlakyServer().start()
     try:
         monkeypatch.setenv("HTTP_PROXY", proxy.url)
-        assert await delivered_through("env", server) == 50
-        assert proxy.targets == [f"POST {server.url}"]
-        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-        server.event_ids.clear()
-        assert await delivered_through("env", server) == 50
-        assert len(proxy.targets) == 1  # direct this time
+        assert await delivered_through("env", server, named(server)) == 50
     finally:
         await server.stop()
         await proxy.stop()
+    assert proxy.targets == [f"POST {named(server)}"]
 
 
 @synced
 async def test_an_environment_proxy_without_a_scheme_is_http_as_curl_reads_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    proxy, server = await ForwardProxy().start(), await FlakyServer().start()
+    proxy = await ForwardProxy(hosts={NAME: "127.0.0.1"}).start()
+    server = await FlakyServer().start()
     try:
         monkeypatch.setenv("http_proxy", f"127.0.0.1:{proxy.port}")
-        assert await delivered_through("env", server) == 50
+        assert await delivered_through("env", server, named(server)) == 50
     finally:
         await server.stop()
         await proxy.stop()
-    assert proxy.targets == [f"POST {server.url}"]
+    assert proxy.targets == [f"POST {named(server)}"]
 
 
-def test_an_environment_proxy_that_is_not_http_stops_the_start_naming_the_variable(
+@synced
+async def test_loopback_endpoints_go_direct_whatever_the_environment_says(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HTTPS_PROXY", "socks5://127.0.0.1:1080")
-    with pytest.raises(HttpSinkConfigError, match="from the HTTPS_PROXY variable"):
-        HttpSink("collector", "https://127.0.0.1:9/ingest", spool_id="s")
+    proxy, server = await ForwardProxy().start(), await FlakyServer().start()
+    try:
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        assert await delivered_through("env", server) == 50  # 127.0.0.1
+    finally:
+        await server.stop()
+        await proxy.stop()
+    assert proxy.targets == []
+    for host in ("localhost", "[::1]", "127.0.0.2", "agent.localhost"):
+        assert proxy_route(f"http://{host}:4318/v1", "env").url is None
+
+
+def test_no_proxy_bypasses_the_environment_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.corp:3128")
+    assert proxy_route(f"https://{NAME}/ingest", "env").url == "http://proxy.corp:3128"
+    monkeypatch.setenv("NO_PROXY", ".test,.internal")
+    assert proxy_route(f"https://{NAME}/ingest", "env").url is None
+    assert proxy_route("https://collector.example/ingest", "env").url == "http://proxy.corp:3128"
 
 
 @synced
 async def test_none_goes_direct_whatever_the_environment_says(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    proxy, server = await ForwardProxy().start(), await FlakyServer().start()
+    proxy = await ForwardProxy(hosts={NAME: "127.0.0.1"}).start()
+    server = await FlakyServer().start()
     try:
         monkeypatch.setenv("HTTP_PROXY", proxy.url)
         assert await delivered_through("none", server) == 50
+        assert proxy_route(named(server), "none").url is None
     finally:
         await server.stop()
         await proxy.stop()
@@ -147,15 +198,32 @@ async def test_a_proxy_that_is_down_is_a_retried_connect_failure() -> None:
     await proxy.stop()  # its port now refuses connections
     server = await FlakyServer().start()
     try:
-        sink = HttpSink("collector", server.url, spool_id="s", timeout_s=5.0, proxy=proxy.url)
-        result = await sink.write(make_records(1, 5))
-        if result.ok:
-            result = await sink.flush(final=True)
-        await sink.close()
+        result = await one_attempt(HttpSink("collector", server.url, spool_id="s",
+                                            timeout_s=5.0, proxy=proxy.url))
     finally:
         await server.stop()
     assert (result.ok, result.error_kind, result.permanent) == (False, "connect", False)
     assert server.requests == []
+
+
+@synced
+async def test_dlq_replay_goes_through_the_sinks_proxy(tmp_path: Path) -> None:
+    proxy = await ForwardProxy(required=BASIC).start()
+    server = await FlakyServer().start()
+    route = proxy_route(server.url, with_credentials(proxy))
+    try:
+        server.answer(400, text="refused once")
+        sink = HttpSink("collector", server.url, spool_id="s", timeout_s=5.0,
+                        proxy=with_credentials(proxy), dead_letter_dir=tmp_path / "dlq")
+        assert await deliver(sink, make_records(1, 5)) == []
+        await sink.close()
+        before = len(proxy.targets)
+        replayed = await replay_dead_letters(tmp_path / "dlq", server.url, proxy=route)
+    finally:
+        await server.stop()
+        await proxy.stop()
+    assert (replayed.sent, replayed.failed) == (1, 0) and len(server.event_ids) == 5
+    assert len(proxy.targets) == before + 1  # the replay's own connection, authenticated
 
 
 @pytest.mark.parametrize("value", ["socks5://127.0.0.1:1080", "proxy:3128", "http://:3128",
@@ -165,23 +233,16 @@ def test_a_proxy_that_is_not_env_none_or_an_http_url_stops_the_start(value: str)
         HttpSink("collector", "http://127.0.0.1:9/ingest", spool_id="s", proxy=value)
 
 
-@synced
-async def test_dlq_replay_goes_through_the_sinks_proxy(tmp_path: Path) -> None:
-    proxy, server = await ForwardProxy().start(), await FlakyServer().start()
-    route = proxy_route(server.url, proxy.url.replace("http://", "http://agent:pw@"))
-    try:
-        server.answer(400, text="refused once")
-        sink = HttpSink("collector", server.url, spool_id="s", timeout_s=5.0,
-                        proxy=proxy.url, dead_letter_dir=tmp_path / "dlq")
-        assert await deliver(sink, make_records(1, 5)) == []
-        await sink.close()
-        before = len(proxy.credentials)
-        replayed = await replay_dead_letters(tmp_path / "dlq", server.url, proxy=route)
-    finally:
-        await server.stop()
-        await proxy.stop()
-    assert (replayed.sent, replayed.failed) == (1, 0) and len(server.event_ids) == 5
-    assert len(proxy.credentials) == before + 1  # the replay's request carried them
+def test_a_refused_proxy_value_with_credentials_is_not_echoed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(HttpSinkConfigError) as refused:
+        HttpSink("collector", "http://127.0.0.1:9/ingest", spool_id="s",
+                 proxy="agent:s3cret@proxy.corp:3128")  # curl's form, not a URL here
+    assert "s3cret" not in str(refused.value)
+    monkeypatch.setenv("HTTPS_PROXY", "socks5://agent:s3cret@127.0.0.1:1080")
+    with pytest.raises(HttpSinkConfigError, match="from the HTTPS_PROXY variable") as refused:
+        HttpSink("collector", f"https://{NAME}/ingest", spool_id="s")
+    assert "s3cret" not in str(refused.value)
 
 
 def test_check_config_names_a_bad_proxy(tmp_path: Path) -> None:

@@ -5,15 +5,12 @@ option stops the start (and `evagg check-config`) with the key that names it."""
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives import serialization
 
 from aggregator.records import SpoolRecord
 from sinks.base import SinkResult
@@ -22,16 +19,8 @@ from sinks.http import HttpSink, HttpSinkConfigError
 from sinks.http_tls import TlsOptions, client_ssl
 from tests.sinks.certs import Pki, make_pki
 from tests.sinks.flaky_server import FlakyServer
+from tests.sinks.synced import synced
 from tests.sinks.test_http import deliver, make_records
-
-
-def synced(test: Callable[..., Awaitable[None]]) -> Callable[..., None]:
-    """Run an async test body in its own event loop; its arguments stay pytest fixtures."""
-    @functools.wraps(test)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        asyncio.run(test(*args, **kwargs))  # type: ignore[arg-type]
-
-    return wrapper
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +30,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 def sink(server: FlakyServer, tls: TlsOptions | None, tmp: Path | None = None) -> HttpSink:
     return HttpSink("collector", server.url, spool_id="spool-a", timeout_s=5.0, tls=tls,
-                    dead_letter_dir=(tmp or Path("unused")) / "dlq")
+                    dead_letter_dir=tmp / "dlq" if tmp else None)
 
 
 async def one_attempt(target: HttpSink, records: list[SpoolRecord]) -> SinkResult:
@@ -74,7 +63,7 @@ async def test_an_endpoint_the_trusted_cas_did_not_sign_is_a_permanent_tls_failu
             target = sink(server, tls)
             result = await one_attempt(target, make_records(1, 10))
             assert (result.ok, result.error_kind, result.permanent) == (False, "tls", True)
-            assert "CERTIFICATE_VERIFY_FAILED" in (result.error or "")
+            assert "CERTIFICATE_VERIFY_FAILED: unable to get local issuer" in (result.error or "")
             assert target.metrics()["tls_errors"] == 1
     finally:
         await server.stop()
@@ -149,6 +138,17 @@ def test_bad_tls_options_stop_the_start_naming_the_key(pki: Pki, tmp_path: Path)
     with pytest.raises(HttpSinkConfigError, match=r"tls_\* options need an https:// url"):
         HttpSink("collector", "http://127.0.0.1:9/ingest", spool_id="s",
                  tls=TlsOptions(ca_file=str(pki.ca.cert)))
+
+
+def test_an_encrypted_client_key_is_refused_without_asking_for_a_passphrase(
+        pki: Pki, tmp_path: Path) -> None:
+    key = serialization.load_pem_private_key(pki.client.key.read_bytes(), password=None)
+    encrypted = tmp_path / "encrypted.key"
+    encrypted.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                            serialization.PrivateFormat.PKCS8,
+                                            serialization.BestAvailableEncryption(b"pw")))
+    with pytest.raises(HttpSinkConfigError, match="tls_key_file: the private key is encrypted"):
+        client_ssl(TlsOptions(cert_file=str(pki.client.cert), key_file=str(encrypted)))
 
 
 def test_check_config_refuses_a_tls_file_it_cannot_read(pki: Pki, tmp_path: Path) -> None:
