@@ -195,3 +195,28 @@ tls_verify = false
                            str(config)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr  # allowed: a warning, not an error
     assert "config warning: sinks[0] (collector).tls_verify: false" in done.stderr
+
+
+def test_dlq_list_needs_no_sending_options_but_replay_names_a_bad_one(tmp_path: Path) -> None:
+    """Listing dead letters reads no key file: an operator without access to it can list."""
+    config = tmp_path / "evagg.toml"
+    config.write_text(f"""
+[agent]
+state_dir = "{tmp_path / 'state'}"
+
+[[sinks]]
+name = "collector"
+type = "http"
+url = "https://127.0.0.1:9/ingest"
+tls_cert_file = "{tmp_path / 'unreadable.crt'}"
+""")
+    command = [sys.executable, "-m", "aggregator", "dlq", "--sink", "collector", "--config",
+               str(config)]
+    listed = subprocess.run([*command[:4], "list", *command[4:]], capture_output=True,
+                            text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert "0 dead-lettered batches" in listed.stdout
+    replayed = subprocess.run([*command[:4], "replay", *command[4:]], capture_output=True,
+                              text=True, timeout=60)
+    assert replayed.returncode == 2 and "tls_cert_file: cannot use" in replayed.stderr
+    assert "Traceback" not in replayed.stderr
