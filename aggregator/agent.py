@@ -230,9 +230,10 @@ class Agent:
                         {"counter": counter}, float(count)))
         for name, consumer in (self.sinks.consumers if self.sinks else {}).items():
             sink_counters = getattr(consumer.sink, "metrics", None)
-            if callable(sink_counters):
+            if callable(sink_counters):  # the HTTP sink's: requests, dead letters, bytes
                 for counter, value in sink_counters().items():
-                    out.append((f"evagg_sink_{counter}", f"HTTP sink counter {counter}, by sink.",
+                    out.append((f"evagg_http_sink_{counter}_total",
+                                f"HTTP sink: {counter.replace('_', ' ')} since start, by sink.",
                                 {"sink": name}, float(value)))
             if consumer.state.last_success_ns:
                 out.append(("evagg_sink_last_delivery_timestamp_seconds",

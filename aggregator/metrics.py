@@ -55,7 +55,8 @@ class Registry:
         return family
 
     def add_gauge_source(self, source: GaugeSource) -> None:
-        """`source()` yields (name, help, labels, value) when /metrics is read."""
+        """`source()` yields (name, help, labels, value) when /metrics is read; a name
+        ending in `_total` is rendered as a counter (a total kept elsewhere)."""
         self._sources.append(source)
 
     def add_renderer(self, render: Callable[[], str]) -> None:
@@ -81,9 +82,9 @@ class Registry:
                 lines.append(f"{_series(family.name, labels)} {_number(value)}")
         seen: set[str] = set()
         for name, help, sample_labels, value in self._sampled():
-            if name not in seen:
+            if name not in seen:  # a sampled *_total only ever grows: a counter
                 lines.append(f"# HELP {name} {help}")
-                lines.append(f"# TYPE {name} gauge")
+                lines.append(f"# TYPE {name} {'counter' if name.endswith('_total') else 'gauge'}")
                 seen.add(name)
             series = _series(name, tuple(sorted(sample_labels.items())))
             lines.append(f"{series} {_number(value)}")
