@@ -56,18 +56,23 @@ def _add_compact(commands: Parsers) -> None:
     compact.add_argument("--endpoint-url", help="S3-compatible endpoint")
     compact.add_argument("--grace", type=float, default=600.0,
                          help="leave files younger than this many seconds alone")
+    compact.add_argument("--sse", help="S3 server-side encryption of merged files: AES256, "
+                         "aws:kms or aws:kms:dsse (as the sink's `sse`)")
+    compact.add_argument("--sse-kms-key-id", help="the KMS key for --sse aws:kms")
     compact.add_argument("--dry-run", action="store_true")
     compact.set_defaults(command=_compact)
 
 
 def _compact(args: argparse.Namespace) -> int:
     from sinks.compact import run_compact
+    from sinks.s3 import encryption_args
     from sinks.stores import StoreError
 
     try:
         report = run_compact(args.target, partition=args.partition, min_files=args.min_files,
                              endpoint_url=args.endpoint_url, dry_run=args.dry_run,
-                             grace_s=args.grace)
+                             grace_s=args.grace,
+                             encryption=encryption_args(args.sse, args.sse_kms_key_id))
     except (ValueError, OSError, StoreError) as exc:
         print(f"evagg compact: {exc}", file=sys.stderr)
         return 1

@@ -36,6 +36,8 @@ SINK_KEYS: dict[str, set[str]] = {
         "region",
         "path_style",
         "multipart_threshold",
+        "sse",
+        "sse_kms_key_id",
     },
     "http": {
         "format",

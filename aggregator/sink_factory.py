@@ -58,7 +58,7 @@ def _parquet(config: SinkConfig, options: dict[str, Any], event_filter: EventFil
 
     store: ObjectStore
     if config.url.startswith("s3://"):
-        from sinks.s3 import S3Store
+        from sinks.s3 import S3Store, encryption_args
 
         store = S3Store(
             config.url,
@@ -68,8 +68,12 @@ def _parquet(config: SinkConfig, options: dict[str, Any], event_filter: EventFil
             path_style=option(options, "path_style", False, parse_bool),
             multipart_threshold=option(options, "multipart_threshold", "64MiB",
                                        parse_positive_size),
+            encryption=_encryption(options, encryption_args),
         )
     else:
+        for key in ("sse", "sse_kms_key_id"):
+            if key in options:
+                raise SinkOptionError(key, "applies to s3:// urls only")
         store = LocalStore(Path(config.url).expanduser())
     return ParquetSink(
         config.name,
@@ -107,6 +111,18 @@ def _http(config: SinkConfig, options: dict[str, Any], event_filter: EventFilter
         tls=tls_options(options),
         proxy=proxy_option(options),
     )
+
+
+def _encryption(options: Mapping[str, Any],
+                encryption_args: Callable[[str | None, str | None], dict[str, str]]
+                ) -> dict[str, str]:
+    sse = option(options, "sse", None, _optional_text)
+    kms_key_id = option(options, "sse_kms_key_id", None, _optional_text)
+    try:
+        return encryption_args(sse, kms_key_id)
+    except ValueError as exc:  # the message starts with the option's key
+        key, _, reason = str(exc).partition(": ")
+        raise SinkOptionError(key, reason) from None
 
 
 def headers_option(options: Mapping[str, Any]) -> dict[str, str]:

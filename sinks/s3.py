@@ -133,11 +133,30 @@ def redacted_endpoint(endpoint_url: str) -> str:
     return parts._replace(netloc=f"{host}:{parts.port}" if parts.port else host).geturl()
 
 
+SSE_MODES: Final = ("AES256", "aws:kms", "aws:kms:dsse")
+
+
+def encryption_args(sse: str | None, kms_key_id: str | None) -> dict[str, str]:
+    """PutObject's server-side encryption arguments. Raises ValueError naming the option."""
+    if sse is not None and sse not in SSE_MODES:
+        raise ValueError(f"sse: {sse!r} is not one of {', '.join(SSE_MODES)}")
+    if kms_key_id is not None and not (sse or "").startswith("aws:kms"):
+        raise ValueError('sse_kms_key_id: needs sse = "aws:kms" (or "aws:kms:dsse")')
+    args = {"ServerSideEncryption": sse} if sse else {}
+    if kms_key_id:
+        args["SSEKMSKeyId"] = kms_key_id
+    return args
+
+
 class S3Store(ObjectStore):
     def __init__(self, url: str, *, staging_dir: Path, endpoint_url: str | None = None,
                  region: str | None = None, path_style: bool = False,
-                 multipart_threshold: int = 64 * MIB, part_size: int = PART_SIZE) -> None:
+                 multipart_threshold: int = 64 * MIB, part_size: int = PART_SIZE,
+                 encryption: dict[str, str] | None = None) -> None:
         self.bucket, self.prefix = parse_s3_url(url)
+        # ServerSideEncryption / SSEKMSKeyId on every upload (`encryption_args`): a bucket
+        # policy may refuse objects that do not ask for it
+        self.encryption = dict(encryption or {})
         self.staging_dir = Path(staging_dir)
         self.endpoint_url = endpoint_url
         self.region = region
@@ -199,7 +218,8 @@ class S3Store(ObjectStore):
             if size < self.multipart_threshold:
                 with staged.open("rb") as body:
                     self.client.put_object(Bucket=self.bucket, Key=full, Body=body,
-                                           ContentLength=size, ContentType=PARQUET_CONTENT_TYPE)
+                                           ContentLength=size, ContentType=PARQUET_CONTENT_TYPE,
+                                           **self.encryption)
                 self.stats["puts"] += 1
             else:
                 self._multipart(staged, full, size)
@@ -207,7 +227,7 @@ class S3Store(ObjectStore):
     def _multipart(self, staged: Path, full: str, size: int) -> None:
         part_size = max(self.part_size, -(-size // MAX_PARTS))
         created = self.client.create_multipart_upload(
-            Bucket=self.bucket, Key=full, ContentType=PARQUET_CONTENT_TYPE)
+            Bucket=self.bucket, Key=full, ContentType=PARQUET_CONTENT_TYPE, **self.encryption)
         upload_id = created["UploadId"]
         try:
             parts = []
