@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aggregator.log_format import FORMATS, configure_logging, log_format_from_environment
 from aggregator.memory import keep_pandas_out, prefer_returning_pool
 
 if TYPE_CHECKING:  # imported when used: `evagg query` needs none of the agent's config
@@ -29,8 +30,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_deferred(argv[0], argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if hasattr(args, "log_format"):  # the agent's commands; the others log as text
+        try:
+            args.log_format = args.log_format or log_format_from_environment()
+        except ValueError as exc:
+            print(f"evagg: {exc}", file=sys.stderr)
+            return 2
+    configure_logging(verbose=getattr(args, "verbose", False),
+                      log_format=getattr(args, "log_format", "text"))
     command: Command = args.command
     try:
         return command(args)
@@ -60,6 +67,9 @@ def _agent_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http-listen", help="host:port of the HTTP port, '' to disable")
     parser.add_argument("--node-id", help="this node's id (default: host name)")
     parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("--log-format", choices=FORMATS,
+                        help="the agent's log lines: text (default) or json, one object per "
+                             "line ($EVAGG_LOG_FORMAT)")
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -96,7 +106,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         config = load_from_args(args)
     except ConfigError as exc:
-        return _print_problems(exc)
+        return _print_problems(exc, as_log=args.log_format == "json")
     try:
         if args.demo:
             from aggregator.demo import run_demo
@@ -107,7 +117,7 @@ def _run(args: argparse.Namespace) -> int:
         return run_agent(config, exit_when_unused=args.exit_when_unused,
                          overrides=overrides_from_args(args))
     except (OSError, RuntimeError) as exc:  # socket or port taken, spool locked, ...
-        print(f"evagg: cannot start the agent: {exc}", file=sys.stderr)
+        _say(f"cannot start the agent: {exc}", as_log=args.log_format == "json")
         return 1
 
 
@@ -131,10 +141,19 @@ def _check_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_problems(exc: ConfigError) -> int:
+def _print_problems(exc: ConfigError, as_log: bool = False) -> int:
     for problem in exc.problems:
-        print(f"evagg: config error: {problem}", file=sys.stderr)
+        _say(f"config error: {problem}", as_log)
     return 2
+
+
+def _say(message: str, as_log: bool) -> None:
+    """A reason the agent stops, on stderr: in its log format when that is JSON, so a log
+    pipeline parses the line that matters most."""
+    if as_log:
+        logging.getLogger("evagg").error("%s", message)
+    else:
+        print(f"evagg: {message}", file=sys.stderr)
 
 
 def _add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -1,0 +1,50 @@
+"""The agent's own log lines: text for people and journald, or one JSON object per line
+for log pipelines (Loki, Elasticsearch, CloudWatch) that a Kubernetes node ships from
+the container's stderr, as Vector's and the OpenTelemetry Collector's `json` log format.
+
+Chosen with `--log-format` or `EVAGG_LOG_FORMAT` (`text`, the default, or `json`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import sys
+from typing import Final
+
+import orjson
+
+FORMATS: Final = ("text", "json")
+TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class JsonLogFormatter(logging.Formatter):
+    """`{"time", "level", "logger", "message"}`, and `"exception"` with its traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, str] = {
+            "time": dt.datetime.fromtimestamp(record.created, dt.UTC)
+            .isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(line).decode()
+
+
+def log_format_from_environment() -> str:
+    """`EVAGG_LOG_FORMAT`, or "text"; a value that is neither is a clear error."""
+    value = os.environ.get("EVAGG_LOG_FORMAT", "text").strip().lower() or "text"
+    if value not in FORMATS:
+        raise ValueError(f"EVAGG_LOG_FORMAT: {value!r} is not one of {', '.join(FORMATS)}")
+    return value
+
+
+def configure_logging(*, verbose: bool, log_format: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLogFormatter() if log_format == "json"
+                         else logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])

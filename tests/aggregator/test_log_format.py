@@ -1,0 +1,64 @@
+"""The agent's log lines as JSON (`--log-format json`, `EVAGG_LOG_FORMAT=json`): every
+line a real agent writes to stderr, from start to a SIGTERM drain, parses as one object;
+a start that fails says why in the same format; a bad value is a clear error."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+from aggregator.log_format import JsonLogFormatter
+from tests.agentproc import REPO, AgentProcess
+
+
+def json_lines(path: Path) -> list[dict[str, str]]:
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in lines]  # fails on any line that is not JSON
+
+
+def test_a_real_agent_logs_one_json_object_per_line_from_start_to_drain(
+        tmp_path: Path) -> None:
+    agent = AgentProcess(tmp_path, env={"EVAGG_LOG_FORMAT": "json"}).start()
+    assert agent.stop() == 0
+    logged = json_lines(agent.log_path)
+    assert any("evagg agent ready" in line["message"] for line in logged)
+    assert {line["level"] for line in logged} <= {"DEBUG", "INFO", "WARNING", "ERROR"}
+    assert all(line["time"].endswith("Z") and line["logger"] for line in logged)
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "aggregator", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), **(env or {})})
+
+
+def test_a_start_that_fails_says_why_in_json(tmp_path: Path) -> None:
+    failed = run("run", "--log-format", "json", "--config", str(tmp_path / "missing.toml"))
+    assert failed.returncode == 2
+    (line,) = [json.loads(text) for text in failed.stderr.splitlines()]
+    assert line["level"] == "ERROR" and "does not exist" in line["message"]
+
+
+def test_a_bad_log_format_is_a_clear_error_and_text_stays_the_default(tmp_path: Path) -> None:
+    refused = run("check-config", env={"EVAGG_LOG_FORMAT": "xml"})
+    assert refused.returncode == 2
+    assert "EVAGG_LOG_FORMAT: 'xml' is not one of text, json" in refused.stderr
+    flag = run("run", "--log-format", "xml")
+    assert flag.returncode == 2 and "invalid choice: 'xml'" in flag.stderr
+    text = run("run", "--config", str(tmp_path / "missing.toml"))
+    assert text.stderr.startswith("evagg: config error:")
+
+
+def test_an_exception_keeps_its_traceback_inside_the_one_line() -> None:
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record = logging.LogRecord("evagg.test", logging.ERROR, __file__, 1, "failed %s",
+                                   ("once",), sys.exc_info())
+    line = JsonLogFormatter().format(record)
+    assert "\n" not in line
+    parsed = json.loads(line)
+    assert parsed["message"] == "failed once" and "ValueError: boom" in parsed["exception"]
