@@ -130,12 +130,13 @@ def _add_check_config(commands: argparse._SubParsersAction[argparse.ArgumentPars
 def _check_config(args: argparse.Namespace) -> int:
     from aggregator.config import ConfigError, config_warnings
 
+    as_log = args.log_format == "json"
     try:
         config = load_from_args(args)
     except ConfigError as exc:
-        return _print_problems(exc)
+        return _print_problems(exc, as_log)
     for warning in config_warnings(config):
-        print(f"evagg: config warning: {warning}", file=sys.stderr)
+        _say(f"config warning: {warning}", as_log, logging.WARNING)
     print(f"config OK: node {config.node_id}, socket {config.socket}, "
           f"state {config.state_dir}, sinks: {', '.join(s.name for s in config.sinks)}")
     return 0
@@ -147,11 +148,11 @@ def _print_problems(exc: ConfigError, as_log: bool = False) -> int:
     return 2
 
 
-def _say(message: str, as_log: bool) -> None:
-    """A reason the agent stops, on stderr: in its log format when that is JSON, so a log
-    pipeline parses the line that matters most."""
+def _say(message: str, as_log: bool, level: int = logging.ERROR) -> None:
+    """A reason the agent stops (or a warning about its config), on stderr: in its log
+    format when that is JSON, so a log pipeline parses the line that matters most."""
     if as_log:
-        logging.getLogger("evagg").error("%s", message)
+        logging.getLogger("evagg").log(level, "%s", message)
     else:
         print(f"evagg: {message}", file=sys.stderr)
 

@@ -65,14 +65,22 @@ def _add_compact(commands: Parsers) -> None:
 
 def _compact(args: argparse.Namespace) -> int:
     from sinks.compact import run_compact
-    from sinks.s3 import encryption_args
+    from sinks.s3_encryption import encryption_args
     from sinks.stores import StoreError
 
     try:
+        encryption = encryption_args(args.sse, args.sse_kms_key_id)
+    except ValueError as exc:  # name the flag, not the sink's option
+        option, _, reason = str(exc).partition(": ")
+        print(f"evagg compact: --{option.replace('_', '-')}: {reason}", file=sys.stderr)
+        return 2
+    if encryption and not args.target.startswith("s3://"):
+        print("evagg compact: --sse applies to s3:// targets only", file=sys.stderr)
+        return 2
+    try:
         report = run_compact(args.target, partition=args.partition, min_files=args.min_files,
                              endpoint_url=args.endpoint_url, dry_run=args.dry_run,
-                             grace_s=args.grace,
-                             encryption=encryption_args(args.sse, args.sse_kms_key_id))
+                             grace_s=args.grace, encryption=encryption)
     except (ValueError, OSError, StoreError) as exc:
         print(f"evagg compact: {exc}", file=sys.stderr)
         return 1

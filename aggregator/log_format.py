@@ -11,6 +11,8 @@ import datetime as dt
 import logging
 import os
 import sys
+import threading
+from types import TracebackType
 from typing import Final
 
 import orjson
@@ -32,6 +34,8 @@ class JsonLogFormatter(logging.Formatter):
         }
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            line["stack"] = self.formatStack(record.stack_info)
         return orjson.dumps(line).decode()
 
 
@@ -48,3 +52,21 @@ def configure_logging(*, verbose: bool, log_format: str) -> None:
     handler.setFormatter(JsonLogFormatter() if log_format == "json"
                          else logging.Formatter(TEXT_FORMAT))
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
+    if log_format == "json":  # nothing else may write raw lines to stderr
+        logging.captureWarnings(True)
+        sys.excepthook = _log_uncaught
+        threading.excepthook = _log_uncaught_in_thread
+
+
+def _log_uncaught(kind: type[BaseException], error: BaseException,
+                  trace: TracebackType | None) -> None:
+    logging.getLogger("evagg").critical("uncaught %s", kind.__name__,
+                                        exc_info=(kind, error, trace))
+
+
+def _log_uncaught_in_thread(hook: threading.ExceptHookArgs) -> None:
+    if hook.exc_value is not None:
+        logging.getLogger("evagg").critical(
+            "uncaught %s in thread %s", hook.exc_type.__name__,
+            hook.thread.name if hook.thread else "?",
+            exc_info=(hook.exc_type, hook.exc_value, hook.exc_traceback))

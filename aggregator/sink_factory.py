@@ -58,7 +58,7 @@ def _parquet(config: SinkConfig, options: dict[str, Any], event_filter: EventFil
 
     store: ObjectStore
     if config.url.startswith("s3://"):
-        from sinks.s3 import S3Store, encryption_args
+        from sinks.s3 import S3Store
 
         store = S3Store(
             config.url,
@@ -68,7 +68,7 @@ def _parquet(config: SinkConfig, options: dict[str, Any], event_filter: EventFil
             path_style=option(options, "path_style", False, parse_bool),
             multipart_threshold=option(options, "multipart_threshold", "64MiB",
                                        parse_positive_size),
-            encryption=_encryption(options, encryption_args),
+            encryption=_encryption(options),
         )
     else:
         for key in ("sse", "sse_kms_key_id"):
@@ -113,9 +113,9 @@ def _http(config: SinkConfig, options: dict[str, Any], event_filter: EventFilter
     )
 
 
-def _encryption(options: Mapping[str, Any],
-                encryption_args: Callable[[str | None, str | None], dict[str, str]]
-                ) -> dict[str, str]:
+def _encryption(options: Mapping[str, Any]) -> dict[str, str]:
+    from sinks.s3_encryption import encryption_args
+
     sse = option(options, "sse", None, _optional_text)
     kms_key_id = option(options, "sse_kms_key_id", None, _optional_text)
     try:

@@ -133,21 +133,6 @@ def redacted_endpoint(endpoint_url: str) -> str:
     return parts._replace(netloc=f"{host}:{parts.port}" if parts.port else host).geturl()
 
 
-SSE_MODES: Final = ("AES256", "aws:kms", "aws:kms:dsse")
-
-
-def encryption_args(sse: str | None, kms_key_id: str | None) -> dict[str, str]:
-    """PutObject's server-side encryption arguments. Raises ValueError naming the option."""
-    if sse is not None and sse not in SSE_MODES:
-        raise ValueError(f"sse: {sse!r} is not one of {', '.join(SSE_MODES)}")
-    if kms_key_id is not None and not (sse or "").startswith("aws:kms"):
-        raise ValueError('sse_kms_key_id: needs sse = "aws:kms" (or "aws:kms:dsse")')
-    args = {"ServerSideEncryption": sse} if sse else {}
-    if kms_key_id:
-        args["SSEKMSKeyId"] = kms_key_id
-    return args
-
-
 class S3Store(ObjectStore):
     def __init__(self, url: str, *, staging_dir: Path, endpoint_url: str | None = None,
                  region: str | None = None, path_style: bool = False,

@@ -62,3 +62,39 @@ def test_an_exception_keeps_its_traceback_inside_the_one_line() -> None:
     assert "\n" not in line
     parsed = json.loads(line)
     assert parsed["message"] == "failed once" and "ValueError: boom" in parsed["exception"]
+
+
+def test_warnings_and_uncaught_exceptions_are_json_lines_too(tmp_path: Path) -> None:
+    """Python's warnings and a crash's traceback would otherwise be raw stderr text."""
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "import threading, warnings\n"
+        "from aggregator.log_format import configure_logging\n"
+        "configure_logging(verbose=False, log_format='json')\n"
+        "warnings.warn('deprecated thing')\n"
+        "worker = threading.Thread(target=lambda: 1 / 0, name='worker')\n"
+        "worker.start(); worker.join()\n"
+        "raise RuntimeError('the end')\n")
+    done = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, env={"PYTHONPATH": str(REPO)})
+    assert done.returncode == 1
+    lines = [json.loads(text) for text in done.stderr.splitlines()]
+    assert [line["level"] for line in lines] == ["WARNING", "CRITICAL", "CRITICAL"]
+    assert "deprecated thing" in lines[0]["message"]
+    assert "ZeroDivisionError" in lines[1]["exception"] and "worker" in lines[1]["message"]
+    assert "RuntimeError: the end" in lines[2]["exception"]
+
+
+def test_check_config_reports_in_json_too(tmp_path: Path) -> None:
+    config = tmp_path / "evagg.toml"
+    config.write_text('[agent]\nhttp_listen = "0.0.0.0:4040"\n')
+    warned = run("check-config", "--log-format", "json", "--config", str(config),
+                 env={"HOME": str(tmp_path)})
+    assert warned.returncode == 0, warned.stderr
+    (line,) = [json.loads(text) for text in warned.stderr.splitlines()]
+    assert line["level"] == "WARNING" and "http_listen" in line["message"]
+    config.write_text("[agent]\nnode_id = 5\n")
+    refused = run("check-config", "--log-format", "json", "--config", str(config))
+    assert refused.returncode == 2
+    assert [json.loads(text)["level"] for text in refused.stderr.splitlines()] == ["ERROR"]
+

@@ -17,7 +17,7 @@ import pytest
 
 from aggregator.config_sinks import SinkConfig
 from aggregator.sink_factory import SinkOptionError, build_sink
-from sinks.s3 import encryption_args
+from sinks.s3_encryption import encryption_args
 from sinks.schema import EVENT_SCHEMA
 from tests.agentproc import REPO
 from tests.sinks.moto_server import MotoS3, aws_env
@@ -103,3 +103,20 @@ def test_encryption_options_on_a_local_directory_are_refused(tmp_path: Path) -> 
     with pytest.raises(SinkOptionError, match="sse: applies to s3:// urls only"):
         build_sink(config, node_id="n1", spool_id="s", state_dir=tmp_path)
 
+
+def test_an_empty_kms_key_id_is_refused_not_dropped() -> None:
+    with pytest.raises(ValueError, match="sse_kms_key_id: is empty"):
+        encryption_args("aws:kms", " ")
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--sse", "AES256"], "--sse applies to s3:// targets only"),
+    (["--sse", "aes"], "--sse: 'aes' is not one of"),
+    (["--sse-kms-key-id", KMS_KEY], '--sse-kms-key-id: needs sse = "aws:kms"'),
+])
+def test_compact_refuses_encryption_flags_it_cannot_honour(flags: list[str], message: str,
+                                                          tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "aggregator", "compact", str(tmp_path), *flags],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 2 and message in done.stderr
