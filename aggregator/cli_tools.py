@@ -59,28 +59,31 @@ def _add_compact(commands: Parsers) -> None:
     compact.add_argument("--sse", help="S3 server-side encryption of merged files: AES256, "
                          "aws:kms or aws:kms:dsse (as the sink's `sse`)")
     compact.add_argument("--sse-kms-key-id", help="the KMS key for --sse aws:kms")
+    compact.add_argument("--storage-class", help="S3 storage class of merged files, e.g. "
+                         "STANDARD_IA (as the sink's `storage_class`)")
     compact.add_argument("--dry-run", action="store_true")
     compact.set_defaults(command=_compact)
 
 
 def _compact(args: argparse.Namespace) -> int:
     from sinks.compact import run_compact
-    from sinks.s3_encryption import encryption_args
+    from sinks.s3_uploads import upload_args
     from sinks.stores import StoreError
 
     try:
-        encryption = encryption_args(args.sse, args.sse_kms_key_id)
+        uploads = upload_args(args.sse, args.sse_kms_key_id, args.storage_class)
     except ValueError as exc:  # name the flag, not the sink's option
         option, _, reason = str(exc).partition(": ")
         print(f"evagg compact: --{option.replace('_', '-')}: {reason}", file=sys.stderr)
         return 2
-    if encryption and not args.target.startswith("s3://"):
-        print("evagg compact: --sse applies to s3:// targets only", file=sys.stderr)
+    if uploads and not args.target.startswith("s3://"):
+        print("evagg compact: --sse, --sse-kms-key-id and --storage-class apply to s3:// "
+              "targets only", file=sys.stderr)
         return 2
     try:
         report = run_compact(args.target, partition=args.partition, min_files=args.min_files,
                              endpoint_url=args.endpoint_url, dry_run=args.dry_run,
-                             grace_s=args.grace, encryption=encryption)
+                             grace_s=args.grace, upload_args=uploads)
     except (ValueError, OSError, StoreError) as exc:
         print(f"evagg compact: {exc}", file=sys.stderr)
         return 1

@@ -38,6 +38,7 @@ SINK_KEYS: dict[str, set[str]] = {
         "multipart_threshold",
         "sse",
         "sse_kms_key_id",
+        "storage_class",
     },
     "http": {
         "format",

@@ -68,10 +68,10 @@ def _parquet(config: SinkConfig, options: dict[str, Any], event_filter: EventFil
             path_style=option(options, "path_style", False, parse_bool),
             multipart_threshold=option(options, "multipart_threshold", "64MiB",
                                        parse_positive_size),
-            encryption=_encryption(options),
+            upload_args=_upload_args(options),
         )
     else:
-        for key in ("sse", "sse_kms_key_id"):
+        for key in ("sse", "sse_kms_key_id", "storage_class"):
             if key in options:
                 raise SinkOptionError(key, "applies to s3:// urls only")
         store = LocalStore(Path(config.url).expanduser())
@@ -113,13 +113,12 @@ def _http(config: SinkConfig, options: dict[str, Any], event_filter: EventFilter
     )
 
 
-def _encryption(options: Mapping[str, Any]) -> dict[str, str]:
-    from sinks.s3_encryption import encryption_args
+def _upload_args(options: Mapping[str, Any]) -> dict[str, str]:
+    from sinks.s3_uploads import upload_args
 
-    sse = option(options, "sse", None, _optional_text)
-    kms_key_id = option(options, "sse_kms_key_id", None, _optional_text)
     try:
-        return encryption_args(sse, kms_key_id)
+        return upload_args(*(option(options, key, None, _optional_text)
+                             for key in ("sse", "sse_kms_key_id", "storage_class")))
     except ValueError as exc:  # the message starts with the option's key
         key, _, reason = str(exc).partition(": ")
         raise SinkOptionError(key, reason) from None

@@ -99,12 +99,12 @@ def run_compact(target: str, *, partition: str | None = None, min_files: int = 2
                 endpoint_url: str | None = None, dry_run: bool = False,
                 grace_s: float = GRACE_S, region: str | None = None,
                 path_style: bool | None = None, now: float | None = None,
-                encryption: dict[str, str] | None = None) -> CompactReport:
+                upload_args: dict[str, str] | None = None) -> CompactReport:
     """Compact every partition under `target` (or under `partition` within it).
 
     Raises ValueError for bad arguments and StoreError/OSError when the target cannot be
-    listed; a partition that fails is reported in `CompactReport.errors`. `encryption`:
-    S3 uploads' server-side encryption, as the sink's (`sinks.s3.encryption_args`).
+    listed; a partition that fails is reported in `CompactReport.errors`. `upload_args`:
+    what S3 uploads ask for, as the sink's (`sinks.s3_uploads.upload_args`).
     """
     if min_files < 2:
         raise ValueError("min_files must be at least 2")
@@ -114,7 +114,7 @@ def run_compact(target: str, *, partition: str | None = None, min_files: int = 2
         store = S3Target(S3Store(
             target, staging_dir=Path(tempfile.gettempdir()), endpoint_url=endpoint_url,
             region=region, path_style=bool(endpoint_url) if path_style is None else path_style,
-            encryption=encryption))
+            upload_args=upload_args))
     else:
         store = LocalTarget(Path(target).expanduser())
     report = CompactReport(store.describe(), dry_run)

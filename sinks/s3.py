@@ -137,11 +137,10 @@ class S3Store(ObjectStore):
     def __init__(self, url: str, *, staging_dir: Path, endpoint_url: str | None = None,
                  region: str | None = None, path_style: bool = False,
                  multipart_threshold: int = 64 * MIB, part_size: int = PART_SIZE,
-                 encryption: dict[str, str] | None = None) -> None:
+                 upload_args: dict[str, str] | None = None) -> None:
         self.bucket, self.prefix = parse_s3_url(url)
-        # ServerSideEncryption / SSEKMSKeyId on every upload (`encryption_args`): a bucket
-        # policy may refuse objects that do not ask for it
-        self.encryption = dict(encryption or {})
+        # on every upload: encryption and storage class (sinks/s3_uploads.py)
+        self.upload_args = dict(upload_args or {})
         self.staging_dir = Path(staging_dir)
         self.endpoint_url = endpoint_url
         self.region = region
@@ -204,7 +203,7 @@ class S3Store(ObjectStore):
                 with staged.open("rb") as body:
                     self.client.put_object(Bucket=self.bucket, Key=full, Body=body,
                                            ContentLength=size, ContentType=PARQUET_CONTENT_TYPE,
-                                           **self.encryption)
+                                           **self.upload_args)
                 self.stats["puts"] += 1
             else:
                 self._multipart(staged, full, size)
@@ -212,7 +211,7 @@ class S3Store(ObjectStore):
     def _multipart(self, staged: Path, full: str, size: int) -> None:
         part_size = max(self.part_size, -(-size // MAX_PARTS))
         created = self.client.create_multipart_upload(
-            Bucket=self.bucket, Key=full, ContentType=PARQUET_CONTENT_TYPE, **self.encryption)
+            Bucket=self.bucket, Key=full, ContentType=PARQUET_CONTENT_TYPE, **self.upload_args)
         upload_id = created["UploadId"]
         try:
             parts = []
