@@ -170,11 +170,7 @@ def _text(value: Any) -> str:
 
 
 def _optional_text(value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise ValueError(f"{value!r} is not a string (quote it)")
-    return value
+    return None if value is None else _text(value)
 
 
 def _body_format(value: Any) -> Literal["ndjson", "json"]:

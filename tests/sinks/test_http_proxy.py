@@ -7,8 +7,6 @@ refuses them (407) or is down."""
 from __future__ import annotations
 
 import base64
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,9 +16,11 @@ from sinks.deadletter import replay_dead_letters
 from sinks.http import HttpSink, HttpSinkConfigError
 from sinks.http_proxy import proxy_route
 from sinks.http_tls import TlsOptions
+from tests.aggregator.test_config import check_config
 from tests.sinks.certs import make_pki
 from tests.sinks.flaky_server import FlakyServer
 from tests.sinks.forward_proxy import ForwardProxy
+from tests.sinks.http_config_file import http_sink_config
 from tests.sinks.synced import synced
 from tests.sinks.test_http import deliver, make_records
 
@@ -126,27 +126,15 @@ async def test_a_proxy_that_refuses_the_credentials_keeps_the_data_spooled(
     assert not (tmp_path / "dlq").exists() and plain.requests == tls_server.requests == []
 
 
+@pytest.mark.parametrize("variable", ["HTTP_PROXY", "http_proxy"])
+@pytest.mark.parametrize("scheme", ["http://", ""])  # curl takes "host:port" for http://
 @synced
 async def test_by_default_the_environment_names_the_proxy(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        variable: str, scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
     proxy = await ForwardProxy(hosts={NAME: "127.0.0.1"}).start()
     server = await FlakyServer().start()
     try:
-        monkeypatch.setenv("HTTP_PROXY", proxy.url)
-        assert await delivered_through("env", server, named(server)) == 50
-    finally:
-        await server.stop()
-        await proxy.stop()
-    assert proxy.targets == [f"POST {named(server)}"]
-
-
-@synced
-async def test_an_environment_proxy_without_a_scheme_is_http_as_curl_reads_it(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    proxy = await ForwardProxy(hosts={NAME: "127.0.0.1"}).start()
-    server = await FlakyServer().start()
-    try:
-        monkeypatch.setenv("http_proxy", f"127.0.0.1:{proxy.port}")
+        monkeypatch.setenv(variable, f"{scheme}127.0.0.1:{proxy.port}")
         assert await delivered_through("env", server, named(server)) == 50
     finally:
         await server.stop()
@@ -246,19 +234,8 @@ def test_a_refused_proxy_value_with_credentials_is_not_echoed(
 
 
 def test_check_config_names_a_bad_proxy(tmp_path: Path) -> None:
-    config = tmp_path / "evagg.toml"
-    config.write_text(f"""
-[agent]
-state_dir = "{tmp_path / 'state'}"
-http_listen = ""
-
-[[sinks]]
-name = "collector"
-type = "http"
-url = "http://127.0.0.1:9/ingest"
-proxy = "socks5://127.0.0.1:1080"
-""")
-    done = subprocess.run([sys.executable, "-m", "aggregator", "check-config", "--config",
-                           str(config)], capture_output=True, text=True, timeout=60)
+    config = http_sink_config(tmp_path, "http://127.0.0.1:9/ingest",
+                              'proxy = "socks5://127.0.0.1:1080"')
+    done = check_config("--config", str(config))
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert 'proxy: must be "env", "none" or an http:// URL' in done.stderr + done.stdout

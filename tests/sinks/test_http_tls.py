@@ -17,8 +17,10 @@ from sinks.base import SinkResult
 from sinks.deadletter import list_dead_letters, replay_dead_letters
 from sinks.http import HttpSink, HttpSinkConfigError
 from sinks.http_tls import TlsOptions, client_ssl
+from tests.aggregator.test_config import check_config
 from tests.sinks.certs import Pki, make_pki
 from tests.sinks.flaky_server import FlakyServer
+from tests.sinks.http_config_file import http_sink_config
 from tests.sinks.synced import synced
 from tests.sinks.test_http import deliver, make_records
 
@@ -152,64 +154,30 @@ def test_an_encrypted_client_key_is_refused_without_asking_for_a_passphrase(
 
 
 def test_check_config_refuses_a_tls_file_it_cannot_read(pki: Pki, tmp_path: Path) -> None:
-    config = tmp_path / "evagg.toml"
-    config.write_text(f"""
-[agent]
-state_dir = "{tmp_path / 'state'}"
-http_listen = ""
-
-[[sinks]]
-name = "collector"
-type = "http"
-url = "https://127.0.0.1:9/ingest"
-tls_ca_file = "{pki.ca.cert}"
-tls_cert_file = "{pki.client.cert}"
-tls_key_file = "{tmp_path / 'gone.key'}"
-""")
-    done = subprocess.run([sys.executable, "-m", "aggregator", "check-config", "--config",
-                           str(config)], capture_output=True, text=True, timeout=60)
+    tls = (f'tls_ca_file = "{pki.ca.cert}"\ntls_cert_file = "{pki.client.cert}"\n'
+           f'tls_key_file = "{tmp_path / "gone.key"}"')
+    config = http_sink_config(tmp_path, "https://127.0.0.1:9/ingest", tls)
+    done = check_config("--config", str(config))
     assert done.returncode != 0
     assert "tls_cert_file and tls_key_file: cannot use" in done.stderr + done.stdout
     assert "Traceback" not in done.stderr
     config.write_text(config.read_text().replace(str(tmp_path / "gone.key"),
                                                  str(pki.client.key)))
-    done = subprocess.run([sys.executable, "-m", "aggregator", "check-config", "--config",
-                           str(config)], capture_output=True, text=True, timeout=60)
+    done = check_config("--config", str(config))
     assert done.returncode == 0, done.stderr
 
 
 def test_check_config_warns_when_certificates_are_not_verified(tmp_path: Path) -> None:
-    config = tmp_path / "evagg.toml"
-    config.write_text(f"""
-[agent]
-state_dir = "{tmp_path / 'state'}"
-http_listen = ""
-
-[[sinks]]
-name = "collector"
-type = "http"
-url = "https://127.0.0.1:9/ingest"
-tls_verify = false
-""")
-    done = subprocess.run([sys.executable, "-m", "aggregator", "check-config", "--config",
-                           str(config)], capture_output=True, text=True, timeout=60)
+    config = http_sink_config(tmp_path, "https://127.0.0.1:9/ingest", "tls_verify = false")
+    done = check_config("--config", str(config))
     assert done.returncode == 0, done.stderr  # allowed: a warning, not an error
     assert "config warning: sinks[0] (collector).tls_verify: false" in done.stderr
 
 
 def test_dlq_list_needs_no_sending_options_but_replay_names_a_bad_one(tmp_path: Path) -> None:
     """Listing dead letters reads no key file: an operator without access to it can list."""
-    config = tmp_path / "evagg.toml"
-    config.write_text(f"""
-[agent]
-state_dir = "{tmp_path / 'state'}"
-
-[[sinks]]
-name = "collector"
-type = "http"
-url = "https://127.0.0.1:9/ingest"
-tls_cert_file = "{tmp_path / 'unreadable.crt'}"
-""")
+    config = http_sink_config(tmp_path, "https://127.0.0.1:9/ingest",
+                              f'tls_cert_file = "{tmp_path / "unreadable.crt"}"')
     command = [sys.executable, "-m", "aggregator", "dlq", "--sink", "collector", "--config",
                str(config)]
     listed = subprocess.run([*command[:4], "list", *command[4:]], capture_output=True,
