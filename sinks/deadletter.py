@@ -180,8 +180,8 @@ async def _replay_one(
         body = letter.body_path.read_bytes()
     except OSError as exc:
         return f"cannot read {letter.body_path.name}: {exc.strerror or exc}"
-    sent_headers = {**headers, **proxy[0], "Content-Type": CONTENT_TYPES.get(letter.body_format,
-                                                                   "application/json"),
+    content_type = CONTENT_TYPES.get(letter.body_format, "application/json")
+    sent_headers = {**headers, **proxy[0], "Content-Type": content_type,
                     "Idempotency-Key": letter.key}
     if gzip:
         body = gzip_body(body)
