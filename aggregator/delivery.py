@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from aggregator.metrics import AgentMetrics
 from aggregator.spool import Spool
+from aggregator.spool_screen import RecordScreen
 from sinks.backoff import backoff_delay
 from sinks.base import Sink, SinkResult
 
@@ -35,9 +36,10 @@ class ConsumerState:
 class SinkConsumer:
     def __init__(self, sink: Sink, spool: Spool, metrics: AgentMetrics, *,
                  flush_interval_s: float = 1.0, read_max_bytes: int = 4 * 2**20,
-                 backoff_cap_s: float = 60.0) -> None:
+                 backoff_cap_s: float = 60.0, screen: RecordScreen | None = None) -> None:
         self.sink = sink
         self.spool = spool
+        self.screen = screen or RecordScreen(spool)  # share one per spool: counted once
         self.metrics = metrics
         self.flush_interval_s = flush_interval_s
         self.read_max_bytes = read_max_bytes
@@ -87,7 +89,8 @@ class SinkConsumer:
             result = await self._flush(final=False)
             if not result.ok:
                 return result
-        records = self.spool.read(self._position, max_bytes=self.read_max_bytes)
+        records = self.screen.screen(self.spool.read(self._position,
+                                                     max_bytes=self.read_max_bytes))
         if not records:
             if self._draining:
                 result = await self._flush(final=True)

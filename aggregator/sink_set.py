@@ -18,6 +18,7 @@ from aggregator.delivery import SinkConsumer
 from aggregator.metrics import AgentMetrics
 from aggregator.sink_factory import SinkOptionError, build_sink
 from aggregator.spool import Spool
+from aggregator.spool_screen import RecordScreen
 from sinks.base import Sink
 
 log = logging.getLogger("evagg.sinks")
@@ -51,9 +52,10 @@ class SinkSet:
         self.consumers: dict[str, SinkConsumer] = {}
         self._tasks: list[asyncio.Task[None]] = []
         spool.register_sinks([config.name for config, _ in built])
+        screen = RecordScreen(spool)
         for config, sink in built:
             consumer = SinkConsumer(sink, spool, metrics, read_max_bytes=sink.read_max_bytes,
-                                    backoff_cap_s=config.retry_max_backoff_s)
+                                    backoff_cap_s=config.retry_max_backoff_s, screen=screen)
             self.consumers[sink.name] = consumer
             self._tasks.append(asyncio.create_task(consumer.run(), name=f"sink:{sink.name}"))
 

@@ -356,6 +356,10 @@ class Spool:
         for reason, events in losses.items():
             self._unreported[reason] = self._unreported.get(reason, 0) + events
 
+    def record_loss(self, reason: str, events: int) -> None:
+        """A loss found outside the spool (an unreadable record, `spool_screen`)."""
+        self._add_loss(reason, events)
+
     def _add_loss(self, reason: str, events: int) -> None:
         if events > 0:
             self.losses[reason] = self.losses.get(reason, 0) + events
