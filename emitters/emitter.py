@@ -26,6 +26,7 @@ from emitters.events import BUILT, ContextChange
 from emitters.ledger import FlushWaiter
 from emitters.ops import Op
 from emitters.sender import Sender, Settings
+from emitters.snapshot import PLAIN, snapshot_fields
 from emitters.values import text
 
 log = logging.getLogger("evagg.emitter")
@@ -72,6 +73,10 @@ class Emitter:
     def emit(self, /, kind: str, name: str | None = None, state: str | None = None,
              **fields: Any) -> None:
         """Queue one event. Never raises, never blocks; drops (and counts) when full."""
+        for value in fields.values():  # inline: most calls pass only plain values
+            if type(value) not in PLAIN:
+                snapshot_fields(fields)  # read later by the sender: freeze it now
+                break
         pending = self._pending
         n = len(pending)
         if n < self._max_pending:

@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from emitters.ids import new_span_id
+from emitters.snapshot import snapshot_fields
 
 STARTED = "STARTED"
 FINISHED = "FINISHED"
@@ -43,7 +44,7 @@ class Op:
             fields["step"] = step
         self._queue = queue
         self.name = name
-        self.fields = fields
+        self.fields = snapshot_fields(fields)
         self.parent: Op | None = None
         self._metrics: dict[str, Any] | None = None
         self._updates: dict[str, Any] | None = None
@@ -63,16 +64,16 @@ class Op:
     def metric(self, **values: Any) -> None:
         """Numbers for the terminal event; NaN and infinities are recorded by name only."""
         if self._metrics is None:
-            self._metrics = values
+            self._metrics = snapshot_fields(values)
         else:
-            self._metrics.update(values)
+            self._metrics.update(snapshot_fields(values))
 
     def set(self, **fields: Any) -> None:
         """More fields (or attrs) for the terminal event."""
         if self._updates is None:
-            self._updates = fields
+            self._updates = snapshot_fields(fields)
         else:
-            self._updates.update(fields)
+            self._updates.update(snapshot_fields(fields))
 
     def __enter__(self) -> Op:
         self.parent = _CURRENT.get()
