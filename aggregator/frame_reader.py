@@ -4,7 +4,9 @@ It keeps one buffer per connection and copies each frame out once. (StreamReader
 readexactly() moves the whole remaining buffer on every frame, which costs more than
 decoding when a producer pipelines several 1 MiB frames.) When frames pile up faster
 than they are ingested, it pauses reading, so a fast producer is slowed by TCP-style
-backpressure instead of growing the agent's memory.
+backpressure instead of growing the agent's memory. It pauses reading too while the
+producer does not read its acks (asyncio's pause_writing): each frame read makes an ack,
+and acks nobody reads would otherwise pile up in the agent without bound.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class FrameReader(asyncio.Protocol):
         self.connected = asyncio.Event()
         self._buffer = bytearray()
         self._paused = False
+        self._write_blocked = False  # the producer is not reading its acks
         self._stall_timer: asyncio.TimerHandle | None = None
         self._ended = False
 
@@ -62,16 +65,32 @@ class FrameReader(asyncio.Protocol):
         if start:
             del self._buffer[:start]
             self._cancel_stall_timer()  # progress: the next partial frame gets a fresh limit
-        if self.frames.qsize() >= PAUSE_AT_FRAMES and not self._paused:
-            self._paused = True
-            self.transport.pause_reading()  # type: ignore[union-attr]
-            self._cancel_stall_timer()  # our pause, not the producer's stall
+        if self.frames.qsize() >= PAUSE_AT_FRAMES or self._write_blocked:
+            self._pause()
         else:
             self._watch_for_stall()
 
     def frame_taken(self) -> None:
         """The handler took a frame; resume reading once the backlog is small."""
-        if self._paused and self.frames.qsize() <= RESUME_AT_FRAMES and not self._ended:
+        self._resume_if_due()
+
+    def pause_writing(self) -> None:
+        self._write_blocked = True
+        self._pause()
+
+    def resume_writing(self) -> None:
+        self._write_blocked = False
+        self._resume_if_due()
+
+    def _pause(self) -> None:
+        if not self._paused and not self._ended:
+            self._paused = True
+            self.transport.pause_reading()  # type: ignore[union-attr]
+        self._cancel_stall_timer()  # our pause, not the producer's stall
+
+    def _resume_if_due(self) -> None:
+        if (self._paused and not self._write_blocked and not self._ended
+                and self.frames.qsize() <= RESUME_AT_FRAMES):
             self._paused = False
             self.transport.resume_reading()  # type: ignore[union-attr]
             self._watch_for_stall()
