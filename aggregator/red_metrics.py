@@ -38,8 +38,12 @@ DEFAULT_BUCKETS: Final = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30
 OTHER: Final = "other"
 
 
+MAX_LABEL_CHARS = 128  # a longer value (a name is producer text) counts as "other"
+
+
 class _Labels:
-    """Dense ids for label values, at most `limit` per scope; then the scope's "other"."""
+    """Dense ids for label values, at most `limit` per scope, each at most MAX_LABEL_CHARS
+    long; the rest is the scope's "other"."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -54,7 +58,7 @@ class _Labels:
         if found is not None:
             return found, False
         used = self._used.get(scope, 0)
-        folded = used >= self.limit and value != OTHER
+        folded = (used >= self.limit or len(value) > MAX_LABEL_CHARS) and value != OTHER
         key = (scope, OTHER if folded else value)
         found = self.ids.get(key)
         if found is None:

@@ -25,6 +25,7 @@ from emitters import wire
 log = logging.getLogger("evagg.socket")
 
 _PEERCRED = struct.Struct("3i")
+LOGGED_REASON_CHARS = 200  # a reason quotes producer text: the log gets its start only
 
 
 class SocketIngest:
@@ -147,7 +148,7 @@ class SocketIngest:
                 session: bytes = wire.NO_SESSION, seq: int = 0) -> None:
         if reason is not None:
             self.metrics.bad_input.inc(route="socket", reason=reason)
-        log.warning("closing producer connection: %s", text)
+        log.warning("closing producer connection: %s", text[:LOGGED_REASON_CHARS])
         if not transport.is_closing():
             transport.write(wire.encode_nack(session, seq, text))
 

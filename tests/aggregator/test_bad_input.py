@@ -164,3 +164,15 @@ def test_http_body_over_the_limit_is_refused(agent_factory: type[AgentProcess]) 
     status, body = post(agent, "/v1/events", b'{"kind": "op"}\n' * 200)
     assert status == 413 and "larger than" in str(body["error"])
     assert agent.metric('evagg_bad_input_total{reason="too_large"') == 1
+
+
+def test_a_refusal_quoting_producer_text_logs_only_its_start(agent: AgentProcess) -> None:
+    name = "m" * 300_000
+    line = orjson.dumps({"kind": "op", "metrics": {name: "not a number"}})
+    with connect(agent) as sock:
+        sock.sendall(batch(line))
+        answer = read_answer(sock)
+        assert isinstance(answer, wire.Nack) and len(answer.reason) <= 4096
+    agent.stop()
+    logged = [text for text in agent.log().splitlines() if "closing producer" in text]
+    assert logged and all(len(text) < 1000 for text in logged)

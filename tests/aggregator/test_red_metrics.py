@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import emitters
 from aggregator.config import ConfigError, load_config
 from aggregator.normalize import Stamp, rows_to_batch
-from aggregator.red_metrics import DEFAULT_BUCKETS, RedMetrics
+from aggregator.red_metrics import DEFAULT_BUCKETS, MAX_LABEL_CHARS, RedMetrics
 from tests.agentproc import REPO, AgentProcess
 
 DASHBOARD = REPO / "deploy" / "grafana" / "evagg-dashboard.json"
@@ -119,6 +119,22 @@ def test_names_per_kind_are_capped_and_the_rest_count_as_other() -> None:
     assert sum(v for n, _, v in samples(text) if n == "evagg_events_total") == 18
     assert value(text, "evagg_red_capped_events_total", label="name") == 7 + 2
     assert value(text, "evagg_red_capped_events_total", label="kind") == 2
+
+
+def test_a_label_value_longer_than_the_limit_counts_as_other() -> None:
+    """A name is producer text: 50 names of 100 KB made /metrics 19x its input."""
+    red = RedMetrics()
+    long_names = [f"{i}" + "x" * 100_000 for i in range(50)]
+    red.observe(batch([{"kind": "op", "name": n, "state": "FINISHED", "duration_s": 1.0,
+                        "error_type": n} for n in long_names]))
+    red.observe(batch([{"kind": "op", "name": "x" * MAX_LABEL_CHARS, "state": "FINISHED"}]))
+    text = red.render()
+    assert len(text) < 100_000
+    names = {lab["name"] for n, lab, _ in samples(text) if n == "evagg_events_total"}
+    assert names == {"other", "x" * MAX_LABEL_CHARS}  # the limit itself is kept
+    assert value(text, "evagg_events_total", kind="op", name="other", state="FINISHED") == 50
+    assert value(text, "evagg_red_capped_events_total", label="name") == 50
+    assert value(text, "evagg_red_capped_events_total", label="error_type") == 50
 
 
 def test_values_that_share_a_label_are_one_series() -> None:
