@@ -199,6 +199,8 @@ def _ingest_answer(result: IngestResult, all_rejected_status: int = 400,
     """accepted: rows stored; rejected: lines, events or rows refused; duplicate: the
     whole request was stored before; duplicates (Ray): events dropped as resent."""
     status = all_rejected_status if result.accepted == 0 and result.rejected else 200
+    if result.too_large:
+        status = 413  # not the events' fault: the same events in smaller requests go in
     body: dict[str, object] = {"accepted": result.accepted, "rejected": result.rejected,
                                "duplicate": result.duplicate, "errors": list(result.reasons)}
     if duplicates is not None:

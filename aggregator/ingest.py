@@ -32,6 +32,7 @@ class IngestResult:
     duplicate: bool
     note: str  # the first rejection reason, or ""
     reasons: tuple[str, ...] = ()  # up to ten rejection reasons, for HTTP answers
+    too_large: bool = False  # the whole batch is more than one spool record can hold
 
 
 class SpoolUnavailable(RuntimeError):
@@ -94,7 +95,9 @@ class Ingestor:
                                              seq=seq)
         except ValueError as exc:  # a record the spool can never hold
             self.metrics.rejected_events.inc(batch.num_rows, route=route)
-            return IngestResult(0, rejected + batch.num_rows, False, f"batch refused: {exc}")
+            reason = f"batch refused: {exc}; send it in smaller parts"
+            return IngestResult(0, rejected + batch.num_rows, False, reason,
+                                (reason, *reasons[:9]), too_large=True)
         except OSError as exc:
             self.metrics.bad_input.inc(route=route, reason="spool_write_failed")
             raise SpoolUnavailable(f"spool write failed: {exc.strerror or exc}") from exc
