@@ -168,10 +168,11 @@ class Emitter:
             changes["socket_path"] = os.fspath(options["socket"])
         settings = replace(self._settings, **changes)
         _check_settings(settings)
-        if "exit_timeout" in options:
-            self.exit_timeout = float(options["exit_timeout"])
-        if "max_pending" in options:
-            self._explicit_pending = max(1, int(options["max_pending"]))
+        # every value is checked before any is applied: a call that raises changes nothing
+        exit_timeout = float(options.get("exit_timeout", self.exit_timeout))
+        explicit_pending = (max(1, int(options["max_pending"])) if "max_pending" in options
+                            else self._explicit_pending)
+        self.exit_timeout, self._explicit_pending = exit_timeout, explicit_pending
         self._settings = settings
         self._size_queue()
         if identity != self._identity:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -16,6 +16,8 @@ import orjson
 from emitters.fields import AGENT_STAMPED, EVENT_FIELDS
 
 _INT64 = 2**63
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 _INT_LIMITS = {"int32": 2**31, "int64": _INT64}
 _STAMPED = "stamped by the agent"
 _COLUMNS = {name: _STAMPED if name in AGENT_STAMPED else column
@@ -73,7 +75,11 @@ def _typed(event: dict[str, Any], attrs: dict[str, str], key: str, column: str, 
 
 def _time(event: dict[str, Any], attrs: dict[str, str], key: str, value: Any) -> None:
     if isinstance(value, datetime) and value.tzinfo is not None:
-        event[key] = int(value.timestamp()) * 1_000_000_000 + value.microsecond * 1000
+        ns = (value - _EPOCH) // _MICROSECOND * 1000  # exact: no float seconds
+        if 0 <= ns < _INT64:
+            event[key] = ns
+        else:  # before 1970 or past 2262: no nanosecond column holds it
+            attrs[key] = value.isoformat()
     elif isinstance(value, str):
         event[key] = value  # RFC 3339: the agent parses it and says so when it cannot
     else:

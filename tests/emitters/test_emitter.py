@@ -340,6 +340,10 @@ def test_configure_refuses_unknown_options_and_bad_limits(make_emitter: Any) -> 
         emitter.configure(max_buffer_bytes=100)
     emitter.configure(job_id=None)  # None leaves a value as it is
     assert emitter.socket_path == str(emitter._settings.socket_path)
+    before = emitter.exit_timeout
+    with pytest.raises(ValueError):  # a call that raises changes nothing, not half
+        emitter.configure(exit_timeout=before + 5, max_pending="many")
+    assert emitter.exit_timeout == before
 
 
 def test_flush_with_nothing_emitted_is_true_and_closed_emitter_drops(make_emitter: Any) -> None:
