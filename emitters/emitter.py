@@ -130,12 +130,12 @@ class Emitter:
             pass  # the event is queued; a sender that cannot start shows in stats()
 
     def _start(self) -> None:
-        if os.environ.get("EVAGG_START_AGENT") == "1" and not self._closed:
-            self._start_agent()  # agent on demand: once, before the first connection
         with self._lock:
             if self._running or self._closed:
                 return
-            sender = Sender(self)
+            # agent on demand: started by the sender thread before its first connection,
+            # so the caller's first emit() never waits for an agent to start
+            sender = Sender(self, start_agent=os.environ.get("EVAGG_START_AGENT") == "1")
             try:
                 sender.start()
             except RuntimeError:

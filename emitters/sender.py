@@ -57,9 +57,11 @@ class Source(Protocol):
 
     def _current_settings(self) -> Settings: ...
 
+    def _start_agent(self) -> None: ...
+
 
 class Sender:
-    def __init__(self, source: Source) -> None:
+    def __init__(self, source: Source, start_agent: bool = False) -> None:
         self._source = source
         settings = source._current_settings()
         self.outbox = Outbox(settings.max_frame_bytes, settings.max_buffer_bytes)
@@ -75,6 +77,7 @@ class Sender:
         self._next_connect = self._next_drain = self._next_loss_report = 0.0
         self._stopping = False
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._start_agent_first = start_agent
         self._thread = threading.Thread(target=self._run, name="evagg-emitter", daemon=True)
 
     # -- called from other threads ----------------------------------------------------
@@ -113,6 +116,8 @@ class Sender:
     # -- the thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
+        if self._start_agent_first:
+            self._start_agent()
         while not self._stopping:
             try:
                 self._cycle()
@@ -122,6 +127,13 @@ class Sender:
                 self._disconnect()
                 time.sleep(ERROR_PAUSE_S)
         self._close()
+
+    def _start_agent(self) -> None:
+        try:
+            self._source._start_agent()  # never raises by contract; a bug must not end us
+        except Exception as exc:
+            self.counts["sender_errors"] += 1
+            self._log.log(logging.WARNING, "error", "evagg emitter: agent start failed: %r", exc)
 
     def _cycle(self) -> None:
         readable, woken = self._wait()

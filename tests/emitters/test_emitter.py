@@ -418,3 +418,21 @@ def test_idle_sender_without_agent_does_not_spin(make_emitter: Any) -> None:
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert cpu < 0.2
     assert 1 <= emitter.stats()["connect_failures"] <= 30
+
+
+def test_agent_on_demand_starts_in_the_sender_thread_not_the_callers(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Starting an agent can take seconds: the first emit() must not wait for it."""
+    from emitters import autostart
+
+    callers: list[str] = []
+    monkeypatch.setenv("EVAGG_START_AGENT", "1")
+    monkeypatch.setattr(autostart, "ensure_agent",
+                        lambda *args, **kwargs: callers.append(threading.current_thread().name))
+    emitter = Emitter(socket=tmp_path / "none.sock")
+    emitter.emit(kind="op", name="first")
+    deadline = time.monotonic() + 10
+    while not callers and time.monotonic() < deadline:
+        time.sleep(0.01)
+    emitter.close(0.1)
+    assert callers == ["evagg-emitter"]
