@@ -12,6 +12,7 @@ this, each sink failed on that record for good, and the spool filled behind it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -24,7 +25,12 @@ from sinks.schema import batch_from_bytes, batch_to_bytes, empty_batch
 
 log = logging.getLogger("evagg.spool")
 LOSS_REASON: Final = "undecodable_record"
-EMPTY_PAYLOAD: Final = batch_to_bytes(empty_batch())
+
+
+@functools.cache
+def empty_payload() -> bytes:
+    """A record of no events, for the offset of one set aside (made when first needed)."""
+    return batch_to_bytes(empty_batch())
 
 
 class RecordScreen:
@@ -42,7 +48,7 @@ class RecordScreen:
         if record.offset not in self._quarantined:
             self._quarantined.add(record.offset)
             self._keep(record)
-        return dataclasses.replace(record, count=0, payload=EMPTY_PAYLOAD)
+        return dataclasses.replace(record, count=0, payload=empty_payload())
 
     def _keep(self, record: SpoolRecord) -> None:
         """Copy the bytes aside and count the loss, unless an earlier run did both."""

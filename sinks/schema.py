@@ -32,7 +32,9 @@ COLUMN_NAMES: Final[tuple[str, ...]] = tuple(EVENT_FIELDS)
 
 
 def empty_batch() -> pa.RecordBatch:
-    return pa.RecordBatch.from_pylist([], schema=EVENT_SCHEMA)
+    # from typed empty arrays: from_pylist (and from_arrays with a schema) would import
+    # pandas where it is installed, 30 MiB the agent keeps out (aggregator/memory.py)
+    return pa.record_batch([pa.nulls(0, f.type) for f in EVENT_SCHEMA], schema=EVENT_SCHEMA)
 
 
 def batch_to_bytes(batch: pa.RecordBatch) -> bytes:
