@@ -68,7 +68,8 @@ class Agent:
         self.socket = SocketIngest(self.ingestor, self.metrics, path=config.socket,
                                    mode=config.socket_mode, group=config.socket_group,
                                    max_frame_bytes=config.max_frame_bytes,
-                                   frame_timeout_s=config.frame_timeout_s)
+                                   frame_timeout_s=config.frame_timeout_s,
+                                   max_connections=config.max_connections)
         self.http = HttpApi(self.ingestor, self.metrics, max_body_bytes=config.http_max_body_bytes,
                             token=config.http_token, is_ready=self.is_ready)
         self.sinks: SinkSet | None = None

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from aggregator.config_sinks import SinkConfig, parse_sinks
 from aggregator.config_values import (
     check_keys,
+    connection_cap,
     group,
     label_cap,
     listen,
@@ -70,6 +71,7 @@ class AgentConfig:
     source_path: Path | None = None
     red_metrics: bool = True  # RED metrics derived from events on /metrics
     red_max_names: int = 200  # distinct names per kind before "other"
+    max_connections: int = 1024  # producer connections served at once; the rest refused
 
 
 _AGENT_KEYS = {
@@ -87,6 +89,7 @@ _AGENT_KEYS = {
     "heartbeat_interval",
     "red_metrics",
     "red_max_names",
+    "max_connections",
 }
 _SPOOL_KEYS = {"max_bytes", "when_full", "fsync", "segment_bytes"}
 DEFAULT_HTTP_LISTEN = "127.0.0.1:4040"
@@ -230,6 +233,7 @@ def _build(
         source_path=path,
         red_metrics=get(agent, "red_metrics", True, parse_bool, "agent."),
         red_max_names=get(agent, "red_max_names", 200, label_cap, "agent."),
+        max_connections=get(agent, "max_connections", 1024, connection_cap, "agent."),
     )
     # A frame's Arrow record can be larger than its NDJSON; the spool holds records of at
     # most a quarter of max_bytes and one segment, so leave a factor of two on top.

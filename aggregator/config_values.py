@@ -65,6 +65,12 @@ def read_token(value: Any) -> str:
     return token
 
 
+def connection_cap(value: Any) -> int:
+    if not 1 <= parse_int(value) <= 1_000_000:
+        raise ValueError(f"{value!r} is not a whole number from 1 to 1000000")
+    return int(value)
+
+
 def label_cap(value: Any) -> int:
     if not 1 <= parse_int(value) <= 100_000:
         raise ValueError(f"{value!r} is not a whole number from 1 to 100000")

@@ -30,7 +30,8 @@ LOGGED_REASON_CHARS = 200  # a reason quotes producer text: the log gets its sta
 
 class SocketIngest:
     def __init__(self, ingestor: Ingestor, metrics: AgentMetrics, *, path: Path, mode: int,
-                 group: str | None, max_frame_bytes: int, frame_timeout_s: float = 10.0) -> None:
+                 group: str | None, max_frame_bytes: int, frame_timeout_s: float = 10.0,
+                 max_connections: int = 1024) -> None:
         self.ingestor = ingestor
         self.metrics = metrics
         self.path = path
@@ -38,10 +39,13 @@ class SocketIngest:
         self.group = group
         self.max_frame_bytes = max_frame_bytes
         self.frame_timeout_s = frame_timeout_s
+        # each connection may hold max_frame bytes of frames: the cap bounds their sum,
+        # and the file descriptors the sinks need too
+        self.max_connections = max_connections
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
         self._readers: set[FrameReader] = set()
-        self._last_spool_log = -60.0
+        self._last_spool_log = self._last_cap_log = -60.0
 
     async def start(self, inherited: socket.socket | None = None) -> None:
         """Listen on our own socket file, or on one that systemd handed over."""
@@ -99,6 +103,19 @@ class SocketIngest:
             if reader.transport is not None:
                 reader.transport.close()
 
+    def _refuse_over_cap(self, transport: asyncio.Transport) -> None:
+        """Close a connection over max_connections at once, without a NACK: a NACK refuses
+        a producer's frames for good, and these should come back later, which a closed
+        connection makes an emitter do (it keeps them, reconnects and resends). Logged
+        once a minute at most, since a flood of connections is what this refuses."""
+        self.metrics.bad_input.inc(route="socket", reason="too_many_connections")
+        now = time.monotonic()
+        if now - self._last_cap_log >= 60.0:
+            self._last_cap_log = now
+            log.warning("closing producer connections beyond max_connections = %d; they "
+                        "reconnect and resend", self.max_connections)
+        transport.close()
+
     def _log_spool_failure(self, exc: SpoolUnavailable) -> None:
         """Once per minute at most: a full disk fails every connection at once."""
         now = time.monotonic()
@@ -110,6 +127,9 @@ class SocketIngest:
         await reader.connected.wait()
         transport = reader.transport
         assert transport is not None
+        if len(self._readers) > self.max_connections:
+            self._refuse_over_cap(transport)
+            return
         pid, uid = peer_credentials(transport)
         while True:
             item = await reader.frames.get()
