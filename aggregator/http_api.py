@@ -26,6 +26,7 @@ log = logging.getLogger("evagg.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 INGEST_PATHS = frozenset({"/v1/events", "/ray/events", "/v1/traces"})
 RAY_RESEND_WAIT_S = 2.5  # under Ray's 3 s publish timeout
+READABLE_ENCODINGS = frozenset({"identity", "gzip", "deflate"})  # aiohttp inflates these
 
 
 class HttpApi:
@@ -92,6 +93,10 @@ class HttpApi:
         return False
 
     async def post_events(self, request: web.Request) -> web.Response:
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in READABLE_ENCODINGS:  # aiohttp would hand over the bytes as is
+            return _error(415, f"Content-Encoding {encoding[:40]!r} is not supported "
+                               "(gzip, deflate or none)")
         body = await request.read()
         if not body.strip():
             return self._bad(request, "empty_body", "the body is empty")

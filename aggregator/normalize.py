@@ -85,10 +85,11 @@ def ndjson_to_batch(payload: bytes, stamp: Stamp) -> Normalized:
     stripped = payload.strip()
     if stripped.startswith(b"["):
         try:
-            items = orjson.loads(stripped)
+            return rows_to_batch(orjson.loads(stripped), stamp)
         except orjson.JSONDecodeError as exc:
-            return Normalized(_empty(), [(0, f"invalid JSON array: {exc}")])
-        return rows_to_batch(items, stamp)
+            if b"\n" not in stripped:  # one line, no array: nothing to keep
+                return Normalized(_empty(), [(0, f"invalid JSON array: {exc}")])
+        # not one array but lines, the first of them a list: each line on its own
     parsed: list[Any] = []
     bad: list[tuple[int, str]] = []
     for index, line in enumerate(l for l in stripped.split(b"\n") if l.strip()):

@@ -188,3 +188,26 @@ def test_a_body_that_expands_past_a_spool_record_is_413_with_the_reason(
     assert "send it in smaller parts" in str(body["errors"][0])
     for _ in range(10):  # the same events in smaller requests go in
         assert post(agent, "/v1/events", b'{"kind":"a"}\n' * 2_000)[0] == 200
+
+
+def test_an_encoding_the_agent_cannot_read_is_415_and_stores_nothing(agent: AgentProcess) -> None:
+    request = urllib.request.Request(f"{agent.http_url}/v1/events", method="POST",
+                                     data=b'{"kind": "op", "name": "packed"}\n',
+                                     headers={"Content-Type": "application/x-ndjson",
+                                              "Content-Encoding": "snappy"})
+    try:
+        urllib.request.urlopen(request, timeout=20)
+        raise AssertionError("accepted a body it cannot read")
+    except urllib.error.HTTPError as error:
+        assert error.code == 415 and "snappy" in orjson.loads(error.read())["error"]
+    agent.stop()
+    assert agent.query("SELECT count(*) FROM events WHERE name = 'packed'") == [(0,)]
+
+
+def test_ndjson_whose_first_line_is_a_list_keeps_the_good_lines(agent: AgentProcess) -> None:
+    status, body = post(agent, "/v1/events", b'[1, 2]\n{"kind": "op", "name": "kept"}\n')
+    assert status == 200 and (body["accepted"], body["rejected"]) == (1, 1)
+    status, body = post(agent, "/v1/events", b'[{"kind": "op", "name": "array"}]')
+    assert status == 200 and body["accepted"] == 1  # one JSON array is still one batch
+    status, body = post(agent, "/v1/events", b'[{"kind": "op"')
+    assert status == 400 and "invalid JSON array" in str(body["errors"])
