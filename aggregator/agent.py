@@ -22,9 +22,11 @@ from aiohttp import web
 
 from aggregator import systemd
 from aggregator.config import AgentConfig, ConfigError, config_warnings, load_config
-from aggregator.config_sinks import SinkConfig
-from aggregator.http_api import HttpApi
-from aggregator.ingest import Ingestor, SpoolUnavailable
+from aggregator.config.sinks import SinkConfig
+from aggregator.delivery.sink_set import SinkSet, build_sinks
+from aggregator.ingest.http_routes import HttpApi
+from aggregator.ingest.ingestor import Ingestor, SpoolUnavailable
+from aggregator.ingest.unix_socket import SocketIngest
 from aggregator.memory import (
     arrow_pool_name,
     calm_garbage_collector,
@@ -32,10 +34,8 @@ from aggregator.memory import (
     keep_pandas_out,
 )
 from aggregator.metrics import AgentMetrics
-from aggregator.ray_recall import recall_ray_ids
-from aggregator.red_metrics import RedMetrics
-from aggregator.sink_set import SinkSet, build_sinks
-from aggregator.socket_ingest import SocketIngest
+from aggregator.ray.recall import recall_ray_ids
+from aggregator.red.metrics import RedMetrics
 from aggregator.spool import Spool
 from emitters import autostart
 from emitters.ids import new_event_id
@@ -53,7 +53,7 @@ class Agent:
         self._arrow_pool = arrow_pool_name()
         self.overrides = dict(overrides or {})  # command-line flags, kept across reloads
         self.metrics = AgentMetrics()
-        # -- RED metrics and agent on demand (see aggregator/red_metrics.py, emitters/autostart.py)
+        # -- RED metrics and agent on demand (see aggregator/red/metrics.py, emitters/autostart.py)
         self.red = RedMetrics(max_names=config.red_max_names) if config.red_metrics else None
         if self.red is not None:
             self.metrics.registry.add_renderer(self.red.render)
@@ -133,7 +133,7 @@ class Agent:
 
     def _recall_ray_ids(self) -> None:
         """Remember the Ray eventIds still in the spool, so that Ray's resend of a batch
-        spooled before a restart is not stored again (aggregator/ray_recall.py)."""
+        spooled before a restart is not stored again (aggregator/ray/recall.py)."""
         if not self.config.http_listen:
             return  # no /ray/events route
         window = self.http.ray_ids

@@ -27,13 +27,13 @@ from typing import Any
 import duckdb
 import orjson
 
-from aggregator.decode import decode_careful, decode_ndjson, fallback_counts
-from aggregator.normalize import Stamp, ndjson_to_batch
-from aggregator.records import SpoolRecord
+from aggregator.decode.ndjson import decode_careful, decode_ndjson, fallback_counts
+from aggregator.decode.normalize import Stamp, ndjson_to_batch
 from emitters.ids import new_event_id
 from sinks.parquet import ParquetSink
+from sinks.parquet.stores import LocalStore
+from sinks.records import SpoolRecord
 from sinks.schema import batch_to_bytes
-from sinks.stores import LocalStore
 
 EVENTS_PER_FRAME = 1000
 OPS = ("forward", "backward", "optimizer.step", "allreduce", "dataloader.next")

@@ -24,10 +24,10 @@ import aiohttp
 import pyarrow as pa
 from aiohttp import web
 
-from aggregator.records import SpoolRecord
 from sinks.http import HttpSink
-from sinks.http_batches import frame_body, gzip_body
-from sinks.http_body import encode_rows
+from sinks.http.batches import frame_body, gzip_body
+from sinks.http.body import encode_rows
+from sinks.records import SpoolRecord
 from sinks.schema import EVENT_SCHEMA, batch_from_bytes, batch_to_bytes
 
 PER_RECORD = 1000

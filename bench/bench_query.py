@@ -323,10 +323,10 @@ def measure_fold(root: Path, label: str, cache: Path) -> dict[str, Any]:
 
 def compact(root: Path) -> str:
     try:
-        from sinks.compact import run_compact
+        from sinks.parquet.compact import run_compact
 
         run_compact(str(root), grace_s=0.0)
-        return "evagg compact (sinks.compact.run_compact)"
+        return "evagg compact (sinks.parquet.compact.run_compact)"
     except ImportError:
         pass
     import duckdb

@@ -33,9 +33,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from aggregator.normalize import Stamp, rows_to_batch  # noqa: E402
-from aggregator.ray_batch import ray_body_to_batch  # noqa: E402
-from aggregator.ray_events import RecentEventIds, parse_ray_body, ray_events_to_rows  # noqa: E402
+from aggregator.decode.normalize import Stamp, rows_to_batch  # noqa: E402
+from aggregator.ray.batch import ray_body_to_batch  # noqa: E402
+from aggregator.ray.events import RecentEventIds, parse_ray_body, ray_events_to_rows  # noqa: E402
 from sinks.schema import batch_to_bytes  # noqa: E402
 
 SAMPLE = REPO / "tests" / "fixtures" / "ray" / "02_excerpt_task_lifecycle_normal_and_failed.json"

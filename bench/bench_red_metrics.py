@@ -34,9 +34,9 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from aggregator.decode import decode_ndjson  # noqa: E402
-from aggregator.normalize import Stamp  # noqa: E402
-from aggregator.red_metrics import RedMetrics  # noqa: E402
+from aggregator.decode.ndjson import decode_ndjson  # noqa: E402
+from aggregator.decode.normalize import Stamp  # noqa: E402
+from aggregator.red.metrics import RedMetrics  # noqa: E402
 from emitters.ids import new_event_id  # noqa: E402
 from sinks.schema import batch_to_bytes  # noqa: E402
 from tests.agentproc import AgentProcess  # noqa: E402

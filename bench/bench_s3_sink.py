@@ -28,11 +28,11 @@ import pyarrow as pa
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from aggregator.records import SpoolRecord  # noqa: E402
 from sinks.parquet import ParquetSink  # noqa: E402
-from sinks.s3 import S3Store  # noqa: E402
+from sinks.parquet.s3 import S3Store  # noqa: E402
+from sinks.parquet.stores import LocalStore, ObjectStore  # noqa: E402
+from sinks.records import SpoolRecord  # noqa: E402
 from sinks.schema import EVENT_SCHEMA, batch_to_bytes  # noqa: E402
-from sinks.stores import LocalStore, ObjectStore  # noqa: E402
 
 EVENTS_PER_RECORD = 1000
 RECORDS_PER_WRITE = 16

@@ -2,8 +2,8 @@
 
 Targets, each in process and bounded by --runs: the wire frame decoder
 (`emitters.wire.decode_body` and `FrameBuffer`), the socket payload decoder
-(`aggregator.decode.decode_ndjson`), the Ray Event Export route's mapping
-(`aggregator.ray_batch.ray_body_to_batch`: fast and careful paths), and the OTLP decoder
+(`aggregator.decode.ndjson.decode_ndjson`), the Ray Event Export route's mapping
+(`aggregator.ray.batch.ray_body_to_batch`: fast and careful paths), and the OTLP decoder
 (protobuf and JSON). A target may only return or raise its documented error type
 (FrameError, RayBodyError, OtlpError); anything else is a crash, printed with its input.
 
@@ -32,9 +32,11 @@ def target(name: str) -> Callable[[bytes], None]:
     import atheris  # type: ignore[import-untyped]
 
     with atheris.instrument_imports():
-        from aggregator import otlp, ray_batch, ray_events
-        from aggregator.decode import decode_ndjson
-        from aggregator.normalize import Stamp, rows_to_batch
+        from aggregator.decode import otlp
+        from aggregator.decode.ndjson import decode_ndjson
+        from aggregator.decode.normalize import Stamp, rows_to_batch
+        from aggregator.ray import batch as ray_batch
+        from aggregator.ray import events as ray_events
         from emitters import wire
         from sinks.schema import batch_to_bytes
 

@@ -14,7 +14,6 @@ from typing import Any
 from aiohttp import web
 from multidict import MultiMapping
 
-from aggregator.units import parse_duration
 from dashboard import ledger, queries
 from dashboard.errors import BadInput, NoData
 from dashboard.filters import TaskFilter, bounded_int
@@ -22,6 +21,7 @@ from dashboard.overview import overview
 from dashboard.results import Result
 from dashboard.runner import QueryRunner
 from dashboard.store import Store
+from sinks.units import parse_duration
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TASK_PARAMS = {"state", "name", "job", "node", "error_type", "worker", "since", "until", "q",

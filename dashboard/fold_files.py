@@ -1,6 +1,6 @@
 """Which Parquet files the task fold still has to read (dashboard/fold.py).
 
-`evagg compact` (sinks/compact.py) names its files `compacted-...` and records in each
+`evagg compact` (sinks/parquet/compact.py) names its files `compacted-...` and records in each
 the (name, size) of the files it replaced; a compacted file whose inputs were all folded
 need not be read, and a folded file that vanished is explained when a compacted file in
 its folder covers it.
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dashboard.listing import FileEntry
 
 Cover = tuple[str, int]  # (file name, size)
-COMPACTED_PREFIX = "compacted-"  # as sinks/compact.py names its files
+COMPACTED_PREFIX = "compacted-"  # as sinks/parquet/compact.py names its files
 META_KEY = "evagg.compacted"  # the Parquet metadata key it records the covered files in
 BATCH_BYTES = 2**30  # fold at most this much Parquet per transaction (bounds memory)
 BATCH_FILES = 10_000

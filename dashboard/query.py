@@ -17,13 +17,13 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from aggregator.units import parse_duration
 from dashboard import ledger, queries
 from dashboard.errors import BadInput, DashboardError, NotFound
 from dashboard.filters import TASK_SORTS, TaskFilter
 from dashboard.output import render
 from dashboard.results import Result
 from dashboard.store import ENGINES, Store, StoreOptions
+from sinks.units import parse_duration
 
 if TYPE_CHECKING:
     Parsers = argparse._SubParsersAction[argparse.ArgumentParser]

@@ -15,7 +15,7 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aggregator.records import SpoolRecord
+from sinks.records import SpoolRecord
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,8 +99,8 @@ def check_jaeger_export(agent: AgentProcess, trace_id: str, out: Path) -> None:
     from google.protobuf import json_format
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-    from aggregator import otlp
-    from aggregator.jaeger_export import export_traces
+    from aggregator.cli.export_traces import export_traces
+    from aggregator.decode import otlp
 
     assert export_traces(str(agent.lake_dir), trace_id=trace_id, since=None, out=out) == 5
     document = orjson.loads(out.read_bytes())

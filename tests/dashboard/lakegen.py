@@ -80,7 +80,7 @@ def write_rows(put: Put, rows: Iterable[Row], file_name: str) -> list[str]:
 def task_events(task_id: str, name: str, *, attempt: int = 0, start: float, run_s: float | None,
                 end_state: str | None, node: str = "nodeA", job: str = "job1",
                 error: tuple[str, str, str] | None = None, pid: int = 100) -> list[Row]:
-    """Ray-style pieces of one attempt, as aggregator/ray_events.py maps them: the
+    """Ray-style pieces of one attempt, as aggregator/ray/events.py maps them: the
     definition (state DEFINED, the only piece with the name), the owner's lifecycle
     events and the executor's RUNNING (its pid in attrs, as Ray reports it)."""
     common = {"kind": "task", "source": "ray", "task_id": task_id, "attempt": attempt,

@@ -26,7 +26,7 @@ from dashboard.fold import cache_file
 from dashboard.listing import Listing
 from dashboard.overview import overview
 from dashboard.store import Store, StoreOptions
-from sinks.compact import run_compact
+from sinks.parquet.compact import run_compact
 from tests.dashboard.lakegen import Row, at, event, local_put, task_events, write_rows
 from tests.dashboard.test_query_cli import evagg, in_process
 

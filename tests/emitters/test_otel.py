@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
 import emitters
-from aggregator import otlp
+from aggregator.decode import otlp
 from emitters import otel, tracecontext
 
 

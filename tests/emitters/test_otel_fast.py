@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanContext, Status, StatusCode
 
-from aggregator import otlp
+from aggregator.decode import otlp
 from emitters import Emitter, otel, otel_fast
 from emitters.otel_fast import SpanRows
 from tests.emitters.fakeagent import FakeAgent, short_socket_path

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.spool_segment import BODY_HEAD, FRAME
+from aggregator.spool._segment import BODY_HEAD, FRAME
 from sinks.schema import batch_from_bytes
 from tests.agentproc import AgentProcess, query_lake
 from tests.aggregator.test_end_to_end import producer_report, start_producer

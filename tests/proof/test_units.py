@@ -18,7 +18,7 @@ import pytest
 import yaml  # type: ignore[import-untyped]
 
 from aggregator.config import load_config
-from aggregator.units import parse_duration
+from sinks.units import parse_duration
 
 REPO = Path(__file__).resolve().parents[2]
 UNITS = ("evagg.service", "evagg.socket")

@@ -1,0 +1,172 @@
+"""`evagg` command line: one subcommand per job; the work lives in the modules it calls."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aggregator.log_format import FORMATS, configure_logging, log_format_from_environment
+from aggregator.memory import keep_pandas_out, prefer_returning_pool
+
+if TYPE_CHECKING:  # imported when used: `evagg query` needs none of the agent's config
+    from aggregator.config import AgentConfig, ConfigError
+
+Command = Callable[[argparse.Namespace], int]
+DEFERRED_COMMANDS = ("query", "dashboard")  # their parsers import DuckDB: built only when run
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prefer_returning_pool()  # before anything imports pyarrow
+    if argv and argv[0] in DEFERRED_COMMANDS:
+        from aggregator.cli.tools import run_deferred
+
+        keep_pandas_out()  # DuckDB imports pandas, where installed, to bind any parameter
+
+        return run_deferred(argv[0], argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if hasattr(args, "log_format"):  # the agent's commands; the others log as text
+        try:
+            args.log_format = args.log_format or log_format_from_environment()
+        except ValueError as exc:
+            print(f"evagg: {exc}", file=sys.stderr)
+            return 2
+    configure_logging(verbose=getattr(args, "verbose", False),
+                      log_format=getattr(args, "log_format", "text"))
+    command: Command = args.command
+    try:
+        return command(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="evagg", description=__doc__)
+    def usage(_args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    parser.set_defaults(command=usage)
+    commands = parser.add_subparsers(title="commands")
+    _add_run(commands)
+    _add_check_config(commands)
+    _add_client_commands(commands)
+    _add_optional_commands(commands)
+    return parser
+
+
+def _agent_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="TOML file (default: $EVAGG_CONFIG or none)")
+    parser.add_argument("--socket", help="Unix socket path (overrides the config)")
+    parser.add_argument("--state-dir", help="spool and cursors (overrides the config)")
+    parser.add_argument("--http-listen", help="host:port of the HTTP port, '' to disable")
+    parser.add_argument("--node-id", help="this node's id (default: host name)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("--log-format", choices=FORMATS,
+                        help="the agent's log lines: text (default) or json, one object per "
+                             "line ($EVAGG_LOG_FORMAT)")
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    return {"socket": args.socket, "state_dir": args.state_dir,
+            "http_listen": args.http_listen, "node_id": args.node_id}
+
+
+def load_from_args(args: argparse.Namespace) -> AgentConfig:
+    """The config with its flags applied, its sinks built once to check them."""
+    from aggregator.config import check_host, load_config
+    from aggregator.delivery.sink_set import build_sinks
+
+    config = load_config(args.config, overrides=overrides_from_args(args))
+    check_host(config)
+    build_sinks(config.sinks, node_id=config.node_id, spool_id="check",
+                state_dir=config.state_dir)
+    return config
+
+
+def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    run = commands.add_parser("run", help="run the agent")
+    _agent_flags(run)
+    run.add_argument("--demo", type=int, nargs="?", const=2000, metavar="EVENTS",
+                     help="also run a short demo producer, show the DuckDB query, then exit")
+    # Agent on demand (emitters/autostart.py): drain and exit once no process holds a
+    # shared flock on PATH. Hidden: drivers pass it, people do not.
+    run.add_argument("--exit-when-unused", type=Path, metavar="PATH", help=argparse.SUPPRESS)
+    run.set_defaults(command=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from aggregator.config import ConfigError
+
+    try:
+        config = load_from_args(args)
+    except ConfigError as exc:
+        return _print_problems(exc, as_log=args.log_format == "json")
+    try:
+        if args.demo:
+            from aggregator.cli.demo import run_demo
+
+            return run_demo(config, events=args.demo)
+        from aggregator.agent import run_agent
+
+        return run_agent(config, exit_when_unused=args.exit_when_unused,
+                         overrides=overrides_from_args(args))
+    except (OSError, RuntimeError) as exc:  # socket or port taken, spool locked, ...
+        _say(f"cannot start the agent: {exc}", as_log=args.log_format == "json")
+        return 1
+
+
+def _add_check_config(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    check = commands.add_parser("check-config", help="validate a config; exit 2 if it is wrong")
+    _agent_flags(check)
+    check.set_defaults(command=_check_config)
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    from aggregator.config import ConfigError, config_warnings
+
+    as_log = args.log_format == "json"
+    try:
+        config = load_from_args(args)
+    except ConfigError as exc:
+        return _print_problems(exc, as_log)
+    for warning in config_warnings(config):
+        _say(f"config warning: {warning}", as_log, logging.WARNING)
+    print(f"config OK: node {config.node_id}, socket {config.socket}, "
+          f"state {config.state_dir}, sinks: {', '.join(s.name for s in config.sinks)}")
+    return 0
+
+
+def _print_problems(exc: ConfigError, as_log: bool = False) -> int:
+    for problem in exc.problems:
+        _say(f"config error: {problem}", as_log)
+    return 2
+
+
+def _say(message: str, as_log: bool, level: int = logging.ERROR) -> None:
+    """A reason the agent stops (or a warning about its config), on stderr: in its log
+    format when that is JSON, so a log pipeline parses the line that matters most."""
+    if as_log:
+        logging.getLogger("evagg").log(level, "%s", message)
+    else:
+        print(f"evagg: {message}", file=sys.stderr)
+
+
+def _add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from aggregator.cli import client as cli_client
+
+    cli_client.add_emit_parser(commands)
+    cli_client.add_tail_parser(commands)
+    cli_client.add_status_parser(commands)
+
+
+def _add_optional_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Commands that live in other packages register their own arguments."""
+    from aggregator.cli import tools as cli_tools
+
+    cli_tools.add_tool_parsers(commands)

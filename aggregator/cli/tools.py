@@ -1,0 +1,173 @@
+"""Offline tools: `evagg query`, `dashboard`, `compact`, `dlq`, `export-traces`.
+
+Each imports its implementation only when run, so `evagg run` starts without DuckDB's
+query layer, boto3 or the OpenTelemetry protobufs loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeAlias
+
+Parsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def add_tool_parsers(commands: Parsers) -> None:
+    _add_deferred(commands, "query", "query the Parquet store (summary, tasks, steps, ...)")
+    _add_deferred(commands, "dashboard", "serve the web dashboard over a Parquet store")
+    _add_compact(commands)
+    _add_dlq(commands)
+    _add_export_traces(commands)
+
+
+def _add_deferred(commands: Parsers, name: str, summary: str) -> None:
+    """Register `name` without importing DuckDB's query layer: `evagg run` stays lean
+    (DuckDB alone adds about 60 MB to a process). Its real parser is built when it runs."""
+    stub = commands.add_parser(name, help=summary, add_help=False)
+    stub.add_argument("rest", nargs=argparse.REMAINDER)
+    stub.set_defaults(command=lambda args: run_deferred(name, args.rest))
+
+
+def run_deferred(name: str, rest: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="evagg")
+    commands = parser.add_subparsers()
+    if name == "query":  # each imports only its own layer: a query never loads aiohttp
+        from dashboard.query import add_query_parser
+
+        add_query_parser(commands)
+    else:
+        from dashboard.server import add_dashboard_parser
+
+        add_dashboard_parser(commands)
+    args = parser.parse_args([name, *rest])
+    code: int = args.command(args)
+    return code
+
+
+def _add_compact(commands: Parsers) -> None:
+    compact = commands.add_parser("compact", help="merge a partition's small Parquet files")
+    compact.add_argument("target", help="local directory or s3://bucket/prefix/")
+    compact.add_argument("--partition", help="only this partition, e.g. date=2026-11-29/hour=13")
+    compact.add_argument("--min-files", type=int, default=2)
+    compact.add_argument("--endpoint-url", help="S3-compatible endpoint")
+    compact.add_argument("--grace", type=float, default=600.0,
+                         help="leave files younger than this many seconds alone")
+    compact.add_argument("--sse", help="S3 server-side encryption of merged files: AES256, "
+                         "aws:kms or aws:kms:dsse (as the sink's `sse`)")
+    compact.add_argument("--sse-kms-key-id", help="the KMS key for --sse aws:kms")
+    compact.add_argument("--storage-class", help="S3 storage class of merged files, e.g. "
+                         "STANDARD_IA (as the sink's `storage_class`)")
+    compact.add_argument("--dry-run", action="store_true")
+    compact.set_defaults(command=_compact)
+
+
+def _compact(args: argparse.Namespace) -> int:
+    from sinks.parquet.compact import run_compact
+    from sinks.parquet.s3_uploads import upload_args
+    from sinks.parquet.stores import StoreError
+
+    try:
+        uploads = upload_args(args.sse, args.sse_kms_key_id, args.storage_class)
+    except ValueError as exc:  # name the flag, not the sink's option
+        option, _, reason = str(exc).partition(": ")
+        print(f"evagg compact: --{option.replace('_', '-')}: {reason}", file=sys.stderr)
+        return 2
+    if uploads and not args.target.startswith("s3://"):
+        print("evagg compact: --sse, --sse-kms-key-id and --storage-class apply to s3:// "
+              "targets only", file=sys.stderr)
+        return 2
+    try:
+        report = run_compact(args.target, partition=args.partition, min_files=args.min_files,
+                             endpoint_url=args.endpoint_url, dry_run=args.dry_run,
+                             grace_s=args.grace, upload_args=uploads)
+    except (ValueError, OSError, StoreError) as exc:
+        print(f"evagg compact: {exc}", file=sys.stderr)
+        return 1
+    print(report)
+    return 1 if report.errors else 0
+
+
+def _add_dlq(commands: Parsers) -> None:
+    dlq = commands.add_parser("dlq", help="list or replay an HTTP sink's dead letters")
+    dlq.add_argument("action", choices=["list", "replay"])
+    dlq.add_argument("--sink", required=True, help="the HTTP sink's name in the config")
+    dlq.add_argument("--config", type=Path, help="TOML file (default: $EVAGG_CONFIG or none)")
+    dlq.add_argument("--url", help="replay to this URL instead of the sink's configured one")
+    dlq.set_defaults(command=_dlq)
+
+
+def _dlq(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from aggregator.config import ConfigError, load_config
+    from sinks.http.deadletter import dead_letter_dir, list_dead_letters, replay_dead_letters
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"evagg dlq: config error: {exc}", file=sys.stderr)
+        return 2
+    sink = next((s for s in config.sinks if s.name == args.sink and s.type == "http"), None)
+    if sink is None:
+        print(f"evagg dlq: no http sink named {args.sink!r} in the config", file=sys.stderr)
+        return 2
+    directory = dead_letter_dir(config.state_dir, sink.name)
+    if args.action == "list":  # needs none of the sending options (keys, proxy, headers)
+        letters = list_dead_letters(directory)
+        for letter in letters:
+            print(letter)
+        print(f"{len(letters)} dead-lettered batches in {directory}")
+        return 0
+    url = args.url or sink.url
+    try:
+        sending = _replay_options(sink.options, url)
+    except ValueError as exc:  # HttpSinkConfigError and SinkOptionError are ValueErrors
+        print(f"evagg dlq: {exc}", file=sys.stderr)
+        return 2
+    report = asyncio.run(replay_dead_letters(directory, url, **sending))
+    print(report)
+    return 0 if not report.failed else 1
+
+
+def _replay_options(options: Mapping[str, Any], url: str) -> dict[str, Any]:
+    """What a replay sends with, from the sink's own options."""
+    from aggregator.delivery.registry import headers_option, option, proxy_option, tls_options
+    from sinks.http.options import resolve_headers
+    from sinks.http.proxy import proxy_route
+    from sinks.http.tls import client_ssl
+    from sinks.units import parse_bool
+
+    return {"headers": resolve_headers(headers_option(options)),
+            "gzip": option(options, "gzip", False, parse_bool),
+            "ssl": client_ssl(tls_options(options)),
+            "proxy": proxy_route(url, proxy_option(options))}
+
+
+def _add_export_traces(commands: Parsers) -> None:
+    export = commands.add_parser("export-traces",
+                                 help="write spans from Parquet as OTLP JSON for Jaeger")
+    export.add_argument("--data", required=True, help="local directory or s3://bucket/prefix/")
+    export.add_argument("--trace-id")
+    export.add_argument("--since", type=datetime.fromisoformat,
+                        help="ISO time, e.g. 2026-11-29T12:00")
+    export.add_argument("--out", type=Path, default=Path("traces.json"))
+    export.set_defaults(command=_export_traces)
+
+
+def _export_traces(args: argparse.Namespace) -> int:
+    from aggregator.cli.export_traces import export_traces
+
+    if not args.trace_id and not args.since:
+        print("evagg export-traces: give --trace-id or --since", file=sys.stderr)
+        return 2
+    try:
+        spans = export_traces(args.data, trace_id=args.trace_id, since=args.since, out=args.out)
+    except (ValueError, OSError) as exc:
+        print(f"evagg export-traces: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {spans} spans to {args.out}")
+    return 0

@@ -1,0 +1,21 @@
+"""The agent's configuration: the TOML file, EVAGG_* overrides and their defaults."""
+
+from aggregator.config.agent_config import (
+    DEFAULT_HTTP_LISTEN,
+    AgentConfig,
+    ConfigError,
+    check_host,
+    config_warnings,
+    configured_http_listen,
+    load_config,
+)
+
+__all__ = [
+    "DEFAULT_HTTP_LISTEN",
+    "AgentConfig",
+    "ConfigError",
+    "check_host",
+    "config_warnings",
+    "configured_http_listen",
+    "load_config",
+]

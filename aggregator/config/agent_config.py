@@ -1,0 +1,287 @@
+"""Agent configuration: a TOML file, then EVAGG_* variables, then command-line flags.
+
+Every error names the key and says why (`evagg check-config` prints them all).
+With no file at all the agent runs the embedded default: a user-writable socket,
+a spool under the user's state directory and one Parquet sink in a local directory.
+"""
+
+from __future__ import annotations
+
+import grp
+import ipaddress
+import os
+import socket
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from aggregator.config.sinks import SinkConfig, parse_sinks
+from aggregator.config.values import (
+    check_keys,
+    connection_cap,
+    group,
+    label_cap,
+    listen,
+    octal_mode,
+    one_of,
+    path_or,
+    read_token,
+    string,
+)
+from emitters import paths
+from sinks.units import (
+    parse_bool,
+    parse_duration,
+    parse_positive_duration,
+    parse_positive_size,
+    parse_size,
+)
+
+
+class ConfigError(ValueError):
+    """One or more configuration problems, each naming its key."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node_id: str
+    host: str
+    socket: Path
+    socket_mode: int
+    socket_group: str | None
+    state_dir: Path
+    http_listen: str  # host:port, or "" to disable
+    http_token: str | None  # bearer token required on ingest routes when set
+    http_max_body_bytes: int
+    max_frame_bytes: int
+    frame_timeout_s: float
+    spool_max_bytes: int
+    spool_when_full: Literal["block", "drop_oldest"]
+    spool_fsync: Literal["os", "always"]
+    spool_segment_bytes: int
+    drain_timeout_s: float
+    heartbeat_interval_s: float
+    sinks: tuple[SinkConfig, ...]
+    source_path: Path | None = None
+    red_metrics: bool = True  # RED metrics derived from events on /metrics
+    red_max_names: int = 200  # distinct names per kind before "other"
+    max_connections: int = 1024  # producer connections served at once; the rest refused
+
+
+_AGENT_KEYS = {
+    "node_id",
+    "socket",
+    "socket_mode",
+    "socket_group",
+    "state_dir",
+    "http_listen",
+    "http_token_file",
+    "http_max_body",
+    "max_frame",
+    "frame_timeout",
+    "drain_timeout",
+    "heartbeat_interval",
+    "red_metrics",
+    "red_max_names",
+    "max_connections",
+}
+_SPOOL_KEYS = {"max_bytes", "when_full", "fsync", "segment_bytes"}
+DEFAULT_HTTP_LISTEN = "127.0.0.1:4040"
+def load_config(
+    path: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> AgentConfig:
+    """Read the file (if any), apply EVAGG_* variables and flag overrides, validate."""
+    env = os.environ if env is None else env
+    if path is None and env.get("EVAGG_CONFIG"):
+        path = Path(env["EVAGG_CONFIG"])
+    raw: dict[str, Any] = {}
+    if path is not None:
+        raw = _read_toml(path)
+    problems: list[str] = []
+    check_keys(raw, {"agent", "spool", "sinks"}, "", problems)
+    agent = _table(raw, "agent", problems)
+    spool = _table(raw, "spool", problems)
+    check_keys(agent, _AGENT_KEYS, "agent.", problems)
+    check_keys(spool, _SPOOL_KEYS, "spool.", problems)
+    from_env = _apply_env(agent, env)
+    flags = {k: v for k, v in (overrides or {}).items() if v is not None}
+    agent.update(flags)
+    config = _build(agent, spool, raw.get("sinks"), problems, path)
+    if problems or config is None:
+        raise ConfigError(_name_variables(problems, {k: v for k, v in from_env.items()
+                                                     if k not in flags}))
+    return config
+
+
+def configured_http_listen(
+    path: Path | None = None, env: Mapping[str, str] | None = None
+) -> str:
+    """The agent's http_listen ("" when disabled) as `evagg run` resolves it from the same
+    file and variables, for `evagg tail` and `evagg status`. Only that key is checked: a
+    client must not need to read the agent's token or header files."""
+    env = os.environ if env is None else env
+    if path is None and env.get("EVAGG_CONFIG"):
+        path = Path(env["EVAGG_CONFIG"])
+    problems: list[str] = []
+    agent = _table(_read_toml(path), "agent", problems) if path is not None else {}
+    if problems:
+        raise ConfigError(problems)
+    from_env = _apply_env(agent, env)
+    try:
+        return listen(agent.get("http_listen", DEFAULT_HTTP_LISTEN))
+    except ValueError as exc:
+        raise ConfigError(_name_variables([f"agent.http_listen: {exc}"], from_env)) from None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError([f"config file {path} does not exist"]) from None
+    except PermissionError:
+        raise ConfigError([f"config file {path} is not readable"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"config file {path} is not valid TOML: {exc}"]) from None
+
+
+def _table(raw: dict[str, Any], key: str, problems: list[str]) -> dict[str, Any]:
+    value = raw.get(key, {})
+    if not isinstance(value, dict):
+        problems.append(f"{key}: must be a table ([{key}])")
+        return {}
+    return dict(value)
+
+
+_ENV_KEYS = {
+    "EVAGG_SOCKET": "socket",
+    "EVAGG_STATE_DIR": "state_dir",
+    "EVAGG_HTTP_LISTEN": "http_listen",
+    "EVAGG_NODE_ID": "node_id",
+}
+
+
+def _apply_env(agent: dict[str, Any], env: Mapping[str, str]) -> dict[str, str]:
+    """Set the keys the EVAGG_* variables give; returns key -> the variable it came from."""
+    applied = {}
+    for variable, key in _ENV_KEYS.items():
+        if env.get(variable):
+            agent[key] = env[variable]
+            applied[key] = variable
+    return applied
+
+
+def _name_variables(problems: list[str], from_env: Mapping[str, str]) -> list[str]:
+    """A problem with a value from the environment says which variable set it."""
+    out = []
+    for problem in problems:
+        key = problem.partition(":")[0].removeprefix("agent.")
+        if problem.startswith("agent.") and key in from_env:
+            problem = f"agent.{key} (from ${from_env[key]}){problem[len('agent.' + key):]}"
+        out.append(problem)
+    return out
+
+
+def _build(
+    agent: dict[str, Any],
+    spool: dict[str, Any],
+    sinks_raw: Any,
+    problems: list[str],
+    path: Path | None,
+) -> AgentConfig | None:
+    def get(table: dict[str, Any], key: str, default: Any, parse: Any, label: str) -> Any:
+        if key not in table:
+            return parse(default) if default is not None else None
+        try:
+            return parse(table[key])
+        except (ValueError, TypeError) as exc:
+            problems.append(f"{label}{key}: {exc}")
+            return parse(default) if default is not None else None
+
+    node_id = get(agent, "node_id", "auto", string, "agent.")
+    host = socket.gethostname()
+    if node_id in ("", "auto"):
+        node_id = host
+    config = AgentConfig(
+        node_id=node_id,
+        host=host,
+        socket=get(agent, "socket", "", path_or(paths.user_socket_path), "agent."),
+        socket_mode=get(agent, "socket_mode", "0660", octal_mode, "agent."),
+        socket_group=get(agent, "socket_group", "", group, "agent."),
+        state_dir=get(agent, "state_dir", "", path_or(paths.user_state_dir), "agent."),
+        http_listen=get(agent, "http_listen", DEFAULT_HTTP_LISTEN, listen, "agent."),
+        http_token=get(agent, "http_token_file", None, read_token, "agent."),
+        http_max_body_bytes=get(agent, "http_max_body", "64MiB", parse_positive_size, "agent."),
+        max_frame_bytes=get(agent, "max_frame", "4MiB", parse_positive_size, "agent."),
+        frame_timeout_s=get(agent, "frame_timeout", "10s", parse_positive_duration, "agent."),
+        spool_max_bytes=get(spool, "max_bytes", "4GiB", parse_size, "spool."),
+        spool_when_full=get(spool, "when_full", "block", one_of("block", "drop_oldest"), "spool."),
+        spool_fsync=get(spool, "fsync", "os", one_of("os", "always"), "spool."),
+        spool_segment_bytes=get(spool, "segment_bytes", "64MiB", parse_size, "spool."),
+        drain_timeout_s=get(agent, "drain_timeout", "60s", parse_duration, "agent."),
+        heartbeat_interval_s=get(agent, "heartbeat_interval", "30s", parse_positive_duration,
+                                 "agent."),
+        sinks=parse_sinks(sinks_raw, problems),
+        source_path=path,
+        red_metrics=get(agent, "red_metrics", True, parse_bool, "agent."),
+        red_max_names=get(agent, "red_max_names", 200, label_cap, "agent."),
+        max_connections=get(agent, "max_connections", 1024, connection_cap, "agent."),
+    )
+    # A frame's Arrow record can be larger than its NDJSON; the spool holds records of at
+    # most a quarter of max_bytes and one segment, so leave a factor of two on top.
+    if config.spool_max_bytes < 8 * config.max_frame_bytes:
+        problems.append("spool.max_bytes: must be at least eight times agent.max_frame")
+    if config.spool_segment_bytes < 2 * config.max_frame_bytes:
+        problems.append("spool.segment_bytes: must be at least twice agent.max_frame")
+    return config
+
+
+def config_warnings(config: AgentConfig) -> list[str]:
+    """What is allowed but likely a mistake; `check-config` prints it, the agent logs it."""
+    warnings = [f"sinks[{index}] ({sink.name}).tls_verify: false: the endpoint's certificate "
+                "is not checked, so whoever is on the path can read and change the events"
+                for index, sink in enumerate(config.sinks) if _unverified(sink.options)]
+    host = config.http_listen.rpartition(":")[0].strip("[]")
+    if not host or config.http_token is not None or _is_loopback(host):
+        return warnings
+    return [f"agent.http_listen: {config.http_listen} can be reached from other hosts and "
+            "no http_token_file is set: anyone who reaches it can write events", *warnings]
+
+
+def _unverified(options: Mapping[str, Any]) -> bool:
+    try:
+        return not parse_bool(options.get("tls_verify", True))
+    except ValueError:
+        return False  # the sink's build names the bad value
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def check_host(config: AgentConfig) -> None:
+    """What only the host that runs the agent can answer, for `evagg check-config` and
+    `evagg run` (load_config itself reads another host's config fine)."""
+    group = config.socket_group
+    if group is None:
+        return
+    try:
+        grp.getgrnam(group)
+    except KeyError:
+        raise ConfigError([f"agent.socket_group: no group named {group!r} on this host "
+                           "(create it, or remove the key)"]) from None
+
+

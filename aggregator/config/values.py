@@ -1,0 +1,86 @@
+"""Checks of the agent's configuration tables: unknown keys, and parsers of values that
+return the value or raise ValueError saying why (the caller names the key)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from sinks.units import parse_int
+
+
+def check_keys(
+    table: Mapping[str, Any], allowed: set[str], prefix: str, problems: list[str]
+) -> None:
+    for key in table:
+        if key not in allowed:
+            problems.append(f"{prefix}{key}: unknown key (allowed: {', '.join(sorted(allowed))})")
+
+
+def string(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is not a string (quote it)")
+    return value
+
+
+def path_or(default: Any) -> Any:
+    """A path from a string; "" (or no key) means the user default."""
+    def parse(value: Any) -> Path:
+        found = string(value)
+        return Path(found) if found else Path(default())
+
+    return parse
+
+
+def group(value: Any) -> str | None:
+    return string(value) or None
+
+
+def octal_mode(value: Any) -> int:
+    text = str(value)
+    if not re.fullmatch(r"0?[0-7]{3}", text):
+        raise ValueError(f'{text!r} is not an octal file mode such as "0660"')
+    return int(text, 8)
+
+
+def listen(value: Any) -> str:
+    text = str(value)
+    if text == "":
+        return ""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f'{text!r} is not host:port, such as "127.0.0.1:4040"')
+    return text
+
+
+def read_token(value: Any) -> str:
+    try:
+        token = Path(str(value)).read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read token file: {exc.strerror}") from None
+    if not token:
+        raise ValueError("the token file is empty")
+    return token
+
+
+def connection_cap(value: Any) -> int:
+    if not 1 <= parse_int(value) <= 1_000_000:
+        raise ValueError(f"{value!r} is not a whole number from 1 to 1000000")
+    return int(value)
+
+
+def label_cap(value: Any) -> int:
+    if not 1 <= parse_int(value) <= 100_000:
+        raise ValueError(f"{value!r} is not a whole number from 1 to 100000")
+    return int(value)
+
+
+def one_of(*choices: str) -> Any:
+    def parse(value: Any) -> str:
+        if value not in choices:
+            raise ValueError(f"{value!r} is not one of {', '.join(choices)}")
+        return str(value)
+
+    return parse

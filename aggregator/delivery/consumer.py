@@ -1,0 +1,179 @@
+"""One consumer per sink, each with its own cursor in the spool.
+
+A slow or failing sink holds back only itself: its cursor stays put, the spool keeps
+its records, the other consumers carry on. The cursor moves only past records the sink
+reported durable. After any failure the consumer abandons the sink's buffered state,
+backs off (exponential, full jitter, honouring Retry-After) and starts again from the
+committed cursor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from aggregator.metrics import AgentMetrics
+from aggregator.spool import Spool
+from aggregator.spool._screen import RecordScreen
+from sinks.backoff import backoff_delay
+from sinks.base import Sink, SinkResult
+
+log = logging.getLogger("evagg.delivery")
+
+PERMANENT_RETRY_S = 60.0  # a permanent error is retried slowly; the spool keeps the data
+DRAIN_RETRY_S = 1.0  # while draining, retries come at least this often
+
+
+@dataclass
+class ConsumerState:
+    last_error_kind: str | None = None  # to log a failure once per change of kind
+    failures_in_a_row: int = 0  # drives the backoff
+    last_success_ns: int = 0  # exported: alert when a sink has not delivered for long
+
+
+class SinkConsumer:
+    def __init__(self, sink: Sink, spool: Spool, metrics: AgentMetrics, *,
+                 flush_interval_s: float = 1.0, read_max_bytes: int = 4 * 2**20,
+                 backoff_cap_s: float = 60.0, screen: RecordScreen | None = None) -> None:
+        self.sink = sink
+        self.spool = spool
+        self.screen = screen or RecordScreen(spool)  # share one per spool: counted once
+        self.metrics = metrics
+        self.flush_interval_s = flush_interval_s
+        self.read_max_bytes = read_max_bytes
+        self.backoff_cap_s = backoff_cap_s
+        self.state = ConsumerState()
+        self._position = spool.cursor(sink.name)
+        self._last_flush = time.monotonic()
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._draining = False
+
+    @property
+    def name(self) -> str:
+        return self.sink.name
+
+    def caught_up(self) -> bool:
+        return self.spool.cursor(self.name) >= self.spool.next_offset
+
+    async def run(self) -> None:
+        """Deliver until stopped. Never raises: failures are counted and retried."""
+        while not self._stopping.is_set():
+            try:
+                result = await self._step()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a sink bug must not end delivery for good
+                self._count_exception(exc, "write")
+                result = SinkResult.failure(f"{type(exc).__name__}: {exc}", "exception")
+            if result is None or result.ok:
+                continue
+            try:
+                await self._recover(result)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # abandon() failed (a read-only disk, say): retry later
+                self._count_exception(exc, "abandon")
+                self._position = self.spool.cursor(self.name)
+                await self._sleep(self.backoff_cap_s)
+
+    def _count_exception(self, exc: Exception, during: str) -> None:
+        self.metrics.worker_errors.inc(worker=f"sink:{self.name}", type=type(exc).__name__)
+        log.exception("sink %s raised during %s; treating it as a failed delivery",
+                      self.name, during)
+
+    async def _step(self) -> SinkResult | None:
+        if self._flush_due():
+            result = await self._flush(final=False)
+            if not result.ok:
+                return result
+        records = self.screen.screen(self.spool.read(self._position,
+                                                     max_bytes=self.read_max_bytes))
+        if not records:
+            if self._draining:
+                result = await self._flush(final=True)
+                if result.ok:
+                    self._stopping.set()
+                return result
+            await self._wait_for_records()
+            return None
+        result = await self.sink.write(records)
+        if result.ok:
+            self._position = records[-1].offset + 1
+            self._accept(result)
+        return result
+
+    def _flush_due(self) -> bool:
+        return time.monotonic() - self._last_flush >= self.flush_interval_s
+
+    async def _flush(self, *, final: bool) -> SinkResult:
+        self._last_flush = time.monotonic()
+        result = await self.sink.flush(final=final)
+        if result.ok:
+            self._accept(result)
+        return result
+
+    async def _wait_for_records(self) -> None:
+        wait = asyncio.ensure_future(self.spool.wait_for(self._position, self.flush_interval_s))
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({wait, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            wait.cancel()
+            stop.cancel()
+
+    def _accept(self, result: SinkResult) -> None:
+        if result.durable_through is None:
+            return  # buffered, not delivered: says nothing about the peer's health
+        self.spool.commit(self.name, result.durable_through + 1)
+        self.metrics.delivered_events.inc(result.delivered_events, sink=self.name)
+        self.state.last_success_ns = time.time_ns()
+        if self.state.failures_in_a_row:
+            log.info("sink %s recovered after %d failed attempts", self.name,
+                     self.state.failures_in_a_row)
+        self.state.failures_in_a_row = 0
+        self.metrics.sink_permanent_error.set(0, sink=self.name)
+
+    async def _recover(self, result: SinkResult) -> None:
+        state = self.state
+        kind = result.error_kind or "error"
+        self.metrics.delivery_errors.inc(sink=self.name, kind=kind)
+        if state.failures_in_a_row == 0 or kind != state.last_error_kind:
+            log.warning("sink %s failed (%s): %s", self.name, kind, result.error)
+        state.failures_in_a_row += 1
+        state.last_error_kind = kind
+        self.metrics.sink_permanent_error.set(1 if result.permanent else 0, sink=self.name)
+        await self.sink.abandon()
+        self._position = self.spool.cursor(self.name)
+        if result.permanent:
+            delay = PERMANENT_RETRY_S
+        else:
+            delay = backoff_delay(state.failures_in_a_row, cap=self.backoff_cap_s,
+                                  retry_after=result.retry_after_s)
+        self.metrics.retries.inc(sink=self.name)
+        if self._draining:
+            delay = min(delay, DRAIN_RETRY_S)  # the drain deadline is short: try more often
+        await self._sleep(delay)
+
+    async def _sleep(self, seconds: float) -> None:
+        """Wait out a backoff; drain() and stop() cut it short."""
+        try:
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
+        except TimeoutError:
+            pass
+        self._wake.clear()
+
+    def drain(self) -> None:
+        """Deliver everything spooled so far, flush, then stop."""
+        self._draining = True
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    async def close(self) -> None:
+        await self.sink.close()

@@ -1,0 +1,91 @@
+"""The running sinks: one consumer task per configured sink, started and stopped as a set.
+
+Reload builds the new set completely before the old one is touched, so a config whose
+sinks cannot be built changes nothing; stopping drains every sink at once, within one
+deadline, and then cancels whatever is still in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from aggregator.config import ConfigError
+from aggregator.config.sinks import SinkConfig
+from aggregator.delivery.consumer import SinkConsumer
+from aggregator.delivery.registry import SinkOptionError, build_sink
+from aggregator.metrics import AgentMetrics
+from aggregator.spool import Spool
+from aggregator.spool._screen import RecordScreen
+from sinks.base import Sink
+
+log = logging.getLogger("evagg.sinks")
+CANCEL_GRACE_S = 5.0  # after the drain deadline, how long an in-flight write may finish
+
+
+def build_sinks(configs: Sequence[SinkConfig], *, node_id: str, spool_id: str,
+                state_dir: Path) -> list[tuple[SinkConfig, Sink]]:
+    """Every sink of the config, or ConfigError naming each one that cannot be built.
+    Sinks open no connection or file until their first write, so nothing needs closing."""
+    built: list[tuple[SinkConfig, Sink]] = []
+    problems: list[str] = []
+    for index, config in enumerate(configs):
+        try:
+            built.append((config, build_sink(config, node_id=node_id, spool_id=spool_id,
+                                             state_dir=state_dir)))
+        except SinkOptionError as exc:
+            problems.append(f"sinks[{index}] ({config.name}).{exc.key}: {exc.reason}")
+        except (ValueError, OSError) as exc:
+            problems.append(f"sinks[{index}] ({config.name}): {exc}")
+    if problems:
+        raise ConfigError(problems)
+    return built
+
+
+class SinkSet:
+    def __init__(self, spool: Spool, metrics: AgentMetrics,
+                 built: Sequence[tuple[SinkConfig, Sink]]) -> None:
+        self.spool = spool
+        self.metrics = metrics
+        self.consumers: dict[str, SinkConsumer] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        spool.register_sinks([config.name for config, _ in built])
+        screen = RecordScreen(spool)
+        for config, sink in built:
+            consumer = SinkConsumer(sink, spool, metrics, read_max_bytes=sink.read_max_bytes,
+                                    backoff_cap_s=config.retry_max_backoff_s, screen=screen)
+            self.consumers[sink.name] = consumer
+            self._tasks.append(asyncio.create_task(consumer.run(), name=f"sink:{sink.name}"))
+
+    def describe(self) -> str:
+        return ", ".join(f"{c.name} -> {c.sink.describe()}" for c in self.consumers.values())
+
+    async def stop(self, deadline_s: float) -> None:
+        """Deliver what is spooled within the deadline, then stop and close every sink.
+        What is not delivered stays in the spool for the next agent."""
+        for consumer in self.consumers.values():
+            consumer.drain()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=deadline_s)
+        for consumer in self.consumers.values():
+            if not consumer.caught_up():
+                log.warning("sink %s still has %d records at the deadline; they stay spooled",
+                            consumer.name, self.spool.lag(consumer.name)[0])
+            consumer.stop()
+        pending = [task for task in self._tasks if not task.done()]
+        if pending:
+            _, still = await asyncio.wait(pending, timeout=CANCEL_GRACE_S)
+            for task in still:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        for consumer in self.consumers.values():
+            try:
+                await consumer.close()
+            except Exception as exc:  # closing one sink must not keep the others open
+                self.metrics.worker_errors.inc(worker=f"sink:{consumer.name}",
+                                               type=type(exc).__name__)
+                log.exception("closing sink %s failed", consumer.name)
+        for name in self.consumers:
+            self.metrics.sink_permanent_error.values.pop((("sink", name),), None)

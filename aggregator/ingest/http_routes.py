@@ -1,0 +1,221 @@
+"""The loopback HTTP port: ingest routes for producers that can't use the socket,
+Ray's Event Export and OTLP, plus /metrics, /healthz, /readyz and a live tail.
+
+Each ingest route answers only after the batch is in the spool, and a body that cannot
+be read at all gets a 400 with the reason and nothing of it is spooled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from aggregator.decode import otlp
+from aggregator.ingest.ingestor import Ingestor, IngestResult, SpoolUnavailable
+from aggregator.ingest.tail import stream_tail
+from aggregator.metrics import AgentMetrics
+from aggregator.ray import batch as ray_batch
+from aggregator.ray import dedupe as ray_dedupe
+from aggregator.ray import events as ray_events
+
+log = logging.getLogger("evagg.http")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+INGEST_PATHS = frozenset({"/v1/events", "/ray/events", "/v1/traces"})
+RAY_RESEND_WAIT_S = 2.5  # under Ray's 3 s publish timeout
+READABLE_ENCODINGS = frozenset({"identity", "gzip", "deflate"})  # aiohttp inflates these
+
+
+class HttpApi:
+    def __init__(self, ingestor: Ingestor, metrics: AgentMetrics, *, max_body_bytes: int,
+                 token: str | None, is_ready: Callable[[], bool]) -> None:
+        self.ingestor = ingestor
+        self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+        self.token = token
+        self.is_ready = is_ready
+        self.ray_ids = ray_events.RecentEventIds()
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes,
+                              middlewares=[self._guard])
+        app.router.add_post("/v1/events", self.post_events)
+        app.router.add_post("/ray/events", self.post_ray_events)
+        app.router.add_post("/v1/traces", self.post_traces)
+        app.router.add_get("/metrics", self.get_metrics)
+        app.router.add_get("/healthz", self.get_healthz)
+        app.router.add_get("/readyz", self.get_readyz)
+        app.router.add_get("/v1/tail", self.get_tail)
+        return app
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Bearer token on ingest routes; every failure becomes a short readable answer."""
+        guarded = request.path in INGEST_PATHS or request.path == "/v1/tail"
+        if self.token and guarded and not self._authorized(request):
+            self.metrics.bad_input.inc(route=request.path, reason="unauthorized")
+            return _error(401, "missing or wrong bearer token")
+        if request.path in INGEST_PATHS and not self.is_ready():
+            return web.Response(status=503, body=orjson.dumps({"error": "the agent is draining"}),
+                                content_type="application/json", headers={"Retry-After": "5"})
+        try:
+            return await handler(request)
+        except web.RequestPayloadError as exc:  # e.g. a broken gzip body aiohttp could not unpack
+            self.metrics.bad_input.inc(route=request.path, reason="bad_encoding")
+            return _error(400, f"cannot read the body: {exc}")
+        except web.HTTPException as exc:
+            if exc.status == 413:
+                self.metrics.bad_input.inc(route=request.path, reason="too_large")
+                return _error(413, f"body larger than {self.max_body_bytes} bytes")
+            raise
+        except asyncio.CancelledError:
+            raise
+        except SpoolUnavailable as exc:
+            return web.Response(status=503, body=orjson.dumps({"error": str(exc)}),
+                                content_type="application/json", headers={"Retry-After": "5"})
+        except Exception as exc:
+            self.metrics.worker_errors.inc(worker="http", type=type(exc).__name__)
+            log.exception("request to %s failed", request.path)
+            return _error(500, f"internal error: {type(exc).__name__}")
+
+    def _authorized(self, request: web.Request) -> bool:
+        """A bearer token, or for Ray's exporter (which cannot send headers) ?token=."""
+        assert self.token is not None
+        offered = request.headers.get("Authorization", "")
+        if hmac.compare_digest(offered.encode(), f"Bearer {self.token}".encode()):
+            return True
+        if request.path == "/ray/events":
+            return hmac.compare_digest(request.query.get("token", "").encode(),
+                                       self.token.encode())
+        return False
+
+    async def post_events(self, request: web.Request) -> web.Response:
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in READABLE_ENCODINGS:  # aiohttp would hand over the bytes as is
+            return _error(415, f"Content-Encoding {encoding[:40]!r} is not supported "
+                               "(gzip, deflate or none)")
+        body = await request.read()
+        if not body.strip():
+            return self._bad(request, "empty_body", "the body is empty")
+        result = await self.ingestor.ingest_ndjson(body, self.ingestor.stamp(), route="http")
+        return _ingest_answer(result)
+
+    async def post_ray_events(self, request: web.Request) -> web.Response:
+        """Ray's Event Export. The body's new eventIds are in flight from the split until
+        the spool write ends: stored, they are remembered; failed, forgotten (Ray's resend
+        is then stored). A resend that meets ids another request is still writing waits
+        for that write (at most RAY_RESEND_WAIT_S): 200 if it stored them, else 503 so that
+        Ray sends again. docs/ray.md, "Resends"."""
+        body = await request.read()
+        # node_id holds Ray's own node ids on Ray's rows: a row Ray sent without one (the
+        # executor's RUNNING event before Ray 2.56) stays empty rather than taking the
+        # agent's node name, which the tasks view would then prefer over the hex id.
+        stamp = dataclasses.replace(self.ingestor.stamp(), node_id="")
+        claim = ray_dedupe.Claim()
+        try:
+            mapped = await self.ingestor.in_thread(ray_batch.ray_body_to_batch, body,
+                                                   self.ray_ids, stamp, claim)
+        except ray_events.RayBodyError as exc:
+            return self._bad(request, "malformed", str(exc))
+        except BaseException:  # cancelled: the thread may still take ids under this claim
+            self.ray_ids.settle(claim, stored=False)
+            raise
+        self._count_ray_paths(mapped)
+        stored = False
+        try:
+            result = await self.ingestor.store(mapped.normalized, stamp, route="ray")
+            stored = True
+        finally:
+            self.ray_ids.settle(claim, stored)
+        if mapped.pending and not await self._stored_by_others(mapped.pending):
+            raise SpoolUnavailable("an earlier request with some of these events failed or "
+                                   "is still writing them: send again")
+        duplicates = mapped.duplicates + mapped.held
+        self.metrics.duplicate_frames.inc(duplicates, route="ray")
+        return _ingest_answer(result, all_rejected_status=200, duplicates=duplicates)
+
+    def _count_ray_paths(self, mapped: ray_batch.RayBatch) -> None:
+        if mapped.declined:
+            self.metrics.ray_careful_events.inc(mapped.declined, reason="declined")
+        if mapped.careful > mapped.declined:
+            self.metrics.ray_careful_events.inc(mapped.careful - mapped.declined,
+                                                reason="other_event_type")
+        if mapped.times_one_by_one:
+            self.metrics.ray_time_remaps.inc()
+
+    async def _stored_by_others(self, pending: list[ray_dedupe.Claim]) -> bool:
+        """Whether the requests writing some of this body's events stored them, waiting
+        less than Ray's 3 s timeout: past that, nobody reads our answer."""
+        try:
+            async with asyncio.timeout(RAY_RESEND_WAIT_S):
+                for claim in pending:
+                    if not await self.ray_ids.outcome(claim):
+                        return False
+        except TimeoutError:
+            return False
+        return True
+
+    async def post_traces(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        content_type = request.headers.get("Content-Type", "")
+        try:
+            decoded = await self.ingestor.in_thread(
+                otlp.decode_otlp_traces, body, content_type,
+                request.headers.get("Content-Encoding"))
+        except otlp.OtlpError as exc:
+            return self._bad(request, "malformed", str(exc), status=exc.status)
+        result = await self.ingestor.ingest_rows(decoded.rows, self.ingestor.stamp(),
+                                                 route="otlp")
+        rejected = decoded.rejected_spans + result.rejected
+        message = decoded.error_message or result.note
+        answer, answer_type = otlp.otlp_response(content_type, rejected, message)
+        return web.Response(body=answer, content_type=answer_type)
+
+    def _bad(self, request: web.Request, reason: str, text: str,
+             status: int = 400) -> web.Response:
+        self.metrics.bad_input.inc(route=request.path, reason=reason)
+        return _error(status, text)
+
+    async def get_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.metrics.registry.render(),
+                            content_type="text/plain", charset="utf-8",
+                            headers={"X-Content-Type-Options": "nosniff"})
+
+    async def get_healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def get_readyz(self, request: web.Request) -> web.Response:
+        if self.is_ready():
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="draining\n")
+
+    async def get_tail(self, request: web.Request) -> web.StreamResponse:
+        kinds = request.query.getall("kind", [])
+        names = request.query.getall("name", [])
+        return await stream_tail(request, self.ingestor.spool, kinds=kinds, names=names,
+                                 is_ready=self.is_ready)
+
+
+def _ingest_answer(result: IngestResult, all_rejected_status: int = 400,
+                   duplicates: int | None = None) -> web.Response:
+    """accepted: rows stored; rejected: lines, events or rows refused; duplicate: the
+    whole request was stored before; duplicates (Ray): events dropped as resent."""
+    status = all_rejected_status if result.accepted == 0 and result.rejected else 200
+    if result.too_large:
+        status = 413  # not the events' fault: the same events in smaller requests go in
+    body: dict[str, object] = {"accepted": result.accepted, "rejected": result.rejected,
+                               "duplicate": result.duplicate, "errors": list(result.reasons)}
+    if duplicates is not None:
+        body["duplicates"] = duplicates
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+def _error(status: int, text: str) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps({"error": text}),
+                        content_type="application/json")

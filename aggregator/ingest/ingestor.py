@@ -1,0 +1,119 @@
+"""From accepted input to a spool record: decode in a worker thread, stamp, append.
+
+Every ingest route (Unix socket frames, HTTP NDJSON, Ray Event Export, OTLP, the
+agent's own heartbeats) ends here, so counting and spooling happen in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from aggregator.decode.ndjson import decode_ndjson
+from aggregator.decode.normalize import Normalized, Stamp, ndjson_to_batch, rows_to_batch
+from aggregator.metrics import AgentMetrics
+from aggregator.red.metrics import RedMetrics
+from aggregator.spool import Spool, SpoolClosed
+from emitters.wire import NO_SESSION
+from sinks.schema import batch_to_bytes
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class IngestResult:
+    accepted: int
+    rejected: int
+    duplicate: bool
+    note: str  # the first rejection reason, or ""
+    reasons: tuple[str, ...] = ()  # up to ten rejection reasons, for HTTP answers
+    too_large: bool = False  # the whole batch is more than one spool record can hold
+
+
+class SpoolUnavailable(RuntimeError):
+    """The spool could not write (disk full, I/O error): answer nothing, let producers resend."""
+
+
+class Ingestor:
+    def __init__(self, spool: Spool, metrics: AgentMetrics, *, node_id: str, host: str,
+                 decode_threads: int = 2, red: RedMetrics | None = None) -> None:
+        self.spool = spool
+        self.red = red  # RED metrics from every spooled batch (aggregator/red/metrics.py)
+        self.metrics = metrics
+        self.node_id = node_id
+        self.host = host
+        self._executor = ThreadPoolExecutor(decode_threads, thread_name_prefix="evagg-decode")
+
+    def stamp(self, pid: int | None = None, uid: int | None = None) -> Stamp:
+        return Stamp(time.time_ns(), pid, uid, self.node_id, self.host)
+
+    async def in_thread(self, work: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, work, *args)
+
+    async def ingest_frame(self, payload: bytes, stamp: Stamp, *, session: bytes, seq: int,
+                           route: str = "socket") -> IngestResult:
+        """A socket frame: the bulk decoder, with the careful path as its fallback."""
+        if self.spool.has(session, seq):
+            self.metrics.duplicate_frames.inc(route=route)
+            return IngestResult(0, 0, True, "")
+        normalized = await self.in_thread(decode_ndjson, payload, stamp)
+        return await self.store(normalized, stamp, route=route, session=session, seq=seq,
+                                raw_bytes=len(payload))
+
+    async def ingest_ndjson(self, body: bytes, stamp: Stamp, *, route: str) -> IngestResult:
+        """An HTTP body of NDJSON lines or one JSON array."""
+        is_array = body.lstrip()[:1] == b"["
+        decode = ndjson_to_batch if is_array else decode_ndjson
+        normalized = await self.in_thread(decode, body, stamp)
+        return await self.store(normalized, stamp, route=route, raw_bytes=len(body))
+
+    async def ingest_rows(self, rows: Sequence[dict[str, Any]], stamp: Stamp, *, route: str,
+                          extra_rejected: Sequence[tuple[int, str]] = ()) -> IngestResult:
+        """Event dicts built by a route's own mapping (Ray, OTLP, heartbeats)."""
+        normalized = await self.in_thread(rows_to_batch, rows, stamp)
+        normalized.rejected = sorted([*extra_rejected, *normalized.rejected])
+        return await self.store(normalized, stamp, route=route)
+
+    async def store(self, normalized: Normalized, stamp: Stamp, *, route: str,
+                    session: bytes = NO_SESSION, seq: int = 0, raw_bytes: int = 0) -> IngestResult:
+        rejected = len(normalized.rejected)
+        if rejected:
+            self.metrics.rejected_events.inc(rejected, route=route)
+        reasons = tuple(f"event {i}: {r}" for i, r in normalized.rejected[:10])
+        batch = normalized.batch
+        if batch.num_rows == 0:
+            return IngestResult(0, rejected, False, normalized.first_reason(), reasons)
+        payload = await self.in_thread(batch_to_bytes, batch)
+        try:
+            result = await self.spool.append(payload, batch.num_rows,
+                                             received_ns=stamp.received_ns, session=session,
+                                             seq=seq)
+        except ValueError as exc:  # a record the spool can never hold
+            self.metrics.rejected_events.inc(batch.num_rows, route=route)
+            reason = f"batch refused: {exc}; send it in smaller parts"
+            return IngestResult(0, rejected + batch.num_rows, False, reason,
+                                (reason, *reasons[:9]), too_large=True)
+        except OSError as exc:
+            self.metrics.bad_input.inc(route=route, reason="spool_write_failed")
+            raise SpoolUnavailable(f"spool write failed: {exc.strerror or exc}") from exc
+        except SpoolClosed as exc:  # the agent is stopping: the producer resends later
+            raise SpoolUnavailable(str(exc)) from exc
+        if result.duplicate:
+            self.metrics.duplicate_frames.inc(route=route)
+            return IngestResult(0, 0, True, "")
+        if self.red is not None and self.red.add_batch(batch):  # RED metrics, see red_metrics.py
+            with contextlib.suppress(RuntimeError):  # executor shut down: /metrics flushes
+                self._executor.submit(self.red.flush)  # off the event loop; never raises
+        self.metrics.received_events.inc(batch.num_rows, route=route)
+        self.metrics.received_frames.inc(route=route)
+        self.metrics.received_bytes.inc(raw_bytes or len(payload), route=route)
+        return IngestResult(batch.num_rows, rejected, False, normalized.first_reason(), reasons)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+

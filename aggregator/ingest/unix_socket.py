@@ -1,0 +1,220 @@
+"""The Unix socket listener: frames in, acks out, one handler per producer connection.
+
+pid and uid come from the kernel (SO_PEERCRED), never from the payload. A connection
+that sends garbage, an oversized length, or stalls in the middle of a frame gets a NACK
+with the reason and is closed; every other connection carries on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import grp
+import logging
+import os
+import socket
+import stat
+import struct
+import time
+from pathlib import Path
+
+from aggregator.ingest.frame_reader import FrameReader, StreamEnd
+from aggregator.ingest.ingestor import Ingestor, SpoolUnavailable
+from aggregator.metrics import AgentMetrics
+from emitters import wire
+
+log = logging.getLogger("evagg.socket")
+
+_PEERCRED = struct.Struct("3i")
+LOGGED_REASON_CHARS = 200  # a reason quotes producer text: the log gets its start only
+
+
+class SocketIngest:
+    def __init__(self, ingestor: Ingestor, metrics: AgentMetrics, *, path: Path, mode: int,
+                 group: str | None, max_frame_bytes: int, frame_timeout_s: float = 10.0,
+                 max_connections: int = 1024) -> None:
+        self.ingestor = ingestor
+        self.metrics = metrics
+        self.path = path
+        self.mode = mode
+        self.group = group
+        self.max_frame_bytes = max_frame_bytes
+        self.frame_timeout_s = frame_timeout_s
+        # each connection may hold max_frame bytes of frames: the cap bounds their sum,
+        # and the file descriptors the sinks need too
+        self.max_connections = max_connections
+        self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._readers: set[FrameReader] = set()
+        self._last_spool_log = self._last_cap_log = -60.0
+
+    async def start(self, inherited: socket.socket | None = None) -> None:
+        """Listen on our own socket file, or on one that systemd handed over."""
+        loop = asyncio.get_running_loop()
+        if inherited is not None:
+            self._server = await loop.create_unix_server(self._new_connection, sock=inherited)
+            return
+        gid = group_id(self.group)  # before the socket exists: a bad group leaves no file
+        prepare_socket_path(self.path)
+        self._server = await loop.create_unix_server(self._new_connection, path=str(self.path))
+        apply_socket_permissions(self.path, self.mode, gid)
+
+    async def stop_accepting(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def close_connections(self, timeout: float) -> None:
+        """Ingest the frames already received, then end every connection."""
+        for reader in self._readers:
+            reader.finish()
+        if self._handlers:
+            _, pending = await asyncio.wait(set(self._handlers), timeout=timeout)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    def _new_connection(self) -> FrameReader:
+        reader = FrameReader(self.max_frame_bytes, self.frame_timeout_s)
+        task = asyncio.get_running_loop().create_task(self._on_connection(reader))
+        self._handlers.add(task)
+        self._readers.add(reader)
+        def forget(done: asyncio.Task[None]) -> None:
+            self._handlers.discard(done)
+            self._readers.discard(reader)
+
+        task.add_done_callback(forget)
+        return reader
+
+    async def _on_connection(self, reader: FrameReader) -> None:
+        self.metrics.connections.inc()
+        self.metrics.open_connections.inc(1)
+        try:
+            await self._serve(reader)
+        except asyncio.CancelledError:
+            raise
+        except ConnectionError:
+            pass  # the producer went away; its unacked frames will be resent
+        except SpoolUnavailable as exc:
+            self._log_spool_failure(exc)
+        except Exception as exc:  # one bad connection must never take the agent down
+            self.metrics.worker_errors.inc(worker="socket", type=type(exc).__name__)
+            log.exception("socket connection failed")
+        finally:
+            self.metrics.open_connections.inc(-1)
+            if reader.transport is not None:
+                reader.transport.close()
+
+    def _refuse_over_cap(self, transport: asyncio.Transport) -> None:
+        """Close a connection over max_connections at once, without a NACK: a NACK refuses
+        a producer's frames for good, and these should come back later, which a closed
+        connection makes an emitter do (it keeps them, reconnects and resends). Logged
+        once a minute at most, since a flood of connections is what this refuses."""
+        self.metrics.bad_input.inc(route="socket", reason="too_many_connections")
+        now = time.monotonic()
+        if now - self._last_cap_log >= 60.0:
+            self._last_cap_log = now
+            log.warning("closing producer connections beyond max_connections = %d; they "
+                        "reconnect and resend", self.max_connections)
+        transport.close()
+
+    def _log_spool_failure(self, exc: SpoolUnavailable) -> None:
+        """Once per minute at most: a full disk fails every connection at once."""
+        now = time.monotonic()
+        if now - self._last_spool_log >= 60.0:
+            self._last_spool_log = now
+            log.error("%s; closing producer connections so they resend later", exc)
+
+    async def _serve(self, reader: FrameReader) -> None:
+        await reader.connected.wait()
+        transport = reader.transport
+        assert transport is not None
+        if len(self._readers) > self.max_connections:
+            self._refuse_over_cap(transport)
+            return
+        pid, uid = peer_credentials(transport)
+        while True:
+            item = await reader.frames.get()
+            reader.frame_taken()
+            if isinstance(item, StreamEnd):
+                if item.reason is not None:
+                    self._refuse(transport, item.label, item.reason)
+                return
+            if not await self._handle_body(item, pid, uid, transport):
+                return
+
+    async def _handle_body(self, body: bytes, pid: int | None, uid: int | None,
+                           transport: asyncio.Transport) -> bool:
+        try:
+            frame = wire.decode_body(body)
+        except wire.FrameError as exc:
+            self._refuse(transport, "malformed", str(exc))
+            return False
+        if not isinstance(frame, wire.Batch):
+            self._refuse(transport, "unexpected_frame", "producers may only send batch frames")
+            return False
+        stamp = self.ingestor.stamp(pid, uid)
+        result = await self.ingestor.ingest_frame(frame.payload, stamp, session=frame.session,
+                                                  seq=frame.seq)
+        if result.accepted == 0 and result.rejected > 0:
+            self.metrics.bad_input.inc(route="socket", reason="all_events_rejected")
+            self._refuse(transport, None, f"no event accepted: {result.note}",
+                         frame.session, frame.seq)
+            return False
+        if not transport.is_closing():
+            transport.write(wire.encode_ack(frame.session, frame.seq, result.accepted,
+                                            result.rejected, result.note))
+        return True
+
+    def _refuse(self, transport: asyncio.Transport, reason: str | None, text: str,
+                session: bytes = wire.NO_SESSION, seq: int = 0) -> None:
+        if reason is not None:
+            self.metrics.bad_input.inc(route="socket", reason=reason)
+        log.warning("closing producer connection: %s", text[:LOGGED_REASON_CHARS])
+        if not transport.is_closing():
+            transport.write(wire.encode_nack(session, seq, text))
+
+
+def peer_credentials(transport: asyncio.BaseTransport) -> tuple[int | None, int | None]:
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return None, None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    except OSError:
+        return None, None
+    pid, uid, _gid = _PEERCRED.unpack(raw)
+    return pid, uid
+
+
+def prepare_socket_path(path: Path) -> None:
+    """Create the directory; remove a stale socket file that nobody listens on."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() and not path.is_symlink():
+        return
+    if not stat.S_ISSOCK(path.lstat().st_mode):
+        raise RuntimeError(f"{path} exists and is not a socket; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        path.unlink()  # stale: its agent is gone
+        return
+    finally:
+        probe.close()
+    raise RuntimeError(f"another agent is already listening on {path}")
+
+
+def group_id(group: str | None) -> int:
+    """-1 (keep the group) for none. The group may have gone since the config was
+    checked: a RuntimeError, which `evagg run` reports without a traceback."""
+    if not group:
+        return -1
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise RuntimeError(f"agent.socket_group: no group named {group!r} on this host") from None
+
+
+def apply_socket_permissions(path: Path, mode: int, gid: int) -> None:
+    if gid != -1:
+        os.chown(path, -1, gid)
+    os.chmod(path, mode)

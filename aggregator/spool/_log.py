@@ -1,0 +1,377 @@
+"""The segment files of one spool directory in offset order: append, read, delete, fsync.
+
+Appends run on the event loop (one `os.writev` per record). Fsyncs run in a thread: with
+fsync "always" every append waits for one, and appends that arrive while one runs share
+the next (group commit); rolled-away segments are fsynced and closed the same way in
+both modes. Readers see a record once it is written ("os") or fsynced ("always").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+from aggregator.spool._recovery import Recovered, recover_segment
+from aggregator.spool._segment import (
+    FORMAT_VERSION,
+    HEADER_SIZE,
+    RECORD_OVERHEAD,
+    SegmentIndex,
+    TornWriteError,
+    create_segment,
+    decode_records,
+    fsync_dir,
+    open_for_append,
+    parse_segment_name,
+    record_head,
+    write_frame,
+)
+from aggregator.spool._state import QUARANTINE_DIR, DedupeMarks, prune_quarantine
+from sinks.records import SpoolRecord
+from sinks.schema import SCHEMA_VERSION
+
+log = logging.getLogger("evagg.spool")
+
+QUARANTINE_KEEP = 8
+
+
+class _Damaged(Exception):
+    def __init__(self, segment: SegmentIndex) -> None:
+        super().__init__(segment.path.name)
+        self.segment = segment
+
+
+class SegmentLog:
+    def __init__(self, directory: Path, *, segment_bytes: int, fsync_always: bool,
+                 counters: dict[str, int], on_recovered: Callable[[Recovered], None],
+                 on_visible: Callable[[int], None]) -> None:
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        self.fsync_always = fsync_always
+        self.counters = counters
+        self._on_recovered = on_recovered  # losses and logs of every repaired segment
+        self._on_visible = on_visible
+        self.segments: list[SegmentIndex] = []  # oldest first; the last one takes appends
+        self.next_offset = 1
+        self.first_offset = 1  # of the oldest record present, or next_offset when empty
+        self.bytes_used = 0
+        self.visible = 0  # readers see offsets up to here
+        self.synced = 0  # fsynced through here
+        self.closed = False
+        self._quarantine = directory / QUARANTINE_DIR
+        self._sealed: list[tuple[Path, int]] = []  # rolled-away segments to fsync and close
+        self._dir_dirty = False
+        self._sync_job: asyncio.Future[int] | None = None
+        self._fd_lock = threading.Lock()  # fds are closed by the sync thread or by close()
+
+    # -- recovery --------------------------------------------------------------------------
+
+    def recover(self, min_next_offset: int, marks: DedupeMarks) -> Recovered:
+        """Check every segment, repair what is damaged, open the last one for appending."""
+        paths = sorted(p for p in self.directory.iterdir() if parse_segment_name(p.name))
+        total, prev = Recovered(None), 0
+        hint = min_next_offset
+        for i, path in enumerate(paths):
+            is_last = i == len(paths) - 1
+            hint = max(hint, parse_segment_name(path.name) or 0)
+            found = recover_segment(path, prev_offset=prev, is_last=is_last,
+                                    quarantine=self._quarantine)
+            _add_up(total, found)
+            self._on_recovered(found)
+            if found.index is None:
+                continue
+            hint = max(hint, found.index.first_offset)
+            if found.index.records == 0 and not is_last:
+                path.unlink()
+                continue
+            self.segments.append(found.index)
+            marks.merge(found.sessions)
+            prev = max(prev, found.index.last_offset)
+        self.next_offset = max(prev + 1, hint)
+        self._open_active()
+        self.bytes_used = sum(s.size for s in self.segments)
+        self._refresh_first_offset()
+        self.visible = self.synced = self.next_offset - 1
+        prune_quarantine(self._quarantine, QUARANTINE_KEEP)
+        return total
+
+    def _open_active(self) -> None:
+        last = self.segments[-1] if self.segments else None
+        if last is not None:
+            resumes_at = last.last_offset + 1 if last.records else last.first_offset
+            if last.version == FORMAT_VERSION and resumes_at == self.next_offset:
+                last.fd = open_for_append(last.path)
+                return
+            if last.records == 0:
+                last.path.unlink()
+                self.segments.pop()
+        self._start_segment()
+
+    # -- appending -------------------------------------------------------------------------
+
+    def room_needed(self, size: int) -> int:
+        """Bytes an append of a `size`-byte frame adds, including a new segment's header."""
+        return size + (HEADER_SIZE if self.must_roll(size) else 0)
+
+    def must_roll(self, size: int) -> bool:
+        active = self.segments[-1]
+        return active.fd is None or (active.records > 0 and active.size + size > self.segment_bytes)
+
+    def write(self, payload: bytes, count: int, received_ns: int, session: bytes, seq: int) -> int:
+        size = RECORD_OVERHEAD + len(payload)
+        if self.must_roll(size):
+            self.roll()
+        active = self.segments[-1]
+        assert active.fd is not None
+        offset, position = self.next_offset, active.size
+        head = record_head(offset, session, seq, received_ns, count, payload)
+        try:
+            write_frame(active.fd, head, payload, position)
+        except TornWriteError:
+            self._sealed.append((active.path, active.fd))  # the next append starts afresh
+            active.fd = None
+            raise
+        active.add(offset, position, count, position + size)
+        self.next_offset = offset + 1
+        self.bytes_used += size
+        if not self.fsync_always:
+            self._publish(offset)
+        return offset
+
+    def roll(self) -> None:
+        old = self.segments[-1]
+        if old.fd is not None:
+            self._sealed.append((old.path, old.fd))
+            old.fd = None
+        if old.records == 0:  # only after a failed first write: nothing in it to keep
+            old.path.unlink(missing_ok=True)
+            self.segments.pop()
+            self.bytes_used -= old.size
+        self._start_segment()
+        self._sync_in_background()
+
+    def _start_segment(self) -> None:
+        path, fd = create_segment(self.directory, self.next_offset, SCHEMA_VERSION)
+        index = SegmentIndex(path, self.next_offset, FORMAT_VERSION, HEADER_SIZE)
+        index.fd = fd
+        self.segments.append(index)
+        self.bytes_used += HEADER_SIZE
+        self._dir_dirty = True
+
+    def _publish(self, offset: int) -> None:
+        self.visible = offset
+        self._on_visible(offset)
+
+    # -- deleting --------------------------------------------------------------------------
+
+    def first_offset_after(self, count: int) -> int:
+        """What first_offset becomes once the `count` oldest segments are gone."""
+        rest = self.segments[count:]
+        return next((s.offsets[0] for s in rest if s.records), self.next_offset)
+
+    def remove_oldest(self, count: int) -> list[SegmentIndex]:
+        """Delete the `count` oldest segments (never the active one)."""
+        count = min(count, len(self.segments) - 1)
+        victims = self.segments[:count]
+        self.first_offset = self.first_offset_after(count)
+        gone = {s.path for s in victims}
+        for path, fd in [(p, fd) for p, fd in self._sealed if p in gone]:
+            self._sealed.remove((path, fd))
+            os.close(fd)  # not fsynced yet and never needed again: skip the fsync
+        for segment in victims:
+            segment.path.unlink(missing_ok=True)
+        del self.segments[:count]
+        self.bytes_used -= sum(s.size for s in victims)
+        self.counters["segments_deleted"] += count
+        return victims
+
+    def pending_from(self, start: int) -> tuple[int, int]:
+        """(records, events) with an offset >= start."""
+        records = events = 0
+        for segment in self.segments:
+            if segment.last_offset >= start:
+                i = segment.find(start)
+                records += segment.records - i
+                events += segment.events_from(i)
+        return records, events
+
+    def _refresh_first_offset(self) -> None:
+        self.first_offset = self.first_offset_after(0)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def read(self, start: int, max_bytes: int, max_records: int) -> list[SpoolRecord]:
+        for _ in range(3):
+            try:
+                return self._read(start, max_bytes, max(1, max_records))
+            except _Damaged as damaged:
+                self._repair(damaged.segment)
+        log.error("spool: a segment stays unreadable after repair")
+        return []
+
+    def _read(self, start: int, max_bytes: int, max_records: int) -> list[SpoolRecord]:
+        out: list[SpoolRecord] = []
+        start = max(start, self.first_offset)
+        budget = max_bytes
+        for segment in self.segments:
+            if segment.last_offset < start:
+                continue
+            got, used, whole = self._read_segment(segment, start, budget,
+                                                  max_records - len(out), not out)
+            out.extend(got)
+            budget -= used
+            if not whole or budget <= 0 or len(out) >= max_records:
+                break
+            start = segment.last_offset + 1
+        return out
+
+    def _read_segment(self, segment: SegmentIndex, start: int, budget: int, max_records: int,
+                      first: bool) -> tuple[list[SpoolRecord], int, bool]:
+        """(records, bytes read, whether the rest of the segment was read)."""
+        i = j = segment.find(start)
+        limit = min(segment.records, i + max_records)
+        used = 0
+        while j < limit and segment.offsets[j] <= self.visible:
+            frame = segment.end_of(j) - segment.positions[j]
+            if used + frame > budget and (j > i or not first):
+                break
+            used += frame
+            j += 1
+        if j == i:
+            return [], 0, i == segment.records
+        with open(segment.path, "rb") as f:
+            f.seek(segment.positions[i])
+            data = f.read(used)
+        records, intact = decode_records(data, start)
+        if not intact or len(records) != j - i:
+            raise _Damaged(segment)
+        return records, used, j == segment.records
+
+    def _repair(self, segment: SegmentIndex) -> None:
+        """A record failed its checksum on read: recover that segment as at start-up."""
+        if segment is self.segments[-1]:
+            self.roll()
+        i = self.segments.index(segment)
+        prev = max((s.last_offset for s in self.segments[:i]), default=0)
+        found = recover_segment(segment.path, prev_offset=prev, is_last=False,
+                                quarantine=self._quarantine)
+        self._on_recovered(found)
+        if found.index is None or found.index.records == 0:
+            segment.path.unlink(missing_ok=True)
+            del self.segments[i]
+        else:
+            self.segments[i] = found.index
+        self.bytes_used += (found.index.size if found.index else 0) - segment.size
+        self._refresh_first_offset()
+        prune_quarantine(self._quarantine, QUARANTINE_KEEP)
+
+    # -- durability ------------------------------------------------------------------------
+
+    async def sync_through(self, offset: int) -> None:
+        """Return once `offset` is fsynced; appends arriving meanwhile share the next fsync."""
+        while self.synced < offset:
+            if self.closed:
+                raise OSError("spool closed before the record was fsynced")
+            job = self._sync_job or self._start_sync_job()
+            await asyncio.shield(job)
+
+    def _sync_in_background(self) -> None:
+        if self._sync_job is not None or not self._sealed:
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # called outside the event loop: do it here
+            with self._fd_lock:
+                self._close_fds(self._take_sealed())
+            return
+        self._start_sync_job()
+
+    def _start_sync_job(self) -> asyncio.Future[int]:
+        loop = asyncio.get_running_loop()
+        sealed = self._take_sealed()
+        active = self.segments[-1].fd if self.fsync_always else None
+        sync_dir, self._dir_dirty = self._dir_dirty, False
+        job = loop.run_in_executor(None, self._sync_files, sealed, active, sync_dir)
+        job.add_done_callback(partial(self._sync_finished, self.next_offset - 1))
+        self._sync_job = job
+        return job
+
+    def _sync_files(self, sealed: list[int], active: int | None, sync_dir: bool) -> int:
+        """Runs in a thread. Owns `sealed` (closes them); `active` is closed only by close()."""
+        done = 0
+        with self._fd_lock:
+            try:
+                for fd in sealed:
+                    os.fsync(fd)
+                    done += 1
+                if active is not None and not self.closed:
+                    os.fsync(active)
+                    done += 1
+                if sync_dir:
+                    fsync_dir(self.directory)
+            finally:
+                for fd in sealed:
+                    os.close(fd)
+        return done
+
+    def _sync_finished(self, target: int, job: asyncio.Future[int]) -> None:
+        self._sync_job = None
+        if job.cancelled():
+            return
+        error = job.exception()
+        if error is not None:
+            self.counters["fsync_errors"] += 1
+            log.warning("spool: fsync failed: %s", error)
+        else:
+            self.counters["fsyncs"] += job.result()
+            if self.fsync_always and target > self.synced:
+                self.synced = target
+                self._publish(target)
+        if self._sealed and not self.closed:
+            self._start_sync_job()
+
+    def close(self) -> None:
+        """Fsync and close every file; waits for a running fsync thread."""
+        with self._fd_lock:
+            self.closed = True
+            fds = self._take_sealed()
+            if self.segments and self.segments[-1].fd is not None:
+                fds.append(self.segments[-1].fd)
+                self.segments[-1].fd = None
+            if self._close_fds(fds):
+                self.synced = self.next_offset - 1
+
+    def _take_sealed(self) -> list[int]:
+        fds = [fd for _, fd in self._sealed]
+        self._sealed = []
+        return fds
+
+    def _close_fds(self, fds: list[int]) -> bool:
+        ok = True
+        for fd in fds:
+            try:
+                os.fsync(fd)
+                self.counters["fsyncs"] += 1
+            except OSError as exc:
+                ok = False
+                log.warning("spool: fsync at close failed: %s", exc)
+            finally:
+                os.close(fd)
+        try:
+            fsync_dir(self.directory)
+        except OSError as exc:
+            log.warning("spool: directory fsync failed: %s", exc)
+        return ok
+
+
+def _add_up(total: Recovered, found: Recovered) -> None:
+    total.truncated_bytes += found.truncated_bytes
+    total.corrupt_records += found.corrupt_records
+    total.lost_events += found.lost_events
+    total.quarantined += found.quarantined
+

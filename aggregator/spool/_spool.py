@@ -1,0 +1,389 @@
+"""The spool: durable, bounded, append-only storage of accepted batches, one cursor per sink.
+
+This module holds the policies: dedupe of resent frames, what happens when the spool is
+full, cursors and which segments they allow to delete, and the count of every loss.
+The files themselves are `spool_log.SegmentLog`'s. Format and recovery: docs/spool.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from aggregator.spool._log import SegmentLog
+from aggregator.spool._recovery import Recovered
+from aggregator.spool._segment import HEADER_SIZE, RECORD_OVERHEAD
+from aggregator.spool._state import (
+    CURSOR_DIR,
+    MARKS_FILE,
+    DedupeMarks,
+    load_spool_id,
+    lock_directory,
+    read_cursors,
+    remove_temp_files,
+    write_cursor,
+)
+from emitters.wire import NO_SESSION, SESSION_BYTES
+from sinks.records import SpoolRecord
+
+log = logging.getLogger("evagg.spool")
+
+SESSION_TTL_NS = 7 * 24 * 3600 * 10**9  # dedupe marks of sessions idle this long are forgotten
+_COUNTERS = (
+    "appended_records", "appended_events", "duplicates", "truncated_bytes", "corrupt_records",
+    "segments_deleted", "fsyncs", "fsync_errors", "full_waits", "dropped_records",
+)
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    segments: int
+    records: int
+    truncated_bytes: int
+    corrupt_records: int
+    quarantined_files: list[str]
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    offset: int | None
+    duplicate: bool
+
+
+class SpoolClosed(RuntimeError):
+    """The spool is closed (or not yet open) while a call needed it."""
+
+
+class Spool:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        max_bytes: int,
+        when_full: Literal["block", "drop_oldest"] = "block",
+        fsync: Literal["os", "always"] = "os",
+        segment_bytes: int = 64 * 2**20,
+    ) -> None:
+        if when_full not in ("block", "drop_oldest"):
+            raise ValueError(f"when_full must be 'block' or 'drop_oldest', not {when_full!r}")
+        if fsync not in ("os", "always"):
+            raise ValueError(f"fsync must be 'os' or 'always', not {fsync!r}")
+        self.directory = Path(directory)
+        self.max_bytes = max_bytes
+        self.when_full = when_full
+        self.fsync = fsync
+        # A quarter of the cap at most, so a full spool always has sealed segments to free.
+        segment_bytes = min(segment_bytes, max_bytes // 4)
+        self.max_record_bytes = segment_bytes - HEADER_SIZE - RECORD_OVERHEAD
+        if self.max_record_bytes < 1:
+            raise ValueError(f"spool max_bytes {max_bytes} is too small to hold a record")
+        self.spool_id = ""
+        self.losses: dict[str, int] = {}
+        self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
+        self._unreported: dict[str, int] = {}
+        self._log = SegmentLog(self.directory, segment_bytes=segment_bytes,
+                               fsync_always=fsync == "always", counters=self.counters,
+                               on_recovered=self._count_recovery, on_visible=self._wake_readers)
+        self._marks = DedupeMarks(self.directory / MARKS_FILE, SESSION_TTL_NS)
+        self._cursors: dict[str, int] = {}
+        self._registered: set[str] | None = None  # None: every known cursor holds segments
+        self._room_queue: deque[object] = deque()
+        self._room_changed: asyncio.Future[None] | None = None
+        self._data_arrived: asyncio.Future[None] | None = None
+        self._lock_fd: int | None = None
+        self._state = "new"
+        self._dropping_logged = False
+
+    @property
+    def bytes_used(self) -> int:
+        return self._log.bytes_used
+
+    @property
+    def first_offset(self) -> int:
+        return self._log.first_offset
+
+    @property
+    def next_offset(self) -> int:
+        return self._log.next_offset
+
+    # -- opening and closing ---------------------------------------------------------------
+
+    def open(self) -> RecoveryReport:
+        """Recover from disk. Raises only for the environment (permissions, another agent
+        on the same directory, segments of a newer format), never for damaged data."""
+        if self._state != "new":
+            raise RuntimeError("a Spool is opened once")
+        (self.directory / CURSOR_DIR).mkdir(parents=True, exist_ok=True)
+        self._lock_fd = lock_directory(self.directory)
+        try:
+            remove_temp_files(self.directory)
+            self.spool_id = load_spool_id(self.directory)
+            self._cursors, bad = read_cursors(self.directory)
+            if bad:
+                log.warning("spool: ignoring unreadable cursor files %s", bad)
+            floor = max([1, self._marks.load(), *self._cursors.values()])
+            total = self._log.recover(floor, self._marks)
+        except BaseException:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            raise
+        self._state = "open"
+        segments = self._log.segments
+        return RecoveryReport(len(segments), sum(s.records for s in segments),
+                              total.truncated_bytes, total.corrupt_records, total.quarantined)
+
+    def close(self) -> None:
+        """Fsync and close the files; appends still waiting fail with SpoolClosed."""
+        if self._state == "closed":
+            return
+        self._state = "closed"
+        self._log.close()
+        _wake(self._room_changed)
+        _wake(self._data_arrived)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # -- appending -------------------------------------------------------------------------
+
+    async def append(self, payload: bytes, count: int, *, received_ns: int,
+                     session: bytes = NO_SESSION, seq: int = 0) -> AppendResult:
+        """Store one record; returns once it is written (and fsynced with "always")."""
+        self._check_open()
+        self._check_record(payload, count, received_ns, session, seq)
+        stored = self._stored_at(session, seq)
+        if stored is None:
+            size = RECORD_OVERHEAD + len(payload)
+            if self._room_queue or not self._has_room(size):
+                await self._make_room(size)
+                stored = self._stored_at(session, seq)  # its twin may have landed meanwhile
+        if stored is not None:
+            self.counters["duplicates"] += 1
+            if self.fsync == "always":
+                await self._log.sync_through(stored)
+            return AppendResult(None, True)
+        offset = self._log.write(payload, count, received_ns, session, seq)
+        if seq > 0 and session != NO_SESSION:
+            self._marks.note(session, seq, offset, received_ns)
+        self.counters["appended_records"] += 1
+        self.counters["appended_events"] += count
+        if self.fsync == "always":
+            await self._log.sync_through(offset)
+        return AppendResult(offset, False)
+
+    def has(self, session: bytes, seq: int) -> bool:
+        return self._stored_at(session, seq) is not None
+
+    def _stored_at(self, session: bytes, seq: int) -> int | None:
+        """The offset whose durability covers (session, seq), if that frame is stored."""
+        if seq <= 0 or session == NO_SESSION:
+            return None
+        return self._marks.stored_at(session, seq)
+
+    def _check_record(self, payload: bytes, count: int, received_ns: int,
+                      session: bytes, seq: int) -> None:
+        if len(payload) > self.max_record_bytes:
+            raise ValueError(f"a record of {len(payload)} bytes exceeds the spool's limit of "
+                             f"{self.max_record_bytes} (max_bytes/4 or the segment size)")
+        if len(session) != SESSION_BYTES:
+            raise ValueError(f"session must be {SESSION_BYTES} bytes, not {len(session)}")
+        if not (0 <= count < 2**32 and 0 <= seq < 2**64 and -(2**63) <= received_ns < 2**63):
+            raise ValueError("count, seq or received_ns out of range")
+
+    def _has_room(self, size: int) -> bool:
+        return self._log.bytes_used + self._log.room_needed(size) <= self.max_bytes
+
+    async def _make_room(self, size: int) -> None:
+        if self.when_full == "drop_oldest":
+            self._drop_oldest(size)
+            return
+        token = object()  # wait in arrival order, so a session's frames keep their order
+        self._room_queue.append(token)
+        self.counters["full_waits"] += 1
+        try:
+            while self._room_queue[0] is not token or not self._has_room(size):
+                loop = asyncio.get_running_loop()
+                if self._room_changed is None or self._room_changed.get_loop() is not loop:
+                    self._room_changed = loop.create_future()
+                await asyncio.shield(self._room_changed)
+                self._check_open()
+        finally:
+            self._room_queue.remove(token)
+            self._notify_room()
+
+    def _notify_room(self) -> None:
+        waiting, self._room_changed = self._room_changed, None
+        _wake(waiting)
+
+    def _drop_oldest(self, size: int) -> None:
+        if self._log.must_roll(size):
+            self._log.roll()  # so the segment written so far can go too
+        while not self._has_room(size) and len(self._log.segments) > 1:
+            victim = self._log.segments[0]
+            floor = self._pin_floor()
+            passed = 0 if floor is None else victim.find(floor)  # every sink is past these
+            self._remove_oldest(1)
+            self._add_loss("drop_oldest", victim.events_from(passed))
+            self.counters["dropped_records"] += victim.records - passed
+            for sink, position in self._cursors.items():
+                self._cursors[sink] = max(position, self.first_offset)
+            if not self._dropping_logged:
+                self._dropping_logged = True
+                log.warning("spool full: dropping the oldest segments (when_full=drop_oldest)")
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def read(self, start_offset: int, *, max_bytes: int = 8 * 2**20,
+             max_records: int = 10_000) -> list[SpoolRecord]:
+        """Records with offset >= start_offset in order; at least one if any is readable."""
+        self._check_open()
+        return self._log.read(start_offset, max_bytes, max_records)
+
+    async def wait_for(self, offset: int, timeout: float) -> bool:
+        """True once a record with an offset >= `offset` is readable (or was, before a drop)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._log.visible < offset and self._state == "open":
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            if self._data_arrived is None or self._data_arrived.get_loop() is not loop:
+                self._data_arrived = loop.create_future()
+            try:
+                async with asyncio.timeout(remaining):
+                    await asyncio.shield(self._data_arrived)
+            except TimeoutError:
+                break
+        return self._log.visible >= offset
+
+    def _wake_readers(self, offset: int) -> None:
+        arrived, self._data_arrived = self._data_arrived, None
+        _wake(arrived)
+
+    # -- cursors and deletion --------------------------------------------------------------
+
+    def cursor(self, sink: str) -> int:
+        """The next offset `sink` needs; a new sink starts at the oldest record present."""
+        return max(self._cursors.setdefault(sink, self.first_offset), self.first_offset)
+
+    def commit(self, sink: str, next_offset: int) -> None:
+        """Persist a sink's cursor, then delete the segments every configured sink has passed."""
+        self._check_open()
+        if not 1 <= next_offset <= self.next_offset:
+            raise ValueError(f"cursor {next_offset} is beyond the spool's next offset "
+                             f"{self.next_offset}")
+        if next_offset <= self._cursors.get(sink, 0):
+            return
+        try:
+            write_cursor(self.directory, sink, next_offset)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            self._commit_on_full_disk(sink, next_offset)
+            return
+        self._cursors[sink] = next_offset
+        self._delete_passed()
+
+    def _commit_on_full_disk(self, sink: str, next_offset: int) -> None:
+        """A full disk must not deadlock delivery (no cursor write, so no segment freed, so
+        the disk stays full). Records below next_offset are delivered, so their segments may
+        go before the cursor is durable: after a crash the sink restarts at the oldest record
+        left, and nothing it skips was undelivered. Free them, then write the cursor."""
+        self.counters["enospc_commits"] = self.counters.get("enospc_commits", 0) + 1
+        self._cursors[sink] = next_offset
+        self._delete_passed(keep_marks_on_failure=False)
+        write_cursor(self.directory, sink, next_offset)
+
+    def register_sinks(self, names: Iterable[str]) -> None:
+        """The configured sinks: from now on only their cursors hold segments back."""
+        self._registered = set(names)
+        for name in self._registered:
+            self._cursors.setdefault(name, self.first_offset)
+        if self._state == "open":
+            self._delete_passed()
+
+    def lag(self, sink: str) -> tuple[int, int]:
+        """(records, events) that `sink` has not committed yet."""
+        return self._log.pending_from(max(self._cursors.get(sink, 0), self.first_offset))
+
+    def _pin_floor(self) -> int | None:
+        """The lowest cursor among the sinks that hold segments; None when there are none."""
+        names = self._cursors.keys() if self._registered is None else self._registered
+        first = self.first_offset
+        return min((max(self._cursors.get(n, first), first) for n in names), default=None)
+
+    def _delete_passed(self, keep_marks_on_failure: bool = True) -> None:
+        floor = self._pin_floor()
+        if floor is None:  # no sinks at all: keep everything until the cap
+            return
+        segments = self._log.segments
+        count = 0
+        while count < len(segments) - 1 and segments[count].last_offset < floor:
+            count += 1
+        if count:
+            self._remove_oldest(count, keep_marks_on_failure)
+
+    def _remove_oldest(self, count: int, keep_marks_on_failure: bool = True) -> None:
+        new_first = self._log.first_offset_after(count)
+        try:
+            self._marks.save_leaving(self.first_offset, new_first, self.next_offset)
+        except OSError as exc:
+            # On a full disk, freeing space wins over remembering (session, seq) marks of
+            # frames long acked: losing them risks a duplicate only if such an old frame
+            # is resent, while keeping the segments would stop all ingest.
+            if keep_marks_on_failure or exc.errno != errno.ENOSPC:
+                raise
+            log.warning("disk full: dropped dedupe marks of segments being deleted")
+        self._log.remove_oldest(count)
+        self._notify_room()
+
+    # -- losses ----------------------------------------------------------------------------
+
+    def take_losses(self) -> dict[str, int]:
+        """Losses not reported yet, by reason; the agent turns them into `loss` events."""
+        taken, self._unreported = self._unreported, {}
+        return taken
+
+    def return_losses(self, losses: dict[str, int]) -> None:
+        """Losses taken but not written after all: they are reported again next time."""
+        for reason, events in losses.items():
+            self._unreported[reason] = self._unreported.get(reason, 0) + events
+
+    def record_loss(self, reason: str, events: int) -> None:
+        """A loss found outside the spool (an unreadable record, `spool_screen`)."""
+        self._add_loss(reason, events)
+
+    def _add_loss(self, reason: str, events: int) -> None:
+        if events > 0:
+            self.losses[reason] = self.losses.get(reason, 0) + events
+            self._unreported[reason] = self._unreported.get(reason, 0) + events
+
+    def _count_recovery(self, found: Recovered) -> None:
+        self.counters["truncated_bytes"] += found.truncated_bytes
+        self.counters["corrupt_records"] += found.corrupt_records
+        self._add_loss("corrupt_record", found.lost_events)
+        if found.truncated_bytes or found.corrupt_records:
+            name = found.index.path.name if found.index else "a segment"
+            log.warning("spool: %s: cut %d torn bytes, %d corrupt records (%d events known), "
+                        "original kept in %s", name, found.truncated_bytes,
+                        found.corrupt_records, found.lost_events, found.quarantined or "-")
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise SpoolClosed(f"spool {self.directory} is {self._state}, not open")
+
+
+def _wake(future: asyncio.Future[None] | None) -> None:
+    if future is None or future.done():
+        return
+    try:
+        future.set_result(None)
+    except RuntimeError:  # its event loop is closed already; nobody is waiting
+        return

@@ -1,0 +1,201 @@
+"""Batches an endpoint refused for good (a permanent 4xx), kept on disk instead of lost.
+
+One batch is two files in the sink's dead-letter directory: `<key>.ndjson` (or `.json`),
+the body exactly as sent before compression, and `<key>.meta.json`, why it was refused.
+The key is the batch's Idempotency-Key, so refusing the same batch twice (after a restart)
+rewrites the same pair. Both are written to a temporary name, fsynced and renamed before
+the sink lets its cursor pass the batch; the sidecar goes last, and only a sidecar makes
+an entry, so a half-written pair is never listed. `evagg dlq replay` sends each body
+again with its original Idempotency-Key and deletes the pair only on a 2xx.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from ssl import SSLContext
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import orjson
+
+from sinks.http.batches import gzip_body
+from sinks.http.endpoint import CONTENT_TYPES, url_for_display
+
+if TYPE_CHECKING:
+    from sinks.http.proxy import ProxyRoute
+
+RESPONSE_LIMIT = 4096  # bytes of the refusal's response text kept in the sidecar
+META_SUFFIX = ".meta.json"
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    key: str  # the Idempotency-Key the batch was sent with
+    body_path: Path
+    meta_path: Path
+    status: int
+    response: str
+    url: str  # without credentials or query
+    time: str  # RFC 3339, when it was refused
+    events: int
+    body_format: str  # "ndjson" or "json"
+    sink: str
+    first_offset: int
+    last_offset: int
+
+
+@dataclass(slots=True)
+class ReplayReport:
+    sent: int = 0  # batches the endpoint accepted; their files are deleted
+    failed: int = 0  # batches still on disk
+    events_sent: int = 0
+    errors: list[str] = field(default_factory=list)  # "<key>: <reason>", one per failure
+
+
+def write_dead_letter(
+    directory: Path,
+    *,
+    key: str,
+    body: bytes | bytearray | memoryview,
+    status: int,
+    response: str,
+    url: str,
+    events: int,
+    body_format: str,
+    sink: str,
+    first_offset: int,
+    last_offset: int,
+) -> DeadLetter:
+    """Store one refused batch durably; raises OSError when the disk will not take it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    letter = DeadLetter(
+        key=key,
+        body_path=directory / f"{key}.{body_format}",
+        meta_path=directory / f"{key}{META_SUFFIX}",
+        status=status,
+        response=response.encode()[:RESPONSE_LIMIT].decode(errors="ignore"),
+        url=url_for_display(url),
+        time=dt.datetime.now(dt.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z"),
+        events=events,
+        body_format=body_format,
+        sink=sink,
+        first_offset=first_offset,
+        last_offset=last_offset,
+    )
+    _write_durably(letter.body_path, body)
+    meta = {_SIDECAR_NAMES.get(k, k): getattr(letter, k) for k in _META_FIELDS}
+    _write_durably(letter.meta_path, orjson.dumps(meta, option=orjson.OPT_INDENT_2))
+    _sync_directory(directory)
+    return letter
+
+
+_META_FIELDS = ("key", "status", "response", "url", "time", "events", "body_format", "sink",
+                "first_offset", "last_offset")
+_SIDECAR_NAMES = {"key": "idempotency_key"}
+
+
+def dead_letter_dir(state_dir: Path, sink_name: str) -> Path:
+    """Where the agent keeps an HTTP sink's dead letters."""
+    return state_dir / "deadletter" / sink_name
+
+
+def list_dead_letters(directory: Path) -> list[DeadLetter]:
+    """Every complete dead letter in `directory`, oldest first; unreadable sidecars skipped."""
+    if not directory.is_dir():
+        return []
+    letters = []
+    for meta_path in directory.glob(f"*{META_SUFFIX}"):
+        try:
+            meta = orjson.loads(meta_path.read_bytes())
+            values = {k: meta[_SIDECAR_NAMES.get(k, k)] for k in _META_FIELDS}
+        except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
+            continue
+        body_path = directory / f"{values['key']}.{values['body_format']}"
+        letters.append(DeadLetter(body_path=body_path, meta_path=meta_path, **values))
+    return sorted(letters, key=lambda letter: (letter.time, letter.key))
+
+
+async def replay_dead_letters(
+    directory: Path,
+    url: str,
+    headers: Mapping[str, str] | None = None,
+    *,
+    timeout_s: float = 10.0,
+    gzip: bool = False,
+    keys: Collection[str] | None = None,
+    ssl: SSLContext | None = None,
+    proxy: ProxyRoute | None = None,
+) -> ReplayReport:
+    """POST each dead letter (or those in `keys`) to `url`; delete the ones answered 2xx.
+    `ssl`: the sink's TLS context (`sinks.http.tls.client_ssl`); None, the system CAs.
+    `proxy`: the sink's route (`sinks.http.proxy.proxy_route`); None: direct."""
+    report = ReplayReport()
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    connector = aiohttp.TCPConnector(ssl=True if ssl is None else ssl)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        for letter in list_dead_letters(directory):
+            if keys is not None and letter.key not in keys:
+                continue
+            reason = await _replay_one(session, letter, url, headers or {}, gzip,
+                                       proxy.for_endpoint(url) if proxy else ({}, {}))
+            if reason is None:
+                report.sent += 1
+                report.events_sent += letter.events
+                letter.meta_path.unlink(missing_ok=True)  # sidecar first: no half entries
+                letter.body_path.unlink(missing_ok=True)
+            else:
+                report.failed += 1
+                report.errors.append(f"{letter.key}: {reason}")
+    return report
+
+
+async def _replay_one(
+    session: aiohttp.ClientSession,
+    letter: DeadLetter,
+    url: str,
+    headers: Mapping[str, str],
+    gzip: bool,
+    proxy: tuple[dict[str, str], dict[str, Any]],
+) -> str | None:
+    """None on a 2xx, else a short reason."""
+    try:
+        body = letter.body_path.read_bytes()
+    except OSError as exc:
+        return f"cannot read {letter.body_path.name}: {exc.strerror or exc}"
+    content_type = CONTENT_TYPES.get(letter.body_format, "application/json")
+    sent_headers = {**headers, **proxy[0], "Content-Type": content_type,
+                    "Idempotency-Key": letter.key}
+    if gzip:
+        body = gzip_body(body)
+        sent_headers["Content-Encoding"] = "gzip"
+    try:
+        async with session.post(url, data=body, headers=sent_headers, allow_redirects=False,
+                                **proxy[1]) as response:
+            if 200 <= response.status < 300:
+                return None
+            return f"HTTP {response.status}"
+    except TimeoutError:
+        return "timeout"
+    except aiohttp.ClientError as exc:
+        return type(exc).__name__
+
+
+def _write_durably(path: Path, data: bytes | bytearray | memoryview) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    with open(temporary, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+
+
+def _sync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,77 @@
+"""Which HTTP answers (and requests that got none) are worth retrying, and what each
+means for delivery: a retry, a permanent failure, or a batch to dead-letter."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from email.utils import parsedate_to_datetime
+
+import aiohttp
+
+from sinks.backoff import MAX_RETRY_AFTER_S
+from sinks.base import SinkResult
+from sinks.http.tls import tls_failure_reason
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds asked for by a Retry-After header: delta-seconds or an HTTP date.
+
+    Returns None when the header is absent or unreadable (the caller falls back to its
+    own backoff); a date in the past means "now" (0.0).
+    """
+    if value is None:
+        return None
+    text = value.strip()
+    if not text:
+        return None
+    if text.isdigit():
+        return min(float(text), MAX_RETRY_AFTER_S)
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # "-0000" parses without a zone; HTTP dates are GMT anyway
+        when = when.replace(tzinfo=dt.UTC)
+    current = time.time() if now is None else now
+    return min(max(when.timestamp() - current, 0.0), MAX_RETRY_AFTER_S)
+
+
+def failure_for_status(status: int, retry_after: float | None = None) -> SinkResult | None:
+    """What a non-2xx answer means for the delivery loop; None for a permanent refusal of
+    the batch itself (400, 404, 413, 422, ...), which the sink dead-letters."""
+    if status == 429:
+        return SinkResult.failure("HTTP 429", "throttled", retry_after_s=retry_after)
+    if status >= 500:
+        return SinkResult.failure(f"HTTP {status}", "http_5xx", retry_after_s=retry_after)
+    if status == 408:
+        return SinkResult.failure("HTTP 408", "timeout", retry_after_s=retry_after)
+    if status in (401, 403):  # the credentials, not the batch: keep the data spooled
+        return SinkResult.failure(f"HTTP {status}: check the credentials", "http_auth",
+                                  permanent=True)
+    if status == 407:  # a proxy's answer (to an http:// request), not the endpoint's
+        return SinkResult.failure("HTTP 407: check the proxy's credentials", "http_auth",
+                                  permanent=True)
+    if not 400 <= status < 500:  # redirects are not followed: the URL needs fixing
+        return SinkResult.failure(f"HTTP {status}: not followed, fix the url", "http_status",
+                                  permanent=True)
+    return None
+
+
+def failure_for_error(exc: TimeoutError | aiohttp.ClientError, timeout_s: float
+                      ) -> tuple[str, SinkResult]:
+    """What a request that got no HTTP answer from the endpoint means: the sink's counter
+    to raise, and the result. Proxy credentials and certificates outlast any backoff."""
+    if isinstance(exc, TimeoutError):
+        return "timeouts", SinkResult.failure(f"no answer within {timeout_s:g}s", "timeout")
+    if isinstance(exc, aiohttp.ClientHttpProxyError):  # the proxy refused the CONNECT
+        if exc.status == 407:
+            return "connect_errors", SinkResult.failure(
+                "HTTP 407: check the proxy's credentials", "http_auth", permanent=True)
+        return "connect_errors", SinkResult.failure(f"the proxy answered {exc.status}",
+                                                    "connect")
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return "tls_errors", SinkResult.failure(
+            f"TLS handshake failed: {tls_failure_reason(exc)}", "tls", permanent=True)
+    return "connect_errors", SinkResult.failure(
+        f"cannot reach the endpoint: {type(exc).__name__}", "connect")

@@ -1,0 +1,262 @@
+"""`evagg compact`: merge each partition's small Parquet files into one, idempotently.
+
+A partition is a leaf directory `date=.../hour=.../node=...`, local or under s3://.
+Per partition, in this order:
+
+1. Clean up after an earlier run. A compacted file records in its Parquet key-value
+   metadata (`evagg.compacted`) every original file it covers, with its size. A file
+   still there under a covered name and size is deleted (a run crashed between writing
+   and deleting, or a retrying agent rewrote the same key); so is a compacted file whose
+   cover set another compacted file contains (two runs raced).
+2. Take the files older than the grace period (a young one may still be rewritten by a
+   retrying agent) and, when there are at least `min_files`, merge them: one row per
+   event_id, zstd, row groups of 100k, into `compacted-<hash of the input names>.parquet`.
+3. Publish the merged file in one step (rename, or PutObject/multipart), then delete the
+   inputs that still have the size and time they had when listed.
+
+From 3's publish to its deletes (a moment; until the next run after a crash) a reader
+listing the partition sees both copies; the `events` view keeps one row per event_id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sinks.parquet.compact_targets import FileEntry, LocalTarget, S3Target, Target
+from sinks.parquet.s3 import S3Store
+from sinks.parquet.writer import open_writer
+
+GRACE_S: Final = 600.0
+ROW_GROUP_ROWS: Final = 100_000
+META_KEY: Final = b"evagg.compacted"
+COMPACTED_PREFIX: Final = "compacted-"
+_LEAF: Final = re.compile(r"(?:^|/)date=[^/]+/hour=[^/]+/node=[^/]+$")
+
+Cover = tuple[str, int]  # (file name, size in bytes)
+
+
+@dataclass
+class PartitionReport:
+    partition: str
+    inputs: list[str] = field(default_factory=list)
+    output: str | None = None
+    rows: int = 0
+    deleted: list[str] = field(default_factory=list)  # merged inputs and covered leftovers
+    young: int = 0  # files left alone for the grace period
+    error: str | None = None
+
+    def __str__(self) -> str:
+        if self.error:
+            return f"{self.partition}: error: {self.error}"
+        merged = f"{len(self.inputs)} files -> {self.output} ({self.rows} rows)" \
+            if self.output else "no merge"
+        return f"{self.partition}: {merged}; deleted {len(self.deleted)}; young {self.young}"
+
+
+@dataclass
+class CompactReport:
+    target: str
+    dry_run: bool
+    partitions: list[PartitionReport] = field(default_factory=list)
+
+    @property
+    def merged_files(self) -> int:
+        return sum(len(p.inputs) for p in self.partitions if p.output and not p.error)
+
+    @property
+    def written_files(self) -> int:
+        return sum(1 for p in self.partitions if p.output and not p.error)
+
+    @property
+    def deleted_files(self) -> int:
+        return sum(len(p.deleted) for p in self.partitions)
+
+    @property
+    def errors(self) -> list[str]:
+        return [str(p) for p in self.partitions if p.error]
+
+    def __str__(self) -> str:
+        verb = "would merge" if self.dry_run else "merged"
+        lines = [f"{self.target}: {len(self.partitions)} partitions; {verb} {self.merged_files} "
+                 f"files into {self.written_files}; deleted {self.deleted_files}; "
+                 f"{len(self.errors)} errors"]
+        lines += [f"  {p}" for p in self.partitions if p.output or p.deleted or p.error]
+        return "\n".join(lines)
+
+
+def run_compact(target: str, *, partition: str | None = None, min_files: int = 2,
+                endpoint_url: str | None = None, dry_run: bool = False,
+                grace_s: float = GRACE_S, region: str | None = None,
+                path_style: bool | None = None, now: float | None = None,
+                upload_args: dict[str, str] | None = None) -> CompactReport:
+    """Compact every partition under `target` (or under `partition` within it).
+
+    Raises ValueError for bad arguments and StoreError/OSError when the target cannot be
+    listed; a partition that fails is reported in `CompactReport.errors`. `upload_args`:
+    what S3 uploads ask for, as the sink's (`sinks.parquet.s3_uploads.upload_args`).
+    """
+    if min_files < 2:
+        raise ValueError("min_files must be at least 2")
+    prefix = _partition_prefix(partition)
+    store: Target
+    if target.startswith("s3://"):
+        store = S3Target(S3Store(
+            target, staging_dir=Path(tempfile.gettempdir()), endpoint_url=endpoint_url,
+            region=region, path_style=bool(endpoint_url) if path_style is None else path_style,
+            upload_args=upload_args))
+    else:
+        store = LocalTarget(Path(target).expanduser())
+    report = CompactReport(store.describe(), dry_run)
+    leaves: dict[str, list[FileEntry]] = {}
+    for entry in store.files(prefix):
+        directory, _, name = entry.key.rpartition("/")
+        if _LEAF.search(directory) and name.endswith(".parquet") and not name.startswith("."):
+            leaves.setdefault(directory, []).append(entry)
+    deadline = (time.time() if now is None else now) - grace_s
+    for directory, entries in sorted(leaves.items()):
+        result = PartitionReport(directory)
+        try:
+            _compact_partition(store, entries, result, min_files, deadline, dry_run)
+        except Exception as exc:  # one bad partition must not stop the others
+            result.error = f"{type(exc).__name__}: {exc}"
+        report.partitions.append(result)
+    return report
+
+
+def _partition_prefix(partition: str | None) -> str:
+    parts = [p for p in (partition or "").split("/") if p]
+    if any(p in (".", "..") or "=" not in p for p in parts):
+        raise ValueError(f"partition {partition!r}: expected e.g. date=2026-01-02/hour=03")
+    return "".join(f"{p}/" for p in parts)
+
+
+def _compact_partition(store: Target, entries: list[FileEntry], result: PartitionReport,
+                       min_files: int, deadline: float, dry_run: bool) -> None:
+    covers = {e.name: _covers(store, e) for e in entries if e.name.startswith(COMPACTED_PREFIX)}
+    leftovers = _covered_leftovers(entries, covers)
+    live = [e for e in entries if e not in leftovers]
+    eligible = sorted((e for e in live if e.modified <= deadline),
+                      key=lambda e: (not e.name.startswith(COMPACTED_PREFIX), e.name))
+    result.young = len(live) - len(eligible)
+    if len(eligible) >= min_files:
+        result.inputs = [e.name for e in eligible]
+        result.output = _output_name(eligible)
+        if not dry_run:
+            result.rows = _merge_and_publish(store, eligible, covers, result.output)
+    doomed = leftovers + (eligible if result.output else [])
+    if doomed and not dry_run:
+        listed = {(e.key, e.size, e.modified) for e in store.files(_directory(doomed[0]) + "/")}
+        doomed = [e for e in doomed if (e.key, e.size, e.modified) in listed]  # not rewritten
+        store.delete([e.key for e in doomed])
+    result.deleted = [e.name for e in doomed]
+
+
+def _covers(store: Target, entry: FileEntry) -> set[Cover]:
+    """What a compacted file says it covers (nothing, if the metadata is not ours)."""
+    raw = store.kv_metadata(entry.key).get(META_KEY)
+    try:
+        recorded = json.loads(raw) if raw else {}
+        return {(str(name), int(size)) for name, size in recorded.get("covers", [])}
+    except (ValueError, TypeError, AttributeError):
+        return set()
+
+
+def _covered_leftovers(entries: list[FileEntry],
+                       covers: dict[str, set[Cover]]) -> list[FileEntry]:
+    covered: set[Cover] = set().union(*covers.values())
+    leftovers = []
+    for entry in entries:
+        mine = covers.get(entry.name)
+        if mine is None:
+            if (entry.name, entry.size) in covered:
+                leftovers.append(entry)
+        elif any(other != entry.name and mine <= theirs and (mine != theirs or other < entry.name)
+                 for other, theirs in covers.items()):
+            leftovers.append(entry)  # another compacted file holds all of its rows
+    return leftovers
+
+
+def _output_name(inputs: list[FileEntry]) -> str:
+    digest = hashlib.sha256("\n".join(sorted(e.name for e in inputs)).encode()).hexdigest()
+    return f"{COMPACTED_PREFIX}{digest[:24]}.parquet"
+
+
+def _directory(entry: FileEntry) -> str:
+    return entry.key.rpartition("/")[0]
+
+
+def _merge_and_publish(store: Target, inputs: list[FileEntry], covers: dict[str, set[Cover]],
+                       output: str) -> int:
+    covered: set[Cover] = set()
+    for entry in inputs:
+        covered |= covers.get(entry.name) or {(entry.name, entry.size)}
+    metadata = json.dumps({"version": 1, "inputs": [e.name for e in inputs],
+                           "covers": sorted(covered)}).encode()
+    key = f"{_directory(inputs[0])}/{output}"
+    with tempfile.TemporaryDirectory(prefix="evagg-compact-") as scratch:
+        files = [store.local_copy(e.key, Path(scratch)) for e in inputs]
+        merged = store.scratch_path(key, Path(scratch))
+        try:
+            rows = merge_files(files, merged, {META_KEY: metadata})
+            store.publish(merged, key)
+        finally:
+            merged.unlink(missing_ok=True)
+    return rows
+
+
+def merge_files(inputs: list[Path], output: Path, metadata: dict[bytes, bytes]) -> int:
+    """Write the rows of `inputs` to `output`, one row per event_id (the first seen)."""
+    schema = pa.unify_schemas([pq.read_schema(p).remove_metadata() for p in inputs])
+    keep = _first_occurrences(inputs) if "event_id" in schema.names else None
+    written, start = 0, 0
+    pending: list[pa.Table] = []
+    with open_writer(output, schema.with_metadata(metadata)) as writer:
+        for path in inputs:
+            table = _conform(pq.read_table(path), schema)
+            if keep is not None:
+                mask, start = keep[start:start + table.num_rows], start + table.num_rows
+                table = table.filter(pa.array(mask))
+            pending.append(table)
+            written += table.num_rows
+            if sum(t.num_rows for t in pending) >= ROW_GROUP_ROWS:
+                rows = pa.concat_tables(pending)
+                whole = rows.num_rows - rows.num_rows % ROW_GROUP_ROWS
+                writer.write_table(rows.slice(0, whole), row_group_size=ROW_GROUP_ROWS)
+                pending = [rows.slice(whole)]
+        if pending:
+            writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
+    return written
+
+
+def _first_occurrences(inputs: list[Path]) -> np.ndarray:
+    """A mask over all input rows in order: True where an event_id is seen first (and
+    for rows without one)."""
+    ids = pa.chunked_array([pq.read_table(p, columns=["event_id"]).column(0).cast(pa.string())
+                            for p in inputs], type=pa.string())
+    keep = np.ones(len(ids), dtype=bool)
+    if len(ids) and ids.null_count == 0 and len(ids.unique()) == len(ids):
+        return keep  # the usual case: nothing to drop
+    table = pa.table({"id": ids, "row": pa.array(np.arange(len(ids)))})
+    firsts = table.group_by("id", use_threads=False).aggregate([("row", "min")])
+    keep[:] = False
+    keep[firsts.column("row_min").to_numpy()] = True
+    keep |= ids.is_null().to_numpy(zero_copy_only=False)
+    return keep
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`table` with exactly `schema`'s columns (missing ones null), in its order."""
+    columns = [table.column(f.name).cast(f.type) if f.name in table.column_names
+               else pa.nulls(table.num_rows, f.type) for f in schema]
+    return pa.Table.from_arrays(columns, schema=schema.remove_metadata())

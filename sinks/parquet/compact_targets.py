@@ -1,0 +1,145 @@
+"""Where `evagg compact` works: a Parquet tree on a local filesystem or under s3://.
+
+A target lists a tree's files (key relative to its root, size, modification time), reads
+a file's Parquet key-value metadata, gives a local path to read an input from and a
+scratch path to write the merged file to, publishes that file in one step, and deletes
+keys. The compaction procedure (`sinks.parquet.compact`) sees only this `Target` protocol.
+
+There are two because the steps differ in kind, not in detail. `LocalTarget` reads files
+in place and publishes by fsync plus an atomic rename beside the final file. `S3Target`
+reads a footer with two ranged GETs, downloads inputs to scratch, publishes with one
+PutObject (multipart when large) and deletes in batches of 1000.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sinks.parquet.s3 import S3Store
+from sinks.parquet.stores import staging_name
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    key: str  # relative to the target's root, "/"-separated
+    size: int
+    modified: float  # epoch seconds
+
+    @property
+    def name(self) -> str:
+        return self.key.rpartition("/")[2]
+
+
+class Target(Protocol):
+    def describe(self) -> str: ...
+    def files(self, prefix: str) -> Iterator[FileEntry]: ...
+    def kv_metadata(self, key: str) -> dict[bytes, bytes]: ...
+    def local_copy(self, key: str, scratch: Path) -> Path: ...
+    def scratch_path(self, key: str, scratch: Path) -> Path: ...
+    def publish(self, local: Path, key: str) -> None: ...
+    def delete(self, keys: list[str]) -> None: ...
+
+
+class LocalTarget:
+    def __init__(self, root: Path) -> None:
+        if not root.is_dir():
+            raise ValueError(f"{root} is not a directory")
+        self.root = root
+
+    def describe(self) -> str:
+        return str(self.root)
+
+    def files(self, prefix: str) -> Iterator[FileEntry]:
+        for directory, _, names in os.walk(self.root / prefix):
+            relative = Path(directory).relative_to(self.root).as_posix()
+            for name in names:
+                stat = os.stat(os.path.join(directory, name))
+                yield FileEntry(f"{relative}/{name}", stat.st_size, stat.st_mtime)
+
+    def kv_metadata(self, key: str) -> dict[bytes, bytes]:
+        return dict(pq.read_metadata(self.root / key).metadata or {})
+
+    def local_copy(self, key: str, scratch: Path) -> Path:
+        return self.root / key
+
+    def scratch_path(self, key: str, scratch: Path) -> Path:
+        """Beside the final file (same filesystem, so the rename is atomic), hidden."""
+        return (self.root / key).with_name(staging_name(key))
+
+    def publish(self, local: Path, key: str) -> None:
+        with local.open("rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(local, self.root / key)
+        directory = os.open((self.root / key).parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+    def delete(self, keys: list[str]) -> None:
+        for key in keys:
+            (self.root / key).unlink(missing_ok=True)
+
+
+class S3Target:
+    """Lists, reads footers, downloads, uploads and deletes through an S3Store's client."""
+
+    def __init__(self, store: S3Store) -> None:
+        self.store = store
+
+    def describe(self) -> str:
+        return self.store.describe()
+
+    def files(self, prefix: str) -> Iterator[FileEntry]:
+        full = self.store.full_key(prefix)
+        with self.store.classified("ListObjectsV2", full):
+            pages = self.store.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.store.bucket, Prefix=full)
+            for page in pages:
+                for item in page.get("Contents", []):
+                    yield FileEntry(item["Key"][len(self.store.prefix):], int(item["Size"]),
+                                    item["LastModified"].timestamp())
+
+    def kv_metadata(self, key: str) -> dict[bytes, bytes]:
+        """Two ranged GETs: the 8-byte trailer, then the footer it announces."""
+        length = int.from_bytes(self._tail(key, 8)[:4], "little")
+        footer = self._tail(key, length + 8)
+        return dict(pq.read_metadata(pa.BufferReader(b"PAR1" + footer)).metadata or {})
+
+    def _tail(self, key: str, length: int) -> bytes:
+        full = self.store.full_key(key)
+        with self.store.classified("GetObject", full):
+            answer = self.store.client.get_object(Bucket=self.store.bucket, Key=full,
+                                                  Range=f"bytes=-{length}")
+            return bytes(answer["Body"].read())
+
+    def local_copy(self, key: str, scratch: Path) -> Path:
+        local = scratch / f"input-{hashlib.sha256(key.encode()).hexdigest()[:16]}.parquet"
+        full = self.store.full_key(key)
+        with self.store.classified("GetObject", full):
+            self.store.client.download_file(self.store.bucket, full, str(local))
+        return local
+
+    def scratch_path(self, key: str, scratch: Path) -> Path:
+        return scratch / staging_name(key)
+
+    def publish(self, local: Path, key: str) -> None:
+        self.store.upload_file(local, key)
+
+    def delete(self, keys: list[str]) -> None:
+        for start in range(0, len(keys), 1000):
+            batch = [{"Key": self.store.full_key(k)} for k in keys[start:start + 1000]]
+            with self.store.classified("DeleteObjects", batch[0]["Key"]):
+                answer = self.store.client.delete_objects(
+                    Bucket=self.store.bucket, Delete={"Objects": batch, "Quiet": True})
+            if answer.get("Errors"):
+                first = answer["Errors"][0]
+                raise OSError(f"DeleteObjects {first.get('Key')}: {first.get('Code')}")

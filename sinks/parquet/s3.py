@@ -1,0 +1,317 @@
+"""S3 (or an S3-compatible store) as an ObjectStore, through boto3.
+
+Credentials and region come only from boto3's standard chain (environment, shared
+files, instance or pod roles); nothing here reads, stores or logs them. botocore retries
+once at most: the delivery loop retries with backoff and resends from the spool, so a
+failure here should surface fast and classified (`StoreError`).
+
+A publish is one PutObject below `multipart_threshold`, else a multipart upload that is
+aborted on any failure. An abort that fails too (the endpoint is down) is remembered and
+retried before the next upload; uploads left by a crashed agent are swept at the first
+upload of a process (see `_sweep_orphans`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import hashlib
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+from sinks.parquet.stores import ObjectStore, StoreError, is_staging_name, staging_name
+
+log = logging.getLogger(__name__)
+
+MIB: Final = 1024 * 1024
+PART_SIZE: Final = 8 * MIB  # S3's floor is 5 MiB for every part but the last
+MAX_PARTS: Final = 10_000
+STALE_UPLOAD_AGE_S: Final = 3600.0
+PARQUET_CONTENT_TYPE: Final = "application/vnd.apache.parquet"
+
+
+_THROTTLED: Final = frozenset({
+    "SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "RequestThrottled",
+    "TooManyRequests", "TooManyRequestsException", "ServiceUnavailable",
+})
+_PERMANENT: Final = {
+    "NoSuchBucket": "s3_no_such_bucket",
+    "InvalidBucketName": "s3_no_such_bucket",
+    "AccessDenied": "s3_access_denied",
+    "AllAccessDisabled": "s3_access_denied",
+    "AccountProblem": "s3_access_denied",
+    "InvalidAccessKeyId": "s3_bad_credentials",
+    "SignatureDoesNotMatch": "s3_bad_credentials",
+    "InvalidToken": "s3_bad_credentials",
+    "ExpiredToken": "s3_bad_credentials",
+}
+# 4xx answers that a later attempt can get past.
+_TRANSIENT_4XX: Final = {
+    "RequestTimeout": "s3_timeout",
+    "RequestTimeTooSkewed": "s3_clock_skew",
+    "NoSuchUpload": "s3_no_such_upload",
+    "OperationAborted": "s3_conflict",
+    "BadDigest": "s3_bad_digest",
+    "IncompleteBody": "s3_bad_digest",
+}
+
+
+def classify(exc: Exception, operation: str, bucket: str, key: str) -> StoreError:
+    """Map a boto3/botocore (or local I/O) error to a StoreError."""
+    from botocore import exceptions as boto
+
+    where = f"{operation} s3://{bucket}/{key}"
+    if isinstance(exc, boto.ClientError):
+        return _classify_answer(exc.response, where)
+    if isinstance(exc, boto.ConnectTimeoutError | boto.ReadTimeoutError):
+        return StoreError(f"{where}: timed out", "s3_timeout")
+    if isinstance(exc, boto.ConnectionError | boto.HTTPClientError):
+        return StoreError(f"{where}: {str(exc)[:200]}", "s3_connect")
+    if isinstance(exc, boto.NoCredentialsError | boto.PartialCredentialsError
+                  | boto.CredentialRetrievalError):
+        return StoreError(f"{where}: {exc}", "s3_no_credentials", permanent=True)
+    if isinstance(exc, OSError):
+        return StoreError(f"{where}: {exc.strerror or exc}", "staging_io")
+    return StoreError(f"{where}: {type(exc).__name__}: {str(exc)[:200]}", "s3_error")
+
+
+def _classify_answer(response: dict[str, Any], where: str) -> StoreError:
+    error = response.get("Error", {})
+    code = str(error.get("Code", ""))
+    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    message = f"{where}: {code or status} {str(error.get('Message', ''))[:160]}".rstrip()
+    if code in _THROTTLED or status in (429, 503):
+        return StoreError(message, "s3_throttled")
+    if code in _PERMANENT:
+        return StoreError(message, _PERMANENT[code], permanent=True)
+    if code in _TRANSIENT_4XX:
+        return StoreError(message, _TRANSIENT_4XX[code])
+    if status >= 500:
+        return StoreError(message, "s3_5xx")
+    if status == 403:
+        return StoreError(message, "s3_access_denied", permanent=True)
+    if status == 404:
+        return StoreError(message, "s3_not_found", permanent=True)
+    return StoreError(message, "s3_4xx", permanent=True)
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """`s3://bucket/some/prefix` -> ("bucket", "some/prefix/"); the prefix may be ""."""
+    parts = urlsplit(url)
+    if parts.scheme != "s3" or not parts.netloc:
+        raise ValueError(f"not an s3://bucket/prefix URL: {url!r}")
+    prefix = parts.path.strip("/")
+    return parts.netloc, f"{prefix}/" if prefix else ""
+
+
+def make_client(*, endpoint_url: str | None, region: str | None, path_style: bool) -> Any:
+    """A boto3 S3 client; credentials and (unless given) region from boto3's own chain."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(
+        region_name=region,
+        connect_timeout=5,
+        read_timeout=30,
+        retries={"mode": "standard", "total_max_attempts": 2},
+        s3={"addressing_style": "path"} if path_style else None,
+        user_agent_extra="evagg",
+    )
+    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+
+
+def redacted_endpoint(endpoint_url: str) -> str:
+    """The endpoint without any user:password part, for logs."""
+    parts = urlsplit(endpoint_url)
+    host = parts.hostname or ""
+    return parts._replace(netloc=f"{host}:{parts.port}" if parts.port else host).geturl()
+
+
+class S3Store(ObjectStore):
+    def __init__(self, url: str, *, staging_dir: Path, endpoint_url: str | None = None,
+                 region: str | None = None, path_style: bool = False,
+                 multipart_threshold: int = 64 * MIB, part_size: int = PART_SIZE,
+                 upload_args: dict[str, str] | None = None) -> None:
+        self.bucket, self.prefix = parse_s3_url(url)
+        # on every upload: encryption and storage class (sinks/parquet/s3_uploads.py)
+        self.upload_args = dict(upload_args or {})
+        self.staging_dir = Path(staging_dir)
+        self.endpoint_url = endpoint_url
+        self.region = region
+        self.path_style = path_style
+        self.multipart_threshold = max(1, multipart_threshold)
+        self.part_size = max(5 * MIB, part_size)
+        self.stats: Counter[str] = Counter()  # puts, multipart, aborted, abort_failed, swept
+        self._client: Any = None
+        self._lock = threading.Lock()
+        self._pending_aborts: list[tuple[str, str]] = []  # (full key, upload id)
+        self._swept = False
+
+    @property
+    def client(self) -> Any:
+        """Made on first use, so that `evagg check-config` builds a store offline."""
+        with self._lock:
+            if self._client is None:
+                self._client = make_client(endpoint_url=self.endpoint_url, region=self.region,
+                                           path_style=self.path_style)
+            return self._client
+
+    def describe(self) -> str:
+        where = f"s3://{self.bucket}/{self.prefix}"
+        return f"{where} via {redacted_endpoint(self.endpoint_url)}" if self.endpoint_url else where
+
+    def full_key(self, key: str) -> str:
+        return self.prefix + key.lstrip("/")
+
+    def staging_path(self, key: str) -> Path:
+        self.staging_dir.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+        return self.staging_dir / staging_name(f"{digest}-{key.rsplit('/', 1)[-1]}")
+
+    def cleanup_staging(self) -> int:
+        if not self.staging_dir.is_dir():
+            return 0
+        removed = 0
+        for path in self.staging_dir.iterdir():
+            if is_staging_name(path.name):
+                path.unlink(missing_ok=True)
+                removed += 1
+        return removed
+
+    async def publish(self, staged: Path, key: str) -> None:
+        await asyncio.to_thread(self.upload_file, staged, key)
+        staged.unlink(missing_ok=True)
+
+    def upload_file(self, staged: Path, key: str) -> None:
+        """Blocking: make `staged` the object at `key`. Raises StoreError."""
+        full = self.full_key(key)
+        try:
+            size = staged.stat().st_size
+        except OSError as exc:
+            raise StoreError(f"staged file for {key}: {exc.strerror}", "staging_io") from exc
+        self._abort_pending()
+        if not self._swept:
+            self._sweep_orphans(key)
+        with self.classified("PutObject", full):
+            if size < self.multipart_threshold:
+                with staged.open("rb") as body:
+                    self.client.put_object(Bucket=self.bucket, Key=full, Body=body,
+                                           ContentLength=size, ContentType=PARQUET_CONTENT_TYPE,
+                                           **self.upload_args)
+                self.stats["puts"] += 1
+            else:
+                self._multipart(staged, full, size)
+
+    def _multipart(self, staged: Path, full: str, size: int) -> None:
+        part_size = max(self.part_size, -(-size // MAX_PARTS))
+        created = self.client.create_multipart_upload(
+            Bucket=self.bucket, Key=full, ContentType=PARQUET_CONTENT_TYPE, **self.upload_args)
+        upload_id = created["UploadId"]
+        try:
+            parts = []
+            with staged.open("rb") as body:
+                number = 1
+                while chunk := body.read(part_size):
+                    answer = self.client.upload_part(Bucket=self.bucket, Key=full,
+                                                     UploadId=upload_id, PartNumber=number,
+                                                     Body=chunk)
+                    parts.append(_completed_part(number, answer))
+                    number += 1
+            self.client.complete_multipart_upload(Bucket=self.bucket, Key=full,
+                                                  UploadId=upload_id,
+                                                  MultipartUpload={"Parts": parts})
+            self.stats["multipart"] += 1
+        except BaseException:
+            self._abort(full, upload_id)
+            raise
+
+    def _abort(self, full: str, upload_id: str) -> None:
+        try:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id)
+            self.stats["aborted"] += 1
+        except Exception as exc:
+            if classify(exc, "AbortMultipartUpload", self.bucket, full).kind == "s3_no_such_upload":
+                return
+            self.stats["abort_failed"] += 1
+            with self._lock:
+                self._pending_aborts.append((full, upload_id))
+
+    def _abort_pending(self) -> None:
+        with self._lock:
+            pending, self._pending_aborts = self._pending_aborts, []
+        for full, upload_id in pending:
+            self._abort(full, upload_id)
+
+    def _sweep_orphans(self, first_key: str) -> None:
+        """Abort uploads a crashed predecessor left for this node.
+
+        Keys are `.../node=<node>/part-<spool>-<offset>.parquet`. Only this process writes
+        its spool's keys and it has not uploaded yet, so any upload of `part-<spool>-`
+        under our node is an orphan whatever its age; other uploads under our node are
+        orphans once older than an hour.
+        """
+        directory, _, name = first_key.rpartition("/")
+        node = next((p for p in directory.split("/") if p.startswith("node=")), None)
+        spool = name.rsplit("-", 1)[0] + "-" if name.startswith("part-") else None
+
+        def orphaned(key: str, age_s: float) -> bool:
+            if node is None or f"/{node}/" not in f"/{key}":
+                return False
+            mine = spool is not None and key.rpartition("/")[2].startswith(spool)
+            return mine or age_s >= STALE_UPLOAD_AGE_S
+
+        try:
+            self.stats["swept"] += self.abort_stale_multipart_uploads(is_stale=orphaned)
+            self._swept = True
+        except StoreError as exc:
+            self._swept = exc.permanent  # no ListMultipartUploads permission: don't insist
+            log.warning("S3 orphan sweep skipped (%s): %s", exc.kind, exc)
+
+    def abort_stale_multipart_uploads(
+            self, prefix: str = "",
+            is_stale: Callable[[str, float], bool] | None = None) -> int:
+        """Abort in-progress uploads under `prefix` (relative) that `is_stale(full key,
+        age in seconds)` picks; by default those older than an hour. Returns how many."""
+        stale = is_stale or (lambda _key, age: age >= STALE_UPLOAD_AGE_S)
+        now = dt.datetime.now(dt.UTC)
+        aborted = 0
+        for upload in self._uploads(self.full_key(prefix) if prefix else self.prefix):
+            age = (now - upload["Initiated"]).total_seconds()
+            if stale(upload["Key"], age):
+                with self.classified("AbortMultipartUpload", upload["Key"]):
+                    self.client.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"],
+                                                       UploadId=upload["UploadId"])
+                aborted += 1
+        return aborted
+
+    def _uploads(self, full_prefix: str) -> Iterator[dict[str, Any]]:
+        with self.classified("ListMultipartUploads", full_prefix):
+            pages = self.client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.bucket, Prefix=full_prefix)
+            for page in pages:
+                yield from page.get("Uploads", [])
+
+    @contextlib.contextmanager
+    def classified(self, operation: str, full_key: str) -> Iterator[None]:
+        """Turns any boto3/botocore error inside the block into a StoreError."""
+        try:
+            yield
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise classify(exc, operation, self.bucket, full_key) from exc
+
+
+def _completed_part(number: int, answer: dict[str, Any]) -> dict[str, Any]:
+    """The part as CompleteMultipartUpload wants it, with any checksum botocore sent."""
+    part: dict[str, Any] = {"ETag": answer["ETag"], "PartNumber": number}
+    for name, value in answer.items():
+        if name.startswith("Checksum") and name != "ChecksumType" and isinstance(value, str):
+            part[name] = value
+    return part

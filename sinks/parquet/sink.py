@@ -1,0 +1,307 @@
+"""The Parquet sink: spool records into Hive-partitioned Parquet files in an ObjectStore.
+
+One file is open at a time. It rolls when it reaches `roll_max_bytes` (checked as row
+groups reach the disk), when `roll_interval_s` has passed since it opened (checked in
+`flush()`), when the UTC hour of a record's receive time changes, and on the final flush.
+Rolling closes the file, publishes it, and reports its last offset as durable.
+
+The object key derives from the file's first record alone (its offset and its receive
+hour), so after a crash or an `abandon()` the resent records rebuild a file under the
+same key and replace the earlier one: a spool range lands in the store once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+from urllib.parse import quote
+
+import pyarrow as pa
+
+from sinks.base import Sink, SinkResult
+from sinks.filters import EventFilter
+from sinks.parquet.stores import ObjectStore, StoreError
+from sinks.parquet.writer import open_writer
+from sinks.records import SpoolRecord
+from sinks.schema import EVENT_SCHEMA, batch_from_bytes
+
+log = logging.getLogger(__name__)
+
+MIB: Final = 1024 * 1024
+_NS_PER_SECOND: Final = 1_000_000_000
+_NS_PER_HOUR: Final = 3600 * _NS_PER_SECOND
+
+
+def partition_for(received_ns: int) -> str:
+    """The Hive partition of a receive time: `date=YYYY-MM-DD/hour=HH` (UTC)."""
+    t = time.gmtime(received_ns // _NS_PER_SECOND)
+    return f"date={t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}/hour={t.tm_hour:02d}"
+
+
+def object_key(received_ns: int, node_id: str, spool_id: str, first_offset: int) -> str:
+    node, spool = _path_safe(node_id), _path_safe(spool_id)
+    return f"{partition_for(received_ns)}/node={node}/part-{spool}-{first_offset:020d}.parquet"
+
+
+def _path_safe(value: str) -> str:
+    """Hive-style escaping, so that an odd node id cannot add a directory level."""
+    return quote(value, safe="-_.")
+
+
+class _DecodeError(Exception):
+    """A spool record whose payload is not an EVENT_SCHEMA batch."""
+
+
+@dataclass(slots=True)
+class _ClosedFile:
+    key: str
+    staged: Path
+    last_offset: int
+    events: int
+
+
+@dataclass(slots=True)
+class _Progress:
+    """What one call finished: files to publish, and filtered-out records before any file."""
+
+    closed: list[_ClosedFile] = field(default_factory=list)
+    free_through: int | None = None
+
+
+class _OpenFile:
+    """The file being filled: a ParquetWriter on the staged path, at most one row group
+    of rows held in memory."""
+
+    def __init__(
+        self, key: str, staged: Path, first: SpoolRecord, opened_at: float, compression: str
+    ) -> None:
+        self.key = key
+        self.staged = staged
+        self.hour = first.received_ns // _NS_PER_HOUR
+        self.opened_at = opened_at
+        self.last_offset = first.offset
+        self.events = 0
+        self.pending: list[pa.Table] = []
+        self.pending_rows = 0
+        self.sink = pa.OSFile(str(staged), "wb")
+        try:
+            self.writer = open_writer(self.sink, EVENT_SCHEMA, compression)
+        except BaseException:
+            self.sink.close()
+            raise
+
+    @property
+    def bytes_written(self) -> int:
+        return int(self.sink.tell())
+
+    def add(self, table: pa.Table, offset: int, row_group_rows: int) -> None:
+        self.pending.append(table)
+        self.pending_rows += table.num_rows
+        self.events += table.num_rows
+        self.last_offset = offset
+        if self.pending_rows >= row_group_rows:
+            rows = pa.concat_tables(self.pending)
+            whole = rows.num_rows - rows.num_rows % row_group_rows
+            self.writer.write_table(rows.slice(0, whole), row_group_size=row_group_rows)
+            rest = rows.slice(whole)
+            self.pending = [rest] if rest.num_rows else []
+            self.pending_rows = rest.num_rows
+
+    def finish(self) -> _ClosedFile:
+        if self.pending_rows:
+            self.writer.write_table(pa.concat_tables(self.pending))
+        self.writer.close()
+        self.sink.close()
+        return _ClosedFile(self.key, self.staged, self.last_offset, self.events)
+
+    def discard(self) -> None:
+        with contextlib.suppress(Exception):
+            self.writer.close()
+        with contextlib.suppress(Exception):
+            self.sink.close()
+        self.staged.unlink(missing_ok=True)
+
+
+class ParquetSink(Sink):
+    def __init__(
+        self,
+        name: str,
+        store: ObjectStore,
+        *,
+        node_id: str,
+        spool_id: str,
+        roll_max_bytes: int = 64 * MIB,
+        roll_interval_s: float = 300.0,
+        row_group_rows: int = 100_000,
+        event_filter: EventFilter | None = None,
+        compression: str = "zstd",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(name)
+        if roll_max_bytes <= 0 or roll_interval_s <= 0 or row_group_rows <= 0:
+            raise ValueError("roll_max_bytes, roll_interval_s and row_group_rows must be positive")
+        if not node_id or not spool_id:
+            raise ValueError("node_id and spool_id must not be empty")
+        self.store = store
+        self.node_id = node_id
+        self.spool_id = spool_id
+        self.roll_max_bytes = roll_max_bytes
+        self.roll_interval_s = roll_interval_s
+        self.row_group_rows = row_group_rows
+        self.event_filter = event_filter or EventFilter()
+        self.compression = compression
+        self.failures: Counter[str] = Counter()  # by error_kind
+        self._clock = clock
+        self._lock = threading.Lock()  # a cancelled call's thread may still be running
+        self._file: _OpenFile | None = None
+        self._unpublished: list[_ClosedFile] = []
+        self._staging_cleaned = False
+
+    def describe(self) -> str:
+        return f"parquet {self.store.describe()} node={self.node_id}"
+
+    async def write(self, records: Sequence[SpoolRecord]) -> SinkResult:
+        return await self._run(self._append, records)
+
+    async def flush(self, *, final: bool = False) -> SinkResult:
+        return await self._run(self._roll_if_due, final)
+
+    async def abandon(self) -> None:
+        await asyncio.to_thread(self._discard)
+
+    async def close(self) -> None:
+        await self.abandon()  # anything still open missed its final flush
+
+    async def _run(self, step: Callable[..., _Progress], *args: object) -> SinkResult:
+        phase = "write"
+        try:
+            progress = await asyncio.to_thread(step, *args)
+            phase = "publish"
+            return await self._publish(progress)
+        except Exception as exc:
+            return await self._failed(phase, exc)
+
+    async def _publish(self, progress: _Progress) -> SinkResult:
+        durable: int | None = None
+        events = 0
+        for closed in progress.closed:
+            await self.store.publish(closed.staged, closed.key)
+            with contextlib.suppress(ValueError):  # abandon() may have cleared the list
+                self._unpublished.remove(closed)
+            durable, events = closed.last_offset, events + closed.events
+        if progress.free_through is not None:
+            durable = max(durable or 0, progress.free_through)
+        return SinkResult.success(durable_through=durable, delivered_events=events)
+
+    async def _failed(self, phase: str, exc: Exception) -> SinkResult:
+        kind = _error_kind(phase, exc)
+        self.failures[kind] += 1
+        if self.failures[kind] == 1:
+            log.warning("parquet sink %s: %s failed: %r", self.name, kind, exc)
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self._discard)  # the loop resends from its cursor
+        if isinstance(exc, StoreError):
+            return SinkResult.failure(str(exc)[:300], kind, permanent=exc.permanent,
+                                      retry_after_s=exc.retry_after_s)
+        return SinkResult.failure(
+            f"{type(exc).__name__}: {exc}"[:300], kind, permanent=kind == "decode"
+        )
+
+    # The methods below run in a worker thread, one at a time.
+
+    def _append(self, records: Sequence[SpoolRecord]) -> _Progress:
+        progress = _Progress()
+        with self._lock:
+            self._clean_staging_once()
+            for record in records:
+                table = self._decode(record)
+                if table.num_rows == 0:
+                    if self._file is None:
+                        progress.free_through = record.offset
+                    else:
+                        self._file.last_offset = record.offset
+                    continue
+                if self._file is not None and self._file.hour != record.received_ns // _NS_PER_HOUR:
+                    progress.closed.append(self._close_file())
+                if self._file is None:
+                    self._file = self._open_file(record)
+                self._file.add(table, record.offset, self.row_group_rows)
+                if self._file.bytes_written >= self.roll_max_bytes:
+                    progress.closed.append(self._close_file())
+        return progress
+
+    def _roll_if_due(self, final: bool) -> _Progress:
+        progress = _Progress()
+        with self._lock:
+            current = self._file
+            if current is not None and (
+                final or self._clock() - current.opened_at >= self.roll_interval_s
+            ):
+                progress.closed.append(self._close_file())
+        return progress
+
+    def _clean_staging_once(self) -> None:
+        """Delete what a crashed run left staged, before this run stages its first file."""
+        if self._staging_cleaned:
+            return
+        self._staging_cleaned = True
+        try:
+            removed = self.store.cleanup_staging()
+        except Exception as exc:  # leftovers only cost disk space: deliver anyway
+            log.warning("parquet sink %s: cleaning staged files failed: %r", self.name, exc)
+            return
+        if removed:
+            log.info("parquet sink %s: deleted %d stale staged files", self.name, removed)
+
+    def _decode(self, record: SpoolRecord) -> pa.Table:
+        try:
+            batch = batch_from_bytes(record.payload)
+        except Exception as exc:
+            raise _DecodeError(f"record {record.offset}: {exc}") from exc
+        return self.event_filter.apply(pa.Table.from_batches([batch]))
+
+    def _open_file(self, first: SpoolRecord) -> _OpenFile:
+        key = object_key(first.received_ns, self.node_id, self.spool_id, first.offset)
+        staged = self.store.staging_path(key)
+        return _OpenFile(key, staged, first, self._clock(), self.compression)
+
+    def _close_file(self) -> _ClosedFile:
+        current, self._file = self._file, None
+        assert current is not None
+        try:
+            closed = current.finish()
+        except BaseException:
+            current.discard()
+            raise
+        self._unpublished.append(closed)
+        return closed
+
+    def _discard(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.discard()
+                self._file = None
+            for closed in self._unpublished:
+                closed.staged.unlink(missing_ok=True)
+            self._unpublished.clear()
+
+
+def _error_kind(phase: str, exc: Exception) -> str:
+    if isinstance(exc, _DecodeError):
+        return "decode"
+    if isinstance(exc, StoreError):
+        return exc.kind
+    if phase == "publish":
+        return "publish"
+    if isinstance(exc, OSError):
+        return "disk_full" if exc.errno == errno.ENOSPC else "io"
+    return "internal"

@@ -1,0 +1,70 @@
+"""SinkConsumer over a real spool: failures are retried from the cursor, and a sink whose
+abandon() itself fails does not end delivery."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+
+from aggregator.delivery.consumer import SinkConsumer
+from aggregator.metrics import AgentMetrics
+from aggregator.spool import Spool
+from sinks.base import Sink, SinkResult
+from sinks.records import SpoolRecord
+
+
+class FlakySink(Sink):
+    """Fails its first two writes; its first abandon() raises like a read-only disk."""
+
+    def __init__(self) -> None:
+        super().__init__("flaky")
+        self.writes = 0
+        self.abandons = 0
+        self.delivered: list[int] = []
+
+    async def write(self, records: Sequence[SpoolRecord]) -> SinkResult:
+        self.writes += 1
+        if self.writes <= 2:
+            return SinkResult.failure("endpoint down", "connect")
+        self.delivered += [r.offset for r in records]
+        return SinkResult.success(records[-1].offset, sum(r.count for r in records))
+
+    async def flush(self, *, final: bool = False) -> SinkResult:
+        return SinkResult.success()
+
+    async def abandon(self) -> None:
+        self.abandons += 1
+        if self.abandons == 1:
+            raise OSError(30, "Read-only file system")
+
+    async def close(self) -> None:
+        pass
+
+
+def test_delivery_survives_a_failing_abandon_and_resends_from_the_cursor(
+        tmp_path: Path) -> None:
+    async def main() -> tuple[FlakySink, AgentMetrics, int]:
+        spool = Spool(tmp_path / "spool", max_bytes=1 << 24)
+        spool.open()
+        spool.register_sinks(["flaky"])
+        for i in range(5):
+            await spool.append(b"x" * 100, 1, received_ns=i)
+        metrics = AgentMetrics()
+        sink = FlakySink()
+        consumer = SinkConsumer(sink, spool, metrics, backoff_cap_s=0.05)
+        task = asyncio.create_task(consumer.run())
+        for _ in range(200):
+            if spool.cursor("flaky") == 6:
+                break
+            await asyncio.sleep(0.05)
+        consumer.stop()
+        await asyncio.wait_for(task, 5)
+        cursor = spool.cursor("flaky")
+        spool.close()
+        return sink, metrics, cursor
+
+    sink, metrics, cursor = asyncio.run(main())
+    assert cursor == 6 and sink.delivered == [1, 2, 3, 4, 5]
+    assert metrics.worker_errors.get(worker="sink:flaky", type="OSError") == 1
+    assert metrics.delivery_errors.get(sink="flaky", kind="connect") == 2

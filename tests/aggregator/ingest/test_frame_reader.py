@@ -1,0 +1,71 @@
+"""FrameReader over a real Unix socket pair: frames cut correctly, stalls cut off, a steady
+stream never mistaken for a stall."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from aggregator.ingest.frame_reader import FrameReader, StreamEnd
+from emitters import wire
+
+
+async def reader_over_socketpair(timeout_s: float) -> tuple[FrameReader, socket.socket]:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    reader = FrameReader(max_frame_bytes=1 << 20, frame_timeout_s=timeout_s)
+    await asyncio.get_running_loop().create_connection(lambda: reader, sock=ours)
+    theirs.setblocking(False)
+    return reader, theirs
+
+
+def frame(n: int) -> bytes:
+    return wire.encode_batch(b"S" * 16, n, 1, b'{"kind": "op"}' * 20)
+
+
+def test_a_steady_stream_cut_mid_frame_is_not_a_stall() -> None:
+    async def main() -> list[bytes | StreamEnd]:
+        got: list[bytes | StreamEnd] = []
+        reader, peer = await reader_over_socketpair(timeout_s=0.3)
+        stream = b"".join(frame(n) for n in range(1, 41))
+        # 40 frames over ~1.2 s in pieces that end mid-frame: longer than the timeout in
+        # total, but every piece completes a frame within it
+        for start in range(0, len(stream), 151):
+            peer.send(stream[start:start + 151])
+            await asyncio.sleep(0.03 * 151 / len(frame(1)))
+            while not reader.frames.empty():
+                got.append(reader.frames.get_nowait())
+                reader.frame_taken()
+        await asyncio.sleep(0.1)
+        while not reader.frames.empty():
+            got.append(reader.frames.get_nowait())
+        peer.close()
+        return got
+
+    items = asyncio.run(main())
+    assert not any(isinstance(i, StreamEnd) and i.reason for i in items)
+    assert len([i for i in items if isinstance(i, bytes)]) == 40
+
+
+def test_a_frame_that_stops_arriving_is_cut_off() -> None:
+    async def main() -> StreamEnd:
+        reader, peer = await reader_over_socketpair(timeout_s=0.2)
+        peer.send(frame(1)[:10])
+        item = await asyncio.wait_for(reader.frames.get(), 5)
+        assert isinstance(item, StreamEnd)
+        peer.close()
+        return item
+
+    end = asyncio.run(main())
+    assert end.label == "stalled" and "incomplete" in (end.reason or "")
+
+
+def test_oversized_length_ends_the_stream_with_a_reason() -> None:
+    async def main() -> StreamEnd:
+        reader, peer = await reader_over_socketpair(timeout_s=5)
+        peer.send((2 << 20).to_bytes(4, "big"))
+        item = await asyncio.wait_for(reader.frames.get(), 5)
+        assert isinstance(item, StreamEnd)
+        peer.close()
+        return item
+
+    assert asyncio.run(main()).label == "oversized"

@@ -1,0 +1,517 @@
+"""The HTTP sink against a real aiohttp endpoint on 127.0.0.1 (tests/sinks/flaky_server.py).
+
+`deliver()` plays the delivery loop: write the records after the cursor, flush, and on a
+failure abandon and send again from the cursor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from email.utils import formatdate
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+import sinks.http.sink
+from aggregator.decode.normalize import Stamp, rows_to_batch
+from sinks.backoff import backoff_delay
+from sinks.base import SinkResult
+from sinks.filters import EventFilter
+from sinks.http import HttpSink, HttpSinkConfigError, validate_http_sink_config
+from sinks.http.deadletter import list_dead_letters
+from sinks.http.failures import parse_retry_after
+from sinks.records import SpoolRecord
+from sinks.schema import batch_to_bytes
+from tests.sinks.flaky_server import FlakyServer
+
+SECRET = "Bearer s3cr3t-t0ken-value"
+
+
+def run(test: Callable[..., Awaitable[None]]) -> Callable[..., None]:
+    """Run an async test body with a started FlakyServer (its first argument), stopped
+    afterwards; the other arguments stay pytest fixtures."""
+    signature = inspect.signature(test)
+
+    def wrapper(**fixtures: Any) -> None:
+        async def main() -> None:
+            server = await FlakyServer().start()
+            try:
+                await test(server, **fixtures)
+            finally:
+                await server.stop()
+
+        asyncio.run(main())
+
+    wrapper.__name__ = test.__name__
+    wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=list(signature.parameters.values())[1:])
+    return wrapper
+
+
+def make_records(count: int, per_record: int, first_offset: int = 1,
+                 row: Callable[[int], dict[str, Any]] | None = None) -> list[SpoolRecord]:
+    records = []
+    for r in range(count):
+        rows = [(row or _row)(r * per_record + i) for i in range(per_record)]
+        batch = rows_to_batch(rows, Stamp.now("node-1", "host-1", pid=42, uid=1000)).batch
+        records.append(SpoolRecord(first_offset + r, bytes(16), r, time.time_ns(),
+                                   batch.num_rows, batch_to_bytes(batch)))
+    return records
+
+
+def _row(i: int) -> dict[str, Any]:
+    return {"kind": ("task", "op", "span")[i % 3], "source": ("ray", "torch")[i % 2],
+            "name": f"step_{i % 5}", "state": "FINISHED", "step": i,
+            "metrics": {"loss": i / 7}, "attrs": {"rank": str(i % 8)}}
+
+
+async def deliver(sink: HttpSink, records: Sequence[SpoolRecord],
+                  attempts: int = 10) -> list[SinkResult]:
+    """Deliver every record as the loop would; return the failures met on the way."""
+    cursor, last = records[0].offset - 1, records[-1].offset
+    failures: list[SinkResult] = []
+    for _ in range(attempts):
+        result = await sink.write([r for r in records if r.offset > cursor])
+        while result.ok:
+            if result.durable_through is not None:
+                assert result.durable_through >= cursor, "the cursor never goes back"
+                cursor = result.durable_through
+            if cursor >= last:
+                return failures
+            result = await sink.flush(final=True)
+            assert not (result.ok and result.durable_through is None), "final flush stalled"
+        failures.append(result)
+        await sink.abandon()
+    raise AssertionError(f"not delivered after {attempts} attempts: {failures}")
+
+
+def sink_for(server: FlakyServer, tmp: Path | None = None, **options: Any) -> HttpSink:
+    options.setdefault("timeout_s", 5.0)
+    return HttpSink("collector", server.url, spool_id="spool-a",
+                    dead_letter_dir=(tmp or Path("unused")) / "dlq", **options)
+
+
+@run
+async def test_ndjson_batches_arrive_with_every_event(server: FlakyServer) -> None:
+    records = make_records(5, 100)
+    sink = sink_for(server, batch_max_events=200)
+    assert await deliver(sink, records) == []
+    await sink.close()
+    assert sorted(len(s.events) for s in server.requests) == [100, 200, 200]
+    assert {s.content_type for s in server.requests} == {"application/x-ndjson"}
+    assert len(server.event_ids) == 500
+    first = next(e for s in server.requests for e in s.events if e["step"] == 0)
+    assert first["kind"] == "task" and first["metrics"] == {"loss": 0.0}
+    assert first["attrs"] == {"rank": "0"} and first["pid"] == 42
+    assert first["time"].endswith("Z") and len(first["time"]) == 30  # RFC 3339, 9 digits
+    assert "parent_id" not in first  # absent values are absent keys
+    assert sink.metrics()["events_sent"] == 500 and sink.metrics()["requests_2xx"] == 3
+
+
+@run
+async def test_json_array_with_gzip_is_decoded_by_the_server(server: FlakyServer) -> None:
+    sink = sink_for(server, body_format="json", gzip=True, batch_max_events=250)
+    assert await deliver(sink, make_records(4, 100)) == []
+    await sink.close()
+    assert {(s.content_type, s.content_encoding) for s in server.requests} == {
+        ("application/json", "gzip")}
+    assert sorted(len(s.events) for s in server.requests) == [150, 250]
+    assert len(server.event_ids) == 400
+    assert all(s.wire_bytes * 3 < len(s.body) for s in server.requests)  # compressed on the wire
+    assert sink.metrics()["bytes_sent"] == sum(s.wire_bytes for s in server.requests)
+
+
+@run
+async def test_batches_split_records_by_count_with_distinct_keys(server: FlakyServer) -> None:
+    sink = sink_for(server, batch_max_events=100)
+    assert await deliver(sink, make_records(2, 250)) == []
+    await sink.close()
+    assert [len(s.events) for s in server.requests] == [100, 100, 100, 100, 100]
+    assert len(server.batches()) == 5 and len(server.event_ids) == 500
+
+
+def test_a_large_write_is_encoded_and_sent_in_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sinks.http.sink, "ENCODE_GROUP_EVENTS", 25)  # 10 records -> 4 groups
+
+    @run
+    async def check(server: FlakyServer) -> None:
+        sink = sink_for(server, batch_max_events=10)
+        groups: list[list[int]] = []
+        take = sink._take_records
+
+        def counted(records: Sequence[SpoolRecord]) -> None:
+            groups.append([r.offset for r in records])
+            take(records)
+
+        monkeypatch.setattr(sink, "_take_records", counted)
+        assert await deliver(sink, make_records(10, 10)) == []
+        await sink.close()
+        assert groups == [[1, 2], [3, 4], [5, 6], [7, 8], [9, 10]]
+        assert len(server.event_ids) == 100 and len(server.requests) == 10
+
+    check()
+
+
+@run
+async def test_batches_are_cut_by_bytes(server: FlakyServer) -> None:
+    sink = sink_for(server, batch_max_bytes=4000)
+    assert await deliver(sink, make_records(3, 100)) == []
+    await sink.close()
+    assert all(len(s.body) <= 4000 for s in server.requests)
+    assert len(server.requests) > 3 and len(server.event_ids) == 300
+
+
+@run
+async def test_a_partial_batch_waits_for_its_interval(server: FlakyServer) -> None:
+    sink = sink_for(server, batch_interval_s=0.3)
+    result = await sink.write(make_records(1, 10))
+    assert result.ok and result.durable_through is None
+    assert (await sink.flush()).durable_through is None and server.requests == []
+    await asyncio.sleep(0.35)
+    result = await sink.flush()
+    for _ in range(100):  # the POST is under way; later flushes collect its answer
+        if result.durable_through is not None:
+            break
+        await asyncio.sleep(0.02)
+        result = await sink.flush()
+    assert result.durable_through == 1 and result.delivered_events == 10
+    assert len(server.requests) == 1
+    await sink.close()
+
+
+@run
+async def test_a_failed_batch_is_resent_with_the_same_key(server: FlakyServer) -> None:
+    server.answer(500)
+    sink = sink_for(server, batch_max_events=100)
+    failures = await deliver(sink, make_records(3, 100))
+    await sink.close()
+    assert [f.error_kind for f in failures] == ["http_5xx"]
+    first_key = server.requests[0].key
+    assert [s.status for s in server.batches()[first_key]] == [500, 200]
+    assert sink.metrics()["retries"] >= 1 and len(server.event_ids) == 300
+
+
+@run
+async def test_a_batch_cut_by_time_keeps_its_rows_and_key_on_resend(server: FlakyServer) -> None:
+    records = make_records(3, 10)
+    sink = sink_for(server, batch_interval_s=0.01, batch_max_events=1000)
+    server.answer(503)
+    await sink.write(records[:1])
+    await asyncio.sleep(0.02)
+    result = await sink.flush(final=True)
+    assert result.error_kind == "http_5xx"
+    await sink.abandon()
+    assert await deliver(sink, records) == []  # resend from the cursor with more records
+    await sink.close()
+    batches = server.batches()
+    retried = batches[server.requests[0].key]
+    assert [s.status for s in retried] == [503, 200]
+    assert len(retried[1].events) == 10  # the same rows as the first try, not 30
+
+
+@run
+async def test_keys_are_the_same_after_a_restart(server: FlakyServer) -> None:
+    records = make_records(4, 50)
+    for _ in range(2):  # a new sink object per "agent process"
+        sink = sink_for(server, batch_max_events=100)
+        assert await deliver(sink, records) == []
+        await sink.close()
+    keys = [s.key for s in server.requests]
+    assert keys[:2] == keys[2:] and len(set(keys)) == 2
+    assert server.accepted_events == 400 and len(server.event_ids) == 200
+
+
+@run
+async def test_durable_through_waits_for_an_earlier_slow_batch(server: FlakyServer) -> None:
+    sink = sink_for(server, batch_max_events=10, max_in_flight=4)
+    # The first batch (steps 0-9) is slow, the next three are not.
+    server.answer_when(lambda events: events[0]["step"] < 10, 200, delay_s=0.5)
+    result = await sink.write(make_records(4, 10))
+    for _ in range(200):
+        if len(server.requests) >= 3:
+            break
+        await asyncio.sleep(0.01)
+    assert len(server.requests) == 3  # batches 2-4 acknowledged, batch 1 still pending
+    assert result.durable_through is None
+    assert (await sink.flush()).durable_through is None
+    result = await sink.flush(final=True)
+    assert result.durable_through == 4 and result.delivered_events == 40
+    await sink.close()
+
+
+@run
+async def test_batches_acknowledged_after_a_failed_one_are_not_sent_again(
+        server: FlakyServer) -> None:
+    records = make_records(4, 10)
+    second = {e["step"] for e in [_row(i) for i in range(10, 20)]}
+    server.answer_when(lambda events: events[0]["step"] in second, 500, delay_s=0.3)
+    sink = sink_for(server, batch_max_events=10, max_in_flight=4)
+    failures = await deliver(sink, records)
+    await sink.close()
+    assert [f.error_kind for f in failures] == ["http_5xx"]
+    statuses = {key: [s.status for s in seen] for key, seen in server.batches().items()}
+    assert sorted(statuses.values()) == [[200], [200], [200], [500, 200]]
+    assert sink.metrics()["retries"] == 1 and server.accepted_events == 40
+
+
+@run
+async def test_a_permanent_4xx_without_a_dead_letter_directory_stops_the_sink(
+        server: FlakyServer) -> None:
+    server.answer(404)
+    sink = HttpSink("c", server.url, spool_id="s")
+    await sink.write(make_records(1, 5))
+    result = await sink.flush(final=True)
+    await sink.close()
+    assert (result.error_kind, result.permanent, result.durable_through) == ("http_4xx", True, None)
+
+
+@run
+async def test_a_redirect_is_not_followed(server: FlakyServer) -> None:
+    server.answer(307)
+    sink = sink_for(server)
+    await sink.write(make_records(1, 5))
+    result = await sink.flush(final=True)
+    await sink.close()
+    assert (result.error_kind, result.permanent) == ("http_status", True)
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_refusals_lose_nothing_and_keep_keys_stable(seed: int, tmp_path: Path) -> None:
+    @run
+    async def check(server: FlakyServer) -> None:
+        rng = random.Random(seed)
+        for _ in range(40):
+            server.answer(rng.choice([200, 200, 200, 500, 503, 429, 400]))
+        records = make_records(30, 7)
+        sink = sink_for(server, tmp_path, batch_max_events=10, max_in_flight=3)
+        failures = await deliver(sink, records, attempts=200)
+        await sink.close()
+        assert failures  # the script did refuse things
+        dead = {orjson.loads(line)["event_id"] for letter in list_dead_letters(tmp_path / "dlq")
+                for line in letter.body_path.read_bytes().splitlines()}
+        assert len(server.event_ids | dead) == 210  # every event delivered or kept
+        for key, seen in server.batches().items():  # a key always names the same rows
+            assert len({s.body for s in seen}) == 1, key
+
+    check()
+
+
+@pytest.mark.parametrize(("status", "kind", "retry_after", "expected"), [
+    (500, "http_5xx", None, None),
+    (503, "http_5xx", "7", 7.0),
+    (429, "throttled", "3", 3.0),
+    (408, "timeout", None, None),
+])
+def test_each_status_maps_to_its_failure(status: int, kind: str, retry_after: str | None,
+                                         expected: float | None) -> None:
+    @run
+    async def check(server: FlakyServer) -> None:
+        server.answer(status, retry_after=retry_after)
+        sink = sink_for(server)
+        assert (await sink.write(make_records(1, 5))).ok  # buffered, the batch is not due yet
+        result = await sink.flush(final=True)
+        await sink.close()
+        assert not result.ok and result.error_kind == kind
+        assert result.retry_after_s == expected and not result.permanent
+
+    check()
+
+
+@run
+async def test_retry_after_as_an_http_date(server: FlakyServer) -> None:
+    server.answer(429, retry_after=formatdate(time.time() + 30, usegmt=True))
+    sink = sink_for(server)
+    await sink.write(make_records(1, 5))
+    result = await sink.flush(final=True)
+    await sink.close()
+    assert result.error_kind == "throttled"
+    assert result.retry_after_s is not None and 20 < result.retry_after_s <= 30
+
+
+@run
+async def test_an_auth_refusal_is_permanent_and_keeps_the_data(server: FlakyServer) -> None:
+    server.answer(401)
+    sink = sink_for(server)
+    await sink.write(make_records(1, 5))
+    result = await sink.flush(final=True)
+    await sink.close()
+    assert result.error_kind == "http_auth" and result.permanent
+    assert result.durable_through is None
+
+
+@run
+async def test_a_stalled_endpoint_is_a_timeout(server: FlakyServer) -> None:
+    server.stall(2.0)
+    sink = sink_for(server, timeout_s=0.2)
+    await sink.write(make_records(1, 5))
+    result = await sink.flush(final=True)
+    await sink.close()
+    assert result.error_kind == "timeout" and sink.metrics()["timeouts"] == 1
+
+
+@run
+async def test_a_refused_connection_is_a_connect_failure_then_recovers(server: FlakyServer) -> None:
+    await server.stop()
+    sink = sink_for(server)
+    records = make_records(2, 5)
+    result = await sink.write(records)
+    result = await sink.flush(final=True) if result.ok else result
+    assert result.error_kind == "connect" and sink.metrics()["connect_errors"] == 1
+    await sink.abandon()
+    await server.start()
+    assert await deliver(sink, records) == []
+    await sink.close()
+    assert len(server.event_ids) == 10
+
+
+@run
+async def test_a_permanent_4xx_goes_to_the_dead_letter_directory(server: FlakyServer,
+                                                                  tmp_path: Path) -> None:
+    server.answer(400, text="field x is bad")
+    sink = sink_for(server, tmp_path, batch_max_events=5)
+    assert await deliver(sink, make_records(2, 5)) == []  # the cursor passes the refused batch
+    await sink.close()
+    letters = list_dead_letters(tmp_path / "dlq")
+    assert len(letters) == 1
+    letter = letters[0]
+    assert (letter.status, letter.events, letter.response) == (400, 5, "field x is bad")
+    assert letter.key == server.requests[0].key and letter.url == server.url
+    assert letter.body_path.read_bytes() == server.requests[0].body
+    assert sink.metrics()["dead_lettered_events"] == 5 and len(server.event_ids) == 5
+
+
+@run
+async def test_a_record_that_cannot_be_decoded_is_a_failure_not_an_exception(
+        server: FlakyServer) -> None:
+    good = make_records(1, 5)[0]
+    bad = SpoolRecord(2, bytes(16), 1, 0, 5, b"\x00garbage" * 10)
+    sink = sink_for(server)
+    result = await sink.write([good, bad])
+    await sink.close()
+    assert (result.ok, result.error_kind, result.permanent) == (False, "encode", True)
+    assert server.requests == []
+
+
+@run
+async def test_filters_select_by_kind_source_and_name(server: FlakyServer) -> None:
+    sink = sink_for(server, event_filter=EventFilter.of(kinds=["task", "op"], sources=["ray"],
+                                                        names=["step_0", "step_2"]))
+    assert await deliver(sink, make_records(3, 30)) == []
+    await sink.close()
+    events = [e for s in server.requests for e in s.events]
+    assert events and all(e["kind"] in ("task", "op") and e["source"] == "ray" for e in events)
+    assert {e["name"] for e in events} <= {"step_0", "step_2"}
+    expected = [_row(i) for i in range(90)]
+    assert len(events) == sum(1 for r in expected if r["kind"] in ("task", "op")
+                              and r["source"] == "ray" and r["name"] in ("step_0", "step_2"))
+
+
+@run
+async def test_records_the_filter_drops_entirely_still_advance_the_cursor(
+        server: FlakyServer) -> None:
+    sink = sink_for(server, event_filter=EventFilter.of(kinds=["nothing-like-this"]))
+    result = await sink.write(make_records(3, 10))
+    await sink.close()
+    assert result.durable_through == 3 and result.delivered_events == 0
+    assert server.requests == []
+
+
+@run
+async def test_header_values_come_from_env_and_file(server: FlakyServer,
+                                                    tmp_path: Path) -> None:
+    (tmp_path / "token").write_text(SECRET + "\n")
+    os.environ["EVAGG_TEST_TENANT"] = "tenant-7"
+    try:
+        sink = sink_for(server, headers={"Authorization": f"file:{tmp_path / 'token'}",
+                                         "X-Tenant": "env:EVAGG_TEST_TENANT", "X-Plain": "x"})
+    finally:
+        del os.environ["EVAGG_TEST_TENANT"]
+    assert await deliver(sink, make_records(1, 3)) == []
+    await sink.close()
+    headers = server.requests[0].headers
+    assert headers["Authorization"] == SECRET and headers["X-Tenant"] == "tenant-7"
+    assert headers["X-Plain"] == "x" and headers["Idempotency-Key"] == server.requests[0].key
+
+
+def test_an_unreadable_header_file_is_a_config_error(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-token"
+    with pytest.raises(HttpSinkConfigError, match=r"header 'Authorization': cannot read file"):
+        HttpSink("c", "http://127.0.0.1:9/x", spool_id="s",
+                 headers={"Authorization": f"file:{missing}"})
+    with pytest.raises(HttpSinkConfigError, match="EVAGG_TEST_UNSET_VARIABLE is not set"):
+        validate_http_sink_config("c", "http://127.0.0.1:9/x",
+                                  headers={"X-Key": "env:EVAGG_TEST_UNSET_VARIABLE"})
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"url": "ftp://host/x"}, "url must be an http"),
+    ({"body_format": "xml"}, "format must be"),
+    ({"batch_max_events": 0}, "batch_max_events must be positive"),
+    ({"max_in_flight": 0}, "max_in_flight must be positive"),
+    ({"headers": {"X": "a\r\nInjected: 1"}}, "line break"),
+    ({"url": "http://u:p@127.0.0.1/x", "headers": {"Authorization": "x"}}, "user info"),
+    ({"no_such_option": 1}, "no_such_option"),
+    ({"headers": {"X": 5}}, "value a string"),
+    ({"headers": {"Bad Name": "v"}}, "name must be a token"),
+    ({"gzip_level": 12}, "gzip_level"),
+])
+def test_bad_options_are_config_errors(options: dict[str, Any], message: str) -> None:
+    url = options.pop("url", "http://127.0.0.1:9/x")
+    with pytest.raises(HttpSinkConfigError, match=message):
+        validate_http_sink_config("c", url, **options)
+
+
+def test_secrets_never_appear_in_describe_repr_or_logs(caplog: pytest.LogCaptureFixture,
+                                                       tmp_path: Path) -> None:
+    caplog.set_level(logging.DEBUG)
+
+    @run
+    async def body(server: FlakyServer) -> None:
+        server.answer(400)
+        server.answer(500)
+        sink = HttpSink("c", server.url + "?token=abc", spool_id="s",
+                        headers={"Authorization": SECRET}, dead_letter_dir=tmp_path / "dlq",
+                        batch_max_events=5)
+        assert [f.error_kind for f in await deliver(sink, make_records(2, 5))] == ["http_5xx"]
+        basic = HttpSink("b", server.url.replace("http://", "http://user:hunter2@"),
+                         spool_id="s")
+        texts = [sink.describe(), repr(sink), str(sink.metrics()), basic.describe(), repr(basic)]
+        await sink.close()
+        for letter in list_dead_letters(tmp_path / "dlq"):
+            texts.append(letter.meta_path.read_text())
+        ours = [r.getMessage() for r in caplog.records  # the test server's access log aside
+                if not r.name.startswith(("aiohttp.access", "aiohttp.server"))]
+        texts.extend(ours)
+        assert any("refused" in text for text in ours)  # the dead letter was logged...
+        for text in texts:  # ...without the header, the URL's password or its query
+            assert "s3cr3t" not in text and "hunter2" not in text and "token=abc" not in text
+
+    body()
+
+
+def test_backoff_is_full_jitter_under_an_exponential_ceiling() -> None:
+    assert backoff_delay(1, rng=lambda: 1.0) == pytest.approx(0.1)
+    assert backoff_delay(4, rng=lambda: 1.0) == pytest.approx(0.8)
+    assert backoff_delay(4, rng=lambda: 0.5) == pytest.approx(0.4)
+    assert backoff_delay(40, rng=lambda: 1.0) == 60.0  # capped
+    assert backoff_delay(10_000, cap=5, rng=lambda: 0.0) == 0.0  # huge attempts do not overflow
+    assert backoff_delay(1, retry_after=7.0, rng=lambda: 1.0) == 7.0  # a floor...
+    assert backoff_delay(1, cap=1, retry_after=90.0, rng=lambda: 1.0) == 90.0  # ...above cap
+
+
+def test_retry_after_parses_seconds_and_http_dates() -> None:
+    now = 1_700_000_000.0
+    assert parse_retry_after("120") == 120.0
+    assert parse_retry_after(formatdate(now + 45, usegmt=True), now=now) == 45.0
+    assert parse_retry_after(formatdate(now - 45, usegmt=True), now=now) == 0.0
+    assert parse_retry_after("soon") is None and parse_retry_after(None) is None
+    assert parse_retry_after("-5") is None and parse_retry_after("") is None
