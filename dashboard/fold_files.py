@@ -8,14 +8,13 @@ its folder covers it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
 from dashboard.listing import FileEntry
+from sinks.parquet.layout import Cover, is_compacted_name, parse_covers
 
-Cover = tuple[str, int]  # (file name, size)
-COMPACTED_PREFIX = "compacted-"  # as sinks/parquet/compact.py names its files
-META_KEY = "evagg.compacted"  # the Parquet metadata key it records the covered files in
+__all__ = ["Cover", "batches", "coverage", "explained", "held_by_folder", "is_compacted",
+           "parse_covers"]
 BATCH_BYTES = 2**30  # fold at most this much Parquet per transaction (bounds memory)
 BATCH_FILES = 10_000
 
@@ -55,7 +54,7 @@ def coverage(folded: dict[str, int], known: dict[str, set[Cover]]) -> dict[str, 
 
 
 def is_compacted(entry: FileEntry) -> bool:
-    return parent_and_name(entry.path)[1].startswith(COMPACTED_PREFIX)
+    return is_compacted_name(parent_and_name(entry.path)[1])
 
 
 def batches(files: list[FileEntry]) -> Iterator[list[FileEntry]]:
@@ -69,12 +68,3 @@ def batches(files: list[FileEntry]) -> Iterator[list[FileEntry]]:
         size += entry.size
     if batch:
         yield batch
-
-
-def parse_covers(raw: bytes | str | None) -> set[Cover]:
-    """What `evagg compact`'s metadata says a compacted file covers (empty if not ours)."""
-    try:
-        recorded = json.loads(raw) if raw else {}
-        return {(str(name), int(size)) for name, size in recorded.get("covers", [])}
-    except (ValueError, TypeError, AttributeError):
-        return set()

@@ -26,12 +26,12 @@ from dashboard import views
 from dashboard.cancel import current_token
 from dashboard.errors import BadInput, NoData, NotFound, QueryFailed, StoreUnavailable
 from dashboard.fold import Cover, TaskFold, parse_covers
-from dashboard.fold_files import META_KEY
 from dashboard.listing import FileEntry, Listing, list_local
 from dashboard.results import Result, from_cursor
 from dashboard.s3 import sql_literal
 from dashboard.sources import arrow_dataset, parquet_source
 from dashboard.store_s3 import S3Reader
+from sinks.parquet.layout import COMPACTION_META_KEY
 
 log = logging.getLogger(__name__)
 ENGINES = ("auto", "httpfs", "pyarrow")
@@ -189,10 +189,10 @@ class Store:
                 path = entry.path[5:] if self._s3 else entry.path
                 with self._fs.open_input_file(path) as handle:
                     meta = pq.read_metadata(handle).metadata or {}
-                return parse_covers(meta.get(META_KEY.encode()))
+                return parse_covers(meta.get(COMPACTION_META_KEY.encode()))
             found = cursor.execute(
                 "SELECT value FROM parquet_kv_metadata($path) WHERE key = CAST($key AS BLOB)",
-                {"path": entry.path, "key": META_KEY}).fetchone()
+                {"path": entry.path, "key": COMPACTION_META_KEY}).fetchone()
             return parse_covers(bytes(found[0]) if found else None)
         except (OSError, duckdb.Error) as exc:  # unreadable: it explains nothing
             log.warning("cannot read the footer of %s: %s", entry.path, exc)

@@ -20,9 +20,6 @@ listing the partition sees both copies; the `events` view keeps one row per even
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -34,16 +31,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sinks.parquet.compact_targets import FileEntry, LocalTarget, S3Target, Target
+from sinks.parquet.layout import (
+    COMPACTION_META_KEY,
+    Cover,
+    compacted_name,
+    encode_covers,
+    is_compacted_name,
+    is_lake_file,
+    is_partition_directory,
+    parse_covers,
+)
 from sinks.parquet.s3 import S3Store
 from sinks.parquet.writer import open_writer
 
 GRACE_S: Final = 600.0
 ROW_GROUP_ROWS: Final = 100_000
-META_KEY: Final = b"evagg.compacted"
-COMPACTED_PREFIX: Final = "compacted-"
-_LEAF: Final = re.compile(r"(?:^|/)date=[^/]+/hour=[^/]+/node=[^/]+$")
 
-Cover = tuple[str, int]  # (file name, size in bytes)
 
 
 @dataclass
@@ -121,7 +124,7 @@ def run_compact(target: str, *, partition: str | None = None, min_files: int = 2
     leaves: dict[str, list[FileEntry]] = {}
     for entry in store.files(prefix):
         directory, _, name = entry.key.rpartition("/")
-        if _LEAF.search(directory) and name.endswith(".parquet") and not name.startswith("."):
+        if is_partition_directory(directory) and is_lake_file(name):
             leaves.setdefault(directory, []).append(entry)
     deadline = (time.time() if now is None else now) - grace_s
     for directory, entries in sorted(leaves.items()):
@@ -143,11 +146,11 @@ def _partition_prefix(partition: str | None) -> str:
 
 def _compact_partition(store: Target, entries: list[FileEntry], result: PartitionReport,
                        min_files: int, deadline: float, dry_run: bool) -> None:
-    covers = {e.name: _covers(store, e) for e in entries if e.name.startswith(COMPACTED_PREFIX)}
+    covers = {e.name: _covers(store, e) for e in entries if is_compacted_name(e.name)}
     leftovers = _covered_leftovers(entries, covers)
     live = [e for e in entries if e not in leftovers]
     eligible = sorted((e for e in live if e.modified <= deadline),
-                      key=lambda e: (not e.name.startswith(COMPACTED_PREFIX), e.name))
+                      key=lambda e: (not is_compacted_name(e.name), e.name))
     result.young = len(live) - len(eligible)
     if len(eligible) >= min_files:
         result.inputs = [e.name for e in eligible]
@@ -164,12 +167,7 @@ def _compact_partition(store: Target, entries: list[FileEntry], result: Partitio
 
 def _covers(store: Target, entry: FileEntry) -> set[Cover]:
     """What a compacted file says it covers (nothing, if the metadata is not ours)."""
-    raw = store.kv_metadata(entry.key).get(META_KEY)
-    try:
-        recorded = json.loads(raw) if raw else {}
-        return {(str(name), int(size)) for name, size in recorded.get("covers", [])}
-    except (ValueError, TypeError, AttributeError):
-        return set()
+    return parse_covers(store.kv_metadata(entry.key).get(COMPACTION_META_KEY.encode()))
 
 
 def _covered_leftovers(entries: list[FileEntry],
@@ -188,8 +186,7 @@ def _covered_leftovers(entries: list[FileEntry],
 
 
 def _output_name(inputs: list[FileEntry]) -> str:
-    digest = hashlib.sha256("\n".join(sorted(e.name for e in inputs)).encode()).hexdigest()
-    return f"{COMPACTED_PREFIX}{digest[:24]}.parquet"
+    return compacted_name(e.name for e in inputs)
 
 
 def _directory(entry: FileEntry) -> str:
@@ -201,14 +198,13 @@ def _merge_and_publish(store: Target, inputs: list[FileEntry], covers: dict[str,
     covered: set[Cover] = set()
     for entry in inputs:
         covered |= covers.get(entry.name) or {(entry.name, entry.size)}
-    metadata = json.dumps({"version": 1, "inputs": [e.name for e in inputs],
-                           "covers": sorted(covered)}).encode()
+    metadata = encode_covers([e.name for e in inputs], covered)
     key = f"{_directory(inputs[0])}/{output}"
     with tempfile.TemporaryDirectory(prefix="evagg-compact-") as scratch:
         files = [store.local_copy(e.key, Path(scratch)) for e in inputs]
         merged = store.scratch_path(key, Path(scratch))
         try:
-            rows = merge_files(files, merged, {META_KEY: metadata})
+            rows = merge_files(files, merged, metadata)
             store.publish(merged, key)
         finally:
             merged.unlink(missing_ok=True)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+from sinks.parquet.layout import node_of, spool_prefix_of
 from sinks.parquet.stores import ObjectStore, StoreError, is_staging_name, staging_name
 
 log = logging.getLogger(__name__)
@@ -257,8 +258,7 @@ class S3Store(ObjectStore):
         orphans once older than an hour.
         """
         directory, _, name = first_key.rpartition("/")
-        node = next((p for p in directory.split("/") if p.startswith("node=")), None)
-        spool = name.rsplit("-", 1)[0] + "-" if name.startswith("part-") else None
+        node, spool = node_of(directory), spool_prefix_of(name)
 
         def orphaned(key: str, age_s: float) -> bool:
             if node is None or f"/{node}/" not in f"/{key}":

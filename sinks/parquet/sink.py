@@ -23,12 +23,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
-from urllib.parse import quote
 
 import pyarrow as pa
 
 from sinks.base import Sink, SinkResult
 from sinks.filters import EventFilter
+from sinks.parquet.layout import object_key
 from sinks.parquet.stores import ObjectStore, StoreError
 from sinks.parquet.writer import open_writer
 from sinks.records import SpoolRecord
@@ -39,22 +39,6 @@ log = logging.getLogger(__name__)
 MIB: Final = 1024 * 1024
 _NS_PER_SECOND: Final = 1_000_000_000
 _NS_PER_HOUR: Final = 3600 * _NS_PER_SECOND
-
-
-def partition_for(received_ns: int) -> str:
-    """The Hive partition of a receive time: `date=YYYY-MM-DD/hour=HH` (UTC)."""
-    t = time.gmtime(received_ns // _NS_PER_SECOND)
-    return f"date={t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}/hour={t.tm_hour:02d}"
-
-
-def object_key(received_ns: int, node_id: str, spool_id: str, first_offset: int) -> str:
-    node, spool = _path_safe(node_id), _path_safe(spool_id)
-    return f"{partition_for(received_ns)}/node={node}/part-{spool}-{first_offset:020d}.parquet"
-
-
-def _path_safe(value: str) -> str:
-    """Hive-style escaping, so that an odd node id cannot add a directory level."""
-    return quote(value, safe="-_.")
 
 
 class _DecodeError(Exception):

@@ -18,8 +18,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from aggregator.decode.normalize import Stamp, rows_to_batch
-from sinks.parquet.compact import META_KEY, run_compact
+from sinks.parquet.compact import run_compact
 from sinks.parquet.compact_targets import LocalTarget, S3Target
+from sinks.parquet.layout import COMPACTION_META_KEY
 from sinks.parquet.writer import open_writer
 from sinks.schema import EVENT_SCHEMA
 from tests.agentproc import REPO
@@ -139,7 +140,7 @@ def test_merged_file_records_its_inputs_zstd_and_big_row_groups(tmp_path: Path) 
     assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [
         100_000, 100_000, 50_000]
     assert meta.row_group(0).column(0).compression == "ZSTD"
-    recorded = json.loads(meta.metadata[META_KEY])
+    recorded = json.loads(meta.metadata[COMPACTION_META_KEY.encode()])
     assert recorded["inputs"] == report.partitions[0].inputs == [part(1 + n * 50_000)
                                                                   for n in range(5)]
     assert pq.read_schema(merged).remove_metadata().equals(EVENT_SCHEMA)

@@ -18,7 +18,8 @@ from aggregator.decode.ndjson import decode_bulk, decode_careful
 from aggregator.decode.normalize import Stamp
 from sinks.base import SinkResult
 from sinks.filters import EventFilter
-from sinks.parquet.sink import ParquetSink, object_key, partition_for
+from sinks.parquet import ParquetSink
+from sinks.parquet.layout import object_key, partition_for
 from sinks.parquet.stores import LocalStore, is_staging_name
 from sinks.records import SpoolRecord
 from sinks.schema import EVENT_SCHEMA, batch_to_bytes
