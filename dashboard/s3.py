@@ -18,28 +18,6 @@ from urllib.parse import urlsplit
 
 import duckdb
 
-from dashboard.errors import BadInput
-
-
-@dataclass(frozen=True, slots=True)
-class S3Location:
-    bucket: str
-    prefix: str  # "" or ending in "/"
-
-    @staticmethod
-    def parse(url: str) -> S3Location:
-        parts = urlsplit(url)
-        if parts.scheme != "s3" or not parts.netloc:
-            raise BadInput(f"not an S3 URL: {url!r} (expected s3://bucket/prefix)")
-        prefix = parts.path.lstrip("/")
-        if prefix and not prefix.endswith("/"):
-            prefix += "/"
-        return S3Location(parts.netloc, prefix)
-
-    @property
-    def url(self) -> str:
-        return f"s3://{self.bucket}/{self.prefix}"
-
 
 @dataclass(frozen=True, slots=True)
 class S3Settings:

@@ -31,6 +31,7 @@ from dashboard.results import Result, from_cursor
 from dashboard.s3 import sql_literal
 from dashboard.sources import arrow_dataset, parquet_source
 from dashboard.store_s3 import S3Reader
+from sinks.locations import is_s3_url
 from sinks.parquet.layout import COMPACTION_META_KEY
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class Store:
         self._con.execute("SET parquet_metadata_cache = true")
         self._s3: S3Reader | None = None
         self._fs: Any = None
-        if options.location.startswith("s3://"):
+        if is_s3_url(options.location):
             self.engine = self._open_s3(options)
         else:
             self.engine = self._open_local(options)

@@ -13,9 +13,10 @@ from typing import Any
 
 import duckdb
 
-from dashboard.errors import NotFound, StoreUnavailable
+from dashboard.errors import BadInput, NotFound, StoreUnavailable
 from dashboard.listing import Listing, list_s3
-from dashboard.s3 import S3Location, S3Settings, load_httpfs, pyarrow_filesystem
+from dashboard.s3 import S3Settings, load_httpfs, pyarrow_filesystem
+from sinks.locations import S3Location
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,10 @@ class S3Reader:
     """Credentials, client and (for pyarrow) filesystem for one s3:// prefix."""
 
     def __init__(self, location: str, endpoint_url: str | None, region: str | None) -> None:
-        self.location = S3Location.parse(location)
+        try:
+            self.location = S3Location.parse(location)
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
         try:
             import boto3
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import orjson
 
+from sinks.locations import is_s3_url
+
 _COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "state", "kind", "source",
             "duration_s", "error_type", "error_message", "stack_trace", "attrs",
             "run_id", "job_id", "node_id", "host", "pid", "step")
@@ -86,7 +88,7 @@ def _connect(data: str) -> Any:
     import duckdb
 
     connection = duckdb.connect()
-    if data.startswith("s3://"):
+    if is_s3_url(data):
         from dashboard.s3 import S3Settings, load_httpfs
 
         load_httpfs(connection, S3Settings.resolve())

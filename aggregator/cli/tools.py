@@ -13,6 +13,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeAlias
 
+from sinks.locations import is_s3_url
+
 Parsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
@@ -76,7 +78,7 @@ def _compact(args: argparse.Namespace) -> int:
         option, _, reason = str(exc).partition(": ")
         print(f"evagg compact: --{option.replace('_', '-')}: {reason}", file=sys.stderr)
         return 2
-    if uploads and not args.target.startswith("s3://"):
+    if uploads and not is_s3_url(args.target):
         print("evagg compact: --sse, --sse-kms-key-id and --storage-class apply to s3:// "
               "targets only", file=sys.stderr)
         return 2

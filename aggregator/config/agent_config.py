@@ -8,7 +8,6 @@ a spool under the user's state directory and one Parquet sink in a local directo
 from __future__ import annotations
 
 import grp
-import ipaddress
 import os
 import socket
 import tomllib
@@ -31,6 +30,7 @@ from aggregator.config.values import (
     string,
 )
 from emitters import paths
+from sinks.locations import is_loopback_host
 from sinks.units import (
     parse_bool,
     parse_duration,
@@ -250,7 +250,7 @@ def config_warnings(config: AgentConfig) -> list[str]:
                 "is not checked, so whoever is on the path can read and change the events"
                 for index, sink in enumerate(config.sinks) if _unverified(sink.options)]
     host = config.http_listen.rpartition(":")[0].strip("[]")
-    if not host or config.http_token is not None or _is_loopback(host):
+    if not host or config.http_token is not None or is_loopback_host(host):
         return warnings
     return [f"agent.http_listen: {config.http_listen} can be reached from other hosts and "
             "no http_token_file is set: anyone who reaches it can write events", *warnings]
@@ -261,15 +261,6 @@ def _unverified(options: Mapping[str, Any]) -> bool:
         return not parse_bool(options.get("tls_verify", True))
     except ValueError:
         return False  # the sink's build names the bad value
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve to anything
 
 
 def check_host(config: AgentConfig) -> None:

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from aggregator.config.values import check_keys
 from emitters import paths
+from sinks.locations import S3Location, is_s3_url
 from sinks.units import parse_positive_duration
 
 
@@ -129,9 +130,10 @@ def _sink(table: Any, index: int, problems: list[str]) -> SinkConfig | None:
 def _check_url(kind: str, url: str, label: str, problems: list[str]) -> None:
     if kind == "http" and not url.startswith(("http://", "https://")):
         problems.append(f"{label}: an http sink needs an http:// or https:// url")
-    if kind == "parquet" and url.startswith("s3://"):
-        bucket = url[len("s3://") :].split("/", 1)[0]
-        if not bucket:
+    if kind == "parquet" and is_s3_url(url):
+        try:
+            S3Location.parse(url)
+        except ValueError:
             problems.append(f"{label}: an s3 url needs a bucket (s3://bucket/prefix/)")
     elif kind == "parquet" and "://" in url:
         problems.append(f"{label}: a parquet sink takes a local directory or s3://bucket/prefix/")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from aggregator.config.sinks import SinkConfig
 from sinks.base import Sink
 from sinks.filters import EventFilter
+from sinks.locations import is_s3_url
 from sinks.units import (
     parse_bool,
     parse_int,
@@ -57,7 +58,7 @@ def _parquet(config: SinkConfig, options: dict[str, Any], event_filter: EventFil
     from sinks.parquet.stores import LocalStore, ObjectStore
 
     store: ObjectStore
-    if config.url.startswith("s3://"):
+    if is_s3_url(config.url):
         from sinks.parquet.s3 import S3Store
 
         store = S3Store(

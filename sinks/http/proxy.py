@@ -12,7 +12,6 @@ shown.
 from __future__ import annotations
 
 import base64
-import ipaddress
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from sinks.http.endpoint import HttpSinkConfigError, url_for_display
+from sinks.locations import is_loopback_host
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +49,7 @@ def proxy_route(endpoint: str, option: str) -> ProxyRoute:
     if option != "env":
         return _parse(option, "proxy")
     parts = urlsplit(endpoint)
-    if _is_loopback(parts.hostname or ""):
+    if is_loopback_host(parts.hostname or ""):
         return ProxyRoute()
     proxies = urllib.request.getproxies_environment()
     found = proxies.get(parts.scheme)
@@ -59,15 +59,6 @@ def proxy_route(endpoint: str, option: str) -> ProxyRoute:
     if "://" not in found:  # curl takes "host:port" for http://host:port
         found = f"http://{found}"
     return _parse(found, f"proxy (from the {parts.scheme.upper()}_PROXY variable)")
-
-
-def _is_loopback(host: str) -> bool:
-    if host.lower() == "localhost" or host.lower().endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _parse(value: str, key: str) -> ProxyRoute:

@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sinks.locations import is_s3_url
 from sinks.parquet.compact_targets import FileEntry, LocalTarget, S3Target, Target
 from sinks.parquet.layout import (
     COMPACTION_META_KEY,
@@ -113,7 +114,7 @@ def run_compact(target: str, *, partition: str | None = None, min_files: int = 2
         raise ValueError("min_files must be at least 2")
     prefix = _partition_prefix(partition)
     store: Target
-    if target.startswith("s3://"):
+    if is_s3_url(target):
         store = S3Target(S3Store(
             target, staging_dir=Path(tempfile.gettempdir()), endpoint_url=endpoint_url,
             region=region, path_style=bool(endpoint_url) if path_style is None else path_style,

@@ -20,11 +20,13 @@ import hashlib
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+from sinks.base import SinkCounter
+from sinks.locations import S3Location
 from sinks.parquet.layout import node_of, spool_prefix_of
 from sinks.parquet.stores import ObjectStore, StoreError, is_staging_name, staging_name
 
@@ -35,6 +37,11 @@ PART_SIZE: Final = 8 * MIB  # S3's floor is 5 MiB for every part but the last
 MAX_PARTS: Final = 10_000
 STALE_UPLOAD_AGE_S: Final = 3600.0
 PARQUET_CONTENT_TYPE: Final = "application/vnd.apache.parquet"
+# `stats` key -> the counter exported as evagg_sink_<name>_total (docs/metrics.md)
+_EXPORTED_STATS: Final = {
+    "puts": "s3_puts", "multipart": "s3_multipart_uploads", "aborted": "s3_aborted_uploads",
+    "abort_failed": "s3_abort_failures", "swept": "s3_swept_uploads", "retries": "s3_retries",
+}
 
 
 _THROTTLED: Final = frozenset({
@@ -102,15 +109,6 @@ def _classify_answer(response: dict[str, Any], where: str) -> StoreError:
     return StoreError(message, "s3_4xx", permanent=True)
 
 
-def parse_s3_url(url: str) -> tuple[str, str]:
-    """`s3://bucket/some/prefix` -> ("bucket", "some/prefix/"); the prefix may be ""."""
-    parts = urlsplit(url)
-    if parts.scheme != "s3" or not parts.netloc:
-        raise ValueError(f"not an s3://bucket/prefix URL: {url!r}")
-    prefix = parts.path.strip("/")
-    return parts.netloc, f"{prefix}/" if prefix else ""
-
-
 def make_client(*, endpoint_url: str | None, region: str | None, path_style: bool) -> Any:
     """A boto3 S3 client; credentials and (unless given) region from boto3's own chain."""
     import boto3
@@ -139,7 +137,8 @@ class S3Store(ObjectStore):
                  region: str | None = None, path_style: bool = False,
                  multipart_threshold: int = 64 * MIB, part_size: int = PART_SIZE,
                  upload_args: dict[str, str] | None = None) -> None:
-        self.bucket, self.prefix = parse_s3_url(url)
+        location = S3Location.parse(url)
+        self.bucket, self.prefix = location.bucket, location.prefix
         # on every upload: encryption and storage class (sinks/parquet/s3_uploads.py)
         self.upload_args = dict(upload_args or {})
         self.staging_dir = Path(staging_dir)
@@ -148,7 +147,7 @@ class S3Store(ObjectStore):
         self.path_style = path_style
         self.multipart_threshold = max(1, multipart_threshold)
         self.part_size = max(5 * MIB, part_size)
-        self.stats: Counter[str] = Counter()  # puts, multipart, aborted, abort_failed, swept
+        self.stats: Counter[str] = Counter()  # the keys of _EXPORTED_STATS
         self._client: Any = None
         self._lock = threading.Lock()
         self._pending_aborts: list[tuple[str, str]] = []  # (full key, upload id)
@@ -161,7 +160,16 @@ class S3Store(ObjectStore):
             if self._client is None:
                 self._client = make_client(endpoint_url=self.endpoint_url, region=self.region,
                                            path_style=self.path_style)
+                self._client.meta.events.register("after-call.s3", self._count_retries)
             return self._client
+
+    def _count_retries(self, parsed: Mapping[str, Any] | None = None, **_: Any) -> None:
+        """botocore's own retries of each answered call (at most one, see make_client)."""
+        metadata = (parsed or {}).get("ResponseMetadata", {})
+        self.stats["retries"] += int(metadata.get("RetryAttempts") or 0)
+
+    def counters(self) -> list[SinkCounter]:
+        return [SinkCounter(name, self.stats[key]) for key, name in _EXPORTED_STATS.items()]
 
     def describe(self) -> str:
         where = f"s3://{self.bucket}/{self.prefix}"

@@ -1,0 +1,49 @@
+"""Where data lives and who may be reached: the one reading of an `s3://` URL and of a
+loopback host, for the sinks, the agent's config, `evagg compact` and the dashboard."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Final
+from urllib.parse import urlsplit
+
+S3_SCHEME: Final = "s3://"
+
+
+def is_s3_url(location: str) -> bool:
+    """Whether a data location names S3 (anything else is a local directory)."""
+    return location.startswith(S3_SCHEME)
+
+
+@dataclass(frozen=True, slots=True)
+class S3Location:
+    bucket: str
+    prefix: str  # "" or ending in "/"
+
+    @staticmethod
+    def parse(url: str) -> S3Location:
+        """`s3://bucket/some/prefix` -> S3Location("bucket", "some/prefix/").
+
+        Raises ValueError, saying what was expected, for anything that is not one."""
+        parts = urlsplit(url)
+        if parts.scheme != "s3" or not parts.netloc:
+            raise ValueError(f"not an S3 URL: {url!r} (expected s3://bucket/prefix/)")
+        prefix = parts.path.strip("/")
+        return S3Location(parts.netloc, f"{prefix}/" if prefix else "")
+
+    @property
+    def url(self) -> str:
+        return f"{S3_SCHEME}{self.bucket}/{self.prefix}"
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a host is this machine for certain: `localhost` (and `*.localhost`, which
+    RFC 6761 reserves for it) or a loopback address. Any other name may resolve anywhere."""
+    name = host.lower().strip("[]")
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
