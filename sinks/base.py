@@ -7,13 +7,18 @@ highest offset that is now safely delivered, and the loop commits the cursor the
 After any failure the loop calls `abandon()` and, after a backoff, starts again from
 the committed cursor, so a sink must tolerate seeing records again (the Parquet sink
 derives its file name from the first offset; the HTTP sink sends an Idempotency-Key).
+
+A sink reports its own counts through `counters()`; the agent exports each one on
+/metrics as `evagg_sink_<name>_total{sink, type[, reason]}` (docs/metrics.md).
 """
 
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar, Final
 
 from sinks.records import SpoolRecord
 
@@ -45,9 +50,34 @@ class SinkResult:
         )
 
 
+_COUNTER_WORD: Final = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+
+@dataclass(frozen=True, slots=True)
+class SinkCounter:
+    """One count a sink keeps since it was built (a reload builds it anew).
+
+    `name` and `reason` are short fixed words chosen by the sink's code (lower case,
+    digits, `_`), never data: they become a metric name and a label value, so each sink
+    has a bounded, documented set of them (docs/metrics.md). `reason` splits a count by
+    a bounded class, as failures by error kind.
+    """
+
+    name: str
+    value: int
+    reason: str | None = None
+
+    def __post_init__(self) -> None:
+        for word in (self.name, self.reason):
+            if word is not None and not _COUNTER_WORD.match(word):
+                raise ValueError(f"sink counter word {word!r}: use a-z, 0-9 and _")
+
+
 class Sink(abc.ABC):
     """Base class of every sink. Subclasses implement the four coroutines."""
 
+    # The `type` label of this sink's counters: the config's `type` of the sink.
+    sink_type: ClassVar[str] = "custom"
     # Spool bytes handed to one write(): bounds the sink's decode/encode working set.
     read_max_bytes: int = 4 * 2**20
 
@@ -73,3 +103,8 @@ class Sink(abc.ABC):
     def describe(self) -> str:
         """Where this sink delivers, for logs and `evagg status` (never a secret)."""
         return self.name
+
+    def counters(self) -> Sequence[SinkCounter]:
+        """This sink's own counts since it was built; none by default. Called on the
+        event loop at every /metrics scrape and heartbeat: keep it cheap, never raise."""
+        return ()

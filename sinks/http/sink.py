@@ -26,7 +26,7 @@ import aiohttp
 import numpy as np
 import pyarrow as pa
 
-from sinks.base import Sink, SinkResult
+from sinks.base import Sink, SinkCounter, SinkResult
 from sinks.filters import EventFilter
 from sinks.http.batches import Batch, Batcher, Body, BodyFormat, gzip_body, record_groups
 from sinks.http.body import encode_rows
@@ -64,6 +64,7 @@ class HttpSink(Sink):
     # 1 MiB reads keep catch-up after an outage at flat memory (bench/bench_catchup.py:
     # peak anonymous memory 110-135 MiB with 4 MiB reads, 68-70 MiB with 1 MiB, same drain).
     read_max_bytes = 1 * MIB
+    sink_type = "http"
 
     def __init__(
         self,
@@ -132,6 +133,9 @@ class HttpSink(Sink):
     def metrics(self) -> dict[str, int]:
         """Counters since start: requests by status class, retries, dead letters, bytes."""
         return {name: self._counters[name] for name in _METRICS}
+
+    def counters(self) -> list[SinkCounter]:
+        return [SinkCounter(name, value) for name, value in self.metrics().items()]
 
     async def write(self, records: Sequence[SpoolRecord]) -> SinkResult:
         if self._failure is not None:

@@ -18,7 +18,6 @@ import errno
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +25,9 @@ from typing import Final
 
 import pyarrow as pa
 
-from sinks.base import Sink, SinkResult
+from sinks.base import Sink, SinkCounter, SinkResult
 from sinks.filters import EventFilter
+from sinks.parquet.counts import ParquetCounts
 from sinks.parquet.layout import object_key
 from sinks.parquet.stores import ObjectStore, StoreError
 from sinks.parquet.writer import open_writer
@@ -51,6 +51,7 @@ class _ClosedFile:
     staged: Path
     last_offset: int
     events: int
+    size: int  # bytes, counted once the file is published
 
 
 @dataclass(slots=True)
@@ -104,8 +105,9 @@ class _OpenFile:
         if self.pending_rows:
             self.writer.write_table(pa.concat_tables(self.pending))
         self.writer.close()
+        size = self.bytes_written
         self.sink.close()
-        return _ClosedFile(self.key, self.staged, self.last_offset, self.events)
+        return _ClosedFile(self.key, self.staged, self.last_offset, self.events, size)
 
     def discard(self) -> None:
         with contextlib.suppress(Exception):
@@ -116,6 +118,8 @@ class _OpenFile:
 
 
 class ParquetSink(Sink):
+    sink_type = "parquet"
+
     def __init__(
         self,
         name: str,
@@ -143,7 +147,7 @@ class ParquetSink(Sink):
         self.row_group_rows = row_group_rows
         self.event_filter = event_filter or EventFilter()
         self.compression = compression
-        self.failures: Counter[str] = Counter()  # by error_kind
+        self.counts = ParquetCounts()  # exported through counters()
         self._clock = clock
         self._lock = threading.Lock()  # a cancelled call's thread may still be running
         self._file: _OpenFile | None = None
@@ -152,6 +156,9 @@ class ParquetSink(Sink):
 
     def describe(self) -> str:
         return f"parquet {self.store.describe()} node={self.node_id}"
+
+    def counters(self) -> list[SinkCounter]:
+        return [*self.counts.as_counters(), *self.store.counters()]
 
     async def write(self, records: Sequence[SpoolRecord]) -> SinkResult:
         return await self._run(self._append, records)
@@ -179,6 +186,7 @@ class ParquetSink(Sink):
         events = 0
         for closed in progress.closed:
             await self.store.publish(closed.staged, closed.key)
+            self.counts.file_published(closed.size, closed.events)
             with contextlib.suppress(ValueError):  # abandon() may have cleared the list
                 self._unpublished.remove(closed)
             durable, events = closed.last_offset, events + closed.events
@@ -188,8 +196,7 @@ class ParquetSink(Sink):
 
     async def _failed(self, phase: str, exc: Exception) -> SinkResult:
         kind = _error_kind(phase, exc)
-        self.failures[kind] += 1
-        if self.failures[kind] == 1:
+        if self.counts.failed(phase, kind) == 1:
             log.warning("parquet sink %s: %s failed: %r", self.name, kind, exc)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self._discard)  # the loop resends from its cursor

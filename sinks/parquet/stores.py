@@ -11,8 +11,11 @@ import abc
 import asyncio
 import contextlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
+
+from sinks.base import SinkCounter
 
 STAGING_PREFIX: Final = ".evagg-"
 STAGING_SUFFIX: Final = ".tmp"
@@ -66,6 +69,10 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     def cleanup_staging(self) -> int:
         """Delete staging files a crashed run left behind; returns how many."""
+
+    def counters(self) -> Sequence[SinkCounter]:
+        """The store's own counts, exported with its sink's (names in docs/metrics.md)."""
+        return ()
 
 
 class LocalStore(ObjectStore):

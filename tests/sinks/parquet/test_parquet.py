@@ -16,7 +16,7 @@ import pytest
 
 from aggregator.decode.ndjson import decode_bulk, decode_careful
 from aggregator.decode.normalize import Stamp
-from sinks.base import SinkResult
+from sinks.base import SinkCounter, SinkResult
 from sinks.filters import EventFilter
 from sinks.parquet import ParquetSink
 from sinks.parquet.layout import object_key, partition_for
@@ -160,6 +160,9 @@ def test_rolls_by_bytes_with_one_row_group_in_memory(root: Path) -> None:
         sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
         assert all(size == 150 for size in sizes[:-1]) and 0 < sizes[-1] <= 150
     assert duck(root, "SELECT count(*), count(DISTINCT event_id) FROM EVENTS") == [(1300, 1300)]
+    counted = {c.name: c.value for c in sink.counters()}
+    assert counted["files_written"] == len(files) and counted["events_written"] == 1300
+    assert counted["bytes_written"] == sum(path.stat().st_size for path in files)
 
 
 def test_rolls_by_age_in_flush(root: Path) -> None:
@@ -280,7 +283,8 @@ def test_a_failing_publish_returns_a_failure_and_leaves_no_temp_file(root: Path)
     assert written.ok
     assert not failed.ok and failed.error_kind == "publish" and not failed.permanent
     assert "bucket unreachable" in (failed.error or "")
-    assert sink.failures["publish"] == 1
+    assert SinkCounter("publish_failures", 1, "publish") in sink.counters()
+    assert SinkCounter("files_written", 0) in sink.counters()
     assert all_files(root) == []
 
 
@@ -289,6 +293,7 @@ def test_a_bad_payload_is_a_permanent_decode_failure(root: Path) -> None:
     bad = SpoolRecord(2, SESSION, 2, T10, 1, b"not arrow")
     [result] = write_all(sink, [[record(1), bad]], final=False)
     assert not result.ok and result.error_kind == "decode" and result.permanent
+    assert SinkCounter("write_failures", 1, "decode") in sink.counters()
     assert all_files(root) == []  # the partial file was dropped, the loop resends
 
 

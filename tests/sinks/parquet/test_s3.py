@@ -213,6 +213,19 @@ def test_throttling_and_server_errors_are_transient(
     assert (error.kind, error.permanent) == (kind, False)
 
 
+def test_botocores_retries_and_the_puts_are_counted(moto: MotoS3, bucket: str,
+                                                    tmp_path: Path) -> None:
+    store = make_store(moto, bucket, tmp_path)
+    answer_with(store, 503, "SlowDown")
+    publish_error(store, stage_events(store, KEY, 5))  # botocore tried twice, then gave up
+    fresh = make_store(moto, bucket, tmp_path)
+    publish(fresh, stage_events(fresh, KEY, 5))
+    assert {c.name: c.value for c in store.counters()}["s3_retries"] == 1
+    assert {c.name: c.value for c in fresh.counters()} == {
+        "s3_puts": 1, "s3_multipart_uploads": 0, "s3_aborted_uploads": 0,
+        "s3_abort_failures": 0, "s3_swept_uploads": 0, "s3_retries": 0}
+
+
 def test_same_key_twice_is_one_object_with_the_last_content(
         moto: MotoS3, bucket: str, tmp_path: Path) -> None:
     store = make_store(moto, bucket, tmp_path)
@@ -306,4 +319,6 @@ def test_parquet_sink_reports_the_store_error_class(moto: MotoS3, tmp_path: Path
     _, flushed = deliver(sink, spool_records(2, 10))
     assert not flushed.ok
     assert (flushed.error_kind, flushed.permanent) == ("s3_no_such_bucket", True)
+    failures = [c for c in sink.counters() if c.name == "publish_failures"]
+    assert [(c.reason, c.value) for c in failures] == [("s3_no_such_bucket", 1)]
     assert list((tmp_path / "staging").iterdir()) == []
