@@ -25,13 +25,13 @@ from aggregator.spool._segment import (
     TornWriteError,
     create_segment,
     decode_records,
-    fsync_dir,
     open_for_append,
     parse_segment_name,
     record_head,
     write_frame,
 )
 from aggregator.spool._state import QUARANTINE_DIR, DedupeMarks, prune_quarantine
+from sinks.durable import fsync_directory
 from sinks.records import SpoolRecord
 from sinks.schema import SCHEMA_VERSION
 
@@ -313,7 +313,7 @@ class SegmentLog:
                     os.fsync(active)
                     done += 1
                 if sync_dir:
-                    fsync_dir(self.directory)
+                    fsync_directory(self.directory)
             finally:
                 for fd in sealed:
                     os.close(fd)
@@ -363,7 +363,7 @@ class SegmentLog:
             finally:
                 os.close(fd)
         try:
-            fsync_dir(self.directory)
+            fsync_directory(self.directory)
         except OSError as exc:
             log.warning("spool: directory fsync failed: %s", exc)
         return ok

@@ -31,9 +31,9 @@ from aggregator.spool._segment import (
     SegmentHeader,
     SegmentIndex,
     SessionMarks,
-    fsync_dir,
     read_header,
 )
+from sinks.durable import fsync_directory
 
 
 @dataclass
@@ -176,7 +176,7 @@ def _rewrite(
     target = quarantine_path(quarantine, path)
     os.link(path, target)
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    fsync_directory(path.parent)
     corrupt = len(scan.bad) + (1 if scan.tail is not None and not torn_tail else 0)
     return Recovered(index, scan.sessions, 0, corrupt, scan.lost_events, [str(target)])
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Final
 
 from aggregator.spool._segment import MAX_OFFSET, SessionMarks
+from sinks.durable import write_durably
 
 log = logging.getLogger("evagg.spool")
 
@@ -50,17 +51,10 @@ def lock_directory(directory: Path) -> int:
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write a temporary file, fsync it, rename it over `path`."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    """Replace a small state file. The directory is not synced: a crash before the rename
+    reaches the disk leaves the previous state, and every state file is safe to be old
+    (a cursor behind means a resend the sinks absorb)."""
+    write_durably(path, data, temporary=path.with_name(path.name + ".tmp"), sync_directory=False)
 
 
 def remove_temp_files(directory: Path) -> None:

@@ -12,7 +12,6 @@ again with its original Idempotency-Key and deletes the pair only on a 2xx.
 from __future__ import annotations
 
 import datetime as dt
-import os
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import orjson
 
+from sinks.durable import write_durably
 from sinks.http.batches import gzip_body
 from sinks.http.endpoint import CONTENT_TYPES, url_for_display
 
@@ -86,10 +86,9 @@ def write_dead_letter(
         first_offset=first_offset,
         last_offset=last_offset,
     )
-    _write_durably(letter.body_path, body)
+    write_durably(letter.body_path, body, sync_directory=False)
     meta = {_SIDECAR_NAMES.get(k, k): getattr(letter, k) for k in _META_FIELDS}
-    _write_durably(letter.meta_path, orjson.dumps(meta, option=orjson.OPT_INDENT_2))
-    _sync_directory(directory)
+    write_durably(letter.meta_path, orjson.dumps(meta, option=orjson.OPT_INDENT_2))
     return letter
 
 
@@ -182,20 +181,3 @@ async def _replay_one(
         return "timeout"
     except aiohttp.ClientError as exc:
         return type(exc).__name__
-
-
-def _write_durably(path: Path, data: bytes | bytearray | memoryview) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
-
-
-def _sync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -23,6 +23,7 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sinks.durable import publish_file
 from sinks.parquet.s3 import S3Store
 from sinks.parquet.stores import staging_name
 
@@ -75,14 +76,7 @@ class LocalTarget:
         return (self.root / key).with_name(staging_name(key))
 
     def publish(self, local: Path, key: str) -> None:
-        with local.open("rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(local, self.root / key)
-        directory = os.open((self.root / key).parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        publish_file(local, self.root / key)
 
     def delete(self, keys: list[str]) -> None:
         for key in keys:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Final
 
 from sinks.base import SinkCounter
+from sinks.durable import publish_file
 
 STAGING_PREFIX: Final = ".evagg-"
 STAGING_SUFFIX: Final = ".tmp"
@@ -98,19 +99,7 @@ class LocalStore(ObjectStore):
         await asyncio.to_thread(self._publish, staged, self.final_path(key))
 
     def _publish(self, staged: Path, final: Path) -> None:
-        fd = os.open(staged, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(staged, final)
-        # The partition directories may be new: persist each entry up to the root.
-        directory = final.parent
-        while True:
-            _fsync_directory(directory)
-            if directory == self.root or directory.parent == directory:
-                break
-            directory = directory.parent
+        publish_file(staged, final, synced_up_to=self.root)
 
     def describe(self) -> str:
         return f"local:{self.root}"
@@ -132,11 +121,3 @@ class LocalStore(ObjectStore):
                         os.unlink(os.path.join(directory, name))
                         removed += 1
         return removed
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
