@@ -14,13 +14,13 @@ import os
 import socket
 import stat
 import struct
-import time
 from pathlib import Path
 
 from aggregator.ingest.frame_reader import FrameReader, StreamEnd
 from aggregator.ingest.ingestor import Ingestor, SpoolUnavailable
 from aggregator.metrics import AgentMetrics
 from emitters import wire
+from emitters.ratelimit import RateLimitedLog
 
 log = logging.getLogger("evagg.socket")
 
@@ -45,7 +45,7 @@ class SocketIngest:
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
         self._readers: set[FrameReader] = set()
-        self._last_spool_log = self._last_cap_log = -60.0
+        self._log = RateLimitedLog(log)
 
     async def start(self, inherited: socket.socket | None = None) -> None:
         """Listen on our own socket file, or on one that systemd handed over."""
@@ -109,19 +109,14 @@ class SocketIngest:
         connection makes an emitter do (it keeps them, reconnects and resends). Logged
         once a minute at most, since a flood of connections is what this refuses."""
         self.metrics.bad_input.inc(route="socket", reason="too_many_connections")
-        now = time.monotonic()
-        if now - self._last_cap_log >= 60.0:
-            self._last_cap_log = now
-            log.warning("closing producer connections beyond max_connections = %d; they "
-                        "reconnect and resend", self.max_connections)
+        self._log.log(logging.WARNING, "over_cap", "closing producer connections beyond "
+                      "max_connections = %d; they reconnect and resend", self.max_connections)
         transport.close()
 
     def _log_spool_failure(self, exc: SpoolUnavailable) -> None:
         """Once per minute at most: a full disk fails every connection at once."""
-        now = time.monotonic()
-        if now - self._last_spool_log >= 60.0:
-            self._last_spool_log = now
-            log.error("%s; closing producer connections so they resend later", exc)
+        self._log.log(logging.ERROR, "spool", "%s; closing producer connections so they "
+                      "resend later", exc)
 
     async def _serve(self, reader: FrameReader) -> None:
         await reader.connected.wait()

@@ -1,0 +1,38 @@
+"""A log that says each kind of message at most once an interval, then how many it held.
+
+A flood (every connection failing on a full disk, every batch refused) is one problem,
+not thousands of lines. The emitter, the agent's socket ingest and the HTTP sink share
+it; it lives here, with the standard library only, so the producer side can use it too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import Counter
+from typing import Any
+
+
+class RateLimitedLog:
+    """Each kind of message (its `key`) at most once per `interval_s`."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float = 60.0) -> None:
+        self._logger = logger
+        self._interval = interval_s
+        self._last: dict[str, float] = {}
+        self._held: Counter[str] = Counter()
+
+    def log(self, level: int, key: str, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < self._interval:
+            self._held[key] += 1
+            return
+        self._last[key] = now
+        held = self._held.pop(key, 0)
+        if held:
+            message += " (%d more since the last report)"
+            args += (held,)
+        with contextlib.suppress(Exception):  # logging can fail at interpreter exit
+            self._logger.log(level, message, *args)
