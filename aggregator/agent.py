@@ -136,7 +136,7 @@ class Agent:
         spooled before a restart is not stored again (aggregator/ray/recall.py)."""
         if not self.config.http_listen:
             return  # no /ray/events route
-        window = self.http.ray_ids
+        window = self.http.ray.recent_ids
         try:
             recalled = recall_ray_ids(self.spool, want=window.capacity)
         except Exception as exc:  # the spool itself failing: start anyway

@@ -17,18 +17,18 @@ import orjson
 from aiohttp import web
 
 from aggregator.decode import otlp
+from aggregator.decode.normalize import Normalized, Stamp
 from aggregator.ingest.ingestor import Ingestor, IngestResult, SpoolUnavailable
 from aggregator.ingest.tail import stream_tail
 from aggregator.metrics import AgentMetrics
-from aggregator.ray import batch as ray_batch
-from aggregator.ray import dedupe as ray_dedupe
-from aggregator.ray import events as ray_events
+from aggregator.ray.batch import RayBatch
+from aggregator.ray.events import RayBodyError
+from aggregator.ray.intake import RayIntake, RayResendPending
 
 log = logging.getLogger("evagg.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 INGEST_PATHS = frozenset({"/v1/events", "/ray/events", "/v1/traces"})
-RAY_RESEND_WAIT_S = 2.5  # under Ray's 3 s publish timeout
 READABLE_ENCODINGS = frozenset({"identity", "gzip", "deflate"})  # aiohttp inflates these
 
 
@@ -40,7 +40,7 @@ class HttpApi:
         self.max_body_bytes = max_body_bytes
         self.token = token
         self.is_ready = is_ready
-        self.ray_ids = ray_events.RecentEventIds()
+        self.ray: RayIntake[IngestResult] = RayIntake(ingestor.in_thread, self._store_ray)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes,
@@ -107,40 +107,28 @@ class HttpApi:
         return _ingest_answer(result)
 
     async def post_ray_events(self, request: web.Request) -> web.Response:
-        """Ray's Event Export. The body's new eventIds are in flight from the split until
-        the spool write ends: stored, they are remembered; failed, forgotten (Ray's resend
-        is then stored). A resend that meets ids another request is still writing waits
-        for that write (at most RAY_RESEND_WAIT_S): 200 if it stored them, else 503 so that
-        Ray sends again. docs/ray.md, "Resends"."""
+        """Ray's Event Export: each event stored once (aggregator/ray/intake.py); a resend
+        that meets events another request failed to store gets a 503, so Ray sends again."""
         body = await request.read()
         # node_id holds Ray's own node ids on Ray's rows: a row Ray sent without one (the
         # executor's RUNNING event before Ray 2.56) stays empty rather than taking the
         # agent's node name, which the tasks view would then prefer over the hex id.
         stamp = dataclasses.replace(self.ingestor.stamp(), node_id="")
-        claim = ray_dedupe.Claim()
         try:
-            mapped = await self.ingestor.in_thread(ray_batch.ray_body_to_batch, body,
-                                                   self.ray_ids, stamp, claim)
-        except ray_events.RayBodyError as exc:
+            result, mapped = await self.ray.accept(body, stamp)
+        except RayBodyError as exc:
             return self._bad(request, "malformed", str(exc))
-        except BaseException:  # cancelled: the thread may still take ids under this claim
-            self.ray_ids.settle(claim, stored=False)
-            raise
+        except RayResendPending as exc:
+            raise SpoolUnavailable(str(exc)) from None
         self._count_ray_paths(mapped)
-        stored = False
-        try:
-            result = await self.ingestor.store(mapped.normalized, stamp, route="ray")
-            stored = True
-        finally:
-            self.ray_ids.settle(claim, stored)
-        if mapped.pending and not await self._stored_by_others(mapped.pending):
-            raise SpoolUnavailable("an earlier request with some of these events failed or "
-                                   "is still writing them: send again")
         duplicates = mapped.duplicates + mapped.held
         self.metrics.duplicate_frames.inc(duplicates, route="ray")
         return _ingest_answer(result, all_rejected_status=200, duplicates=duplicates)
 
-    def _count_ray_paths(self, mapped: ray_batch.RayBatch) -> None:
+    async def _store_ray(self, normalized: Normalized, stamp: Stamp) -> IngestResult:
+        return await self.ingestor.store(normalized, stamp, route="ray")
+
+    def _count_ray_paths(self, mapped: RayBatch) -> None:
         if mapped.declined:
             self.metrics.ray_careful_events.inc(mapped.declined, reason="declined")
         if mapped.careful > mapped.declined:
@@ -148,18 +136,6 @@ class HttpApi:
                                                 reason="other_event_type")
         if mapped.times_one_by_one:
             self.metrics.ray_time_remaps.inc()
-
-    async def _stored_by_others(self, pending: list[ray_dedupe.Claim]) -> bool:
-        """Whether the requests writing some of this body's events stored them, waiting
-        less than Ray's 3 s timeout: past that, nobody reads our answer."""
-        try:
-            async with asyncio.timeout(RAY_RESEND_WAIT_S):
-                for claim in pending:
-                    if not await self.ray_ids.outcome(claim):
-                        return False
-        except TimeoutError:
-            return False
-        return True
 
     async def post_traces(self, request: web.Request) -> web.Response:
         body = await request.read()

@@ -31,7 +31,7 @@ from typing import Any, Final, NamedTuple
 from aggregator.decode.normalize import Stamp
 from aggregator.ray.columns import RowTuple
 from aggregator.ray.errors import error_columns
-from aggregator.ray.events import (
+from aggregator.ray.task_shapes import (
     DEFINITION_TAKEN,
     ENVELOPE_TAKEN,
     ERROR_TAKEN,

@@ -19,10 +19,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from aggregator.ingest import http_routes as http_api
 from aggregator.ingest.http_routes import HttpApi
 from aggregator.ingest.ingestor import Ingestor
 from aggregator.metrics import AgentMetrics
+from aggregator.ray import intake as ray_intake
 from aggregator.ray.events import ray_events_to_rows
 from aggregator.spool import AppendResult, Spool
 from tests.aggregator.ray.test_ray_batch import generated_events
@@ -60,7 +60,7 @@ class Served:
             return answer.status, await answer.json()
 
     def stored_events(self) -> int:
-        return self.spool.counters["appended_events"]
+        return self.spool.counters.appended_events
 
     async def until(self, condition: Callable[[], bool]) -> None:
         """Wait for a state of the server (no clock: the test's timeout bounds it)."""
@@ -69,7 +69,7 @@ class Served:
 
     def waiting(self) -> int:
         """Requests waiting for another request's write."""
-        claims = set(self.api.ray_ids._in_flight.values())
+        claims = set(self.api.ray.recent_ids._in_flight.values())
         return sum(len(claim.waiters) for claim in claims)
 
 
@@ -144,7 +144,7 @@ def test_a_resend_during_a_write_that_fails_answers_503_and_the_next_is_stored(
         assert (await first)[0] == 503
         status, answer = await resend
         assert status == 503 and "send again" in answer["error"], answer
-        assert server.stored_events() == 0 and server.api.ray_ids.in_flight == 0
+        assert server.stored_events() == 0 and server.api.ray.recent_ids.in_flight == 0
         server.spool.fail, server.spool.gate = False, None
         status, answer = await server.post(BODY)  # Ray's next resend
         assert (status, answer["accepted"]) == (200, ROWS)
@@ -168,7 +168,7 @@ def test_a_resend_that_outwaits_the_first_write_answers_503(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first write is slower than the resend may wait (Ray gives up at 3 s): 503, and
     Ray's next resend after the write is dropped as stored."""
-    monkeypatch.setattr(http_api, "RAY_RESEND_WAIT_S", 0.01)
+    monkeypatch.setattr(ray_intake, "RAY_RESEND_WAIT_S", 0.01)
 
     async def scenario(server: Served) -> None:
         first = await first_is_writing(server)
