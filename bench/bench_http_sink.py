@@ -24,7 +24,7 @@ import aiohttp
 import pyarrow as pa
 from aiohttp import web
 
-from sinks.http import HttpSink
+from sinks.http import HttpOptions, HttpSink
 from sinks.http.batches import frame_body, gzip_body
 from sinks.http.body import encode_rows
 from sinks.records import SpoolRecord
@@ -88,8 +88,10 @@ Outcome = tuple[float, float, dict[str, int], dict[str, int]]
 
 async def end_to_end(url: str, payloads: list[bytes], total: int, body_format: str,
                      gzip: bool, in_flight: int) -> Outcome:
-    sink = HttpSink("bench", url, spool_id="bench", body_format=body_format,  # type: ignore[arg-type]
-                    gzip=gzip, max_in_flight=in_flight, batch_max_events=PER_RECORD)
+    options = HttpOptions.from_table({"format": body_format, "gzip": gzip,
+                                      "max_in_flight": in_flight,
+                                      "batch_max_events": PER_RECORD})
+    sink = HttpSink("bench", url, options, spool_id="bench")
     records = [SpoolRecord(i + 1, bytes(16), i, 0, PER_RECORD, payloads[i % len(payloads)])
                for i in range(total // PER_RECORD)]
     started, cpu = time.perf_counter(), time.process_time()

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from sinks.locations import is_s3_url
+
+if TYPE_CHECKING:
+    from aggregator.config.sinks import SinkConfig
 
 Parsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -106,6 +108,7 @@ def _dlq(args: argparse.Namespace) -> int:
     import asyncio
 
     from aggregator.config import ConfigError, load_config
+    from aggregator.delivery.registry import sink_problem
     from sinks.http.deadletter import dead_letter_dir, list_dead_letters, replay_dead_letters
 
     try:
@@ -126,27 +129,27 @@ def _dlq(args: argparse.Namespace) -> int:
         return 0
     url = args.url or sink.url
     try:
-        sending = _replay_options(sink.options, url)
-    except ValueError as exc:  # HttpSinkConfigError and SinkOptionError are ValueErrors
-        print(f"evagg dlq: {exc}", file=sys.stderr)
+        sending = _replay_options(sink, url)
+    except ValueError as exc:  # refused as `evagg check-config` and `evagg run` refuse it
+        index = config.sinks.index(sink)
+        print(f"evagg dlq: config error: {sink_problem(index, sink, exc)}", file=sys.stderr)
         return 2
     report = asyncio.run(replay_dead_letters(directory, url, **sending))
     print(report)
     return 0 if not report.failed else 1
 
 
-def _replay_options(options: Mapping[str, Any], url: str) -> dict[str, Any]:
-    """What a replay sends with, from the sink's own options."""
-    from aggregator.delivery.registry import headers_option, option, proxy_option, tls_options
-    from sinks.http.options import resolve_headers
+def _replay_options(sink: SinkConfig, url: str) -> dict[str, Any]:
+    """What a replay sends with: the sink's own options, read as the agent reads them."""
+    from sinks.http.options import HttpOptions, check_url
     from sinks.http.proxy import proxy_route
     from sinks.http.tls import client_ssl
-    from sinks.units import parse_bool
 
-    return {"headers": resolve_headers(headers_option(options)),
-            "gzip": option(options, "gzip", False, parse_bool),
-            "ssl": client_ssl(tls_options(options)),
-            "proxy": proxy_route(url, proxy_option(options))}
+    options = HttpOptions.from_table(sink.options)
+    check_url(url, options)
+    return {"headers": dict(options.headers), "gzip": options.gzip,
+            "timeout_s": options.timeout_s, "ssl": client_ssl(options.tls),
+            "proxy": proxy_route(url, options.proxy)}
 
 
 def _add_export_traces(commands: Parsers) -> None:

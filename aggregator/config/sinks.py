@@ -1,24 +1,27 @@
-"""The [[sinks]] tables of the agent's configuration: which keys each sink type takes,
-and the checks that need no sink built (names, urls, filters). The type-specific options
-are checked where the sink is built (aggregator/delivery/registry.py)."""
+"""The [[sinks]] tables of the agent's configuration: the keys every sink type takes, and
+the checks that need no sink built (names, urls, filters). Each type's own keys, and how
+they are read, belong to its options class (aggregator/delivery/registry.py names them)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from aggregator.config.values import check_keys
+from aggregator.delivery.registry import SINK_TYPES
 from emitters import paths
 from sinks.locations import S3Location, is_s3_url
 from sinks.units import parse_positive_duration
+
+SinkTypeName = Literal["parquet", "http"]  # the keys of SINK_TYPES
 
 
 @dataclass(frozen=True)
 class SinkConfig:
     name: str
-    type: Literal["parquet", "http"]
+    type: SinkTypeName
     url: str
     kinds: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
@@ -28,36 +31,6 @@ class SinkConfig:
 
 
 COMMON_SINK_KEYS = {"name", "type", "url", "kinds", "sources", "names", "retry_max_backoff"}
-SINK_KEYS: dict[str, set[str]] = {
-    "parquet": {
-        "roll_max_bytes",
-        "roll_interval",
-        "row_group_rows",
-        "endpoint_url",
-        "region",
-        "path_style",
-        "multipart_threshold",
-        "sse",
-        "sse_kms_key_id",
-        "storage_class",
-    },
-    "http": {
-        "format",
-        "gzip",
-        "gzip_level",
-        "headers",
-        "batch_max_events",
-        "batch_max_bytes",
-        "batch_interval",
-        "timeout",
-        "max_in_flight",
-        "tls_ca_file",
-        "tls_cert_file",
-        "tls_key_file",
-        "tls_verify",
-        "proxy",
-    },
-}
 _SINK_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -99,10 +72,11 @@ def _sink(table: Any, index: int, problems: list[str]) -> SinkConfig | None:
         problems.append(f"{label}: must be a table")
         return None
     kind = table.get("type")
-    if kind not in SINK_KEYS:
-        problems.append(f"{label}.type: unknown sink type {kind!r} (known: parquet, http)")
+    if not isinstance(kind, str) or kind not in SINK_TYPES:
+        problems.append(f"{label}.type: unknown sink type {kind!r} "
+                        f"(known: {', '.join(SINK_TYPES)})")
         return None
-    check_keys(table, COMMON_SINK_KEYS | SINK_KEYS[kind], f"{label}.", problems)
+    check_keys(table, COMMON_SINK_KEYS | SINK_TYPES[kind].keys, f"{label}.", problems)
     name = str(table.get("name", f"{kind}-{index}"))
     if not _SINK_NAME.match(name):
         problems.append(f"{label}.name: {name!r} must be 1-64 letters, digits, '.', '_' or '-'")
@@ -122,8 +96,8 @@ def _sink(table: Any, index: int, problems: list[str]) -> SinkConfig | None:
         problems.append(f"{label}.retry_max_backoff: {exc}")
         retry_cap = 60.0
     return SinkConfig(
-        name, kind, url, filters["kinds"], filters["sources"], filters["names"], options,
-        retry_cap,
+        name, cast(SinkTypeName, kind), url, filters["kinds"], filters["sources"],
+        filters["names"], options, retry_cap,
     )
 
 

@@ -1,73 +1,93 @@
-"""Build the configured sinks. The one place that knows every sink type.
+"""The sink types: for each, the class that reads its options and the builder of a sink.
 
-Every option goes through `option()`, so an error names its key ("roll_max_bytes: 'abc'
-is not a size") and a wrong type is a ValueError, never a TypeError traceback.
+Every [[sinks]] table goes through its type's `from_table`, whether `evagg run` starts
+the sinks, `evagg check-config` checks them or `evagg dlq replay` sends with an HTTP
+sink's options, so they refuse the same option with the same message.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from aggregator.config.sinks import SinkConfig
 from sinks.base import Sink
 from sinks.filters import EventFilter
+from sinks.http.options import HttpOptions
 from sinks.locations import is_s3_url
-from sinks.units import (
-    parse_bool,
-    parse_int,
-    parse_positive_duration,
-    parse_positive_size,
-)
+from sinks.options import SinkOptionError, option, optional_text
+from sinks.units import parse_bool, parse_positive_size
 
 if TYPE_CHECKING:
-    from sinks.http.tls import TlsOptions
+    from aggregator.config.sinks import SinkConfig
 
-T = TypeVar("T")
-
-
-class SinkOptionError(ValueError):
-    """One sink option that cannot be used; `key` is its name in the config."""
-
-    def __init__(self, key: str, reason: str) -> None:
-        super().__init__(f"{key}: {reason}")
-        self.key = key
-        self.reason = reason
+__all__ = ["SINK_TYPES", "SinkOptionError", "build_sink", "sink_problem"]
 
 
-def option(options: Mapping[str, Any], key: str, default: Any, parse: Callable[[Any], T]) -> T:
-    try:
-        return parse(options.get(key, default))
-    except (ValueError, TypeError) as exc:
-        raise SinkOptionError(key, str(exc)) from None
+@dataclass(frozen=True)
+class _Where:
+    """What a builder needs besides the sink's table."""
+
+    node_id: str
+    spool_id: str
+    state_dir: Path
+    event_filter: EventFilter
+
+
+@dataclass(frozen=True)
+class SinkType:
+    keys: frozenset[str]  # the type-specific keys of its [[sinks]] table
+    build: Callable[[SinkConfig, _Where], Sink]  # raises ValueError naming the problem
 
 
 def build_sink(config: SinkConfig, *, node_id: str, spool_id: str, state_dir: Path) -> Sink:
     """Raises ValueError (SinkOptionError for one option) when the options don't make a sink."""
-    event_filter = EventFilter.of(config.kinds, config.sources, config.names)
-    options = dict(config.options)
-    if config.type == "parquet":
-        return _parquet(config, options, event_filter, node_id, spool_id, state_dir)
-    return _http(config, options, event_filter, spool_id, state_dir)
+    where = _Where(node_id, spool_id, state_dir,
+                   EventFilter.of(config.kinds, config.sources, config.names))
+    return SINK_TYPES[config.type].build(config, where)
 
 
-def _parquet(config: SinkConfig, options: dict[str, Any], event_filter: EventFilter,
-             node_id: str, spool_id: str, state_dir: Path) -> Sink:
+def sink_problem(index: int, config: SinkConfig, exc: Exception) -> str:
+    """How a sink that cannot be built is reported, the same by every command."""
+    if isinstance(exc, SinkOptionError):
+        return f"sinks[{index}] ({config.name}).{exc.key}: {exc.reason}"
+    return f"sinks[{index}] ({config.name}): {exc}"
+
+
+def _http(config: SinkConfig, where: _Where) -> Sink:
+    from sinks.http import HttpSink
+    from sinks.http.deadletter import dead_letter_dir
+
+    return HttpSink(
+        config.name,
+        config.url,
+        HttpOptions.from_table(config.options),
+        spool_id=where.spool_id,
+        max_retry_backoff_s=config.retry_max_backoff_s,
+        event_filter=where.event_filter,
+        dead_letter_dir=dead_letter_dir(where.state_dir, config.name),
+    )
+
+
+def _parquet(config: SinkConfig, where: _Where) -> Sink:
+    from sinks.options import at_least
     from sinks.parquet import ParquetSink
     from sinks.parquet.stores import LocalStore, ObjectStore
+    from sinks.units import parse_positive_duration
 
+    options = dict(config.options)
     store: ObjectStore
     if is_s3_url(config.url):
         from sinks.parquet.s3 import S3Store
 
         store = S3Store(
             config.url,
-            staging_dir=state_dir / "staging" / config.name,
-            endpoint_url=option(options, "endpoint_url", None, _optional_text),
-            region=option(options, "region", None, _optional_text),
+            staging_dir=where.state_dir / "staging" / config.name,
+            endpoint_url=option(options, "endpoint_url", None, optional_text),
+            region=option(options, "region", None, optional_text),
             path_style=option(options, "path_style", False, parse_bool),
-            multipart_threshold=option(options, "multipart_threshold", "64MiB",
+            multipart_threshold=option(options, "multipart_threshold", 64 * 1024 * 1024,
                                        parse_positive_size),
             upload_args=_upload_args(options),
         )
@@ -79,38 +99,12 @@ def _parquet(config: SinkConfig, options: dict[str, Any], event_filter: EventFil
     return ParquetSink(
         config.name,
         store,
-        node_id=node_id,
-        spool_id=spool_id,
-        roll_max_bytes=option(options, "roll_max_bytes", "64MiB", parse_positive_size),
-        roll_interval_s=option(options, "roll_interval", "5m", parse_positive_duration),
-        row_group_rows=option(options, "row_group_rows", 10_000, _at_least(1)),
-        event_filter=event_filter,
-    )
-
-
-def _http(config: SinkConfig, options: dict[str, Any], event_filter: EventFilter,
-          spool_id: str, state_dir: Path) -> Sink:
-    from sinks.http import HttpSink
-    from sinks.http.deadletter import dead_letter_dir
-
-    headers = headers_option(options)
-    return HttpSink(
-        config.name,
-        config.url,
-        spool_id=spool_id,
-        batch_max_events=option(options, "batch_max_events", 1000, _at_least(1)),
-        batch_max_bytes=option(options, "batch_max_bytes", "4MiB", parse_positive_size),
-        batch_interval_s=option(options, "batch_interval", "1s", parse_positive_duration),
-        body_format=option(options, "format", "ndjson", _body_format),
-        gzip=option(options, "gzip", False, parse_bool),
-        gzip_level=option(options, "gzip_level", 1, _gzip_level),
-        headers=headers,
-        timeout_s=option(options, "timeout", "10s", parse_positive_duration),
-        max_in_flight=option(options, "max_in_flight", 4, _at_least(1)),
-        event_filter=event_filter,
-        dead_letter_dir=dead_letter_dir(state_dir, config.name),
-        tls=tls_options(options),
-        proxy=proxy_option(options),
+        node_id=where.node_id,
+        spool_id=where.spool_id,
+        roll_max_bytes=option(options, "roll_max_bytes", 64 * 1024 * 1024, parse_positive_size),
+        roll_interval_s=option(options, "roll_interval", 300.0, parse_positive_duration),
+        row_group_rows=option(options, "row_group_rows", 10_000, at_least(1)),
+        event_filter=where.event_filter,
     )
 
 
@@ -118,71 +112,17 @@ def _upload_args(options: Mapping[str, Any]) -> dict[str, str]:
     from sinks.parquet.s3_uploads import upload_args
 
     try:
-        return upload_args(*(option(options, key, None, _optional_text)
+        return upload_args(*(option(options, key, None, optional_text)
                              for key in ("sse", "sse_kms_key_id", "storage_class")))
     except ValueError as exc:  # the message starts with the option's key
         key, _, reason = str(exc).partition(": ")
         raise SinkOptionError(key, reason) from None
 
 
-def headers_option(options: Mapping[str, Any]) -> dict[str, str]:
-    """An HTTP sink's `headers` table, unresolved (also read by `evagg dlq replay`)."""
-    return option(options, "headers", {}, _header_table)
-
-
-def proxy_option(options: Mapping[str, Any]) -> str:
-    """An HTTP sink's `proxy` key (also read by `evagg dlq replay`)."""
-    return option(options, "proxy", "env", _text)
-
-
-def tls_options(options: Mapping[str, Any]) -> TlsOptions:
-    """An HTTP sink's `tls_*` keys (also read by `evagg dlq replay`)."""
-    from sinks.http.tls import TlsOptions
-
-    return TlsOptions(
-        ca_file=option(options, "tls_ca_file", None, _optional_text),
-        cert_file=option(options, "tls_cert_file", None, _optional_text),
-        key_file=option(options, "tls_key_file", None, _optional_text),
-        verify=option(options, "tls_verify", True, parse_bool),
-    )
-
-
-def _at_least(lowest: int) -> Callable[[Any], int]:
-    def parse(value: Any) -> int:
-        number = parse_int(value)
-        if number < lowest:
-            raise ValueError(f"{value!r} must be at least {lowest}")
-        return number
-
-    return parse
-
-
-def _gzip_level(value: Any) -> int:
-    level = parse_int(value)
-    if not -1 <= level <= 9:
-        raise ValueError(f"{value!r} is not a zlib level from -1 to 9")
-    return level
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"{value!r} is not a string (quote it)")
-    return value
-
-
-def _optional_text(value: Any) -> str | None:
-    return None if value is None else _text(value)
-
-
-def _body_format(value: Any) -> Literal["ndjson", "json"]:
-    if value == "ndjson":
-        return "ndjson"
-    if value == "json":
-        return "json"
-    raise ValueError(f"{value!r} is not one of ndjson, json")
-
-
-def _header_table(value: Any) -> dict[str, str]:
-    if not isinstance(value, dict):
-        raise ValueError("must be a table of name = value")
-    return {str(k): str(v) for k, v in value.items()}
+_PARQUET_KEYS = frozenset({"roll_max_bytes", "roll_interval", "row_group_rows", "endpoint_url",
+                           "region", "path_style", "multipart_threshold", "sse",
+                           "sse_kms_key_id", "storage_class"})
+SINK_TYPES: Mapping[str, SinkType] = {
+    "parquet": SinkType(_PARQUET_KEYS, _parquet),
+    "http": SinkType(HttpOptions.KEYS, _http),
+}

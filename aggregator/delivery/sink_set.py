@@ -15,7 +15,7 @@ from pathlib import Path
 from aggregator.config import ConfigError
 from aggregator.config.sinks import SinkConfig
 from aggregator.delivery.consumer import SinkConsumer
-from aggregator.delivery.registry import SinkOptionError, build_sink
+from aggregator.delivery.registry import build_sink, sink_problem
 from aggregator.metrics import AgentMetrics
 from aggregator.spool import Spool
 from aggregator.spool._screen import RecordScreen
@@ -35,10 +35,8 @@ def build_sinks(configs: Sequence[SinkConfig], *, node_id: str, spool_id: str,
         try:
             built.append((config, build_sink(config, node_id=node_id, spool_id=spool_id,
                                              state_dir=state_dir)))
-        except SinkOptionError as exc:
-            problems.append(f"sinks[{index}] ({config.name}).{exc.key}: {exc.reason}")
         except (ValueError, OSError) as exc:
-            problems.append(f"sinks[{index}] ({config.name}): {exc}")
+            problems.append(sink_problem(index, config, exc))
     if problems:
         raise ConfigError(problems)
     return built

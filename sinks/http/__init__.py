@@ -1,6 +1,7 @@
 """The HTTP sink: batches of events POSTed to an endpoint, with retries and dead letters."""
 
 from sinks.http.endpoint import HttpSinkConfigError
-from sinks.http.sink import HttpSink, validate_http_sink_config
+from sinks.http.options import HttpOptions
+from sinks.http.sink import HttpSink
 
-__all__ = ["HttpSink", "HttpSinkConfigError", "validate_http_sink_config"]
+__all__ = ["HttpOptions", "HttpSink", "HttpSinkConfigError"]

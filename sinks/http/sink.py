@@ -17,10 +17,10 @@ import logging
 import time
 import warnings
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import aiohttp
 import numpy as np
@@ -28,14 +28,14 @@ import pyarrow as pa
 
 from sinks.base import Sink, SinkCounter, SinkResult
 from sinks.filters import EventFilter
-from sinks.http.batches import Batch, Batcher, Body, BodyFormat, gzip_body, record_groups
+from sinks.http.batches import Batch, Batcher, Body, gzip_body, record_groups
 from sinks.http.body import encode_rows
 from sinks.http.deadletter import write_dead_letter
-from sinks.http.endpoint import CONTENT_TYPES, HttpSinkConfigError, url_for_display
+from sinks.http.endpoint import CONTENT_TYPES, url_for_display
 from sinks.http.failures import failure_for_error, failure_for_status, parse_retry_after
-from sinks.http.options import check_options, resolve_headers
+from sinks.http.options import HttpOptions, check_url
 from sinks.http.proxy import proxy_route
-from sinks.http.tls import TlsOptions, client_ssl
+from sinks.http.tls import client_ssl
 from sinks.records import SpoolRecord
 from sinks.schema import EVENT_SCHEMA, batch_from_bytes
 
@@ -70,48 +70,34 @@ class HttpSink(Sink):
         self,
         name: str,
         url: str,
+        options: HttpOptions = HttpOptions(),  # noqa: B008 -- frozen, never changed
         *,
         spool_id: str,
-        batch_max_events: int = 1000,
-        batch_max_bytes: int = 4 * MIB,
-        batch_interval_s: float = 1.0,
-        body_format: BodyFormat = "ndjson",
-        gzip: bool = False,
-        gzip_level: int = 1,  # 5.6x on event JSON at 2.5x the speed of level 6
-        headers: Mapping[str, str] | None = None,
-        timeout_s: float = 10.0,
-        max_in_flight: int = 4,
-        max_retry_backoff_s: float = 60.0,
+        max_retry_backoff_s: float = 60.0,  # the config's retry_max_backoff
         event_filter: EventFilter | None = None,
         dead_letter_dir: Path | None = None,
-        tls: TlsOptions | None = None,
-        proxy: str = "env",
     ) -> None:
         super().__init__(name)
-        check_options(url, headers or {}, body_format, gzip_level, batch_max_events,
-                      batch_max_bytes, batch_interval_s, timeout_s, max_in_flight)
-        if tls is not None and not tls.is_default and not url.startswith("https://"):
-            raise HttpSinkConfigError("tls_* options need an https:// url")
-        self._ssl = client_ssl(tls or TlsOptions())  # checked now: a bad file fails the start
-        route = proxy_route(url, proxy)
+        check_url(url, options)
+        self._ssl = client_ssl(options.tls)  # checked now: a bad file fails the start
+        route = proxy_route(url, options.proxy)
         proxy_headers, self._proxy = route.for_endpoint(url)
         self._via = route.describe()
-        self.url, self.spool_id, self.body_format, self.gzip = url, spool_id, body_format, gzip
-        self.batch_max_events, self.batch_max_bytes = batch_max_events, batch_max_bytes
-        self.batch_interval_s, self.timeout_s = batch_interval_s, timeout_s
-        self.max_in_flight = max_in_flight
+        self.url, self.spool_id, self.options = url, spool_id, options
+        self.body_format, self.gzip = options.body_format, options.gzip
+        self.timeout_s, self.max_in_flight = options.timeout_s, options.max_in_flight
         self.max_retry_backoff_s = max_retry_backoff_s  # the delivery loop's cap for this sink
         self.event_filter = event_filter or EventFilter()
         self.dead_letter_dir = dead_letter_dir  # None: a permanent 4xx stops the sink instead
         # private: never in repr or describe
-        self.__headers = {**resolve_headers(headers or {}), **proxy_headers}
-        self.gzip_level = gzip_level
+        self.__headers = {**options.headers, **proxy_headers}
+        self.gzip_level = options.gzip_level
         self._session: aiohttp.ClientSession | None = None
-        self._slots = asyncio.Semaphore(max_in_flight)
+        self._slots = asyncio.Semaphore(options.max_in_flight)
         self._counters: Counter[str] = Counter()
         self._last_refusal_log = -REFUSAL_LOG_INTERVAL_S
-        self._batcher = Batcher(name, spool_id, body_format, batch_max_events, batch_max_bytes,
-                                batch_interval_s)
+        self._batcher = Batcher(name, spool_id, options.body_format, options.batch_max_events,
+                                options.batch_max_bytes, options.batch_interval_s)
         self._reset()
 
     def _reset(self) -> None:
@@ -326,11 +312,3 @@ _METRICS: Final = ("requests_2xx", "requests_3xx", "requests_4xx", "requests_5xx
                    "internal_errors", "retries", "dead_lettered_batches", "dead_lettered_events",
                    "bytes_sent", "events_sent")
 
-
-def validate_http_sink_config(name: str, url: str, **options: Any) -> None:
-    """Raise HttpSinkConfigError if `HttpSink(name, url, **options)` could not start."""
-    options.setdefault("spool_id", "check-config")
-    try:
-        HttpSink(name, url, **options)
-    except TypeError as exc:  # an unknown or missing key
-        raise HttpSinkConfigError(str(exc)) from None

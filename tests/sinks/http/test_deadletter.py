@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from sinks.http import HttpSink
+from sinks.http import HttpOptions, HttpSink
 from sinks.http.deadletter import (
     list_dead_letters,
     replay_dead_letters,
@@ -115,7 +115,7 @@ async def test_replay_keeps_what_the_endpoint_refuses(server: FlakyServer,
 async def test_dead_letters_from_the_sink_replay_to_a_fixed_endpoint(server: FlakyServer,
                                                                      tmp_path: Path) -> None:
     server.answer(422, times=2)
-    sink = HttpSink("collector", server.url, spool_id="s", batch_max_events=5,
+    sink = HttpSink("collector", server.url, HttpOptions(batch_max_events=5), spool_id="s",
                     dead_letter_dir=tmp_path)
     result = await sink.write(make_records(3, 5))
     result = await sink.flush(final=True)

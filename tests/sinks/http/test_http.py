@@ -25,9 +25,10 @@ from aggregator.decode.normalize import Stamp, rows_to_batch
 from sinks.backoff import backoff_delay
 from sinks.base import SinkResult
 from sinks.filters import EventFilter
-from sinks.http import HttpSink, HttpSinkConfigError, validate_http_sink_config
+from sinks.http import HttpOptions, HttpSink
 from sinks.http.deadletter import list_dead_letters
 from sinks.http.failures import parse_retry_after
+from sinks.options import SinkOptionError
 from sinks.records import SpoolRecord
 from sinks.schema import batch_to_bytes
 from tests.sinks.flaky_server import FlakyServer
@@ -93,10 +94,17 @@ async def deliver(sink: HttpSink, records: Sequence[SpoolRecord],
     raise AssertionError(f"not delivered after {attempts} attempts: {failures}")
 
 
-def sink_for(server: FlakyServer, tmp: Path | None = None, **options: Any) -> HttpSink:
+def sink_for(server: FlakyServer, tmp: Path | None = None,
+             event_filter: EventFilter | None = None, **options: Any) -> HttpSink:
+    """A sink to `server` with these HttpOptions fields (timeout 5 s unless given)."""
     options.setdefault("timeout_s", 5.0)
-    return HttpSink("collector", server.url, spool_id="spool-a",
-                    dead_letter_dir=(tmp or Path("unused")) / "dlq", **options)
+    return HttpSink("collector", server.url, HttpOptions(**options), spool_id="spool-a",
+                    event_filter=event_filter, dead_letter_dir=(tmp or Path("unused")) / "dlq")
+
+
+def sink_from_table(url: str, table: dict[str, Any]) -> HttpSink:
+    """A sink built from a [[sinks]] table's options, as the agent builds it."""
+    return HttpSink("c", url, HttpOptions.from_table(table), spool_id="s")
 
 
 @run
@@ -431,8 +439,10 @@ async def test_header_values_come_from_env_and_file(server: FlakyServer,
     (tmp_path / "token").write_text(SECRET + "\n")
     os.environ["EVAGG_TEST_TENANT"] = "tenant-7"
     try:
-        sink = sink_for(server, headers={"Authorization": f"file:{tmp_path / 'token'}",
-                                         "X-Tenant": "env:EVAGG_TEST_TENANT", "X-Plain": "x"})
+        options = HttpOptions.from_table({"headers": {
+            "Authorization": f"file:{tmp_path / 'token'}", "X-Tenant": "env:EVAGG_TEST_TENANT",
+            "X-Plain": "x"}})
+        sink = HttpSink("collector", server.url, options, spool_id="spool-a")
     finally:
         del os.environ["EVAGG_TEST_TENANT"]
     assert await deliver(sink, make_records(1, 3)) == []
@@ -444,30 +454,30 @@ async def test_header_values_come_from_env_and_file(server: FlakyServer,
 
 def test_an_unreadable_header_file_is_a_config_error(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-token"
-    with pytest.raises(HttpSinkConfigError, match=r"header 'Authorization': cannot read file"):
-        HttpSink("c", "http://127.0.0.1:9/x", spool_id="s",
-                 headers={"Authorization": f"file:{missing}"})
-    with pytest.raises(HttpSinkConfigError, match="EVAGG_TEST_UNSET_VARIABLE is not set"):
-        validate_http_sink_config("c", "http://127.0.0.1:9/x",
-                                  headers={"X-Key": "env:EVAGG_TEST_UNSET_VARIABLE"})
+    with pytest.raises(SinkOptionError, match=r"headers: 'Authorization': cannot read file"):
+        HttpOptions.from_table({"headers": {"Authorization": f"file:{missing}"}})
+    with pytest.raises(SinkOptionError, match="EVAGG_TEST_UNSET_VARIABLE is not set"):
+        HttpOptions.from_table({"headers": {"X-Key": "env:EVAGG_TEST_UNSET_VARIABLE"}})
 
 
 @pytest.mark.parametrize(("options", "message"), [
     ({"url": "ftp://host/x"}, "url must be an http"),
-    ({"body_format": "xml"}, "format must be"),
-    ({"batch_max_events": 0}, "batch_max_events must be positive"),
-    ({"max_in_flight": 0}, "max_in_flight must be positive"),
-    ({"headers": {"X": "a\r\nInjected: 1"}}, "line break"),
+    ({"format": "xml"}, "format: 'xml' is not one of ndjson, json"),
+    ({"batch_max_events": 0}, "batch_max_events: 0 must be at least 1"),
+    ({"batch_interval": "0s"}, "batch_interval: "),
+    ({"max_in_flight": 0}, "max_in_flight: 0 must be at least 1"),
+    ({"headers": {"X": "a\r\nInjected: 1"}}, "headers: 'X': a header cannot contain a line"),
     ({"url": "http://u:p@127.0.0.1/x", "headers": {"Authorization": "x"}}, "user info"),
-    ({"no_such_option": 1}, "no_such_option"),
-    ({"headers": {"X": 5}}, "value a string"),
+    ({"no_such_option": 1}, "no_such_option: is not an option of an http sink"),
+    ({"headers": {"X": 5}}, "headers: 'X': the value must be a string"),
     ({"headers": {"Bad Name": "v"}}, "name must be a token"),
-    ({"gzip_level": 12}, "gzip_level"),
+    ({"gzip_level": 12}, "gzip_level: 12 is not a zlib level from -1 to 9"),
+    ({"gzip": "yes please"}, "gzip: "),
 ])
 def test_bad_options_are_config_errors(options: dict[str, Any], message: str) -> None:
     url = options.pop("url", "http://127.0.0.1:9/x")
-    with pytest.raises(HttpSinkConfigError, match=message):
-        validate_http_sink_config("c", url, **options)
+    with pytest.raises(ValueError, match=message):
+        sink_from_table(url, options)
 
 
 def test_secrets_never_appear_in_describe_repr_or_logs(caplog: pytest.LogCaptureFixture,
@@ -478,9 +488,9 @@ def test_secrets_never_appear_in_describe_repr_or_logs(caplog: pytest.LogCapture
     async def body(server: FlakyServer) -> None:
         server.answer(400)
         server.answer(500)
-        sink = HttpSink("c", server.url + "?token=abc", spool_id="s",
-                        headers={"Authorization": SECRET}, dead_letter_dir=tmp_path / "dlq",
-                        batch_max_events=5)
+        sink = HttpSink("c", server.url + "?token=abc",
+                        HttpOptions(headers={"Authorization": SECRET}, batch_max_events=5),
+                        spool_id="s", dead_letter_dir=tmp_path / "dlq")
         assert [f.error_kind for f in await deliver(sink, make_records(2, 5))] == ["http_5xx"]
         basic = HttpSink("b", server.url.replace("http://", "http://user:hunter2@"),
                          spool_id="s")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sinks.base import SinkResult
-from sinks.http import HttpSink, HttpSinkConfigError
+from sinks.http import HttpOptions, HttpSink, HttpSinkConfigError
 from sinks.http.deadletter import replay_dead_letters
 from sinks.http.proxy import proxy_route
 from sinks.http.tls import TlsOptions
@@ -46,8 +46,8 @@ def with_credentials(proxy: ForwardProxy) -> str:
 async def delivered_through(proxy_option: str, server: FlakyServer, url: str | None = None,
                             tls: TlsOptions | None = None) -> int:
     """Events the endpoint got from a sink set to `proxy_option`, sending to `url`."""
-    sink = HttpSink("collector", url or server.url, spool_id="spool-a", timeout_s=5.0,
-                    proxy=proxy_option, tls=tls)
+    options = HttpOptions(timeout_s=5.0, proxy=proxy_option, tls=tls or TlsOptions())
+    sink = HttpSink("collector", url or server.url, options, spool_id="spool-a")
     assert await deliver(sink, make_records(2, 25)) == []
     await sink.close()
     return len(server.event_ids)
@@ -77,7 +77,7 @@ async def test_credentials_reach_the_proxy_on_an_http_request_and_are_never_show
     proxy, server = await ForwardProxy(required=BASIC).start(), await FlakyServer().start()
     try:
         assert await delivered_through(with_credentials(proxy), server) == 50
-        shown = HttpSink("c", server.url, spool_id="s", proxy=with_credentials(proxy))
+        shown = HttpSink("c", server.url, HttpOptions(proxy=with_credentials(proxy)), spool_id="s")
     finally:
         await server.stop()
         await proxy.stop()
@@ -114,9 +114,11 @@ async def test_a_proxy_that_refuses_the_credentials_keeps_the_data_spooled(
         ssl_context=pki.server_context()).start()
     wrong = proxy.url.replace("http://", "http://agent:wrong@")
     try:
-        for server, tls in ((plain, None), (tls_server, TlsOptions(ca_file=str(pki.ca.cert)))):
-            sink = HttpSink("collector", server.url, spool_id="s", timeout_s=5.0, proxy=wrong,
-                            tls=tls, dead_letter_dir=tmp_path / "dlq")
+        for server, tls in ((plain, TlsOptions()),
+                            (tls_server, TlsOptions(ca_file=str(pki.ca.cert)))):
+            sink = HttpSink("collector", server.url,
+                            HttpOptions(timeout_s=5.0, proxy=wrong, tls=tls), spool_id="s",
+                            dead_letter_dir=tmp_path / "dlq")
             result = await one_attempt(sink)
             assert (result.ok, result.error_kind, result.permanent) == (False, "http_auth", True)
             assert "proxy" in (result.error or "")
@@ -186,8 +188,8 @@ async def test_a_proxy_that_is_down_is_a_retried_connect_failure() -> None:
     await proxy.stop()  # its port now refuses connections
     server = await FlakyServer().start()
     try:
-        result = await one_attempt(HttpSink("collector", server.url, spool_id="s",
-                                            timeout_s=5.0, proxy=proxy.url))
+        result = await one_attempt(HttpSink(
+            "collector", server.url, HttpOptions(timeout_s=5.0, proxy=proxy.url), spool_id="s"))
     finally:
         await server.stop()
     assert (result.ok, result.error_kind, result.permanent) == (False, "connect", False)
@@ -201,8 +203,9 @@ async def test_dlq_replay_goes_through_the_sinks_proxy(tmp_path: Path) -> None:
     route = proxy_route(server.url, with_credentials(proxy))
     try:
         server.answer(400, text="refused once")
-        sink = HttpSink("collector", server.url, spool_id="s", timeout_s=5.0,
-                        proxy=with_credentials(proxy), dead_letter_dir=tmp_path / "dlq")
+        sink = HttpSink("collector", server.url,
+                        HttpOptions(timeout_s=5.0, proxy=with_credentials(proxy)), spool_id="s",
+                        dead_letter_dir=tmp_path / "dlq")
         assert await deliver(sink, make_records(1, 5)) == []
         await sink.close()
         before = len(proxy.targets)
@@ -218,14 +221,16 @@ async def test_dlq_replay_goes_through_the_sinks_proxy(tmp_path: Path) -> None:
                                    "http://127.0.0.1:port"])
 def test_a_proxy_that_is_not_env_none_or_an_http_url_stops_the_start(value: str) -> None:
     with pytest.raises(HttpSinkConfigError, match="proxy"):
-        HttpSink("collector", "http://127.0.0.1:9/ingest", spool_id="s", proxy=value)
+        HttpSink("collector", "http://127.0.0.1:9/ingest", HttpOptions(proxy=value),
+                 spool_id="s")
 
 
 def test_a_refused_proxy_value_with_credentials_is_not_echoed(
         monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(HttpSinkConfigError) as refused:
-        HttpSink("collector", "http://127.0.0.1:9/ingest", spool_id="s",
-                 proxy="agent:s3cret@proxy.corp:3128")  # curl's form, not a URL here
+        HttpSink("collector", "http://127.0.0.1:9/ingest",
+                 HttpOptions(proxy="agent:s3cret@proxy.corp:3128"),  # curl's form, not a URL
+                 spool_id="s")
     assert "s3cret" not in str(refused.value)
     monkeypatch.setenv("HTTPS_PROXY", "socks5://agent:s3cret@127.0.0.1:1080")
     with pytest.raises(HttpSinkConfigError, match="from the HTTPS_PROXY variable") as refused:

@@ -13,7 +13,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from sinks.base import SinkResult
-from sinks.http import HttpSink, HttpSinkConfigError
+from sinks.http import HttpOptions, HttpSink, HttpSinkConfigError
 from sinks.http.deadletter import list_dead_letters, replay_dead_letters
 from sinks.http.tls import TlsOptions, client_ssl
 from sinks.records import SpoolRecord
@@ -31,7 +31,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 def sink(server: FlakyServer, tls: TlsOptions | None, tmp: Path | None = None) -> HttpSink:
-    return HttpSink("collector", server.url, spool_id="spool-a", timeout_s=5.0, tls=tls,
+    return HttpSink("collector", server.url,
+                    HttpOptions(timeout_s=5.0, tls=tls or TlsOptions()), spool_id="spool-a",
                     dead_letter_dir=tmp / "dlq" if tmp else None)
 
 
@@ -136,10 +137,11 @@ def bad_options(pki: Pki, tmp: Path) -> list[tuple[TlsOptions, str]]:
 def test_bad_tls_options_stop_the_start_naming_the_key(pki: Pki, tmp_path: Path) -> None:
     for tls, message in bad_options(pki, tmp_path):
         with pytest.raises(HttpSinkConfigError, match=message):
-            HttpSink("collector", "https://127.0.0.1:9/ingest", spool_id="s", tls=tls)
+            HttpSink("collector", "https://127.0.0.1:9/ingest", HttpOptions(tls=tls),
+                     spool_id="s")
     with pytest.raises(HttpSinkConfigError, match=r"tls_\* options need an https:// url"):
-        HttpSink("collector", "http://127.0.0.1:9/ingest", spool_id="s",
-                 tls=TlsOptions(ca_file=str(pki.ca.cert)))
+        HttpSink("collector", "http://127.0.0.1:9/ingest",
+                 HttpOptions(tls=TlsOptions(ca_file=str(pki.ca.cert))), spool_id="s")
 
 
 def test_an_encrypted_client_key_is_refused_without_asking_for_a_passphrase(
