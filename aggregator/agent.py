@@ -36,6 +36,7 @@ from aggregator.memory import (
 from aggregator.metrics import AgentMetrics
 from aggregator.ray.recall import recall_ray_ids
 from aggregator.red.metrics import RedMetrics
+from aggregator.shutdown import StopSignals, log_stopped, log_waiting_for
 from aggregator.spool import Spool
 from emitters import autostart
 from emitters.ids import new_event_id
@@ -77,6 +78,7 @@ class Agent:
         self._reload_task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self._ready = False
+        self._stop_signals = StopSignals()  # a second SIGINT/SIGTERM cuts the drain short
         self._stop = asyncio.Event()
         self._started_ns = time.time_ns()
         self.metrics.registry.add_gauge_source(self._gauges)
@@ -109,8 +111,7 @@ class Agent:
         heartbeat.cancel()
         if watcher is not None:
             watcher.cancel()
-        await self._drain()
-        return 0
+        return await self._drain()
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -120,9 +121,15 @@ class Agent:
 
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, self.request_stop)
-        loop.add_signal_handler(signal.SIGINT, self.request_stop)
+        loop.add_signal_handler(signal.SIGTERM, self._on_stop_signal, signal.SIGTERM)
+        loop.add_signal_handler(signal.SIGINT, self._on_stop_signal, signal.SIGINT)
         loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
+
+    def _on_stop_signal(self, signum: int) -> None:
+        if self._stop_signals.receive(signum):
+            log_waiting_for(signum, self.sinks, self.config.drain_timeout_s,
+                            self.config.socket)
+            self.request_stop()
 
     def _on_sighup(self) -> None:
         if self._stop.is_set() or (self._reload_task and not self._reload_task.done()):
@@ -171,21 +178,38 @@ class Agent:
                  "arrow memory pool %s", self.config.node_id, self.config.socket,
                  self.config.http_listen or "off", self.spool.directory, sinks, self._arrow_pool)
 
-    async def _drain(self) -> None:
+    async def _drain(self) -> int:
+        """Deliver what is spooled, unless a second stop signal says not to wait; the exit
+        code says which (aggregator/shutdown.py)."""
         self._ready = False
         self.metrics.draining.set(1)
         systemd.notify("STOPPING=1\nSTATUS=draining")
+        delivering = asyncio.create_task(self._deliver_and_close_sinks(), name="drain")
+        hurry = asyncio.create_task(self._stop_signals.hurry.wait(), name="hurry")
+        await asyncio.wait({delivering, hurry}, return_when=asyncio.FIRST_COMPLETED)
+        hurry.cancel()
+        if not delivering.done():
+            delivering.cancel()
+            await asyncio.gather(delivering, return_exceptions=True)
+            if self.sinks is not None:
+                await self.sinks.abandon()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self.ingestor.close()
+        log_stopped(self.sinks, self.spool.directory, self._stop_signals)
+        self.spool.close()
+        self._remove_socket_file()
+        if not delivering.cancelled():
+            delivering.result()  # a drain that failed is the agent's error, after cleanup
+        return self._stop_signals.exit_code
+
+    async def _deliver_and_close_sinks(self) -> None:
         await self.socket.stop_accepting()
         await self.socket.close_connections(timeout=5.0)
         await self._final_heartbeat()
         async with self._reload_lock:
             if self.sinks is not None:
                 await self.sinks.stop(self.config.drain_timeout_s)
-        if self._runner is not None:
-            await self._runner.cleanup()
-        self.ingestor.close()
-        self.spool.close()
-        self._remove_socket_file()
 
     def _remove_socket_file(self) -> None:
         if self.config.socket.exists() and systemd.inherited_socket() is None:

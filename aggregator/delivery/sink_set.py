@@ -87,3 +87,19 @@ class SinkSet:
                 log.exception("closing sink %s failed", consumer.name)
         for name in self.consumers:
             self.metrics.sink_permanent_error.values.pop((("sink", name),), None)
+
+    async def abandon(self, close_timeout_s: float = 2.0) -> None:
+        """Stop now, without delivering (a second SIGINT during the drain): cancel what is
+        in flight and close the sinks within `close_timeout_s`. Nothing is lost: cursors
+        move only past what a sink made durable, so the rest stays spooled."""
+        for consumer in self.consumers.values():
+            consumer.stop()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        closing = [asyncio.ensure_future(c.close()) for c in self.consumers.values()]
+        if closing:
+            _, late = await asyncio.wait(closing, timeout=close_timeout_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*closing, return_exceptions=True)

@@ -1,0 +1,93 @@
+"""How the agent stops: the first SIGINT or SIGTERM drains, a second one stops at once.
+
+The first signal starts the drain and logs what it waits for: each sink that still has
+events to deliver, where it delivers, how many events, and the drain's deadline. A second
+signal during the drain ends it at once; what is not delivered stays in the spool for the
+next start, and the agent exits with 128 + the signal's number (130 for SIGINT, 143 for
+SIGTERM), the code a shell gives a process that a signal ended. A drain that runs to its
+end (everything delivered, or the deadline reached) exits 0. Either way the last line of
+the log says that the agent stopped and what it left spooled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from pathlib import Path
+
+from aggregator.delivery.consumer import SinkConsumer
+from aggregator.delivery.sink_set import SinkSet
+
+log = logging.getLogger("evagg.agent")
+
+
+class StopSignals:
+    """Counts the stop signals: the first asks for a drain, the second for haste."""
+
+    def __init__(self) -> None:
+        self.first: int | None = None
+        self.second: int | None = None
+        self.hurry = asyncio.Event()  # set by the second signal
+
+    def receive(self, signum: int) -> bool:
+        """True for the first signal (the caller starts the drain)."""
+        if self.first is None:
+            self.first = signum
+            return True
+        if self.second is None:
+            self.second = signum
+            log.warning("%s again: stopping now, without waiting for the sinks; what they "
+                        "have not delivered stays spooled for the next start", _name(signum))
+            self.hurry.set()
+        return False
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.second if self.second is not None else 0
+
+
+def log_waiting_for(signum: int, sinks: SinkSet | None, deadline_s: float,
+                    socket: Path) -> None:
+    """What the drain waits for, said when it starts, so that a quiet wait is not a hang."""
+    consumers = _consumers(sinks)
+    until = time.strftime("%H:%M:%S", time.localtime(time.time() + deadline_s))
+    behind = {name: c for name, c in consumers.items() if c.spool.lag(name)[1]}
+    again = "Ctrl-C" if signum == signal.SIGINT else _name(signum)
+    if not behind:
+        log.info("%s: stopping; the socket %s takes no new events, and every sink has "
+                 "delivered what is spooled", _name(signum), socket)
+        return
+    log.info("%s: stopping; delivering what is spooled first, for up to %gs (until %s). "
+             "%s again stops at once: what is not delivered stays spooled",
+             _name(signum), deadline_s, until, again)
+    for name, consumer in behind.items():
+        log.info("waiting for sink %s (%s): %d events to deliver", name,
+                 consumer.sink.describe(), consumer.spool.lag(name)[1])
+
+
+def log_stopped(sinks: SinkSet | None, spool_dir: Path, signals: StopSignals) -> None:
+    """The agent's last line: that it stopped, how, and what stays in the spool."""
+    consumers = _consumers(sinks)
+    how = (f"stopped at once ({_name(signals.second)} during the drain, exit code "
+           f"{signals.exit_code})" if signals.second is not None else "stopped")
+    left = {name: c.spool.lag(name)[1] for name, c in consumers.items()}
+    left = {name: events for name, events in left.items() if events}
+    if not left:
+        log.info("evagg agent %s: every spooled event was delivered", how)
+        return
+    per_sink = ", ".join(f"{events} for sink {name}" for name, events in left.items())
+    log.warning("evagg agent %s: events left in the spool %s: %s; the next `evagg run` "
+                "with this state_dir delivers them", how, spool_dir, per_sink)
+
+
+def _consumers(sinks: SinkSet | None) -> dict[str, SinkConsumer]:
+    return sinks.consumers if sinks is not None else {}
+
+
+def _name(signum: int | None) -> str:
+    try:
+        return signal.Signals(signum).name if signum is not None else "stop"
+    except ValueError:
+        return f"signal {signum}"

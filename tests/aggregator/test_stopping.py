@@ -1,0 +1,115 @@
+"""How a real agent stops (issue 16, item 4): what the first SIGINT says it waits for, a
+second SIGINT that ends it at once, and the last line of a clean stop."""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from collections.abc import Callable
+
+from tests.agentproc import AgentProcess, free_port
+from tests.aggregator.test_end_to_end import producer_report, start_producer
+
+
+def down_collector(drain_timeout: str = "20s") -> dict[str, str]:
+    """An HTTP sink pointed at a loopback port where nothing listens."""
+    url = f"http://127.0.0.1:{free_port()}/ingest"
+    return {"sinks_toml": f'[[sinks]]\nname = "collector"\ntype = "http"\nurl = "{url}"\n',
+            "url": url, "drain_timeout": drain_timeout}
+
+
+def make_agent(agent_factory: Callable[..., AgentProcess], setup: dict[str, str]) -> AgentProcess:
+    agent = agent_factory(sinks_toml=setup["sinks_toml"])
+    config = agent.config_path.read_text()  # agentproc writes drain_timeout = "20s"
+    agent.config_path.write_text(config.replace('drain_timeout = "20s"',
+                                                f'drain_timeout = "{setup["drain_timeout"]}"'))
+    return agent.start()
+
+
+def spool_events(agent: AgentProcess, count: int, sink: str) -> None:
+    assert producer_report(start_producer(agent.socket_path, "stop", count))["flushed"]
+    wait_for(lambda: lag(agent, sink) >= count, f"{count} events spooled for {sink}", agent)
+
+
+def lag(agent: AgentProcess, sink: str) -> float:
+    return agent.metric(f'evagg_sink_lag_events{{sink="{sink}"}}')
+
+
+def events_left(line: str, sink: str) -> int:
+    """The count a log line gives for `sink` (the agent's own heartbeats are events too)."""
+    found = re.search(rf"(\d+) (?:events to deliver|for sink {sink})", line)
+    assert found, line
+    return int(found.group(1))
+
+
+def wait_for(condition: Callable[[], bool], what: str, agent: AgentProcess,
+             timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"not seen within {timeout}s: {what}\n{agent.log()}")
+
+
+def signal_agent(agent: AgentProcess, signum: int) -> None:
+    assert agent.proc is not None
+    agent.proc.send_signal(signum)
+
+
+def exit_code(agent: AgentProcess, timeout: float = 15.0) -> int:
+    assert agent.proc is not None
+    code = agent.proc.wait(timeout)
+    agent.proc = None
+    return code
+
+
+def test_a_first_ctrl_c_says_what_it_waits_for_and_a_second_stops_at_once(
+        agent_factory: Callable[..., AgentProcess]) -> None:
+    setup = down_collector(drain_timeout="60s")
+    agent = make_agent(agent_factory, setup)
+    spool_events(agent, 40, "collector")
+
+    signal_agent(agent, signal.SIGINT)
+    wait_for(lambda: "waiting for sink collector" in agent.log(), "the waiting line", agent)
+    log = agent.log()
+    waiting = next(line for line in log.splitlines() if "waiting for sink collector" in line)
+    assert setup["url"] in waiting and events_left(waiting, "collector") >= 40
+    assert "for up to 60s (until " in log and "Ctrl-C again stops at once" in log
+
+    signal_agent(agent, signal.SIGINT)
+    assert exit_code(agent) == 130  # 128 + SIGINT: the drain was cut short
+    log = agent.log()
+    assert "SIGINT again: stopping now" in log
+    last = log.strip().splitlines()[-1]
+    assert "evagg agent stopped at once" in last and events_left(last, "collector") >= 40
+
+    # Nothing was lost: the next agent on this state_dir still holds the 40 events.
+    agent.start()
+    wait_for(lambda: lag(agent, "collector") >= 40,
+             "the 40 events still spooled after the restart", agent)
+    agent.kill()
+
+
+def test_a_drain_that_reaches_its_deadline_exits_0_and_says_what_stays_spooled(
+        agent_factory: Callable[..., AgentProcess]) -> None:
+    agent = make_agent(agent_factory, down_collector(drain_timeout="1s"))
+    spool_events(agent, 25, "collector")
+    signal_agent(agent, signal.SIGTERM)
+    assert exit_code(agent, timeout=30) == 0
+    log = agent.log()
+    assert "SIGTERM: stopping; delivering what is spooled first, for up to 1s" in log
+    assert "SIGTERM again stops at once" in log
+    last = log.strip().splitlines()[-1]
+    assert "evagg agent stopped: events left in the spool" in last
+    assert events_left(last, "collector") >= 25 and "the next `evagg run`" in last
+
+
+def test_a_clean_ctrl_c_says_the_agent_stopped_with_nothing_left(agent: AgentProcess) -> None:
+    assert producer_report(start_producer(agent.socket_path, "clean", 10))["flushed"]
+    agent.wait_delivered(10)
+    signal_agent(agent, signal.SIGINT)
+    assert exit_code(agent) == 0
+    last = agent.log().strip().splitlines()[-1]
+    assert "evagg agent stopped: every spooled event was delivered" in last
