@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from aggregator.metrics import AgentMetrics
 from aggregator.spool import Spool
-from aggregator.spool._screen import RecordScreen
+from aggregator.spool import RecordScreen
 from sinks.backoff import backoff_delay
 from sinks.base import Sink, SinkResult
 

@@ -18,7 +18,7 @@ from aggregator.delivery.consumer import SinkConsumer
 from aggregator.delivery.registry import build_sink, sink_problem
 from aggregator.metrics import AgentMetrics
 from aggregator.spool import Spool
-from aggregator.spool._screen import RecordScreen
+from aggregator.spool import RecordScreen
 from sinks.base import Sink
 
 log = logging.getLogger("evagg.sinks")

@@ -1,0 +1,110 @@
+"""The house rules of docs/architecture.md, read off the code's own imports.
+
+Each room may import only the rooms below it; nothing imports the command line but the
+command line; the spool's private modules are reached only through its public face; and
+no chain of module-level imports comes back to where it started.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("emitters", "sinks", "dashboard", "aggregator")
+# What each top-level package may import of ours (at any level of a module).
+ALLOWED = {
+    "emitters": {"emitters"},
+    "sinks": {"emitters", "sinks"},
+    "dashboard": {"emitters", "sinks", "dashboard"},
+    "aggregator": {"emitters", "sinks", "dashboard", "aggregator"},
+}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+MODULES = modules()
+
+
+def imports(path: Path, *, top_level_only: bool) -> Iterator[str]:
+    """The modules of ours that a file imports (names resolved to modules where they are)."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    for node in nodes:
+        if isinstance(node, ast.If) and top_level_only:  # `if TYPE_CHECKING:`: no run-time edge
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in PACKAGES:
+                    yield alias.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] not in PACKAGES:
+                continue
+            for alias in node.names:
+                child = f"{node.module}.{alias.name}"
+                yield child if child in MODULES else node.module
+
+
+def test_each_package_imports_only_the_packages_below_it() -> None:
+    upward = [f"{name} imports {target}" for name, path in MODULES.items()
+              for target in imports(path, top_level_only=False)
+              if target.split(".")[0] not in ALLOWED[name.split(".")[0]]]
+    assert upward == []
+
+
+def test_only_the_command_line_imports_the_command_line() -> None:
+    found = [f"{name} imports {target}" for name, path in MODULES.items()
+             for target in imports(path, top_level_only=False)
+             if target.startswith("aggregator.cli")
+             and not name.startswith(("aggregator.cli", "aggregator.__main__"))]
+    assert found == []
+
+
+def test_the_spools_private_modules_are_reached_through_its_face() -> None:
+    found = [f"{name} imports {target}" for name, path in MODULES.items()
+             for target in imports(path, top_level_only=False)
+             if target.startswith("aggregator.spool._") and not name.startswith("aggregator.spool")]
+    assert found == []
+
+
+def test_no_import_circle() -> None:
+    graph = {name: {t for t in imports(path, top_level_only=True) if t in MODULES and t != name}
+             for name, path in MODULES.items()}
+    # A package's __init__ importing its own modules is how a face works, not a circle.
+    for name in graph:
+        graph[name] = {t for t in graph[name] if not (MODULES[name].name == "__init__.py"
+                                                        and t.startswith(name + "."))}
+    circles = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                circles.append(" -> ".join([*trail[trail.index(target):], target]))
+            elif target not in state:
+                visit(target, [*trail, target])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert circles == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_folder_of_code_is_a_package(package: str) -> None:
+    for folder in [p for p in (REPO / package).rglob("*") if p.is_dir()
+                   and any(p.glob("*.py"))]:
+        assert (folder / "__init__.py").exists(), folder
