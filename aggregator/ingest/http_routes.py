@@ -60,7 +60,7 @@ class HttpApi:
         guarded = request.path in INGEST_PATHS or request.path == "/v1/tail"
         if self.token and guarded and not self._authorized(request):
             self.metrics.bad_input.inc(route=request.path, reason="unauthorized")
-            return _error(401, "missing or wrong bearer token")
+            return _refusal(request, 401, "missing or wrong bearer token")
         if request.path in INGEST_PATHS and not self.is_ready():
             return web.Response(status=503, body=orjson.dumps({"error": "the agent is draining"}),
                                 content_type="application/json", headers={"Retry-After": "5"})
@@ -68,11 +68,11 @@ class HttpApi:
             return await handler(request)
         except web.RequestPayloadError as exc:  # e.g. a broken gzip body aiohttp could not unpack
             self.metrics.bad_input.inc(route=request.path, reason="bad_encoding")
-            return _error(400, f"cannot read the body: {exc}")
+            return _refusal(request, 400, f"cannot read the body: {exc}")
         except web.HTTPException as exc:
             if exc.status == 413:
                 self.metrics.bad_input.inc(route=request.path, reason="too_large")
-                return _error(413, f"body larger than {self.max_body_bytes} bytes")
+                return _refusal(request, 413, f"body larger than {self.max_body_bytes} bytes")
             raise
         except asyncio.CancelledError:
             raise
@@ -156,7 +156,7 @@ class HttpApi:
     def _bad(self, request: web.Request, reason: str, text: str,
              status: int = 400) -> web.Response:
         self.metrics.bad_input.inc(route=request.path, reason=reason)
-        return _error(status, text)
+        return _refusal(request, status, text)
 
     async def get_metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=self.metrics.registry.render(),
@@ -190,6 +190,15 @@ def _ingest_answer(result: IngestResult, all_rejected_status: int = 400,
     if duplicates is not None:
         body["duplicates"] = duplicates
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+def _refusal(request: web.Request, status: int, text: str) -> web.Response:
+    """A refused request's answer: OTLP/HTTP wants a google.rpc.Status in the request's
+    encoding, which its exporters parse; every other route answers JSON."""
+    if request.path != "/v1/traces":
+        return _error(status, text)
+    body, content_type = otlp.otlp_error_body(request.headers.get("Content-Type"), text)
+    return web.Response(status=status, body=body, headers={"Content-Type": content_type})
 
 
 def _error(status: int, text: str) -> web.Response:
