@@ -44,8 +44,3 @@ def batch_to_bytes(batch: pa.RecordBatch) -> bytes:
 
 def batch_from_bytes(payload: bytes) -> pa.RecordBatch:
     return pa.ipc.read_record_batch(pa.py_buffer(payload), EVENT_SCHEMA)
-
-
-def table_from_payloads(payloads: list[bytes]) -> pa.Table:
-    batches = [batch_from_bytes(p) for p in payloads]
-    return pa.Table.from_batches(batches, schema=EVENT_SCHEMA)
