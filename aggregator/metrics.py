@@ -30,6 +30,12 @@ class Family:
     def get(self, **labels: str) -> float:
         return self.values.get(tuple(sorted(labels.items())), 0.0)
 
+    def clear(self, **labels: str) -> None:
+        """Drop every series carrying these labels (a gauge that applies no longer)."""
+        wanted = set(labels.items())
+        self.values = {key: value for key, value in self.values.items()
+                       if not wanted <= set(key)}
+
 
 GaugeSource = Callable[[], Iterable[tuple[str, str, dict[str, str], float]]]
 
@@ -171,4 +177,14 @@ class AgentMetrics:
         self.sink_permanent_error = r.gauge(
             "evagg_sink_permanent_error",
             "1 while a sink's last failure was permanent (credentials, missing bucket).",
+        )
+        # Present only while a sink's deliveries fail; `evagg status` turns them into words.
+        self.sink_failing_since = r.gauge(
+            "evagg_sink_failing_since_timestamp_seconds",
+            "When a failing sink's run of failed attempts began, by sink and the kind of "
+            "its last failure.",
+        )
+        self.sink_next_retry = r.gauge(
+            "evagg_sink_next_retry_timestamp_seconds",
+            "When a failing sink tries again, by sink.",
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,38 @@ def _by_label(sample: dict[str, float], metric: str, label: str) -> dict[str, fl
     return out
 
 
+def _labelled(sample: dict[str, float], metric: str) -> list[tuple[dict[str, str], float]]:
+    out: list[tuple[dict[str, str], float]] = []
+    for series, value in sample.items():
+        name, _, labels = series.partition("{")
+        if name == metric:
+            out.append((dict(_LABEL.findall(labels)), value))
+    return out
+
+
+def sink_health(sample: dict[str, float], now: float) -> dict[str, str]:
+    """Each sink's health as a word to act on: `ok`, `retrying (connect) since 07:28:42,
+    next in 12s` (the agent backs off and tries again: wait, or look at the endpoint), or
+    `failing (http_auth) since ...` (a permanent error: the sink's config must change)."""
+    since = {labels.get("sink", ""): (labels.get("kind", "error"), value)
+             for labels, value in _labelled(sample, "evagg_sink_failing_since_timestamp_seconds")}
+    retry = _by_label(sample, "evagg_sink_next_retry_timestamp_seconds", "sink")
+    permanent = _by_label(sample, "evagg_sink_permanent_error", "sink")
+    sinks = set(_by_label(sample, "evagg_sink_lag_events", "sink")) | set(since)
+    out: dict[str, str] = {}
+    for sink in sinks:
+        if sink not in since:
+            out[sink] = "failing" if permanent.get(sink) else "ok"
+            continue
+        kind, started = since[sink]
+        word = "failing" if permanent.get(sink) else "retrying"
+        clock = time.strftime("%H:%M:%S", time.localtime(started))
+        wait = retry.get(sink, 0.0) - now
+        nxt = f"next in {wait:.0f}s" if wait >= 0.5 else "retrying now"
+        out[sink] = f"{word} ({kind}) since {clock}, {nxt}"
+    return out
+
+
 @dataclass
 class StatusReport:
     received_per_s: float
@@ -47,6 +80,7 @@ class StatusReport:
     rejected: dict[str, float]
     bad_input: dict[str, float]
     errors: dict[str, float] = field(default_factory=dict)
+    health: dict[str, str] = field(default_factory=dict)  # sink -> ok / retrying / failing
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -59,7 +93,7 @@ class StatusReport:
             f"{self.spool_max_bytes / 2**20:,.0f} MiB ({used:.1f}%)",
         ]
         for sink in sorted(set(self.lag_events) | set(self.delivered_per_s)):
-            state = "PERMANENT ERROR" if self.permanent_error.get(sink) else "ok"
+            state = self.health.get(sink, "ok")
             lines.append(f"sink {sink:<12} {self.delivered_per_s.get(sink, 0):,.0f} events/s  "
                          f"lag {self.lag_events.get(sink, 0):,.0f} events  "
                          f"errors {self.errors.get(sink, 0):,.0f}  {state}")
@@ -74,7 +108,7 @@ def _pairs(values: dict[str, float]) -> str:
 
 
 def format_status(first: dict[str, float], second: dict[str, float],
-                  interval: float) -> StatusReport:
+                  interval: float, now: float | None = None) -> StatusReport:
     def rate(metric: str, label: str) -> dict[str, float]:
         before, after = _by_label(first, metric, label), _by_label(second, metric, label)
         return {k: max(0.0, (v - before.get(k, 0.0)) / interval) for k, v in after.items()}
@@ -91,4 +125,5 @@ def format_status(first: dict[str, float], second: dict[str, float],
         rejected=_by_label(second, "evagg_rejected_events_total", "route"),
         bad_input=_by_label(second, "evagg_bad_input_total", "reason"),
         errors=_by_label(second, "evagg_delivery_errors_total", "sink"),
+        health=sink_health(second, time.time() if now is None else now),
     )

@@ -24,6 +24,7 @@ log = logging.getLogger("evagg.delivery")
 
 PERMANENT_RETRY_S = 60.0  # a permanent error is retried slowly; the spool keeps the data
 DRAIN_RETRY_S = 1.0  # while draining, retries come at least this often
+PERMANENT_HINT = " (a permanent error: fix the sink's config, credentials or bucket)"
 
 
 @dataclass
@@ -31,6 +32,7 @@ class ConsumerState:
     last_error_kind: str | None = None  # to log a failure once per change of kind
     failures_in_a_row: int = 0  # drives the backoff
     last_success_ns: int = 0  # exported: alert when a sink has not delivered for long
+    failing_since_ns: int = 0  # when the current run of failed attempts began; 0: delivering
 
 
 class SinkConsumer:
@@ -135,13 +137,14 @@ class SinkConsumer:
                      self.state.failures_in_a_row)
         self.state.failures_in_a_row = 0
         self.metrics.sink_permanent_error.set(0, sink=self.name)
+        if self.state.failing_since_ns:
+            self._mark_delivering()
 
     async def _recover(self, result: SinkResult) -> None:
         state = self.state
         kind = result.error_kind or "error"
         self.metrics.delivery_errors.inc(sink=self.name, kind=kind)
-        if state.failures_in_a_row == 0 or kind != state.last_error_kind:
-            log.warning("sink %s failed (%s): %s", self.name, kind, result.error)
+        first_of_kind = state.failures_in_a_row == 0 or kind != state.last_error_kind
         state.failures_in_a_row += 1
         state.last_error_kind = kind
         self.metrics.sink_permanent_error.set(1 if result.permanent else 0, sink=self.name)
@@ -155,7 +158,26 @@ class SinkConsumer:
         self.metrics.retries.inc(sink=self.name)
         if self._draining:
             delay = min(delay, DRAIN_RETRY_S)  # the drain deadline is short: try more often
+        self._mark_failing(kind, delay)
+        if first_of_kind:  # once per change of kind: a sink that stays down does not flood
+            log.warning("sink %s failed (%s) delivering to %s: %s; next retry in %.1fs%s",
+                        self.name, kind, self.sink.describe(), result.error, delay,
+                        PERMANENT_HINT if result.permanent else "")
         await self._sleep(delay)
+
+    def _mark_failing(self, kind: str, retry_in_s: float) -> None:
+        """Export since when the sink fails, how, and when it tries again (evagg status)."""
+        now_ns = time.time_ns()
+        self.state.failing_since_ns = self.state.failing_since_ns or now_ns
+        self.metrics.sink_failing_since.clear(sink=self.name)
+        self.metrics.sink_failing_since.set(self.state.failing_since_ns / 1e9, sink=self.name,
+                                            kind=kind)
+        self.metrics.sink_next_retry.set(now_ns / 1e9 + retry_in_s, sink=self.name)
+
+    def _mark_delivering(self) -> None:
+        self.state.failing_since_ns = 0
+        self.metrics.sink_failing_since.clear(sink=self.name)
+        self.metrics.sink_next_retry.clear(sink=self.name)
 
     async def _sleep(self, seconds: float) -> None:
         """Wait out a backoff; drain() and stop() cut it short."""

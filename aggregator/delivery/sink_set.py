@@ -87,6 +87,8 @@ class SinkSet:
                 log.exception("closing sink %s failed", consumer.name)
         for name in self.consumers:
             self.metrics.sink_permanent_error.values.pop((("sink", name),), None)
+            self.metrics.sink_failing_since.clear(sink=name)
+            self.metrics.sink_next_retry.clear(sink=name)
 
     async def abandon(self, close_timeout_s: float = 2.0) -> None:
         """Stop now, without delivering (a second SIGINT during the drain): cancel what is

@@ -1,0 +1,78 @@
+"""`evagg status` says each sink's health as a word a user acts on, and the agent's log
+names where a failed delivery went and when it is tried again (issue 16, item 5)."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tests.agentproc import AgentProcess, free_port
+from tests.aggregator.cli.newcomer import evagg
+from tests.aggregator.test_stopping import spool_events, wait_for
+
+
+class Refusing(BaseHTTPRequestHandler):
+    """An endpoint whose credentials are always wrong."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(401)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def refusing_url() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/ingest"
+    server.shutdown()
+    server.server_close()
+
+
+def http_sink(url: str) -> str:
+    return f'[[sinks]]\nname = "collector"\ntype = "http"\nurl = "{url}"\n'
+
+
+def status_line(agent: AgentProcess, sink: str) -> str:
+    result = evagg("status", "--url", agent.http_url, "--interval", "0.2")
+    assert result.returncode == 0, result.stderr
+    return next(line for line in result.stdout.splitlines() if line.startswith(f"sink {sink}"))
+
+
+def test_a_sink_that_cannot_connect_is_retrying_since_its_first_failure(
+        agent_factory: Callable[..., AgentProcess]) -> None:
+    url = f"http://127.0.0.1:{free_port()}/ingest"  # nothing listens there
+    agent = agent_factory(sinks_toml=http_sink(url)).start()
+    spool_events(agent, 20, "collector")
+    wait_for(lambda: "retrying" in status_line(agent, "collector"), "retrying in status", agent)
+    line = status_line(agent, "collector")
+    assert re.search(r"retrying \(connect\) since \d\d:\d\d:\d\d, (next in \d+s|retrying now)",
+                     line), line
+    assert not line.endswith(" ok")
+    failed = next(row for row in agent.log().splitlines() if "sink collector failed" in row)
+    assert url in failed and re.search(r"next retry in \d+\.\ds", failed), failed
+
+
+def test_a_sink_with_wrong_credentials_is_failing(
+        agent_factory: Callable[..., AgentProcess], refusing_url: str) -> None:
+    agent = agent_factory(sinks_toml=http_sink(refusing_url)).start()
+    spool_events(agent, 5, "collector")
+    wait_for(lambda: "failing" in status_line(agent, "collector"), "failing in status", agent)
+    assert "failing (http_auth) since " in status_line(agent, "collector")
+    failed = next(row for row in agent.log().splitlines() if "sink collector failed" in row)
+    assert "(http_auth)" in failed and "a permanent error" in failed
+
+
+def test_a_delivering_sink_is_ok(agent: AgentProcess) -> None:
+    spool_events(agent, 5, "lake")
+    agent.wait_delivered(5)
+    assert status_line(agent, "lake").endswith(" ok")
