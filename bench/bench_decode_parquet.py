@@ -31,6 +31,7 @@ from aggregator.decode.ndjson import decode_careful, decode_ndjson, fallback_cou
 from aggregator.decode.normalize import Stamp, ndjson_to_batch
 from emitters.ids import new_event_id
 from sinks.parquet import ParquetSink
+from sinks.parquet.options import ParquetOptions
 from sinks.parquet.stores import LocalStore
 from sinks.records import SpoolRecord
 from sinks.schema import batch_to_bytes
@@ -202,10 +203,9 @@ def bench_parquet(frames: list[bytes], scratch: Path) -> None:
         sink = ParquetSink(
             "bench",
             LocalStore(root),
+            ParquetOptions(roll_max_bytes=1 << 40, row_group_rows=row_group_rows),
             node_id="node-a",
             spool_id="bench",
-            roll_max_bytes=1 << 40,
-            row_group_rows=row_group_rows,
         )
 
         async def write_all(sink: ParquetSink = sink) -> None:

@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from sinks.parquet import ParquetSink  # noqa: E402
+from sinks.parquet.options import ParquetOptions, S3Options  # noqa: E402
 from sinks.parquet.s3 import S3Store  # noqa: E402
 from sinks.parquet.stores import LocalStore, ObjectStore  # noqa: E402
 from sinks.records import SpoolRecord  # noqa: E402
@@ -74,8 +75,8 @@ async def drive(store: ObjectStore, payloads: list[bytes], events: int,
         publishing[0] += time.perf_counter() - started
 
     store.publish = timed_publish  # type: ignore[method-assign]
-    sink = ParquetSink("bench", store, node_id="bench-node", spool_id="bench",
-                       roll_max_bytes=roll_bytes, roll_interval_s=3600)
+    options = ParquetOptions(roll_max_bytes=roll_bytes, roll_interval_s=3600)
+    sink = ParquetSink("bench", store, options, node_id="bench-node", spool_id="bench")
     records = events // EVENTS_PER_RECORD
     received = time.time_ns()
     wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -142,10 +143,10 @@ def main() -> None:
                    sum(f.stat().st_size for f in files))
             for label, threshold in (("s3 (moto), multipart", 8 * 2**20),
                                      ("s3 (moto), single PUT", 2**40)):
-                store = S3Store(f"s3://{bucket}/{uuid.uuid4().hex[:6]}/",
-                                staging_dir=Path(scratch) / "staging", endpoint_url=endpoint,
-                                region="us-east-1", path_style=True,
-                                multipart_threshold=threshold)
+                s3 = S3Options(endpoint_url=endpoint, region="us-east-1", path_style=True,
+                               multipart_threshold=threshold)
+                store = S3Store(f"s3://{bucket}/{uuid.uuid4().hex[:6]}/", s3,
+                                staging_dir=Path(scratch) / "staging")
                 run = asyncio.run(drive(store, payloads, args.events, roll))
                 listed = store.client.list_objects_v2(Bucket=bucket, Prefix=store.prefix)
                 sizes = [item["Size"] for item in listed.get("Contents", [])]

@@ -1,6 +1,6 @@
 """The [[sinks]] tables of the agent's configuration: the keys every sink type takes, and
 the checks that need no sink built (names, urls, filters). Each type's own keys, and how
-they are read, belong to its options class (aggregator/delivery/registry.py names them)."""
+they are read, belong to its options class (named in aggregator/delivery/registry.py)."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def _sink(table: Any, index: int, problems: list[str]) -> SinkConfig | None:
         problems.append(f"{label}.type: unknown sink type {kind!r} "
                         f"(known: {', '.join(SINK_TYPES)})")
         return None
-    check_keys(table, COMMON_SINK_KEYS | SINK_TYPES[kind].keys, f"{label}.", problems)
+    check_keys(table, COMMON_SINK_KEYS | SINK_TYPES[kind].options.KEYS, f"{label}.", problems)
     name = str(table.get("name", f"{kind}-{index}"))
     if not _SINK_NAME.match(name):
         problems.append(f"{label}.name: {name!r} must be 1-64 letters, digits, '.', '_' or '-'")

@@ -42,6 +42,7 @@ from sinks.parquet.layout import (
     is_partition_directory,
     parse_covers,
 )
+from sinks.parquet.options import S3Options
 from sinks.parquet.s3 import S3Store
 from sinks.parquet.writer import open_writer
 
@@ -115,10 +116,10 @@ def run_compact(target: str, *, partition: str | None = None, min_files: int = 2
     prefix = _partition_prefix(partition)
     store: Target
     if is_s3_url(target):
-        store = S3Target(S3Store(
-            target, staging_dir=Path(tempfile.gettempdir()), endpoint_url=endpoint_url,
-            region=region, path_style=bool(endpoint_url) if path_style is None else path_style,
-            upload_args=upload_args))
+        s3 = S3Options(endpoint_url=endpoint_url, region=region,
+                       path_style=bool(endpoint_url) if path_style is None else path_style,
+                       upload_args=upload_args or {})
+        store = S3Target(S3Store(target, s3, staging_dir=Path(tempfile.gettempdir())))
     else:
         store = LocalTarget(Path(target).expanduser())
     report = CompactReport(store.describe(), dry_run)

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 from sinks.base import SinkCounter
 from sinks.locations import S3Location
 from sinks.parquet.layout import node_of, spool_prefix_of
+from sinks.parquet.options import S3Options
 from sinks.parquet.stores import ObjectStore, StoreError, is_staging_name, staging_name
 
 log = logging.getLogger(__name__)
@@ -133,19 +134,17 @@ def redacted_endpoint(endpoint_url: str) -> str:
 
 
 class S3Store(ObjectStore):
-    def __init__(self, url: str, *, staging_dir: Path, endpoint_url: str | None = None,
-                 region: str | None = None, path_style: bool = False,
-                 multipart_threshold: int = 64 * MIB, part_size: int = PART_SIZE,
-                 upload_args: dict[str, str] | None = None) -> None:
+    def __init__(self, url: str, options: S3Options = S3Options(),  # noqa: B008 -- frozen
+                 *, staging_dir: Path, part_size: int = PART_SIZE) -> None:
         location = S3Location.parse(url)
         self.bucket, self.prefix = location.bucket, location.prefix
         # on every upload: encryption and storage class (sinks/parquet/s3_uploads.py)
-        self.upload_args = dict(upload_args or {})
+        self.upload_args = dict(options.upload_args)
         self.staging_dir = Path(staging_dir)
-        self.endpoint_url = endpoint_url
-        self.region = region
-        self.path_style = path_style
-        self.multipart_threshold = max(1, multipart_threshold)
+        self.endpoint_url = options.endpoint_url
+        self.region = options.region
+        self.path_style = options.path_style
+        self.multipart_threshold = max(1, options.multipart_threshold)
         self.part_size = max(5 * MIB, part_size)
         self.stats: Counter[str] = Counter()  # the keys of _EXPORTED_STATS
         self._client: Any = None

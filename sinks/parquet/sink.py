@@ -29,6 +29,7 @@ from sinks.base import Sink, SinkCounter, SinkResult
 from sinks.filters import EventFilter
 from sinks.parquet.counts import ParquetCounts
 from sinks.parquet.layout import object_key
+from sinks.parquet.options import ParquetOptions
 from sinks.parquet.stores import ObjectStore, StoreError
 from sinks.parquet.writer import open_writer
 from sinks.records import SpoolRecord
@@ -36,7 +37,6 @@ from sinks.schema import EVENT_SCHEMA, batch_from_bytes
 
 log = logging.getLogger(__name__)
 
-MIB: Final = 1024 * 1024
 _NS_PER_SECOND: Final = 1_000_000_000
 _NS_PER_HOUR: Final = 3600 * _NS_PER_SECOND
 
@@ -124,27 +124,24 @@ class ParquetSink(Sink):
         self,
         name: str,
         store: ObjectStore,
+        options: ParquetOptions = ParquetOptions(),  # noqa: B008 -- frozen, never changed
         *,
         node_id: str,
         spool_id: str,
-        roll_max_bytes: int = 64 * MIB,
-        roll_interval_s: float = 300.0,
-        row_group_rows: int = 100_000,
         event_filter: EventFilter | None = None,
         compression: str = "zstd",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(name)
-        if roll_max_bytes <= 0 or roll_interval_s <= 0 or row_group_rows <= 0:
-            raise ValueError("roll_max_bytes, roll_interval_s and row_group_rows must be positive")
         if not node_id or not spool_id:
             raise ValueError("node_id and spool_id must not be empty")
         self.store = store
         self.node_id = node_id
         self.spool_id = spool_id
-        self.roll_max_bytes = roll_max_bytes
-        self.roll_interval_s = roll_interval_s
-        self.row_group_rows = row_group_rows
+        self.options = options  # the store's (options.s3) were given to the store
+        self.roll_max_bytes = options.roll_max_bytes
+        self.roll_interval_s = options.roll_interval_s
+        self.row_group_rows = options.row_group_rows
         self.event_filter = event_filter or EventFilter()
         self.compression = compression
         self.counts = ParquetCounts()  # exported through counters()

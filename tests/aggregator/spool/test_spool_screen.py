@@ -20,6 +20,7 @@ from aggregator.spool import Spool
 from aggregator.spool._screen import LOSS_REASON, RecordScreen
 from aggregator.spool._state import QUARANTINE_DIR
 from sinks.parquet import ParquetSink
+from sinks.parquet.options import ParquetOptions
 from sinks.parquet.stores import LocalStore
 from sinks.schema import batch_to_bytes
 from tests.agentproc import AgentProcess
@@ -50,8 +51,8 @@ def lake_task_ids(lake: Path) -> set[str]:
 
 async def deliver_all(spool: Spool, lakes: list[Path]) -> SinkSet:
     sinks = [(SinkConfig(f"lake{i}", "parquet", str(lake)),
-              ParquetSink(f"lake{i}", LocalStore(lake), node_id="n1", spool_id=spool.spool_id,
-                          roll_interval_s=0.2))
+              ParquetSink(f"lake{i}", LocalStore(lake), ParquetOptions(roll_interval_s=0.2),
+                          node_id="n1", spool_id=spool.spool_id))
              for i, lake in enumerate(lakes)]
     sink_set = SinkSet(spool, AgentMetrics(), sinks)
     deadline = time.monotonic() + 30

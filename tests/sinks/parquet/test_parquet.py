@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,10 @@ from aggregator.decode.ndjson import decode_bulk, decode_careful
 from aggregator.decode.normalize import Stamp
 from sinks.base import SinkCounter, SinkResult
 from sinks.filters import EventFilter
+from sinks.options import SinkOptionError
 from sinks.parquet import ParquetSink
 from sinks.parquet.layout import object_key, partition_for
+from sinks.parquet.options import ParquetOptions
 from sinks.parquet.stores import LocalStore, is_staging_name
 from sinks.records import SpoolRecord
 from sinks.schema import EVENT_SCHEMA, batch_to_bytes
@@ -72,8 +75,12 @@ class Clock:
         return self.now
 
 
-def make_sink(root: Path, store: LocalStore | None = None, **kwargs: Any) -> ParquetSink:
-    return ParquetSink("lake", store or LocalStore(root), node_id="node-a", spool_id="s1", **kwargs)
+def make_sink(root: Path, store: LocalStore | None = None, *, clock: Clock | None = None,
+              event_filter: EventFilter | None = None, **options: Any) -> ParquetSink:
+    """A sink on `root` with these ParquetOptions fields."""
+    return ParquetSink("lake", store or LocalStore(root), ParquetOptions(**options),
+                       node_id="node-a", spool_id="s1", event_filter=event_filter,
+                       clock=clock or time.monotonic)
 
 
 def run(coroutine: Any) -> Any:
@@ -321,8 +328,8 @@ def test_close_drops_an_unfinished_file(root: Path) -> None:
 
 
 def test_constructor_rejects_nonsense(root: Path) -> None:
-    with pytest.raises(ValueError, match="positive"):
-        make_sink(root, row_group_rows=0)
+    with pytest.raises(SinkOptionError, match="row_group_rows: 0 must be at least 1"):
+        ParquetOptions.from_table({"row_group_rows": 0}, str(root))
     with pytest.raises(ValueError, match="empty"):
         ParquetSink("lake", LocalStore(root), node_id="", spool_id="s1")
 

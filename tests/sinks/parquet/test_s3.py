@@ -17,6 +17,7 @@ from botocore.exceptions import ConnectionClosedError
 
 from sinks.base import SinkResult
 from sinks.parquet import ParquetSink
+from sinks.parquet.options import ParquetOptions, S3Options
 from sinks.parquet.s3 import S3Store, StoreError
 from sinks.records import SpoolRecord
 from sinks.schema import EVENT_SCHEMA, batch_to_bytes
@@ -47,9 +48,10 @@ def bucket(moto: MotoS3) -> str:
 
 
 def make_store(moto: MotoS3, bucket: str, tmp_path: Path, **options: Any) -> S3Store:
-    return S3Store(f"s3://{bucket}/lake/", staging_dir=tmp_path / "staging",
-                   endpoint_url=moto.endpoint_url, region="us-east-1", path_style=True,
-                   **{"multipart_threshold": 64 * MIB, **options})
+    """A store on moto's `bucket` with these S3Options fields."""
+    s3 = S3Options(**{"endpoint_url": moto.endpoint_url, "region": "us-east-1",
+                      "path_style": True, **options})
+    return S3Store(f"s3://{bucket}/lake/", s3, staging_dir=tmp_path / "staging")
 
 
 def stage_events(store: S3Store, key: str, count: int, *, padding: int = 0) -> Path:
@@ -253,9 +255,9 @@ def test_first_upload_sweeps_orphans_of_this_node_only(
 
 
 def test_staging_paths_cleanup_and_describe(moto: MotoS3, tmp_path: Path) -> None:
-    store = S3Store("s3://some-bucket/a/b", staging_dir=tmp_path / "st",
-                    endpoint_url="http://user:hunter2@127.0.0.1:9/", region=None,
-                    path_style=True, multipart_threshold=MIB)
+    s3 = S3Options(endpoint_url="http://user:hunter2@127.0.0.1:9/", path_style=True,
+                   multipart_threshold=MIB)
+    store = S3Store("s3://some-bucket/a/b", s3, staging_dir=tmp_path / "st")
     first = store.staging_path(KEY)
     second = store.staging_path(KEY.replace("hour=03", "hour=04"))
     assert first != second and first.parent == second.parent == tmp_path / "st"
@@ -267,8 +269,7 @@ def test_staging_paths_cleanup_and_describe(moto: MotoS3, tmp_path: Path) -> Non
     assert store.describe() == "s3://some-bucket/a/b/ via http://127.0.0.1:9/"
     assert store.full_key(KEY) == f"a/b/{KEY}"
     with pytest.raises(ValueError):
-        S3Store("https://bucket/x", staging_dir=tmp_path, endpoint_url=None, region=None,
-                path_style=False, multipart_threshold=MIB)
+        S3Store("https://bucket/x", staging_dir=tmp_path)
 
 
 def test_unreadable_staged_file_is_a_staging_error(moto: MotoS3, bucket: str,
@@ -302,7 +303,8 @@ def deliver(sink: ParquetSink, records: list[SpoolRecord]) -> tuple[SinkResult, 
 
 def test_parquet_sink_delivers_through_s3(moto: MotoS3, bucket: str, tmp_path: Path) -> None:
     store = make_store(moto, bucket, tmp_path, multipart_threshold=1024)
-    sink = ParquetSink("lake", store, node_id="n1", spool_id="spoolA", roll_interval_s=60)
+    sink = ParquetSink("lake", store, ParquetOptions(roll_interval_s=60), node_id="n1",
+                       spool_id="spoolA")
     written, flushed = deliver(sink, spool_records(20, 100))
     assert written.ok and flushed.ok and flushed.durable_through == 20
     assert flushed.delivered_events == 2000
