@@ -1,0 +1,137 @@
+"""The aiohttp routes of Ray's State API, at `/api/v0/...` (the newest Ray session) and
+at `/ray/<session>/api/v0/...` (that one; dashboard/raystate/sessions.py).
+
+Point Ray's tools at the dashboard: `ray list tasks --address http://HOST:PORT`, or
+`--address http://HOST:PORT/ray/<session>` for another session. Each answer is
+computed in the query runner's threads, cached per store version like the dashboard's
+own routes, and cut short after the request's `timeout` (Ray's default 30 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from dashboard.errors import DashboardError
+from dashboard.raystate import entities, sessions, tasks, timeline
+from dashboard.raystate.options import (
+    ListOptions,
+    RayApiError,
+    list_options,
+    refusal,
+    reply,
+    summary_options,
+)
+from dashboard.runner import QueryRunner
+from dashboard.store import Store
+
+Compute = Callable[[Store, str, ListOptions], dict[str, Any]]
+RAY_VERSION = "2.60.0"  # the Ray whose State API these answers follow
+
+
+def _entities(resource: str) -> Compute:
+    def compute(store: Store, session: str, options: ListOptions) -> dict[str, Any]:
+        return entities.list_entities(store, session, resource, options)
+
+    return compute
+
+
+LISTS: dict[str, Compute] = {
+    "tasks": tasks.list_tasks,
+    **{name: _entities(name) for name in ("actors", "jobs", "nodes", "workers",
+                                          "placement_groups")},
+}
+SUMMARIES: dict[str, Compute] = {"tasks": tasks.summarize_tasks,
+                                 "actors": entities.summarize_actors}
+
+
+class RayStateApi:
+    def __init__(self, store: Store, runner: QueryRunner) -> None:
+        self.store = store
+        self.runner = runner
+
+    def routes(self) -> list[web.RouteDef]:
+        found = [web.get("/api/ray/sessions", self.sessions),
+                 web.get("/api/ray/timeline", self.lanes)]
+        for prefix in ("", "/ray/{session}"):
+            found.append(web.get(f"{prefix}/api/version", self.version))
+            for name in SUMMARIES:
+                found.append(web.get(f"{prefix}/api/v0/{name}/summarize",
+                                     self._handler(name, SUMMARIES[name], summary_options)))
+            found.append(web.get(f"{prefix}/api/v0/tasks/timeline", self.trace))
+            for name in LISTS:
+                found.append(web.get(f"{prefix}/api/v0/{name}",
+                                     self._handler(name, LISTS[name], list_options)))
+        return found
+
+    async def version(self, _request: web.Request) -> web.Response:
+        """What Ray's job and state clients ask first when they connect."""
+        return web.json_response({"version": "4", "ray_version": RAY_VERSION,
+                                  "ray_commit": "evagg", "session_name": ""})
+
+    def _handler(self, resource: str, compute: Compute,
+                 parse: Callable[..., ListOptions]) -> Callable[[web.Request],
+                                                               Awaitable[web.Response]]:
+        async def handler(request: web.Request) -> web.Response:
+            try:
+                options = parse(request.query, resource)
+                payload = await self._answer(request, options.timeout_s,
+                                             lambda session: compute(self.store, session,
+                                                                     options))
+            except RayApiError as exc:
+                return refusal(exc.message, exc.status)
+            except DashboardError as exc:
+                return refusal(exc.message, exc.status)
+            return reply(payload)
+
+        return handler
+
+    async def _answer(self, request: web.Request, timeout_s: float,
+                      compute: Callable[[str], Any]) -> Any:
+        wanted = request.match_info.get("session")
+
+        def work() -> Any:
+            return compute(sessions.choose(self.store, wanted))
+
+        key = {"q": request.query_string, "session": wanted or ""}
+        try:
+            return await asyncio.wait_for(self.runner.cached(request.path, key, work),
+                                          timeout_s)
+        except TimeoutError:
+            raise RayApiError(f"evagg did not answer within the request's timeout of "
+                              f"{timeout_s:g} s; ask again with a longer --timeout, or "
+                              "narrow the list with filters", 500) from None
+
+    async def trace(self, request: web.Request) -> web.Response:
+        """Ray's `tasks/timeline` (the dashboard's Download timeline): a Chrome trace."""
+        job = request.query.get("job_id", "")
+        try:
+            events = await self._answer(request, 60, lambda session: timeline.chrome_trace(
+                self.store, session, job))
+        except (RayApiError, DashboardError) as exc:
+            return refusal(exc.message, exc.status)
+        headers = {}
+        if request.query.get("download") == "1":
+            headers["Content-Disposition"] = f'attachment; filename="timeline-{job}.json"'
+        return web.Response(text=json.dumps(events), content_type="application/json",
+                            headers=headers)
+
+    async def sessions(self, _request: web.Request) -> web.Response:
+        found = await self.runner.run(lambda: sessions.sessions(self.store))
+        return web.json_response({"sessions": found})
+
+    async def lanes(self, request: web.Request) -> web.Response:
+        """The dashboard's timeline page: a job's attempts as bars per worker."""
+        session = request.query.get("session") or None
+        job = request.query.get("job", "")
+
+        def work() -> Any:
+            return timeline.lanes(self.store, sessions.choose(self.store, session), job)
+
+        key = {"session": session or "", "job": job}
+        payload = await self.runner.cached(request.path, key, work)
+        return web.json_response(payload)
