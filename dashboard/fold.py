@@ -33,9 +33,10 @@ from dashboard.fold_files import (
     parse_covers,
 )
 from dashboard.listing import FileEntry, Listing
+from dashboard.views import micros
 
 log = logging.getLogger(__name__)
-FORMAT = "2"  # bump when the tables change shape
+FORMAT = "3"  # bump when the tables change shape
 # A batch this small folds on one thread: on a few cores, splitting ~50,000 rows over
 # threads cost more than it saved (each statement 2-3x slower on two threads).
 SMALL_BATCH_BYTES = 64 * 2**20
@@ -185,8 +186,7 @@ class TaskFold:
                     source_for: SourceFor) -> None:
         source = source_for(cur, batch)
         present = {row[0] for row in cur.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
-        projection = ", ".join(c if c in present else f"CAST(NULL AS {t}) AS {c}"
-                               for c, t in COLUMNS.items())
+        projection = ", ".join(_project(c, t, c in present) for c, t in COLUMNS.items())
         cur.execute(f"CREATE OR REPLACE TEMP VIEW fold_rows AS SELECT {projection} "
                     f"FROM {source}")
         small = sum(f.size for f in batch.files) < SMALL_BATCH_BYTES
@@ -246,7 +246,8 @@ class TaskFold:
             # integers read back from the fold, never outside text
             cur.execute(self.sql["summary_table"].replace(
                 "@bins", ", ".join(map(str, bins)) or "NULL"))
-            cur.execute("DROP TABLE IF EXISTS fold_wanted")
+            cur.execute("DROP TABLE IF EXISTS fold_wanted; DROP VIEW IF EXISTS fold_bins_now; "
+                        "DROP TABLE IF EXISTS fold_renamed")
             cur.execute("DELETE FROM fold.meta WHERE key = 'summary'")
             cur.execute("INSERT INTO fold.meta VALUES ('summary', $g)",
                         {"g": str(self.generation)})
@@ -283,6 +284,16 @@ def _threads(cur: duckdb.DuckDBPyConnection, threads: int) -> Iterator[int]:
         yield before
     finally:
         cur.execute(f"SET threads = {before}")
+
+
+def _project(column: str, duckdb_type: str, present: bool) -> str:
+    """One column of the fold's rows: missing ones as NULL; `time` cast to microseconds
+    (DuckDB 2 reads the Parquet nanoseconds as TIMESTAMPTZ_NS, 1.x as TIMESTAMPTZ)."""
+    if not present:
+        return f"CAST(NULL AS {duckdb_type}) AS {column}"
+    if duckdb_type == "TIMESTAMPTZ":
+        return f"{micros(column)} AS {column}"
+    return column
 
 
 def _insert(cur: duckdb.DuckDBPyConnection, table: str, rows: list[tuple[object, ...]]) -> None:

@@ -82,7 +82,9 @@ def task_detail(store: Store, task_id: str, attempt: int | None) -> dict[str, An
         "SELECT time, state, attempt, name, node_id, worker_id, "
         "coalesce(pid, TRY_CAST(attrs['worker_pid'] AS INTEGER)) AS pid, duration_s, error_type, "
         "error_message, source, event_id FROM events_raw "
-        f"WHERE kind = 'task' AND task_id = $task_id{event_attempt_sql} "
+        "WHERE kind = 'task' AND (task_id = $task_id OR "
+        # a task without a task_id is its one event, keyed by its event_id
+        f"(event_id = $task_id AND coalesce(task_id, '') = '')){event_attempt_sql} "
         "QUALIFY row_number() OVER (PARTITION BY event_id ORDER BY received NULLS LAST) = 1 "
         "ORDER BY time, event_id", params)
     return {"attempts": rows.records(), "events": events.records()}

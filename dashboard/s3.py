@@ -75,11 +75,8 @@ def httpfs_extension_path() -> Path | None:
 
 
 def load_httpfs(con: duckdb.DuckDBPyConnection, settings: S3Settings) -> None:
-    """Load httpfs from its pip file and give it the credentials; raises on any failure."""
-    path = httpfs_extension_path()
-    if path is None:
-        raise RuntimeError(f"no httpfs extension file for duckdb {duckdb.__version__}")
-    con.execute(f"LOAD {sql_literal(str(path))}")
+    """Load httpfs and give it the credentials; raises on any failure."""
+    load_httpfs_build(con)
     options = [("TYPE", "s3"), ("REGION", sql_literal(settings.region))]
     if settings.access_key and settings.secret_key:
         options += [("KEY_ID", sql_literal(settings.access_key)),
@@ -93,6 +90,25 @@ def load_httpfs(con: duckdb.DuckDBPyConnection, settings: S3Settings) -> None:
     body = ", ".join(f"{key} {value}" for key, value in options)
     # Credentials are not user input from the web, but they are quoted like any literal.
     con.execute(f"CREATE OR REPLACE SECRET evagg_s3 ({body})")
+
+
+def load_httpfs_build(con: duckdb.DuckDBPyConnection) -> None:
+    """Load an httpfs build that matches this DuckDB, or raise RuntimeError saying how to
+    install one. The build comes from the pip package duckdb-extension-httpfs when it has
+    one for this DuckDB (1.5.5 has; DuckDB 2 has none yet), else from DuckDB's own
+    extension folder (`INSTALL httpfs` put it there); nothing is downloaded."""
+    path = httpfs_extension_path()
+    if path is not None:
+        con.execute(f"LOAD {sql_literal(str(path))}")
+        return
+    try:
+        con.execute("SET autoinstall_known_extensions = false")
+        con.execute("LOAD httpfs")
+    except duckdb.Error:
+        raise RuntimeError(
+            f"no httpfs build for duckdb {duckdb.__version__} is installed (pip install "
+            f"duckdb-extension-httpfs=={duckdb.__version__} where it exists, or run "
+            "INSTALL httpfs in DuckDB once)") from None
 
 
 def pyarrow_filesystem(settings: S3Settings) -> Any:

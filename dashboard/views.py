@@ -3,7 +3,8 @@
 The files fixed below run first, in this order; any other .sql file in the folder
 runs after them in name order, except those in NOT_VIEWS (statements that
 dashboard/fold.py runs itself). `{{source}}` in a file is replaced with the relation
-that reads the store's Parquet files (dashboard/store.py builds it).
+that reads the store's Parquet files (dashboard/store.py builds it); `{{time_us}}` and
+`{{received_us}}` with those columns in microseconds (`micros`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,22 @@ ORDER = (
 )
 NOT_VIEWS = ("fold.sql",)
 SOURCE_MARK = "{{source}}"
+# DuckDB 2 reads Parquet nanosecond timestamps as TIMESTAMPTZ_NS; 1.x as TIMESTAMPTZ.
+NANOS_TYPES = int(duckdb.__version__.split(".")[0]) >= 2
+
+
+def micros(column: str) -> str:
+    """SQL for a timestamp column as TIMESTAMPTZ in microseconds, cut down (not rounded,
+    as DuckDB 2's cast does) so that DuckDB 1.x and 2 give the same times. On 1.x the
+    column is that already, and left bare so that filters on it reach the Parquet scan."""
+    if not NANOS_TYPES:
+        return column
+    return f"CAST(date_trunc('microsecond', {column}) AS TIMESTAMPTZ)"
+
+
+def fill_marks(text: str, source_sql: str) -> str:
+    return (text.replace(SOURCE_MARK, source_sql).replace("{{time_us}}", micros("time"))
+            .replace("{{received_us}}", micros("received")))
 
 
 def view_files() -> list[tuple[str, str]]:
@@ -45,7 +62,7 @@ def create_views(con: duckdb.DuckDBPyConnection, source_sql: str) -> list[str]:
     done: list[str] = []
     for name, text in view_files():
         try:
-            con.execute(text.replace(SOURCE_MARK, source_sql))
+            con.execute(fill_marks(text, source_sql))
         except duckdb.Error as exc:
             raise StoreUnavailable(f"view file dashboard/sql/{name} failed: {exc}") from None
         done.append(name)

@@ -10,14 +10,14 @@ SELECT
     host,
     attrs['version'] AS version,
     coalesce(list_sum(list_transform(
-        list_filter(map_entries(metrics), e -> starts_with(e.key, 'evagg_received_events_total')),
-        e -> e.value)), 0) AS received_total,
+        list_filter(map_entries(metrics), lambda e: starts_with(e.key, 'evagg_received_events_total')),
+        lambda e: e.value)), 0) AS received_total,
     coalesce(list_sum(list_transform(
-        list_filter(map_entries(metrics), e -> starts_with(e.key, 'evagg_delivered_events_total')),
-        e -> e.value)), 0) AS delivered_total,
+        list_filter(map_entries(metrics), lambda e: starts_with(e.key, 'evagg_delivered_events_total')),
+        lambda e: e.value)), 0) AS delivered_total,
     coalesce(list_sum(list_transform(
-        list_filter(map_entries(metrics), e -> starts_with(e.key, 'evagg_dropped_events_total')),
-        e -> e.value)), 0) AS dropped_total,
+        list_filter(map_entries(metrics), lambda e: starts_with(e.key, 'evagg_dropped_events_total')),
+        lambda e: e.value)), 0) AS dropped_total,
     metrics['evagg_spool_bytes'] AS spool_bytes,
     metrics
 FROM events

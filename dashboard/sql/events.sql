@@ -3,8 +3,14 @@
 -- node added), or a pyarrow dataset registered in DuckDB. Aggregates that ignore
 -- duplicates (min, max, arg_max, bool_or, count(DISTINCT ...)) should read this view:
 -- deduplication is the most expensive step of most queries.
+-- `time` and `received` are Parquet TIMESTAMP(NANOS, UTC): DuckDB 1.x reads them as
+-- TIMESTAMPTZ (microseconds, cut down), DuckDB 2 as TIMESTAMPTZ_NS, which epoch_us and
+-- most timestamp functions do not take. Every view works in microseconds, so
+-- dashboard/views.py fills {{time_us}} and {{received_us}} with each column cut down
+-- to microseconds as 1.x does (nothing to do on 1.x).
 CREATE OR REPLACE VIEW events_raw AS
-SELECT * FROM {{source}};
+SELECT * REPLACE ({{time_us}} AS time, {{received_us}} AS received)
+FROM {{source}};
 
 -- events: one row per event_id (the earliest received copy). A duplicate (a resent
 -- batch, a file both before and after compaction) repeats the producer's fields, so

@@ -42,7 +42,7 @@ DROP TABLE IF EXISTS fold.summary_bins;
 CREATE OR REPLACE TEMP MACRO fold_partial_of(rows) AS TABLE
 WITH task_events AS (
     SELECT
-        *,
+        * REPLACE (coalesce(nullif(task_id, ''), event_id) AS task_id),
         coalesce(attempt, 0) AS attempt_no,
         coalesce(attrs['ray_session'], '') AS session,
         CASE state
@@ -57,7 +57,7 @@ WITH task_events AS (
         coalesce(greatest(0, least(epoch_us(time) + 18014398509481984,
                                    36028797018963966)), 36028797018963967) AS time_bits
     FROM query_table(rows)
-    WHERE kind = 'task' AND coalesce(task_id, '') <> ''
+    WHERE kind = 'task' AND coalesce(nullif(task_id, ''), event_id) IS NOT NULL
 ),
 ranked AS (
     -- tasks.sql's struct keys as BIGINTs in the same order (2^55 = 36028797018963968)
@@ -102,6 +102,8 @@ SELECT
     max(CASE WHEN trace_id <> '' THEN trace_id END) AS trace_id,
     max(attrs['ray_task_type']) AS task_type,
     max(attrs['ray_function']) AS function,
+    max(attrs['ray_actor_repr_name']) AS actor_repr,
+    max(coalesce(state, '') <> '') AS has_state,
     arg_max({'error_type': error_type, 'exception_class': attrs['exception_class'],
              'error_message': error_message, 'stack_trace': stack_trace},
             CASE WHEN error_type IS NOT NULL OR error_message IS NOT NULL THEN time END)
@@ -144,18 +146,23 @@ SELECT * EXCLUDE (d), d AS duration_s, fold_bin(d) AS bin,
        hash(task_id, attempt, session) AS k
 FROM (
     SELECT *, coalesce(
+        reported_s,
         (epoch_us(CASE final_state WHEN 'FAILED' THEN failed_at ELSE finished_at END)
-            - epoch_us(running_at)) / 1e6,
-        reported_s) AS d
+            - epoch_us(running_at)) / 1e6) AS d
     FROM query_table(rows));
 
 -- Summary counts per (dimension, value, bin) of rows with a sign: +1 a row that comes,
--- -1 one that a merge replaces, so the table is kept by adding deltas.
+-- -1 one that a merge replaces, so the table is kept by adding deltas. Rows the tasks
+-- view leaves out (no state, no name) count nowhere; a nameless attempt counts under its
+-- actor's repr, as the view names it when no other attempt has a name (the view's
+-- name from another attempt is not seen here: such an attempt counts under that repr,
+-- or no name, until it has one of its own).
 CREATE OR REPLACE TEMP MACRO fold_bins_of(rows) AS TABLE
 WITH t AS (
-    SELECT sign, coalesce(final_state, 'UNKNOWN') AS state, name,
+    SELECT sign, coalesce(final_state, 'UNKNOWN') AS state, coalesce(name, actor_repr) AS name,
            error.error_type AS error_type, job_id, node_id, duration_s, bin
     FROM query_table(rows)
+    WHERE has_state OR name IS NOT NULL
 ),
 d AS (
     SELECT sign, 'all' AS dimension, CAST(NULL AS VARCHAR) AS value, state, duration_s, bin
@@ -192,6 +199,7 @@ SELECT
     max(pid_attr) AS pid_attr, max(pid_running) AS pid_running, max(pid_any) AS pid_any,
     max(actor_id) AS actor_id, max(parent_id) AS parent_id, max(trace_id) AS trace_id,
     max(task_type) AS task_type, max(function) AS function,
+    max(actor_repr) AS actor_repr, max(has_state) AS has_state,
     arg_max(error, error_key) AS error, max(error_key) AS error_key,
     max(source) AS source, min(first_seen) AS first_seen, max(last_seen) AS last_seen,
     CAST(sum(events) AS BIGINT) AS events
@@ -239,10 +247,11 @@ INSERT INTO fold.timeline SELECT second, kind, events, first_us, last_us FROM fo
 -- A task's new events: its rows with an event_id, less the rows that are copies or were
 -- counted before (few: a resent batch, a refolded file), plus their new distinct ids.
 CREATE OR REPLACE TEMP TABLE fold_recount AS
-SELECT task_id, coalesce(attempt, 0) AS attempt, coalesce(attrs['ray_session'], '') AS session,
+SELECT coalesce(nullif(task_id, ''), event_id) AS task_id, coalesce(attempt, 0) AS attempt,
+       coalesce(attrs['ray_session'], '') AS session,
        count(*) - count(DISTINCT r.h) FILTER (WHERE NOT s.counted) AS surplus
 FROM (SELECT *, hash(event_id, kind) AS h FROM fold_rows
-      WHERE kind = 'task' AND coalesce(task_id, '') <> '' AND event_id IS NOT NULL) AS r
+      WHERE kind = 'task' AND event_id IS NOT NULL) AS r
 JOIN (SELECT h, counted FROM fold_ids WHERE copies > 1 OR counted) AS s ON r.h = s.h
 GROUP BY ALL;
 CREATE OR REPLACE TEMP VIEW fold_batch_partial AS
@@ -325,14 +334,26 @@ DROP TABLE IF EXISTS fold_old;
 DROP TABLE IF EXISTS fold_hit;
 DROP TABLE IF EXISTS fold_bins;
 DROP TABLE IF EXISTS fold_wanted;
+DROP VIEW IF EXISTS fold_bins_now;
+DROP TABLE IF EXISTS fold_renamed;
 
 -- @views
--- tasks over the fold: tasks.sql's final SELECT, reading the kept aggregates.
+-- tasks over the fold: tasks.sql's final SELECT, reading the kept aggregates. The other
+-- attempts' names are looked up only for tasks with a nameless attempt (a window over
+-- every row, as tasks.sql has, would stop filters reaching the scan of task_fold).
 CREATE OR REPLACE VIEW tasks AS
+WITH nameless AS (
+    SELECT DISTINCT task_id, session FROM fold.task_fold WHERE name IS NULL
+),
+siblings AS (
+    SELECT task_id, session, max(name) AS name, max(function) AS function
+    FROM fold.task_fold SEMI JOIN nameless USING (task_id, session)
+    GROUP BY ALL
+)
 SELECT
     task_id,
     attempt,
-    name,
+    coalesce(f.name, o.name, o.function, actor_repr) AS name,
     coalesce(final_state, 'UNKNOWN') AS final_state,
     pending_at,
     submitted_at,
@@ -353,12 +374,14 @@ SELECT
     error.stack_trace AS stack_trace,
     source,
     task_type,
-    function,
+    f.function AS function,
     nullif(session, '') AS ray_session,
     first_seen,
     last_seen,
     events
-FROM fold.task_fold;
+FROM fold.task_fold AS f
+LEFT JOIN siblings AS o USING (task_id, session)
+WHERE has_state OR f.name IS NOT NULL;
 
 -- Tasks by final state, from the summary counts (a few rows, not every task).
 CREATE OR REPLACE VIEW task_state_counts AS
@@ -378,8 +401,45 @@ SELECT second, kind, events, first_us, last_us FROM fold.timeline;
 -- in place of @bins): a constant IN list is checked in the scan of task_fold, where a
 -- join against the CTE, or a list parameter, let half the table's rows through (every
 -- projected column of 1.3 million rows, to keep 50,000).
+-- The tasks view names a nameless attempt after another attempt of its task, which the
+-- bins (counted row by row) cannot see: fold_renamed holds those attempts (few: an
+-- actor's restarted creation task without its definition) and fold_bins_now moves
+-- them from the name they were counted under to the one the view shows.
+CREATE OR REPLACE TEMP TABLE fold_renamed AS
+WITH nameless AS (
+    SELECT task_id, attempt, session, actor_repr, final_state, duration_s, bin
+    FROM fold.task_fold WHERE name IS NULL AND has_state
+),
+siblings AS (
+    SELECT task_id, session, coalesce(max(name), max(function)) AS sibling_name
+    FROM fold.task_fold SEMI JOIN nameless USING (task_id, session)
+    GROUP BY ALL
+)
+SELECT n.*, o.sibling_name
+FROM nameless AS n JOIN siblings AS o USING (task_id, session)
+WHERE o.sibling_name IS NOT NULL;
+CREATE OR REPLACE TEMP VIEW fold_bins_now AS
+WITH moves AS (
+    SELECT -1 AS sign, actor_repr AS value, * EXCLUDE (actor_repr, sibling_name)
+    FROM fold_renamed
+    UNION ALL
+    SELECT 1, sibling_name, * EXCLUDE (actor_repr, sibling_name) FROM fold_renamed
+)
+SELECT dimension, value, bin, CAST(sum(tasks) AS BIGINT) AS tasks,
+       CAST(sum(finished) AS BIGINT) AS finished, CAST(sum(failed) AS BIGINT) AS failed,
+       CAST(sum(durations) AS BIGINT) AS durations
+FROM (
+    SELECT dimension, value, bin, tasks, finished, failed, durations FROM fold.summary_bins
+    UNION ALL
+    SELECT 'name', value, bin, sign, sign * CAST(final_state = 'FINISHED' AS BIGINT),
+           sign * CAST(final_state = 'FAILED' AS BIGINT),
+           sign * CAST(duration_s IS NOT NULL AS BIGINT)
+    FROM moves
+)
+GROUP BY ALL
+HAVING sum(tasks) <> 0;
 CREATE OR REPLACE TEMP TABLE fold_wanted AS
-WITH bins AS (SELECT * FROM fold.summary_bins),
+WITH bins AS (SELECT * FROM fold_bins_now),
 groups AS (
     SELECT dimension, value, sum(tasks) AS tasks, sum(finished) AS finished,
            sum(failed) AS failed, sum(durations) AS n
@@ -431,13 +491,15 @@ CREATE OR REPLACE TABLE fold.summary AS
 WITH groups AS (
     SELECT dimension, value, sum(tasks) AS tasks, sum(finished) AS finished,
            sum(failed) AS failed, sum(durations) AS n
-    FROM fold.summary_bins GROUP BY ALL
+    FROM fold_bins_now GROUP BY ALL
 ),
 wanted AS (SELECT * FROM fold_wanted),
 near AS (
-    SELECT coalesce(final_state, 'UNKNOWN') AS state, name, error.error_type AS error_type,
-           job_id, node_id, duration_s, bin
-    FROM fold.task_fold WHERE bin IN (@bins)
+    SELECT coalesce(f.final_state, 'UNKNOWN') AS state,
+           coalesce(f.name, r.sibling_name, f.actor_repr) AS name,
+           f.error.error_type AS error_type, f.job_id, f.node_id, f.duration_s, f.bin
+    FROM fold.task_fold AS f LEFT JOIN fold_renamed AS r USING (task_id, attempt, session)
+    WHERE f.bin IN (@bins) AND (f.has_state OR f.name IS NOT NULL)
 ),
 near_dims AS (
     SELECT 'all' AS dimension, CAST(NULL AS VARCHAR) AS value, duration_s, bin FROM near

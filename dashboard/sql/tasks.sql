@@ -16,14 +16,24 @@
 --   * node_id prefers the RUNNING event (reported by the executor on its node), then
 --     the terminal one; worker_id prefers the terminal event (the executor's RUNNING
 --     event carries none);
---   * the error columns come together from the latest event that has an error.
+--   * the error columns come together from the latest event that has an error;
+--   * duration_s is the latest terminal event's own duration_s when it reports one
+--     (what the producer measured wins), else finished/failed minus running.
+-- A task event without a task_id is a task of its own: one attempt keyed by its
+-- event_id (task_id shows the event_id), so `emit(kind="task", name=..., state="FINISHED",
+-- duration_s=...)` is a complete row. An attempt with no name (Ray exports a restarted
+-- actor creation task's RUNNING without its definition) takes the name of another
+-- attempt of the same task, else the function Ray named there, else the actor's repr.
+-- An attempt made only of events with neither a state nor a name (a Ray lifecycle event
+-- without a state transition, sent before its first transition) is no row: it said
+-- nothing about the task yet.
 -- Every aggregate ignores duplicate rows (count is DISTINCT), so resent events change
 -- nothing. Ray tasks are also keyed by attrs['ray_session']: a new Ray cluster starts
 -- its job and task ids again from the same values.
 CREATE OR REPLACE VIEW tasks AS
 WITH task_events AS (
     SELECT
-        *,
+        * REPLACE (coalesce(nullif(task_id, ''), event_id) AS task_id),
         coalesce(attempt, 0) AS attempt_no,
         coalesce(attrs['ray_session'], '') AS session,
         CASE state
@@ -35,7 +45,7 @@ WITH task_events AS (
             WHEN 'FAILED' THEN 4
         END AS state_rank
     FROM events_raw
-    WHERE kind = 'task' AND coalesce(task_id, '') <> ''
+    WHERE kind = 'task' AND coalesce(nullif(task_id, ''), event_id) IS NOT NULL
 ),
 folded AS (
     SELECT
@@ -67,6 +77,8 @@ folded AS (
         max(trace_id) FILTER (WHERE trace_id <> '') AS trace_id,
         max(attrs['ray_task_type']) AS task_type,
         max(attrs['ray_function']) AS function,
+        max(attrs['ray_actor_repr_name']) AS actor_repr,
+        bool_or(coalesce(state, '') <> '') AS has_state,
         arg_max({'error_type': error_type, 'exception_class': attrs['exception_class'],
                  'error_message': error_message, 'stack_trace': stack_trace}, time)
             FILTER (WHERE error_type IS NOT NULL OR error_message IS NOT NULL) AS error,
@@ -76,11 +88,12 @@ folded AS (
         count(DISTINCT event_id) AS events
     FROM task_events
     GROUP BY task_id, attempt_no, session
-)
+),
+said AS (SELECT * FROM folded WHERE has_state OR name IS NOT NULL)
 SELECT
     task_id,
     attempt,
-    name,
+    coalesce(name, max(name) OVER task, max(function) OVER task, actor_repr) AS name,
     coalesce(final_state, 'UNKNOWN') AS final_state,
     pending_at,
     submitted_at,
@@ -88,9 +101,9 @@ SELECT
     finished_at,
     failed_at,
     coalesce(
+        reported_s,
         (epoch_us(CASE final_state WHEN 'FAILED' THEN failed_at ELSE finished_at END)
-            - epoch_us(running_at)) / 1e6,
-        reported_s
+            - epoch_us(running_at)) / 1e6
     ) AS duration_s,
     job_id,
     node_id,
@@ -110,4 +123,5 @@ SELECT
     first_seen,
     last_seen,
     events
-FROM folded;
+FROM said
+WINDOW task AS (PARTITION BY task_id, session);

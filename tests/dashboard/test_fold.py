@@ -8,6 +8,7 @@ files are added, after compaction, and after files are deleted.
 
 from __future__ import annotations
 
+import math
 import random
 import stat
 import subprocess
@@ -15,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -26,6 +28,7 @@ from dashboard.fold import cache_file
 from dashboard.listing import Listing
 from dashboard.overview import overview
 from dashboard.store import Store, StoreOptions
+from dashboard.views import NANOS_TYPES
 from sinks.parquet.compact import run_compact
 from tests.dashboard.lakegen import Row, at, event, local_put, task_events, write_rows
 from tests.dashboard.test_query_cli import evagg, in_process
@@ -60,6 +63,23 @@ def random_attempts(rng: random.Random, count: int, prefix: str) -> list[Row]:
     return rows
 
 
+def assert_same_figures(mine: list[list[Any]], reference: list[list[Any]]) -> None:
+    """The fold's summary against quantile_cont's: on DuckDB 1.x the same arithmetic, equal
+    to the last bit; DuckDB 2 interpolates with a fused multiply-add, which SQL cannot
+    write, so there the quantiles may differ in the last bit or two."""
+    if not NANOS_TYPES:
+        assert mine == reference
+        return
+    assert len(mine) == len(reference)
+    for got, want in zip(mine, reference, strict=True):
+        assert len(got) == len(want)
+        for a, b in zip(got, want, strict=True):
+            if isinstance(a, float) and isinstance(b, float):
+                assert math.isclose(a, b, rel_tol=1e-13), (got, want)
+            else:
+                assert a == b, (got, want)
+
+
 def write_in_files(root: Path, rows: list[Row], stem: str, files: int) -> None:
     for index in range(files):
         write_rows(local_put(root), rows[index::files], f"{stem}-{index:03d}.parquet")
@@ -73,7 +93,7 @@ def assert_same(cached: Store, scratch: Store) -> None:
     assert mine.rows == reference.rows
     summary, expected = queries.summary(cached), queries.summary(scratch)
     assert summary.columns == expected.columns
-    assert summary.rows == expected.rows  # the same arithmetic: equal to the last bit
+    assert_same_figures(summary.rows, expected.rows)
     assert overview(cached) == overview(scratch)
 
 

@@ -7,7 +7,8 @@ The lake holds the captured Ray payloads of tests/fixtures/ray, Ray-shaped event
 here to hit the fold's tie rules (FAILED and FINISHED at the same time, a FINISHED after
 a FAILED, a RUNNING after FINISHED, two events in one microsecond, a task id reused by a
 second Ray session, a retry), and evagg's own task events with duration_s (reported
-durations, a resent batch, a state outside the ranks, a name off the definition).
+durations that win over the times, a resent batch, a state outside the ranks, a name off
+the definition, tasks without a task_id).
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ def native_events(base: int) -> list[dict[str, Any]]:
               for i in range(9)]  # a reported duration, no RUNNING; attempt missing (0)
     events += [task("load9", "load", "FINISHED", 20, attempt=0, duration_s=1.0),
                task("load9", "load", "FINISHED", 21, attempt=0, duration_s=3.0)]  # latest
-    for i in range(5):  # the times win over the reported duration
+    for i in range(5):  # the reported duration wins over the times
         events += [task(f"step{i}", "step", "RUNNING", 30 + i, attempt=0),
                    task(f"step{i}", "step", "FINISHED", 30 + i + 0.1 * (i + 1), attempt=0,
                         duration_s=99.0)]
@@ -149,6 +150,13 @@ def native_events(base: int) -> list[dict[str, Any]]:
                task("named0", "alias", "FINISHED", 45, duration_s=0.5),
                task("named1", "named", "DEFINED", 46),  # the definition outranks a later
                task("named1", "drifted", None, 47)]     # event with no state
+    lone = {"kind": "task", "name": "lone"}  # no task_id: each event is a task of its own
+    events += [{**lone, "event_id": "lone-a", "state": "FINISHED", "time": base + 48 * S,
+                "duration_s": 0.8},
+               {**lone, "event_id": "lone-b", "state": "FAILED", "time": base + 49 * S,
+                "duration_s": 2.0, "error_type": "KeyError"},
+               {**lone, "event_id": "lone-c", "task_id": "", "state": "FINISHED",
+                "time": base + 50 * S}]
     return events
 
 
@@ -223,15 +231,16 @@ def test_the_made_up_tasks_hit_the_tie_rules_in_the_views(lake: Path) -> None:
     """Agreement proves little unless the lake holds the cases: the views' own fold."""
     rows = evagg_json(lake, "sql", "SELECT name, final_state, duration_s FROM tasks "
                                    "WHERE name IN ('tie', 'late', 'square', 'step', 'odd', "
-                                   "'named', 'alias', 'drifted')")
+                                   "'named', 'alias', 'drifted', 'lone')")
     found = rounded([(r["name"], r["final_state"], r["duration_s"]) for r in rows])
     expected = [("late", "FINISHED", 0.3), ("late", "FINISHED", 0.4), ("late", "RUNNING", None),
                 ("named", "DEFINED", None), ("named", "FINISHED", 0.5),
                 ("odd", "UNKNOWN", None),
+                ("lone", "FINISHED", 0.8), ("lone", "FAILED", 2.0), ("lone", "FINISHED", None),
                 ("square", "FAILED", 0.25), ("square", "FAILED", 0.75),
                 ("square", "FINISHED", 0.053726),
-                ("step", "FAILED", 1.5), ("step", "PENDING", None),
-                *(("step", "FINISHED", 0.1 * i) for i in range(1, 6)),
+                ("step", "FAILED", 5.0), ("step", "PENDING", None),
+                *(("step", "FINISHED", 99.0) for _ in range(5)),
                 ("tie", "FAILED", 2e-06), ("tie", "FAILED", 0.5)]
     assert found == rounded(expected)
 
@@ -271,4 +280,4 @@ def test_the_duckdb_example_gives_the_failures_of_the_tasks_view(lake: Path) -> 
                                    "AND first_seen >= now() - INTERVAL 1 DAY GROUP BY ALL")
     views = rounded([(r["name"], r["error_type"], r["failures"], r["p90_s"]) for r in rows])
     assert rounded(answers[1]) == views
-    assert {("tie", 2), ("square", 2), ("step", 1)} <= {(r[0], r[2]) for r in views}
+    assert {("tie", 2), ("square", 2), ("step", 1), ("lone", 1)} <= {(r[0], r[2]) for r in views}
