@@ -48,8 +48,8 @@ async def bench_append(directory: Path, fsync: str, writers: int, payload: bytes
     print(f"append fsync={fsync:<6} writers={writers:<3} {n / wall:>9,.0f} records/s "
           f"{n * len(payload) / wall / 2**20:>8,.0f} MiB/s "
           f"{n * EVENTS_PER_RECORD / wall / 1e6:>6.2f} M events/s  "
-          f"loop CPU {cpu / n * 1e6:>6.1f} us/append  fsyncs {spool.counters['fsyncs']:>6,} "
-          f"({n / max(1, spool.counters['fsyncs']):.1f} appends per fsync)")
+          f"loop CPU {cpu / n * 1e6:>6.1f} us/append  fsyncs {spool.counters.fsyncs:>6,} "
+          f"({n / max(1, spool.counters.fsyncs):.1f} appends per fsync)")
 
 
 async def bench_read_and_recover(directory: Path, payload: bytes, records: int) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+from aggregator.spool._counters import SpoolCounters
 from aggregator.spool._recovery import Recovered, recover_segment
 from aggregator.spool._segment import (
     FORMAT_VERSION,
@@ -48,7 +49,7 @@ class _Damaged(Exception):
 
 class SegmentLog:
     def __init__(self, directory: Path, *, segment_bytes: int, fsync_always: bool,
-                 counters: dict[str, int], on_recovered: Callable[[Recovered], None],
+                 counters: SpoolCounters, on_recovered: Callable[[Recovered], None],
                  on_visible: Callable[[int], None]) -> None:
         self.directory = directory
         self.segment_bytes = segment_bytes
@@ -187,7 +188,7 @@ class SegmentLog:
             segment.path.unlink(missing_ok=True)
         del self.segments[:count]
         self.bytes_used -= sum(s.size for s in victims)
-        self.counters["segments_deleted"] += count
+        self.counters.segments_deleted += count
         return victims
 
     def pending_from(self, start: int) -> tuple[int, int]:
@@ -325,10 +326,10 @@ class SegmentLog:
             return
         error = job.exception()
         if error is not None:
-            self.counters["fsync_errors"] += 1
+            self.counters.fsync_errors += 1
             log.warning("spool: fsync failed: %s", error)
         else:
-            self.counters["fsyncs"] += job.result()
+            self.counters.fsyncs += job.result()
             if self.fsync_always and target > self.synced:
                 self.synced = target
                 self._publish(target)
@@ -356,7 +357,7 @@ class SegmentLog:
         for fd in fds:
             try:
                 os.fsync(fd)
-                self.counters["fsyncs"] += 1
+                self.counters.fsyncs += 1
             except OSError as exc:
                 ok = False
                 log.warning("spool: fsync at close failed: %s", exc)

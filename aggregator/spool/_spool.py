@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from aggregator.spool._counters import SpoolCounters
 from aggregator.spool._log import SegmentLog
 from aggregator.spool._recovery import Recovered
 from aggregator.spool._segment import HEADER_SIZE, RECORD_OVERHEAD
@@ -36,10 +37,6 @@ from sinks.records import SpoolRecord
 log = logging.getLogger("evagg.spool")
 
 SESSION_TTL_NS = 7 * 24 * 3600 * 10**9  # dedupe marks of sessions idle this long are forgotten
-_COUNTERS = (
-    "appended_records", "appended_events", "duplicates", "truncated_bytes", "corrupt_records",
-    "segments_deleted", "fsyncs", "fsync_errors", "full_waits", "dropped_records",
-)
 
 
 @dataclass(frozen=True)
@@ -86,7 +83,7 @@ class Spool:
             raise ValueError(f"spool max_bytes {max_bytes} is too small to hold a record")
         self.spool_id = ""
         self.losses: dict[str, int] = {}
-        self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
+        self.counters = SpoolCounters()
         self._unreported: dict[str, int] = {}
         self._log = SegmentLog(self.directory, segment_bytes=segment_bytes,
                                fsync_always=fsync == "always", counters=self.counters,
@@ -165,15 +162,15 @@ class Spool:
                 await self._make_room(size)
                 stored = self._stored_at(session, seq)  # its twin may have landed meanwhile
         if stored is not None:
-            self.counters["duplicates"] += 1
+            self.counters.duplicates += 1
             if self.fsync == "always":
                 await self._log.sync_through(stored)
             return AppendResult(None, True)
         offset = self._log.write(payload, count, received_ns, session, seq)
         if seq > 0 and session != NO_SESSION:
             self._marks.note(session, seq, offset, received_ns)
-        self.counters["appended_records"] += 1
-        self.counters["appended_events"] += count
+        self.counters.appended_records += 1
+        self.counters.appended_events += count
         if self.fsync == "always":
             await self._log.sync_through(offset)
         return AppendResult(offset, False)
@@ -206,7 +203,7 @@ class Spool:
             return
         token = object()  # wait in arrival order, so a session's frames keep their order
         self._room_queue.append(token)
-        self.counters["full_waits"] += 1
+        self.counters.full_waits += 1
         try:
             while self._room_queue[0] is not token or not self._has_room(size):
                 loop = asyncio.get_running_loop()
@@ -231,7 +228,7 @@ class Spool:
             passed = 0 if floor is None else victim.find(floor)  # every sink is past these
             self._remove_oldest(1)
             self._add_loss("drop_oldest", victim.events_from(passed))
-            self.counters["dropped_records"] += victim.records - passed
+            self.counters.dropped_records += victim.records - passed
             for sink, position in self._cursors.items():
                 self._cursors[sink] = max(position, self.first_offset)
             if not self._dropping_logged:
@@ -296,7 +293,7 @@ class Spool:
         the disk stays full). Records below next_offset are delivered, so their segments may
         go before the cursor is durable: after a crash the sink restarts at the oldest record
         left, and nothing it skips was undelivered. Free them, then write the cursor."""
-        self.counters["enospc_commits"] = self.counters.get("enospc_commits", 0) + 1
+        self.counters.enospc_commits += 1
         self._cursors[sink] = next_offset
         self._delete_passed(keep_marks_on_failure=False)
         write_cursor(self.directory, sink, next_offset)
@@ -366,8 +363,8 @@ class Spool:
             self._unreported[reason] = self._unreported.get(reason, 0) + events
 
     def _count_recovery(self, found: Recovered) -> None:
-        self.counters["truncated_bytes"] += found.truncated_bytes
-        self.counters["corrupt_records"] += found.corrupt_records
+        self.counters.truncated_bytes += found.truncated_bytes
+        self.counters.corrupt_records += found.corrupt_records
         self._add_loss("corrupt_record", found.lost_events)
         if found.truncated_bytes or found.corrupt_records:
             name = found.index.path.name if found.index else "a segment"

@@ -126,7 +126,7 @@ def test_restart_keeps_offsets_cursors_dedupe_and_id(spool_dir: Path) -> None:
         fresh = await spool.append(payload(11), 1, received_ns=0, session=SESSION, seq=11)
         assert fresh.offset == 11
         assert [r.offset for r in spool.read(spool.cursor("lake"))] == list(range(6, 12))
-        assert spool.counters["duplicates"] == 1
+        assert spool.counters.duplicates == 1
         spool.close()
 
     run(second_run(run(first_run())))
@@ -173,7 +173,7 @@ def test_torn_tail_is_truncated_and_counted(spool_dir: Path) -> None:
     spool = opened(spool_dir)
     report_records = [r.offset for r in spool.read(1)]
     assert report_records == [1, 2, 3, 4, 5]
-    assert spool.counters["truncated_bytes"] == FRAME - 100
+    assert spool.counters.truncated_bytes == FRAME - 100
     assert last.stat().st_size == size - FRAME
     assert spool.next_offset == 6 and quarantined(spool_dir) == []
     assert run(spool.append(b"x", 1, received_ns=0)).offset == 6
@@ -216,7 +216,7 @@ def test_a_flipped_payload_loses_only_that_record(spool_dir: Path) -> None:
     assert Path(report.quarantined_files[0]).stat().st_size == SEGMENT  # the original, whole
     spool.close()
     spool = opened(spool_dir)  # the repair holds: nothing found the second time
-    assert spool.counters["corrupt_records"] == 0 and len(spool.read(1)) == 11
+    assert spool.counters.corrupt_records == 0 and len(spool.read(1)) == 11
     spool.close()
 
 
@@ -264,7 +264,7 @@ def test_damage_found_while_reading_is_repaired_once(spool_dir: Path) -> None:
         await fill(spool, 12)
         flip(segments(spool_dir)[0], HEADER_SIZE + 2 * FRAME + RECORD_OVERHEAD + 10)
         assert [r.offset for r in spool.read(1)] == [1, 2, *range(4, 13)]
-        assert spool.counters["corrupt_records"] == 1 and len(quarantined(spool_dir)) == 1
+        assert spool.counters.corrupt_records == 1 and len(quarantined(spool_dir)) == 1
         assert spool.take_losses() == {"corrupt_record": 3}
         flip(segments(spool_dir)[-1], HEADER_SIZE + RECORD_OVERHEAD + 10)  # the active one
         assert [r.offset for r in spool.read(9)] == [10, 11, 12]
@@ -273,7 +273,7 @@ def test_damage_found_while_reading_is_repaired_once(spool_dir: Path) -> None:
         middle = segments(spool_dir)[1]
         os.truncate(middle, middle.stat().st_size - FRAME - 5)  # cut inside record 7
         assert [r.offset for r in spool.read(5)] == [5, 6, 10, 11, 12, 13]
-        assert spool.counters["corrupt_records"] == 3 and len(quarantined(spool_dir)) == 3
+        assert spool.counters.corrupt_records == 3 and len(quarantined(spool_dir)) == 3
         spool.close()
 
     run(scenario())
@@ -310,7 +310,7 @@ def test_block_waits_for_a_commit_and_keeps_arrival_order(spool_dir: Path) -> No
         for _ in range(20):
             await asyncio.sleep(0)
         assert not first.done() and not second.done()
-        assert spool.counters["full_waits"] == 2
+        assert spool.counters.full_waits == 2
         spool.commit("lake", 5)  # frees the first segment
         done = await asyncio.wait_for(asyncio.gather(first, second), timeout=10)
         assert [r.offset for r in done] == [17, 18]
@@ -346,7 +346,7 @@ def test_drop_oldest_drops_advances_cursors_and_counts_exactly(spool_dir: Path) 
         assert spool.first_offset == 9
         dropped_events = sum(i % 7 + 1 for i in range(1, 8))  # offsets 2-8: not all delivered
         assert spool.losses == {"drop_oldest": dropped_events}
-        assert spool.counters["dropped_records"] == 7
+        assert spool.counters.dropped_records == 7
         assert spool.cursor("lake") == spool.cursor("archive") == 9
         assert [r.offset for r in spool.read(spool.cursor("lake"))] == list(range(9, 22))
         assert spool.lag("lake") == (13, sum(i % 7 + 1 for i in range(8, 21)))
@@ -407,7 +407,7 @@ def test_a_failed_write_leaves_no_partial_record(spool_dir: Path) -> None:
         assert (await spool.append(payload(8), 1, received_ns=0)).offset == 3
         spool.close()
         spool = opened(spool_dir)
-        assert spool.counters["truncated_bytes"] == 0
+        assert spool.counters.truncated_bytes == 0
         assert [r.payload for r in spool.read(1)] == [payload(0), payload(1), payload(8)]
         spool.close()
 
@@ -427,7 +427,7 @@ def test_a_slow_sink_pins_segments_while_the_fast_one_advances(spool_dir: Path) 
         assert spool.lag("fast") == (0, 0) and spool.lag("slow")[0] == 12
         spool.commit("slow", 6)
         assert len(segments(spool_dir)) == 2 and spool.first_offset == 5
-        assert spool.counters["segments_deleted"] == 1
+        assert spool.counters.segments_deleted == 1
         spool.commit("slow", 13)  # the active segment stays, though everyone passed it
         assert len(segments(spool_dir)) == 1 and spool.first_offset == 9
         assert spool.lag("slow") == (0, 0) and spool.cursor("newcomer") == 9
@@ -497,7 +497,7 @@ def test_fsync_always_shares_fsyncs_among_concurrent_appends(spool_dir: Path) ->
             *(spool.append(payload(i), 1, received_ns=i) for i in range(200))
         )
         assert sorted(r.offset or 0 for r in results) == list(range(1, 201))
-        assert 0 < spool.counters["fsyncs"] < 200
+        assert 0 < spool.counters.fsyncs < 200
         assert len(spool.read(1, max_records=500)) == 200
         spool.close()
 
@@ -518,7 +518,7 @@ def test_fsync_failure_fails_the_append_and_is_counted(
             patch.setattr(os, "fsync", broken)
             with pytest.raises(OSError, match="Input/output"):
                 await spool.append(b"lost?", 1, received_ns=0)
-        assert spool.counters["fsync_errors"] == 1
+        assert spool.counters.fsync_errors == 1
         assert (await spool.append(b"again", 1, received_ns=0)).offset == 3
         assert [r.payload for r in spool.read(1)] == [b"ok", b"lost?", b"again"]
         spool.close()
@@ -706,7 +706,7 @@ def test_commit_on_a_full_disk_frees_delivered_segments_first(
     monkeypatch.setattr(spool_module, "write_cursor", full_until_freed)
     spool.commit("lake", 10)
     assert len(calls) == 2 and len(segments(spool_dir)) < before
-    assert spool.counters["enospc_commits"] == 1
+    assert spool.counters.enospc_commits == 1
     spool.close()
     monkeypatch.undo()
     again = opened(spool_dir)
