@@ -9,7 +9,8 @@ threads (one per worker, "worker:<id>") named by metadata events, which Perfetto
 chrome://tracing both read (`ray timeline` writes the same slices with the ip and the
 worker as the pid and tid themselves, which Perfetto refuses). A task with no profile
 entries (Ray exports them only with EXPOSABLE_EVENT_TYPES=ALL) still gets one
-`task::<name>` slice from its RUNNING to its end, from the `tasks` view.
+`task::<name>` slice from its RUNNING to its end, from the `tasks` view (its args say
+"evagg_from": "task_events"), as does an attempt whose worker died before flushing them.
 
 `lanes` is the dashboard page's data: every task attempt of a job as one bar per
 worker, in columns (not one object per bar), so 100,000 tasks stay a few MB.
@@ -106,7 +107,10 @@ def chrome_trace(store: Store, session: str, job: str = "") -> list[dict[str, An
         extra.update(task_id=p["task_id"], job_id=p["job_id"], attempt_number=p["attempt"],
                      func_or_class_name=func_or_class_name(task) if task else None,
                      actor_id=task.get("actor_id"))
-        pid, tid = tracks.of(p["node_ip"] or "", f"{p['component'] or 'worker'}:{p['worker_id']}")
+        # A driver's profile entries arrive without its worker id.
+        component = str(p["component"] or "worker")
+        worker = f"{component}:{p['worker_id']}" if p["worker_id"] else component
+        pid, tid = tracks.of(p["node_ip"] or "", worker)
         events.append({"cat": name, "name": extra.get("name", name), "pid": pid, "tid": tid,
                        "ts": float(p["us"]), "dur": float((p["duration_s"] or 0) * 1e6),
                        "cname": cname, "args": extra, "ph": "X"})
@@ -122,7 +126,9 @@ def chrome_trace(store: Store, session: str, job: str = "") -> list[dict[str, An
             "cname": COLORS["task"], "ph": "X",
             "args": {"task_id": task["task_id"], "job_id": task["job_id"],
                      "attempt_number": task["attempt"], "func_or_class_name": func,
-                     "actor_id": task["actor_id"], "state": task["final_state"]}})
+                     "actor_id": task["actor_id"], "state": task["final_state"],
+                     # not Ray's: this slice comes from the task's events, not a profile
+                     "evagg_from": "task_events"}})
     return events + tracks.metadata()
 
 
@@ -134,17 +140,18 @@ def lanes(store: Store, session: str, job: str) -> dict[str, Any]:
     rows = store.execute(TASKS + " ORDER BY start_us NULLS LAST", {"session": session,
                                                                     "job": job},
                          views=False).records()
-    lane_of: dict[tuple[str, str], int] = {}
     names: dict[str, int] = {}
     states: dict[str, int] = {}
     cols: dict[str, list[Any]] = defaultdict(list)
     timed = [r for r in rows if (r["start_us"] or r["queued_us"]) is not None]
+    keys = sorted({(r["node_id"] or "", r["worker_id"] or "") for r in timed})
+    lane_of = {key: index for index, key in enumerate(keys)}  # by node, then worker
     t0 = min((r["start_us"] or r["queued_us"] for r in timed), default=0)
     for r in timed:
         start = r["start_us"] or r["queued_us"]
         end = r["end_us"] or start
         key = (r["node_id"] or "", r["worker_id"] or "")
-        cols["lane"].append(lane_of.setdefault(key, len(lane_of)))
+        cols["lane"].append(lane_of[key])
         cols["start"].append(round((start - t0) / 1000, 3))
         cols["dur"].append(round(max(end - start, 0) / 1000, 3))
         cols["state"].append(states.setdefault(r["final_state"], len(states)))
@@ -155,3 +162,19 @@ def lanes(store: Store, session: str, job: str) -> dict[str, Any]:
     return {"session": session, "job": job, "t0_us": t0, "lanes": lane_list,
             "names": list(names), "states": list(states), "bars": dict(cols),
             "count": len(timed), "untimed": len(rows) - len(timed)}
+
+
+def write_trace(store: Store, session: str | None, job: str, out: str) -> dict[str, Any]:
+    """`evagg query timeline`: the trace written to `out`; returns what was written."""
+    import json
+
+    from dashboard.raystate.sessions import choose
+
+    chosen = choose(store, session)
+    events = chrome_trace(store, chosen, job)
+    with open(out, "w", encoding="utf-8") as handle:
+        json.dump(events, handle)
+    slices = [e for e in events if e["ph"] == "X"]
+    return {"file": out, "session": chosen, "job": job or "(every job)",
+            "slices": len(slices), "tasks": len({e["args"]["task_id"] for e in slices}),
+            "tracks": sum(e["name"] == "thread_name" for e in events)}

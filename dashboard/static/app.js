@@ -2,10 +2,12 @@
 import { getJSON } from "./api.js";
 import { h, clear, fmtBytes } from "./dom.js";
 import * as pages from "./pages.js";
+import { timeline } from "./timeline.js";
 
 const ROUTES = {
   "": pages.overview, overview: pages.overview, groups: pages.groups, tasks: pages.tasks, task: pages.task,
   runs: pages.runs, run: pages.run, traces: pages.traces, trace: pages.trace, agents: pages.agents,
+  timeline,
 };
 const NAV_OF = { task: "tasks", run: "runs", trace: "traces", "": "overview" };
 let version = null, rendering = 0;

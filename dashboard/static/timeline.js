@@ -1,0 +1,200 @@
+// The Ray task timeline: every attempt of a job as a bar on its worker's lane, drawn on
+// one canvas (100,000 bars are 100,000 fillRect calls, not DOM nodes). Wheel zooms
+// around the pointer, dragging pans, a click on a bar opens that task's page.
+import { getJSON } from "./api.js";
+import { h, fmtDur, fmtNum, routeHref } from "./dom.js";
+
+const COLORS = { FINISHED: "#2e9d6a", FAILED: "#d0463b", RUNNING: "#3b6fd4" };
+const OTHER = "#9aa3b3";
+const ROW = 14, GUTTER = 150, AXIS = 22;
+
+export async function timeline(params) {
+  const session = params.get("session") || "";
+  const job = params.get("job") || "";
+  const [known, data] = await Promise.all([
+    getJSON("/api/ray/sessions"), getJSON("/api/ray/timeline", { session, job })]);
+  const form = h("form", { class: "filters", onsubmit: (e) => {
+    e.preventDefault();
+    const f = new FormData(e.target);
+    location.hash = routeHref("timeline", { session: f.get("session"), job: f.get("job") });
+  } },
+  h("label", null, "Ray session ", h("select", { name: "session" },
+    known.sessions.map((s) => h("option", { value: s.session, selected: s.session === data.session },
+      s.session)))),
+  h("label", null, " job ", h("input", { name: "job", value: job, placeholder: "every job", size: 10 })),
+  h("button", { type: "submit" }, "Show"));
+  const legend = h("div", { class: "legend" }, data.states.map((s) =>
+    h("span", null, h("i", { style: `background:${COLORS[s] || OTHER}` }), s)));
+  const info = h("p", { class: "muted", id: "timeline-count" },
+    `${fmtNum(data.count)} task attempts on ${fmtNum(data.lanes.length)} workers`
+    + (data.untimed ? ` (${fmtNum(data.untimed)} without times left out)` : "")
+    + " · wheel to zoom, drag to pan, double-click to reset, click a bar for its task");
+  const tip = h("div", { class: "timeline-tip", hidden: true });
+  const canvas = h("canvas", { class: "timeline-canvas", "data-bars": "0" });
+  const wrap = h("div", { class: "timeline-wrap" }, canvas, tip);
+  const view = new TimelineView(canvas, tip, data);
+  requestAnimationFrame(() => view.fit());
+  return h("div", null, h("h1", null, "Ray task timeline"), form, info, legend, wrap);
+}
+
+class TimelineView {
+  constructor(canvas, tip, data) {
+    this.canvas = canvas;
+    this.tip = tip;
+    this.data = data;
+    const bars = data.bars;
+    const n = data.count;
+    this.start = Float64Array.from(bars.start || []);
+    this.dur = Float64Array.from(bars.dur || []);
+    this.lane = Int32Array.from(bars.lane || []);
+    this.state = Int32Array.from(bars.state || []);
+    this.end = this.start.map((s, i) => s + this.dur[i]);
+    this.span = Math.max(1, n ? Math.max(...chunkMax(this.end)) : 1);
+    // Per lane, the bars in start order, for hit tests by binary search.
+    this.byLane = Array.from({ length: data.lanes.length }, () => []);
+    for (let i = 0; i < n; i++) this.byLane[this.lane[i]].push(i);
+    for (const list of this.byLane) list.sort((a, b) => this.start[a] - this.start[b]);
+    this.t0 = 0;
+    this.t1 = this.span;
+    this.listen();
+  }
+
+  fit() {
+    const width = Math.max(400, (this.canvas.parentElement?.clientWidth || window.innerWidth - 60));
+    const height = AXIS + Math.max(1, this.data.lanes.length) * ROW + 4;
+    const ratio = window.devicePixelRatio || 1;
+    this.width = width;
+    this.height = height;
+    this.canvas.width = width * ratio;
+    this.canvas.height = height * ratio;
+    this.canvas.style.width = `${width}px`;
+    this.canvas.style.height = `${height}px`;
+    this.ctx = this.canvas.getContext("2d");
+    this.ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    this.draw();
+  }
+
+  x(t) { return GUTTER + (t - this.t0) / (this.t1 - this.t0) * (this.width - GUTTER); }
+  t(x) { return this.t0 + (x - GUTTER) / (this.width - GUTTER) * (this.t1 - this.t0); }
+
+  draw() {
+    const { ctx, data } = this;
+    ctx.clearRect(0, 0, this.width, this.height);
+    ctx.font = "11px system-ui, sans-serif";
+    ctx.fillStyle = "#4a5160";
+    data.lanes.forEach((lane, i) => {
+      ctx.fillText(`${lane.node_id.slice(0, 6)}… ${lane.worker_id.slice(0, 8)}…`, 4, AXIS + i * ROW + 11);
+    });
+    this.axis();
+    let drawn = 0;
+    // One pass per colour: a fillStyle change per bar would cost more than the bars.
+    data.states.forEach((name, code) => {
+      ctx.fillStyle = COLORS[name] || OTHER;
+      ctx.beginPath();
+      for (let i = 0; i < this.start.length; i++) {
+        if (this.state[i] !== code || this.end[i] < this.t0 || this.start[i] > this.t1) continue;
+        const left = Math.max(GUTTER, this.x(this.start[i]));
+        const right = Math.min(this.width, this.x(this.end[i]));
+        ctx.rect(left, AXIS + this.lane[i] * ROW + 2, Math.max(1, right - left), ROW - 4);
+        drawn++;
+      }
+      ctx.fill();
+    });
+    this.canvas.dataset.bars = String(drawn);
+  }
+
+  axis() {
+    const { ctx } = this;
+    ctx.strokeStyle = "#dde1e8";
+    ctx.fillStyle = "#6b7385";
+    const step = niceStep((this.t1 - this.t0) / 8);
+    for (let t = Math.ceil(this.t0 / step) * step; t <= this.t1; t += step) {
+      const x = this.x(t);
+      ctx.beginPath();
+      ctx.moveTo(x, AXIS - 4);
+      ctx.lineTo(x, this.height);
+      ctx.stroke();
+      ctx.fillText(fmtDur(t / 1000), x + 2, 12);
+    }
+  }
+
+  hit(event) {
+    const rect = this.canvas.getBoundingClientRect();
+    const x = event.clientX - rect.left, y = event.clientY - rect.top;
+    const laneIndex = Math.floor((y - AXIS) / ROW);
+    if (x < GUTTER || laneIndex < 0 || laneIndex >= this.byLane.length) return -1;
+    const t = this.t(x), slack = (this.t1 - this.t0) / (this.width - GUTTER) * 2;
+    const list = this.byLane[laneIndex];
+    let lo = 0, hi = list.length;
+    while (lo < hi) {  // the last bar starting before t + slack
+      const mid = (lo + hi) >> 1;
+      if (this.start[list[mid]] <= t + slack) lo = mid + 1; else hi = mid;
+    }
+    for (let k = lo - 1; k >= 0 && k >= lo - 50; k--) {
+      const i = list[k];
+      if (this.end[i] >= t - slack) return i;
+    }
+    return -1;
+  }
+
+  listen() {
+    const c = this.canvas;
+    c.addEventListener("wheel", (e) => {
+      e.preventDefault();
+      const rect = c.getBoundingClientRect();
+      const at = this.t(e.clientX - rect.left);
+      const factor = e.deltaY < 0 ? 0.8 : 1.25;
+      this.t0 = at - (at - this.t0) * factor;
+      this.t1 = at + (this.t1 - at) * factor;
+      this.draw();
+    }, { passive: false });
+    let drag = null;
+    c.addEventListener("mousedown", (e) => { drag = { x: e.clientX, t0: this.t0, t1: this.t1, moved: false }; });
+    window.addEventListener("mouseup", () => { setTimeout(() => { drag = null; }, 0); });
+    c.addEventListener("mousemove", (e) => {
+      if (drag && e.buttons) {
+        const dt = (e.clientX - drag.x) / (this.width - GUTTER) * (drag.t1 - drag.t0);
+        if (Math.abs(e.clientX - drag.x) > 3) drag.moved = true;
+        this.t0 = drag.t0 - dt;
+        this.t1 = drag.t1 - dt;
+        this.draw();
+        return;
+      }
+      this.showTip(e);
+    });
+    c.addEventListener("mouseleave", () => { this.tip.hidden = true; });
+    c.addEventListener("dblclick", () => { this.t0 = 0; this.t1 = this.span; this.draw(); });
+    c.addEventListener("click", (e) => {
+      if (drag && drag.moved) return;
+      const i = this.hit(e);
+      if (i < 0) return;
+      const bars = this.data.bars;
+      location.hash = routeHref("task", { task_id: bars.task_id[i], attempt: bars.attempt[i] });
+    });
+  }
+
+  showTip(e) {
+    const i = this.hit(e);
+    this.tip.hidden = i < 0;
+    this.canvas.style.cursor = i < 0 ? "default" : "pointer";
+    if (i < 0) return;
+    const bars = this.data.bars;
+    this.tip.textContent = `${this.data.names[bars.name[i]]} · ${this.data.states[this.state[i]]}`
+      + ` · ${fmtDur(this.dur[i] / 1000)} · ${bars.task_id[i]} attempt ${bars.attempt[i]}`;
+    const rect = this.canvas.getBoundingClientRect();
+    this.tip.style.left = `${e.clientX - rect.left + 12}px`;
+    this.tip.style.top = `${e.clientY - rect.top + 12}px`;
+  }
+}
+
+function chunkMax(values) {  // Math.max(...hugeArray) overflows the stack
+  const out = [];
+  for (let i = 0; i < values.length; i += 50000) out.push(Math.max(...values.subarray(i, i + 50000)));
+  return out;
+}
+
+function niceStep(raw) {
+  const p = 10 ** Math.floor(Math.log10(Math.max(raw, 1e-6)));
+  for (const m of [1, 2, 5, 10]) if (m * p >= raw) return m * p;
+  return 10 * p;
+}
