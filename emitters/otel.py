@@ -20,17 +20,7 @@ from typing import Any
 import emitters
 from emitters.emitter import Emitter
 from emitters.otel_fast import SpanRows
-from emitters.otel_rows import (
-    EXCEPTION_EVENT,
-    JOB_ID_KEYS,
-    RUN_ID_KEYS,
-    STEP_KEYS,
-    attr_text,
-    readable_span_event,
-    resource_text,
-    span_event,
-    span_event_id,
-)
+from emitters.otel_rows import EXCEPTION_EVENT, readable_span_event, resource_text, span_event
 
 log = logging.getLogger("evagg.otel")
 
@@ -119,10 +109,9 @@ def _nonzero_random(size: int) -> int:
             return value
 
 __all__ = [
-    "EXCEPTION_EVENT", "JOB_ID_KEYS", "RUN_ID_KEYS", "STEP_KEYS", "EvaggSpanExporter",
-    "attach_trace_context", "attr_text", "default_otlp_endpoint", "get_tracer",
-    "init_telemetry", "inject_trace_context", "readable_span_event", "resource_text",
-    "shutdown_telemetry", "span_event", "span_event_id", "urandom_id_generator",
+    "EXCEPTION_EVENT", "EvaggSpanExporter", "attach_trace_context", "default_otlp_endpoint",
+    "get_tracer", "init_telemetry", "inject_trace_context", "readable_span_event",
+    "resource_text", "shutdown_telemetry", "span_event", "urandom_id_generator",
 ]
 
 _provider: Any = None

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
 import emitters
 from aggregator.decode import otlp
-from emitters import otel, tracecontext
+from emitters import otel, otel_rows, tracecontext
 
 
 @pytest.fixture(autouse=True)
@@ -97,10 +97,11 @@ def test_socket_rows_equal_the_agents_otlp_rows() -> None:
 
 
 def test_span_event_id_is_fixed_by_the_span_and_sorts_by_time() -> None:
-    a = otel.span_event_id("ab" * 16, "cd" * 8, 1_700_000_000_000_000_000)
-    assert a == otel.span_event_id("ab" * 16, "cd" * 8, 1_700_000_000_000_000_000)
-    assert a != otel.span_event_id("ab" * 16, "ce" * 8, 1_700_000_000_000_000_000)
-    assert a[14] == "7" and a < otel.span_event_id("ab" * 16, "cd" * 8, 1_800_000_000_000_000_000)
+    a = otel_rows.span_event_id("ab" * 16, "cd" * 8, 1_700_000_000_000_000_000)
+    assert a == otel_rows.span_event_id("ab" * 16, "cd" * 8, 1_700_000_000_000_000_000)
+    assert a != otel_rows.span_event_id("ab" * 16, "ce" * 8, 1_700_000_000_000_000_000)
+    later = otel_rows.span_event_id("ab" * 16, "cd" * 8, 1_800_000_000_000_000_000)
+    assert a[14] == "7" and a < later
 
 
 def test_exporter_counts_failures_and_never_raises() -> None:
