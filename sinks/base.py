@@ -5,7 +5,8 @@ The loop gives each sink the records after that sink's cursor, in order. A sink 
 buffer records (the Parquet sink fills a file); it reports in `durable_through` the
 highest offset that is now safely delivered, and the loop commits the cursor there.
 After any failure the loop calls `abandon()` and, after a backoff, starts again from
-the committed cursor, so a sink must tolerate seeing records again (the Parquet sink
+the committed cursor (the backoff grows with failures in a row; a success, progress or
+`peer_ok`, ends the run), so a sink must tolerate seeing records again (the Parquet sink
 derives its file name from the first offset; the HTTP sink sends an Idempotency-Key).
 
 A sink reports its own counts through `counters()`; the agent exports each one on
@@ -32,10 +33,14 @@ class SinkResult:
     error_kind: str | None = None  # bounded label: "timeout", "http_5xx", "throttled", ...
     retry_after_s: float | None = None  # the peer asked us to wait this long
     permanent: bool = False  # retrying soon will not help (bad credentials, missing bucket)
+    # The peer accepted something since the last result, even if the cursor cannot move
+    # yet (an earlier batch is still out): the sink is not down.
+    peer_ok: bool = False
 
     @staticmethod
-    def success(durable_through: int | None = None, delivered_events: int = 0) -> SinkResult:
-        return SinkResult(True, durable_through, delivered_events)
+    def success(durable_through: int | None = None, delivered_events: int = 0, *,
+                peer_ok: bool = False) -> SinkResult:
+        return SinkResult(True, durable_through, delivered_events, peer_ok=peer_ok)
 
     @staticmethod
     def failure(

@@ -4,7 +4,10 @@ A slow or failing sink holds back only itself: its cursor stays put, the spool k
 its records, the other consumers carry on. The cursor moves only past records the sink
 reported durable. After any failure the consumer abandons the sink's buffered state,
 backs off (exponential, full jitter, honouring Retry-After) and starts again from the
-committed cursor.
+committed cursor. The backoff is for a sink that is down: a sink that retries its own
+requests (HTTP) reports a failure only when every request fails or one cannot be
+retried, so `failures_in_a_row` counts failed attempts in a row, and one success ends
+the run, whether or not the cursor moved.
 """
 
 from __future__ import annotations
@@ -15,8 +18,7 @@ import time
 from dataclasses import dataclass
 
 from aggregator.metrics import AgentMetrics
-from aggregator.spool import Spool
-from aggregator.spool import RecordScreen
+from aggregator.spool import RecordScreen, Spool
 from sinks.backoff import backoff_delay
 from sinks.base import Sink, SinkResult
 
@@ -30,7 +32,7 @@ PERMANENT_HINT = " (a permanent error: fix the sink's config, credentials or buc
 @dataclass
 class ConsumerState:
     last_error_kind: str | None = None  # to log a failure once per change of kind
-    failures_in_a_row: int = 0  # drives the backoff
+    failures_in_a_row: int = 0  # drives the backoff; a success resets it
     last_success_ns: int = 0  # exported: alert when a sink has not delivered for long
     failing_since_ns: int = 0  # when the current run of failed attempts began; 0: delivering
 
@@ -52,6 +54,8 @@ class SinkConsumer:
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._draining = False
+        self._drain_ends: float | None = None  # monotonic deadline of the drain, if known
+        self._said_down_while_draining = False
 
     @property
     def name(self) -> str:
@@ -127,11 +131,12 @@ class SinkConsumer:
             stop.cancel()
 
     def _accept(self, result: SinkResult) -> None:
-        if result.durable_through is None:
+        if result.durable_through is not None:
+            self.spool.commit(self.name, result.durable_through + 1)
+            self.metrics.delivered_events.inc(result.delivered_events, sink=self.name)
+            self.state.last_success_ns = time.time_ns()
+        elif not result.peer_ok:
             return  # buffered, not delivered: says nothing about the peer's health
-        self.spool.commit(self.name, result.durable_through + 1)
-        self.metrics.delivered_events.inc(result.delivered_events, sink=self.name)
-        self.state.last_success_ns = time.time_ns()
         if self.state.failures_in_a_row:
             log.info("sink %s recovered after %d failed attempts", self.name,
                      self.state.failures_in_a_row)
@@ -148,6 +153,8 @@ class SinkConsumer:
         state.failures_in_a_row += 1
         state.last_error_kind = kind
         self.metrics.sink_permanent_error.set(1 if result.permanent else 0, sink=self.name)
+        if self._draining:
+            self._say_down_while_draining(result)
         await self.sink.abandon()
         self._position = self.spool.cursor(self.name)
         if result.permanent:
@@ -188,9 +195,25 @@ class SinkConsumer:
             pass
         self._wake.clear()
 
-    def drain(self) -> None:
-        """Deliver everything spooled so far, flush, then stop."""
+    def _say_down_while_draining(self, result: SinkResult) -> None:
+        """Once per drain: where delivery fails, how long the drain still tries, and what
+        stays spooled for the next start."""
+        if self._said_down_while_draining:
+            return
+        self._said_down_while_draining = True
+        left = (f"up to {max(self._drain_ends - time.monotonic(), 0.0):.0f}s more"
+                if self._drain_ends is not None else "until the agent stops")
+        log.warning("sink %s cannot deliver while draining: %s failed (%s); retrying for %s,"
+                    " then its %d undelivered records stay spooled for the next start",
+                    self.name, self.sink.describe(), result.error, left,
+                    self.spool.lag(self.name)[0])
+
+    def drain(self, deadline_s: float | None = None) -> None:
+        """Deliver everything spooled so far, flush, then stop (the caller stops it at
+        `deadline_s`, which the log names if the sink is down)."""
         self._draining = True
+        if deadline_s is not None:
+            self._drain_ends = time.monotonic() + deadline_s
         self._wake.set()
 
     def stop(self) -> None:

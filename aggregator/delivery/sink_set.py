@@ -17,8 +17,7 @@ from aggregator.config.sinks import SinkConfig
 from aggregator.delivery.consumer import SinkConsumer
 from aggregator.delivery.registry import build_sink, sink_problem
 from aggregator.metrics import AgentMetrics
-from aggregator.spool import Spool
-from aggregator.spool import RecordScreen
+from aggregator.spool import RecordScreen, Spool
 from sinks.base import Sink
 
 log = logging.getLogger("evagg.sinks")
@@ -64,7 +63,7 @@ class SinkSet:
         """Deliver what is spooled within the deadline, then stop and close every sink.
         What is not delivered stays in the spool for the next agent."""
         for consumer in self.consumers.values():
-            consumer.drain()
+            consumer.drain(deadline_s)
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=deadline_s)
         for consumer in self.consumers.values():

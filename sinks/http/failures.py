@@ -1,5 +1,6 @@
-"""Which HTTP answers (and requests that got none) are worth retrying, and what each
-means for delivery: a retry, a permanent failure, or a batch to dead-letter."""
+"""Which HTTP answers (and requests that got none) are worth retrying, what each means
+for delivery (a retry, a permanent failure, or a batch to dead-letter), and what each
+says about the endpoint's load (`sinks.http.concurrency`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,27 @@ import aiohttp
 
 from sinks.backoff import MAX_RETRY_AFTER_S
 from sinks.base import SinkResult
+from sinks.http.concurrency import Answer
 from sinks.http.tls import tls_failure_reason
+
+# Answers with which an endpoint (or the proxy in front of it) sheds load.
+PUSHBACK_STATUSES = frozenset({408, 429, 502, 503, 504})
+
+
+def load_answer(status: int) -> Answer:
+    """What an HTTP answer says about the endpoint's load: pushback, or an answer (2xx, or
+    a 4xx refusing the batch itself) whose latency is the endpoint's usual work."""
+    if status in PUSHBACK_STATUSES:
+        return Answer.OVERLOADED
+    if 200 <= status < 300 or 400 <= status < 500:
+        return Answer.HEALTHY
+    return Answer.NEUTRAL  # a 500 is a bug of the endpoint, not its load
+
+
+def load_answer_for_error(failure: SinkResult) -> Answer:
+    """A request that got no answer: a timeout or a dropped connection is pushback; a
+    certificate or a proxy's refusal says nothing about the endpoint's load."""
+    return Answer.OVERLOADED if failure.error_kind in ("timeout", "connect") else Answer.NEUTRAL
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:

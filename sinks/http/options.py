@@ -36,6 +36,16 @@ from sinks.units import parse_bool, parse_positive_duration, parse_positive_size
 MIB: Final = 1024 * 1024
 _TOKEN: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field name
 
+
+def parse_concurrency(value: Any) -> int | None:
+    """`"adaptive"` (None) or a fixed number of requests in flight, at least 1."""
+    if value == "adaptive" or value is None:
+        return None
+    if isinstance(value, str):
+        raise ValueError(f"{value!r} is neither \"adaptive\" nor a number of requests")
+    return at_least(1)(value)
+
+
 # config key -> (HttpOptions field, parser of the TOML value)
 _KEYS: Final[dict[str, tuple[str, Callable[[Any], Any]]]] = {
     "batch_max_events": ("batch_max_events", at_least(1)),
@@ -46,6 +56,7 @@ _KEYS: Final[dict[str, tuple[str, Callable[[Any], Any]]]] = {
     "gzip_level": ("gzip_level", int_between(-1, 9, "a zlib level")),
     "timeout": ("timeout_s", parse_positive_duration),
     "max_in_flight": ("max_in_flight", at_least(1)),
+    "concurrency": ("concurrency", parse_concurrency),
     "proxy": ("proxy", text),
 }
 # config key -> (TlsOptions field, parser)
@@ -72,6 +83,8 @@ class HttpOptions:
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     timeout_s: float = 10.0
     max_in_flight: int = 4
+    # None ("adaptive"): follows the endpoint, 1..max_in_flight; N: always N in flight
+    concurrency: int | None = None
     tls: TlsOptions = field(default_factory=TlsOptions)
     proxy: str = "env"  # "env", "none" or the proxy's URL
 
@@ -91,6 +104,10 @@ class HttpOptions:
         tls = {name: option(table, key, getattr(no_tls, name), parse)
                for key, (name, parse) in _TLS_KEYS.items()}
         headers = resolve_headers(option(table, "headers", {}, text_table), environ)
+        fixed = values["concurrency"]
+        if fixed is not None and fixed > values["max_in_flight"]:
+            raise SinkOptionError("concurrency", f"{fixed} is more than max_in_flight "
+                                  f"({values['max_in_flight']}): raise max_in_flight too")
         return cls(**values, headers=headers, tls=TlsOptions(**tls))
 
 

@@ -1,11 +1,14 @@
 """A real aiohttp endpoint on 127.0.0.1 whose answers a test switches during a run.
 
 It answers 200 by default; `answer()` scripts other statuses (with Retry-After),
-`stall()` delays answers past a client's timeout, and `stop()`/`start()` close and
-reopen the port so that connections are refused. It decodes each body (aiohttp undoes
-the gzip; NDJSON or a JSON array) and keeps what it saw: every request, batches by
-Idempotency-Key, and the distinct event ids of accepted (2xx) batches. With an
-`ssl_context` it serves https://.
+`rotate()` cycles through a list of replies, `answer_for()` gives one reply to every
+request for a while (an outage), `reset_after_store()` stores a body and then drops the
+connection before answering (the answer is lost), `stall()` delays answers past a
+client's timeout, and `stop()`/`start()` close and reopen the port so that connections
+are refused. It decodes each body (aiohttp undoes the gzip; NDJSON or a JSON array) and
+keeps what it saw: every request (when it arrived and was answered, how many were in
+flight), batches by Idempotency-Key, and the distinct event ids of stored batches (2xx,
+or reset after the store). With an `ssl_context` it serves https://.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,14 +38,29 @@ class Seen:
     body: bytes  # decoded (gunzipped)
     wire_bytes: int  # Content-Length as sent
     events: list[dict[str, Any]]
+    arrived: float = 0.0  # time.monotonic() when the request came in
+    answered: float = 0.0  # ...and when it was answered (or its connection dropped)
+    in_flight: int = 0  # requests in the server at its arrival, itself included
+
+    @property
+    def stored(self) -> bool:
+        """The server kept the body: answered 2xx, or dropped after storing it."""
+        return 200 <= self.status < 300 or self.status == RESET
+
+
+RESET = 0  # the status recorded for a request whose connection was dropped after the store
 
 
 @dataclass
-class _Answer:
+class Reply:
+    """One scripted reply: a status (RESET drops the connection after storing the body)."""
+
     status: int
     retry_after: str | None = None
     text: str = ""
     delay_s: float = 0.0
+
+
 
 
 @dataclass
@@ -51,13 +70,18 @@ class FlakyServer:
     event_ids: set[str] = field(default_factory=set)  # distinct ids of accepted events
     accepted_events: int = 0  # events in 2xx-answered requests, duplicates included
     port: int = 0
-    _script: deque[_Answer] = field(default_factory=deque)
-    _default: _Answer = field(default_factory=lambda: _Answer(200))
+    _script: deque[Reply] = field(default_factory=deque)
+    _default: Reply = field(default_factory=lambda: Reply(200))
     _stall_s: float = 0.0
-    _conditional: list[tuple[Callable[[list[dict[str, Any]]], bool], _Answer]] = field(
+    _conditional: list[tuple[Callable[[list[dict[str, Any]]], bool], Reply]] = field(
         default_factory=list)
+    _rotation: list[Reply] = field(default_factory=list)
+    _turn: int = 0
+    _outage: tuple[float, Reply] | None = None  # (until, reply)
     _runner: web.AppRunner | None = None
     ssl_context: ssl.SSLContext | None = None  # serve https:// with it
+    in_flight: int = 0
+    most_in_flight: int = 0
 
     @property
     def url(self) -> str:
@@ -75,7 +99,7 @@ class FlakyServer:
                text: str = "", delay_s: float = 0.0) -> None:
         """Answer the next `times` requests with `status` (every request when times is None),
         each after `delay_s` seconds."""
-        answer = _Answer(status, retry_after, text or f"status {status}", delay_s)
+        answer = Reply(status, retry_after, text or f"status {status}", delay_s)
         if times is None:
             self._default = answer
             self._script.clear()
@@ -83,9 +107,24 @@ class FlakyServer:
             self._script.extend([answer] * times)
 
     def answer_when(self, holds: Callable[[list[dict[str, Any]]], bool], status: int, *,
-                    delay_s: float = 0.0) -> None:
+                    delay_s: float = 0.0, retry_after: str | None = None) -> None:
         """Answer the first request whose events make `holds` true with `status`, once."""
-        self._conditional.append((holds, _Answer(status, None, f"status {status}", delay_s)))
+        self._conditional.append((holds, Reply(status, retry_after, f"status {status}",
+                                               delay_s)))
+
+    def rotate(self, replies: list[Reply]) -> None:
+        """Answer request n with replies[n % len(replies)] (scripted answers go first)."""
+        self._rotation, self._turn = list(replies), 0
+
+    def answer_for(self, seconds: float, status: int, *, retry_after: str | None = None
+                   ) -> None:
+        """Answer every request with `status` for `seconds` from now."""
+        until = time.monotonic() + seconds
+        self._outage = (until, Reply(status, retry_after, f"status {status}"))
+
+    def reset_after_store(self, times: int = 1) -> None:
+        """Store the next `times` bodies, then drop each connection without an answer."""
+        self._script.extend([Reply(RESET)] * times)
 
     def stall(self, seconds: float) -> None:
         """Hold each answer this long (0 answers at once)."""
@@ -109,25 +148,49 @@ class FlakyServer:
             self._runner = None
 
     async def _handle(self, request: web.Request) -> web.Response:
+        arrived = time.monotonic()
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        concurrent = self.in_flight
+        try:
+            return await self._answer(request, arrived, concurrent)
+        finally:
+            self.in_flight -= 1
+
+    def _next_reply(self, events: list[dict[str, Any]], now: float) -> Reply:
+        for index, (holds, conditional) in enumerate(self._conditional):
+            if holds(events):
+                del self._conditional[index]
+                return conditional
+        if self._script:
+            return self._script.popleft()
+        if self._outage is not None and now < self._outage[0]:
+            return self._outage[1]
+        if self._rotation:
+            self._turn += 1
+            return self._rotation[(self._turn - 1) % len(self._rotation)]
+        return self._default
+
+    async def _answer(self, request: web.Request, arrived: float,
+                      concurrent: int) -> web.Response:
         body = await request.read()  # aiohttp has already undone Content-Encoding: gzip
         encoding = request.headers.get("Content-Encoding", "")
         wire_bytes = int(request.headers.get("Content-Length", "0"))
         events = _decode(body, request.content_type)
-        answer = self._script.popleft() if self._script else self._default
-        for index, (holds, conditional) in enumerate(self._conditional):
-            if holds(events):
-                answer = conditional
-                del self._conditional[index]
-                break
+        answer = self._next_reply(events, arrived)
         if self._stall_s or answer.delay_s:
             await asyncio.sleep(self._stall_s or answer.delay_s)
         seen = Seen(request.headers.get("Idempotency-Key", ""), answer.status,
                     request.content_type, encoding, dict(request.headers), body, wire_bytes,
-                    events)
+                    events, arrived, time.monotonic(), concurrent)
         self.requests.append(seen)
-        if 200 <= answer.status < 300:
+        if seen.stored:
             self.accepted_events += len(events)
             self.event_ids.update(str(e.get("event_id")) for e in events)
+        if answer.status == RESET:
+            assert request.transport is not None
+            request.transport.abort()  # the body is stored; the answer never leaves
+            return web.Response(status=200)
         headers = {"Retry-After": answer.retry_after} if answer.retry_after else {}
         return web.Response(status=answer.status, text=answer.text, headers=headers)
 

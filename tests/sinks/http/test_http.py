@@ -27,11 +27,13 @@ from sinks.base import SinkResult
 from sinks.filters import EventFilter
 from sinks.http import HttpOptions, HttpSink
 from sinks.http.deadletter import list_dead_letters
-from sinks.http.failures import parse_retry_after
+from sinks.http.failures import failure_for_status, parse_retry_after
+from sinks.http.retries import DOWN_AFTER, retried_here
 from sinks.options import SinkOptionError
 from sinks.records import SpoolRecord
 from sinks.schema import batch_to_bytes
 from tests.sinks.flaky_server import FlakyServer
+from tests.sinks.http.through_loop import resent_after_stored
 
 SECRET = "Bearer s3cr3t-t0ken-value"
 
@@ -196,22 +198,37 @@ async def test_a_partial_batch_waits_for_its_interval(server: FlakyServer) -> No
 
 
 @run
-async def test_a_failed_batch_is_resent_with_the_same_key(server: FlakyServer) -> None:
+async def test_a_failed_batch_is_resent_alone_with_the_same_key(server: FlakyServer) -> None:
     server.answer(500)
     sink = sink_for(server, batch_max_events=100)
     failures = await deliver(sink, make_records(3, 100))
     await sink.close()
-    assert [f.error_kind for f in failures] == ["http_5xx"]
+    assert failures == []  # the sink retried the batch itself; the loop saw no failure
     first_key = server.requests[0].key
     assert [s.status for s in server.batches()[first_key]] == [500, 200]
-    assert sink.metrics()["retries"] >= 1 and len(server.event_ids) == 300
+    assert len(server.requests) == 4 and len({s.body for s in server.batches()[first_key]}) == 1
+    assert sink.metrics()["retries"] == 1 and len(server.event_ids) == 300
+
+
+@run
+async def test_a_request_in_flight_is_not_cancelled_when_the_others_fail(
+        server: FlakyServer) -> None:
+    server.answer_when(lambda events: events[0]["step"] < 10, 200, delay_s=1.0)
+    server.answer(500, times=DOWN_AFTER)  # every request but the slow one: the sink is down
+    sink = sink_for(server, batch_max_events=10)
+    failures = await deliver(sink, make_records(5, 10))
+    await sink.close()
+    assert [f.error_kind for f in failures] == ["http_5xx"]  # the loop backed off once...
+    first = [s for s in server.requests if s.events[0]["step"] == 0]
+    assert [s.status for s in first] == [200]  # ...and the slow batch, answered, never again
+    assert len(server.event_ids) == 50 and server.accepted_events == 50
 
 
 @run
 async def test_a_batch_cut_by_time_keeps_its_rows_and_key_on_resend(server: FlakyServer) -> None:
     records = make_records(3, 10)
     sink = sink_for(server, batch_interval_s=0.01, batch_max_events=1000)
-    server.answer(503)
+    server.answer(503, times=DOWN_AFTER)  # down: the failure goes to the loop
     await sink.write(records[:1])
     await asyncio.sleep(0.02)
     result = await sink.flush(final=True)
@@ -221,8 +238,8 @@ async def test_a_batch_cut_by_time_keeps_its_rows_and_key_on_resend(server: Flak
     await sink.close()
     batches = server.batches()
     retried = batches[server.requests[0].key]
-    assert [s.status for s in retried] == [503, 200]
-    assert len(retried[1].events) == 10  # the same rows as the first try, not 30
+    assert [s.status for s in retried] == [503] * DOWN_AFTER + [200]
+    assert len(retried[-1].events) == 10  # the same rows as the first try, not 30
 
 
 @run
@@ -264,7 +281,7 @@ async def test_batches_acknowledged_after_a_failed_one_are_not_sent_again(
     sink = sink_for(server, batch_max_events=10, max_in_flight=4)
     failures = await deliver(sink, records)
     await sink.close()
-    assert [f.error_kind for f in failures] == ["http_5xx"]
+    assert failures == []
     statuses = {key: [s.status for s in seen] for key, seen in server.batches().items()}
     assert sorted(statuses.values()) == [[200], [200], [200], [500, 200]]
     assert sink.metrics()["retries"] == 1 and server.accepted_events == 40
@@ -301,9 +318,10 @@ def test_random_refusals_lose_nothing_and_keep_keys_stable(seed: int, tmp_path: 
             server.answer(rng.choice([200, 200, 200, 500, 503, 429, 400]))
         records = make_records(30, 7)
         sink = sink_for(server, tmp_path, batch_max_events=10, max_in_flight=3)
-        failures = await deliver(sink, records, attempts=200)
+        await deliver(sink, records, attempts=200)
         await sink.close()
-        assert failures  # the script did refuse things
+        assert {s.status for s in server.requests} > {200}  # the script did refuse things
+        assert resent_after_stored(server) == []
         dead = {orjson.loads(line)["event_id"] for letter in list_dead_letters(tmp_path / "dlq")
                 for line in letter.body_path.read_bytes().splitlines()}
         assert len(server.event_ids | dead) == 210  # every event delivered or kept
@@ -319,30 +337,38 @@ def test_random_refusals_lose_nothing_and_keep_keys_stable(seed: int, tmp_path: 
     (429, "throttled", "3", 3.0),
     (408, "timeout", None, None),
 ])
-def test_each_status_maps_to_its_failure(status: int, kind: str, retry_after: str | None,
-                                         expected: float | None) -> None:
+def test_each_passing_status_is_a_failure_the_sink_retries(
+        status: int, kind: str, retry_after: str | None, expected: float | None) -> None:
+    failure = failure_for_status(status, parse_retry_after(retry_after))
+    assert failure is not None and failure.error_kind == kind
+    assert failure.retry_after_s == expected and not failure.permanent
+    assert retried_here(failure)
+
+
+@pytest.mark.parametrize("status", [500, 503, 429, 408])
+def test_an_endpoint_answering_only_failures_is_down_after_a_few_requests(status: int) -> None:
     @run
     async def check(server: FlakyServer) -> None:
-        server.answer(status, retry_after=retry_after)
+        server.answer(status, times=None)
         sink = sink_for(server)
         assert (await sink.write(make_records(1, 5))).ok  # buffered, the batch is not due yet
         result = await sink.flush(final=True)
         await sink.close()
-        assert not result.ok and result.error_kind == kind
-        assert result.retry_after_s == expected and not result.permanent
+        assert not result.ok and not result.permanent
+        assert len(server.requests) == DOWN_AFTER
 
     check()
 
 
 @run
-async def test_retry_after_as_an_http_date(server: FlakyServer) -> None:
-    server.answer(429, retry_after=formatdate(time.time() + 30, usegmt=True))
+async def test_retry_after_as_an_http_date_holds_the_batch_back(server: FlakyServer) -> None:
+    server.answer(429, retry_after=formatdate(time.time() + 2, usegmt=True))
     sink = sink_for(server)
-    await sink.write(make_records(1, 5))
-    result = await sink.flush(final=True)
+    assert await deliver(sink, make_records(1, 5)) == []
     await sink.close()
-    assert result.error_kind == "throttled"
-    assert result.retry_after_s is not None and 20 < result.retry_after_s <= 30
+    throttled, accepted = server.requests
+    assert (throttled.status, accepted.status) == (429, 200)
+    assert accepted.arrived - throttled.answered >= 0.9  # the date, to the second
 
 
 @run
@@ -363,7 +389,7 @@ async def test_a_stalled_endpoint_is_a_timeout(server: FlakyServer) -> None:
     await sink.write(make_records(1, 5))
     result = await sink.flush(final=True)
     await sink.close()
-    assert result.error_kind == "timeout" and sink.metrics()["timeouts"] == 1
+    assert result.error_kind == "timeout" and sink.metrics()["timeouts"] == DOWN_AFTER
 
 
 @run
@@ -373,7 +399,7 @@ async def test_a_refused_connection_is_a_connect_failure_then_recovers(server: F
     records = make_records(2, 5)
     result = await sink.write(records)
     result = await sink.flush(final=True) if result.ok else result
-    assert result.error_kind == "connect" and sink.metrics()["connect_errors"] == 1
+    assert result.error_kind == "connect" and sink.metrics()["connect_errors"] == DOWN_AFTER
     await sink.abandon()
     await server.start()
     assert await deliver(sink, records) == []
@@ -491,7 +517,7 @@ def test_secrets_never_appear_in_describe_repr_or_logs(caplog: pytest.LogCapture
         sink = HttpSink("c", server.url + "?token=abc",
                         HttpOptions(headers={"Authorization": SECRET}, batch_max_events=5),
                         spool_id="s", dead_letter_dir=tmp_path / "dlq")
-        assert [f.error_kind for f in await deliver(sink, make_records(2, 5))] == ["http_5xx"]
+        assert await deliver(sink, make_records(2, 5)) == []  # the 500 retried in the sink
         basic = HttpSink("b", server.url.replace("http://", "http://user:hunter2@"),
                          spool_id="s")
         texts = [sink.describe(), repr(sink), str(sink.metrics()), basic.describe(), repr(basic)]
