@@ -27,6 +27,7 @@ from aggregator.delivery.sink_set import SinkSet, build_sinks
 from aggregator.ingest.http_routes import HttpApi
 from aggregator.ingest.ingestor import Ingestor, SpoolUnavailable
 from aggregator.ingest.unix_socket import SocketIngest
+from aggregator.losses import LossRecorder
 from aggregator.memory import (
     arrow_pool_name,
     calm_garbage_collector,
@@ -54,6 +55,8 @@ class Agent:
         self._arrow_pool = arrow_pool_name()
         self.overrides = dict(overrides or {})  # command-line flags, kept across reloads
         self.metrics = AgentMetrics()
+        self.losses = LossRecorder(self.metrics.dropped_events,  # every loss, one recorder
+                                   self.metrics.producer_dropped_events)
         # -- RED metrics and agent on demand (see aggregator/red/metrics.py, emitters/autostart.py)
         self.red = RedMetrics(max_names=config.red_max_names) if config.red_metrics else None
         if self.red is not None:
@@ -63,9 +66,9 @@ class Agent:
         # -- end RED metrics and agent on demand
         self.spool = Spool(config.state_dir / "spool", max_bytes=config.spool_max_bytes,
                            when_full=config.spool_when_full, fsync=config.spool_fsync,
-                           segment_bytes=config.spool_segment_bytes)
+                           segment_bytes=config.spool_segment_bytes, losses=self.losses)
         self.ingestor = Ingestor(self.spool, self.metrics, node_id=config.node_id,
-                                 host=config.host, red=self.red)
+                                 host=config.host, red=self.red, losses=self.losses)
         self.socket = SocketIngest(self.ingestor, self.metrics, path=config.socket,
                                    mode=config.socket_mode, group=config.socket_group,
                                    max_frame_bytes=config.max_frame_bytes,
@@ -310,18 +313,17 @@ class Agent:
 
     async def _write_heartbeat(self, *, final: bool) -> None:
         rows: list[dict[str, Any]] = [self._heartbeat_row(final)]
-        losses = self.spool.take_losses()
+        losses = self.losses.take_unreported()
         for reason, events in losses.items():
-            total = int(self.metrics.dropped_events.get(reason=reason)) + events
+            total = self.losses.reported_total(reason) + events
             rows.append(loss_row(reason, events, total, self.config.node_id))
         try:
             await self.ingestor.ingest_rows(rows, self.ingestor.stamp(os.getpid(), os.getuid()),
                                             route="agent")
         except BaseException:
-            self.spool.return_losses(losses)  # reported with the next heartbeat instead
+            self.losses.return_unreported(losses)  # reported with the next heartbeat instead
             raise
-        for reason, events in losses.items():
-            self.metrics.dropped_events.inc(events, reason=reason)
+        self.losses.reported(losses)
 
     def _heartbeat_row(self, final: bool) -> dict[str, Any]:
         metrics = self.metrics.registry.snapshot()

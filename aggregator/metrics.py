@@ -160,6 +160,10 @@ class AgentMetrics:
         self.dropped_events = r.counter(
             "evagg_dropped_events_total", "Events lost by policy, by reason."
         )
+        self.producer_dropped_events = r.counter(
+            "evagg_producer_dropped_events_total",
+            "Events producers report lost in their own loss events, by reason.",
+        )
         self.worker_errors = r.counter(
             "evagg_worker_errors_total",
             "Exceptions caught in background workers, by worker and type.",

@@ -96,9 +96,15 @@ def runs(store: Store) -> Result:
 
 def steps(store: Store, run_id: str) -> Result:
     run_id = clean_text("run", run_id)
+    # nonfinite: the metrics an op of the step reported as NaN or infinite (the emitters
+    # keep them out of `metrics`, so a NaN loss would otherwise vanish from its step)
     result = store.execute(
-        "SELECT run_id, step, ops, failures, seconds, started_at, ended_at, op_names, metrics "
-        "FROM steps WHERE run_id = $run ORDER BY step NULLS LAST", {"run": run_id})
+        "SELECT s.run_id, s.step, ops, failures, seconds, started_at, ended_at, op_names, "
+        "metrics, n.nonfinite FROM steps s LEFT JOIN ("
+        "  SELECT step_group AS step, list_sort(list_distinct(flatten(list(nonfinite)))) "
+        "    AS nonfinite FROM op_steps WHERE run_id = $run AND len(nonfinite) > 0 "
+        "  GROUP BY step_group) n ON n.step IS NOT DISTINCT FROM s.step "
+        "WHERE s.run_id = $run ORDER BY s.step NULLS LAST", {"run": run_id})
     if not result.rows:
         raise NotFound(f"no steps for run {run_id!r}")
     return result

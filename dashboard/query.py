@@ -28,6 +28,13 @@ from sinks.units import parse_duration
 if TYPE_CHECKING:
     Parsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
+# A task's final_state is one of these (dashboard/sql/tasks.sql ranks them).
+FINAL_STATES = ("PENDING", "SUBMITTED", "RUNNING", "FINISHED", "FAILED", "DEFINED", "UNKNOWN")
+# What fits a terminal: the table's default; --wide, --json and --csv have every column.
+SHORT_TASK_COLUMNS = ("task_id", "attempt", "name", "final_state", "node_id", "duration_s",
+                      "error_type")
+NO_RUN_ID = "(no run_id)"
+
 
 def default_data() -> str:
     from emitters.paths import user_data_dir
@@ -85,7 +92,7 @@ def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
 
     add("summary", "tasks by state, name, error type, job and node", _summary)
     tasks = add("tasks", "the task table, filtered", _tasks)
-    tasks.add_argument("--state", help="final state: FINISHED, FAILED, RUNNING, ...")
+    tasks.add_argument("--state", help=f"final state: {', '.join(FINAL_STATES)}")
     tasks.add_argument("--name", help="function name")
     tasks.add_argument("--job", help="job id")
     tasks.add_argument("--node", help="node id")
@@ -96,9 +103,16 @@ def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
     tasks.add_argument("--asc", action="store_true", help="oldest/smallest first")
     tasks.add_argument("--limit", type=int, default=100)
     tasks.add_argument("--offset", type=int, default=0)
+    shown = tasks.add_mutually_exclusive_group()
+    shown.add_argument("--wide", action="store_true",
+                       help="every column (the table shows a short set by default; --json "
+                            "and --csv always have every column)")
+    shown.add_argument("--columns", metavar="A,B,...",
+                       help=f"these columns, of: {', '.join(queries.TASK_COLUMNS)}")
     steps = add("steps", "a training run's steps: ops, failures, seconds, metric spread", _steps)
-    steps.add_argument("--run", required=True, help="run id ('' for ops without one)")
-    add("runs", "training runs", lambda store, _a: queries.runs(store))
+    steps.add_argument("--run", required=True,
+                       help=f"run id ('' or '{NO_RUN_ID}' for ops sent without one)")
+    add("runs", "training runs", _runs)
     add("agents", "node agents: last heartbeat, throughput, losses",
         lambda store, _a: queries.agents(store))
     ledger_parser = add("ledger", "a run's requests: enqueued, started, answered, failed, "
@@ -130,6 +144,8 @@ def run_query(args: argparse.Namespace) -> int:
               "search, timeline, sql", file=sys.stderr)
         return 2
     try:
+        if func is _tasks:
+            _check_task_args(args)
         options = StoreOptions(location=args.data or default_data(),
                                endpoint_url=args.endpoint_url, region=args.region,
                                engine=args.engine or "auto", cache_dir=cache_dir(args),
@@ -157,11 +173,43 @@ def _tasks(store: Store, args: argparse.Namespace) -> Result:
     if not 1 <= args.limit <= 100_000 or args.offset < 0:
         raise BadInput("--limit must be 1..100000 and --offset not negative")
     return queries.tasks(store, flt, sort=args.sort, order="asc" if args.asc else "desc",
-                         limit=args.limit, offset=args.offset)
+                         limit=args.limit, offset=args.offset, columns=_task_columns(args))
+
+
+def _check_task_args(args: argparse.Namespace) -> None:
+    """Refuse what can only ever match nothing, before the store is opened."""
+    if args.state and args.state.strip().upper() not in FINAL_STATES:
+        raise BadInput(f"--state {args.state}: not a task state; a task's final state is "
+                       f"one of {', '.join(FINAL_STATES)}")
+    if args.columns:
+        _task_columns(args)
+
+
+def _task_columns(args: argparse.Namespace) -> tuple[str, ...]:
+    if args.columns:
+        chosen = tuple(c.strip() for c in args.columns.split(",") if c.strip())
+        unknown = [c for c in chosen if c not in queries.TASK_COLUMNS]
+        if unknown or not chosen:
+            raise BadInput(f"--columns: {', '.join(unknown) or 'none given'}: choose from "
+                           f"{', '.join(queries.TASK_COLUMNS)}")
+        return chosen
+    if args.wide or (args.fmt or "table") != "table":
+        return queries.TASK_COLUMNS
+    return SHORT_TASK_COLUMNS
+
+
+def _runs(store: Store, _args: argparse.Namespace) -> Result:
+    """Ops sent without a run_id form a run of their own; its row says so."""
+    result = queries.runs(store)
+    if "run_id" in result.columns:
+        index = result.columns.index("run_id")
+        for row in result.rows:
+            row[index] = row[index] or NO_RUN_ID
+    return result
 
 
 def _steps(store: Store, args: argparse.Namespace) -> Result:
-    return queries.steps(store, args.run)
+    return queries.steps(store, "" if args.run == NO_RUN_ID else args.run)
 
 
 def _ledger(store: Store, args: argparse.Namespace) -> Result:

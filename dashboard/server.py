@@ -17,6 +17,14 @@ from dashboard.errors import BadInput, DashboardError, NoData
 from dashboard.store import ENGINES, Store, StoreOptions
 
 log = logging.getLogger(__name__)
+DESCRIPTION = """\
+Serve the web dashboard: tasks, training runs, ops, traces and agents, read from the
+Parquet files the agent writes (a local directory or an s3:// prefix). Open the address
+it prints in a browser; new files show up by themselves.
+
+    evagg dashboard                        # the agent's default data directory
+    evagg dashboard --data s3://bucket/prefix --listen 0.0.0.0:8050
+"""
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -28,11 +36,13 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 def add_dashboard_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "dashboard", help="web dashboard over the Parquet store", description=__doc__,
+        "dashboard", help="web dashboard over the Parquet store", description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", help="local directory or s3://bucket/prefix "
                                        "(default: $EVAGG_DATA, else the user's data directory)")
-    parser.add_argument("--listen", default="127.0.0.1:8050", help="HOST:PORT to serve on")
+    parser.add_argument("--listen", default="127.0.0.1:8050",
+                        help="HOST:PORT to serve on (default: %(default)s, this machine only; "
+                             "0.0.0.0:8050 for every interface)")
     parser.add_argument("--endpoint-url", help="S3-compatible endpoint URL")
     parser.add_argument("--region", help="S3 region")
     parser.add_argument("--engine", choices=ENGINES, default="auto",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import sys
 import time
 import urllib.error
@@ -15,8 +17,10 @@ from typing import IO, Any, TypeAlias
 import orjson
 
 from aggregator.cli.status import format_status, parse_metrics
+from emitters.fields import EVENT_FIELDS, KINDS, OP_STATES, TASK_STATES
 
 Parsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+_NUMBER_COLUMNS = frozenset({"int32", "int64", "float64", "timestamp_ns"})
 
 
 class NoAgentUrl(Exception):
@@ -54,11 +58,16 @@ def add_emit_parser(commands: Parsers) -> None:
         "emit", help="send events from the shell or a file (NDJSON) over the socket")
     emit.add_argument("--socket", help="agent socket (default: $EVAGG_SOCKET or the default)")
     emit.add_argument("--file", help="NDJSON file of events, '-' for standard input")
-    emit.add_argument("--kind", default="task")
-    emit.add_argument("--name")
-    emit.add_argument("--state")
+    emit.add_argument("--kind", default="task",
+                      help=f"what the event is: {', '.join(KINDS)} (default: task)")
+    emit.add_argument("--name", help="what it is called: the task's function, the op's name")
+    emit.add_argument("--state",
+                      help=f"a task's state ({', '.join(TASK_STATES)}) or an op's "
+                           f"({', '.join(OP_STATES)})")
     emit.add_argument("--field", action="append", default=[], metavar="KEY=VALUE",
-                      help="extra field; VALUE is parsed as JSON when it parses")
+                      help="another field, e.g. task_id=t1 or duration_s=0.8 (repeat it); "
+                           "VALUE is read as JSON when it parses; a number field such as "
+                           "duration_s must get a number")
     emit.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the ack")
     emit.set_defaults(command=run_emit)
 
@@ -73,6 +82,10 @@ def run_emit(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"evagg emit: {exc}", file=sys.stderr)
         return 2
+    missing = _no_agent_there(emitters.get_emitter().socket_path)
+    if missing:
+        print(f"evagg emit: {missing}", file=sys.stderr)
+        return 1
     for event in events:
         emitters.emit(**event)
     if not emitters.flush(args.timeout):
@@ -82,6 +95,25 @@ def run_emit(args: argparse.Namespace) -> int:
         return 1
     print(f"sent {len(events)} events")
     return 0
+
+
+def _no_agent_there(path: str) -> str | None:
+    """Why no agent can be listening on `path`, known without waiting for an ack: its
+    socket file is missing or is not a socket. None when one may be (or an agent on
+    demand starts there: $EVAGG_START_AGENT=1)."""
+    if os.environ.get("EVAGG_START_AGENT") == "1":
+        return None
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return (f"no agent is running on {path} (the socket file does not exist): start "
+                "one with `evagg run`, or point --socket (or $EVAGG_SOCKET) at the agent's "
+                "socket")
+    except OSError as exc:
+        return f"cannot use the socket {path}: {exc.strerror}"
+    if not stat.S_ISSOCK(mode):
+        return f"{path} is not a socket: point --socket (or $EVAGG_SOCKET) at the agent's"
+    return None
 
 
 def _events_from_args(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
@@ -117,15 +149,29 @@ def _event_from_flags(args: argparse.Namespace) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"--field {item!r} is not KEY=VALUE")
-        event[key] = _json_or_text(value)
+        event[key] = field_value(key, value)
     return event
 
 
-def _json_or_text(value: str) -> Any:
+def field_value(key: str, text: str) -> Any:
+    """VALUE of `--field KEY=VALUE`, checked against the event schema's column: a number
+    column refuses what is not a number (the agent would store NULL without a word), a
+    text column takes the text as typed (quotes optional), any other key takes JSON when
+    it parses, else the text."""
+    column = EVENT_FIELDS.get(key)
     try:
-        return orjson.loads(value)
+        value = orjson.loads(text)
     except orjson.JSONDecodeError:
-        return value
+        value = text
+    if column == "string":
+        return value if isinstance(value, str) else text
+    if column in _NUMBER_COLUMNS:
+        number_kinds = (int,) if column != "float64" else (int, float)
+        if isinstance(value, bool) or not isinstance(value, number_kinds):
+            what = "a whole number" if column != "float64" else "a number"
+            raise ValueError(f"--field {key}={text}: {key} takes {what}, and {text!r} is "
+                             "not one")
+    return value
 
 
 # -- tail ------------------------------------------------------------------------------------
@@ -158,6 +204,8 @@ def run_tail(args: argparse.Namespace) -> int:
     shown = 0
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers)) as response:
+            # stderr: a pipe of --json lines stays clean, the user still sees it works
+            print(f"waiting for events on {url} (Ctrl-C to stop)", file=sys.stderr, flush=True)
             for line in response:
                 print(line.decode().rstrip() if args.json else _short(orjson.loads(line)),
                       flush=True)

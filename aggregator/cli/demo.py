@@ -15,11 +15,16 @@ from aggregator.agent import Agent
 from aggregator.config import AgentConfig
 
 
-def produce_demo_events(socket_path: str, events: int) -> bool:
+def demo_run_id() -> str:
+    """Each demo is a run of its own, so that its table shows only its own events."""
+    return time.strftime("demo-%Y%m%d-%H%M%S")
+
+
+def produce_demo_events(socket_path: str, events: int, run_id: str = "demo-run") -> bool:
     """A small training run: steps of forward/backward/optimizer ops, and some tasks."""
     from emitters import Emitter
 
-    emitter = Emitter(socket=socket_path, run_id="demo-run", job_id="demo-job", source="demo")
+    emitter = Emitter(socket=socket_path, run_id=run_id, job_id="demo-job", source="demo")
     steps = max(1, events // 8)
     for step in range(steps):
         for name in ("forward", "backward", "optimizer.step"):
@@ -35,13 +40,13 @@ def produce_demo_events(socket_path: str, events: int) -> bool:
         emitter.emit(kind="task", name="preprocess", state="FAILED" if failed else "FINISHED",
                      task_id=task_id, duration_s=duration_s,
                      error_type="ValueError" if failed else None,
-                     error_message="ValueError: bad shard" if failed else None)
+                     error_message="bad shard" if failed else None)
     ok = emitter.flush(10.0)
     emitter.close()
     return ok
 
 
-async def _demo(config: AgentConfig, events: int) -> int:
+async def _demo(config: AgentConfig, events: int, run_id: str) -> int:
     agent = Agent(config)
     running = asyncio.create_task(agent.run())
     while not agent.is_ready():
@@ -49,7 +54,7 @@ async def _demo(config: AgentConfig, events: int) -> int:
             return running.result()
         await asyncio.sleep(0.05)
     try:
-        ok = await asyncio.to_thread(produce_demo_events, str(config.socket), events)
+        ok = await asyncio.to_thread(produce_demo_events, str(config.socket), events, run_id)
     finally:
         agent.request_stop()  # drain even if the demo producer failed
     code = await running
@@ -57,24 +62,31 @@ async def _demo(config: AgentConfig, events: int) -> int:
 
 
 def run_demo(config: AgentConfig, events: int) -> int:
-    code = asyncio.run(_demo(config, events))
+    run_id = demo_run_id()
+    code = asyncio.run(_demo(config, events, run_id))
     if code != 0:
         return code
     lake = next((s.url for s in config.sinks if s.type == "parquet"), None)
     if lake is None:
         return 0
-    _show(lake)
+    _show(lake, run_id)
     return 0
 
 
-def _show(lake: str) -> None:
+def _show(lake: str, run_id: str) -> None:
     import duckdb
 
+    # Only this demo's run: the agent's own heartbeats and earlier demos are in the same
+    # files. Ops take microseconds and tasks tenths of a second: one unit would not do.
     sql = ("SELECT kind, name, state, count(*) AS events,\n"
-           "       round(avg(duration_s) * 1000, 3) AS avg_ms\n"
+           "       CASE WHEN avg(duration_s) < 0.001 "
+           "THEN printf('%.0f µs', avg(duration_s) * 1e6)\n"
+           "            ELSE printf('%.1f ms', avg(duration_s) * 1e3) END AS avg_duration\n"
            f"FROM read_parquet('{lake}/**/*.parquet', hive_partitioning = true)\n"
-           f"GROUP BY ALL ORDER BY kind, name, state")
-    print(f"\nParquet written under {lake}\nQuery it with DuckDB:\n\n{sql};\n")
+           f"WHERE run_id = '{run_id}'\n"
+           "GROUP BY ALL ORDER BY kind, name, state")
+    print(f"\nParquet written under {lake} (this demo is run {run_id}; earlier runs "
+          f"stay there too)\nQuery it with DuckDB:\n\n{sql};\n")
     print(duckdb.sql(sql))
 
 

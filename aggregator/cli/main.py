@@ -1,4 +1,5 @@
 """`evagg` command line: one subcommand per job; the work lives in the modules it calls."""
+# (The docstring is for developers; DESCRIPTION is what `evagg --help` says to users.)
 
 from __future__ import annotations
 
@@ -16,6 +17,18 @@ if TYPE_CHECKING:  # imported when used: `evagg query` needs none of the agent's
     from aggregator.config import AgentConfig, ConfigError
 
 Command = Callable[[argparse.Namespace], int]
+DESCRIPTION = """\
+evagg collects the events your jobs send on this node (tasks, training steps, ops,
+spans), keeps them safe in a spool and writes them to Parquet (or HTTP), where you can
+query them.
+
+  evagg run                  start the agent (Ctrl-C stops it)
+  evagg run --demo           or see the whole path once, with demo events
+  evagg emit --name smoke --state FINISHED --field task_id=t1
+  evagg status               is it receiving and delivering?
+  evagg query tasks          what the jobs did; evagg dashboard to browse it
+"""
+EPILOG = "Each command has its own --help, e.g. `evagg query --help`."
 DEFERRED_COMMANDS = ("query", "dashboard")  # their parsers import DuckDB: built only when run
 
 
@@ -46,7 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="evagg", description=__doc__)
+    parser = argparse.ArgumentParser(prog="evagg", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"evagg {evagg_version()}")
     def usage(_args: argparse.Namespace) -> int:
         parser.print_help()
         return 2
@@ -58,6 +73,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client_commands(commands)
     _add_optional_commands(commands)
     return parser
+
+
+def evagg_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("evagg")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed: a source checkout)"
 
 
 def _agent_flags(parser: argparse.ArgumentParser) -> None:
@@ -78,15 +102,11 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def load_from_args(args: argparse.Namespace) -> AgentConfig:
-    """The config with its flags applied, its sinks built once to check them."""
-    from aggregator.config import check_host, load_config
-    from aggregator.delivery.sink_set import build_sinks
+    """The config with its flags applied, its sinks built once to check them; ConfigError
+    lists every problem found (aggregator/cli/config_check.py)."""
+    from aggregator.cli.config_check import load_checked
 
-    config = load_config(args.config, overrides=overrides_from_args(args))
-    check_host(config)
-    build_sinks(config.sinks, node_id=config.node_id, spool_id="check",
-                state_dir=config.state_dir)
-    return config
+    return load_checked(args.config, overrides_from_args(args))
 
 
 def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

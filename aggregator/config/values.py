@@ -3,6 +3,7 @@ return the value or raise ValueError saying why (the caller names the key)."""
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,7 +17,10 @@ def check_keys(
 ) -> None:
     for key in table:
         if key not in allowed:
-            problems.append(f"{prefix}{key}: unknown key (allowed: {', '.join(sorted(allowed))})")
+            near = difflib.get_close_matches(key, allowed, n=1, cutoff=0.75)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            problems.append(f"{prefix}{key}: unknown key ({hint}allowed: "
+                            f"{', '.join(sorted(allowed))})")
 
 
 def string(value: Any) -> str:

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from aggregator.decode.ndjson import decode_ndjson
 from aggregator.decode.normalize import Normalized, Stamp, ndjson_to_batch, rows_to_batch
+from aggregator.losses import LossRecorder
 from aggregator.metrics import AgentMetrics
 from aggregator.red.metrics import RedMetrics
 from aggregator.spool import Spool, SpoolClosed
@@ -41,8 +42,10 @@ class SpoolUnavailable(RuntimeError):
 
 class Ingestor:
     def __init__(self, spool: Spool, metrics: AgentMetrics, *, node_id: str, host: str,
-                 decode_threads: int = 2, red: RedMetrics | None = None) -> None:
+                 decode_threads: int = 2, red: RedMetrics | None = None,
+                 losses: LossRecorder | None = None) -> None:
         self.spool = spool
+        self.losses = losses  # counts the losses producers report in `loss` events
         self.red = red  # RED metrics from every spooled batch (aggregator/red/metrics.py)
         self.metrics = metrics
         self.node_id = node_id
@@ -109,6 +112,8 @@ class Ingestor:
         if self.red is not None and self.red.add_batch(batch):  # RED metrics, see red_metrics.py
             with contextlib.suppress(RuntimeError):  # executor shut down: /metrics flushes
                 self._executor.submit(self.red.flush)  # off the event loop; never raises
+        if self.losses is not None and route != "agent":  # the agent's own count elsewhere
+            self.losses.record_from_producers(batch)
         self.metrics.received_events.inc(batch.num_rows, route=route)
         self.metrics.received_frames.inc(route=route)
         self.metrics.received_bytes.inc(raw_bytes or len(payload), route=route)

@@ -4,9 +4,10 @@ Arrow batch of EVENT_SCHEMA (written behind the agent's back, or left by a bug).
 Each sink's consumer screens what it reads (an Arrow IPC parse of the batch's metadata
 and a check of its buffers' sizes). A record that fails is copied into the spool's
 quarantine directory, as damaged segments are (and pruned with them); its events are
-counted once as lost by the policy "undecodable_record" (`evagg_dropped_events_total`
-and a `loss` event); and every sink gets an empty record at its offset instead. Without
-this, each sink failed on that record for good, and the spool filled behind it.
+counted once as lost by the policy "undecodable_record" in the agent's `LossRecorder`
+(`evagg_dropped_events_total` and a `loss` event); and every sink gets an empty record at
+its offset instead. Without this, each sink failed on that record for good, and the
+spool filled behind it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Final
 
+from aggregator.losses import LossRecorder
 from aggregator.spool._spool import Spool
 from aggregator.spool._state import QUARANTINE_DIR
 from sinks.records import SpoolRecord
@@ -36,8 +38,9 @@ def empty_payload() -> bytes:
 class RecordScreen:
     """One per spool, shared by its consumers, so a bad record is counted once."""
 
-    def __init__(self, spool: Spool) -> None:
+    def __init__(self, spool: Spool, losses: LossRecorder | None = None) -> None:
         self.spool = spool
+        self.losses = losses or spool.losses  # the agent gives the spool its one recorder
         self._quarantined: set[int] = set()  # offsets this process has handled
 
     def screen(self, records: Sequence[SpoolRecord]) -> list[SpoolRecord]:
@@ -63,7 +66,7 @@ class RecordScreen:
         except OSError as exc:  # the loss still counts; only the copy is missing
             log.warning("spool: cannot keep unreadable record %d: %s", record.offset, exc)
             kept = directory / "(not kept)"
-        self.spool.record_loss(LOSS_REASON, record.count)
+        self.losses.record(LOSS_REASON, record.count)
         log.error("spool: record %d (%d events, %d bytes) is not an event batch any sink can "
                   "read; skipped and counted as lost, its bytes kept in %s", record.offset,
                   record.count, record.size, kept)

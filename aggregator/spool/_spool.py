@@ -1,7 +1,8 @@
 """The spool: durable, bounded, append-only storage of accepted batches, one cursor per sink.
 
 This module holds the policies: dedupe of resent frames, what happens when the spool is
-full, cursors and which segments they allow to delete, and the count of every loss.
+full, cursors and which segments they allow to delete, and what it loses (recorded in
+the agent's one `LossRecorder`, aggregator/losses.py).
 The files themselves are `spool_log.SegmentLog`'s. Format and recovery: docs/spool.md.
 """
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from aggregator.losses import LossRecorder
 from aggregator.spool._counters import SpoolCounters
 from aggregator.spool._log import SegmentLog
 from aggregator.spool._recovery import Recovered
@@ -67,6 +69,7 @@ class Spool:
         when_full: Literal["block", "drop_oldest"] = "block",
         fsync: Literal["os", "always"] = "os",
         segment_bytes: int = 64 * 2**20,
+        losses: LossRecorder | None = None,
     ) -> None:
         if when_full not in ("block", "drop_oldest"):
             raise ValueError(f"when_full must be 'block' or 'drop_oldest', not {when_full!r}")
@@ -82,9 +85,8 @@ class Spool:
         if self.max_record_bytes < 1:
             raise ValueError(f"spool max_bytes {max_bytes} is too small to hold a record")
         self.spool_id = ""
-        self.losses: dict[str, int] = {}
+        self.losses = losses or LossRecorder()  # drop_oldest, corrupt_record
         self.counters = SpoolCounters()
-        self._unreported: dict[str, int] = {}
         self._log = SegmentLog(self.directory, segment_bytes=segment_bytes,
                                fsync_always=fsync == "always", counters=self.counters,
                                on_recovered=self._count_recovery, on_visible=self._wake_readers)
@@ -227,7 +229,7 @@ class Spool:
             floor = self._pin_floor()
             passed = 0 if floor is None else victim.find(floor)  # every sink is past these
             self._remove_oldest(1)
-            self._add_loss("drop_oldest", victim.events_from(passed))
+            self.losses.record("drop_oldest", victim.events_from(passed))
             self.counters.dropped_records += victim.records - passed
             for sink, position in self._cursors.items():
                 self._cursors[sink] = max(position, self.first_offset)
@@ -341,31 +343,12 @@ class Spool:
         self._log.remove_oldest(count)
         self._notify_room()
 
-    # -- losses ----------------------------------------------------------------------------
-
-    def take_losses(self) -> dict[str, int]:
-        """Losses not reported yet, by reason; the agent turns them into `loss` events."""
-        taken, self._unreported = self._unreported, {}
-        return taken
-
-    def return_losses(self, losses: dict[str, int]) -> None:
-        """Losses taken but not written after all: they are reported again next time."""
-        for reason, events in losses.items():
-            self._unreported[reason] = self._unreported.get(reason, 0) + events
-
-    def record_loss(self, reason: str, events: int) -> None:
-        """A loss found outside the spool (an unreadable record, `spool_screen`)."""
-        self._add_loss(reason, events)
-
-    def _add_loss(self, reason: str, events: int) -> None:
-        if events > 0:
-            self.losses[reason] = self.losses.get(reason, 0) + events
-            self._unreported[reason] = self._unreported.get(reason, 0) + events
+    # -- recovery counts -------------------------------------------------------------------
 
     def _count_recovery(self, found: Recovered) -> None:
         self.counters.truncated_bytes += found.truncated_bytes
         self.counters.corrupt_records += found.corrupt_records
-        self._add_loss("corrupt_record", found.lost_events)
+        self.losses.record("corrupt_record", found.lost_events)
         if found.truncated_bytes or found.corrupt_records:
             name = found.index.path.name if found.index else "a segment"
             log.warning("spool: %s: cut %d torn bytes, %d corrupt records (%d events known), "

@@ -18,7 +18,10 @@ def evagg_command() -> list[str]:
 
 
 def evagg(*args: str, stdin: str | None = None, timeout: float = 60,
-          env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+          env: dict[str, str] | None = None, inherit: bool = True
+          ) -> subprocess.CompletedProcess[str]:
+    """`env` adds to this process's environment, or replaces it with `inherit=False`."""
+    base = dict(os.environ) if inherit else {}
     return subprocess.run([*evagg_command(), *args], cwd=REPO, input=stdin, text=True,
                           capture_output=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+                          env={**base, "PYTHONPATH": str(REPO), **(env or {})})

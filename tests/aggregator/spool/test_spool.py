@@ -211,8 +211,9 @@ def test_a_flipped_payload_loses_only_that_record(spool_dir: Path) -> None:
     report = spool.open()
     assert report.corrupt_records == 1 and len(report.quarantined_files) == 1
     assert [r.offset for r in spool.read(1)] == [1, *range(3, 13)]
-    assert spool.losses == {"corrupt_record": 2}  # record 2 carried 1 % 7 + 1 events
-    assert spool.take_losses() == {"corrupt_record": 2} and spool.take_losses() == {}
+    assert spool.losses.totals() == {"corrupt_record": 2}  # record 2 carried 1 % 7 + 1 events
+    assert spool.losses.take_unreported() == {"corrupt_record": 2}
+    assert spool.losses.take_unreported() == {}
     assert Path(report.quarantined_files[0]).stat().st_size == SEGMENT  # the original, whole
     spool.close()
     spool = opened(spool_dir)  # the repair holds: nothing found the second time
@@ -265,7 +266,7 @@ def test_damage_found_while_reading_is_repaired_once(spool_dir: Path) -> None:
         flip(segments(spool_dir)[0], HEADER_SIZE + 2 * FRAME + RECORD_OVERHEAD + 10)
         assert [r.offset for r in spool.read(1)] == [1, 2, *range(4, 13)]
         assert spool.counters.corrupt_records == 1 and len(quarantined(spool_dir)) == 1
-        assert spool.take_losses() == {"corrupt_record": 3}
+        assert spool.losses.take_unreported() == {"corrupt_record": 3}
         flip(segments(spool_dir)[-1], HEADER_SIZE + RECORD_OVERHEAD + 10)  # the active one
         assert [r.offset for r in spool.read(9)] == [10, 11, 12]
         assert (await spool.append(b"x", 1, received_ns=0)).offset == 13
@@ -314,7 +315,7 @@ def test_block_waits_for_a_commit_and_keeps_arrival_order(spool_dir: Path) -> No
         spool.commit("lake", 5)  # frees the first segment
         done = await asyncio.wait_for(asyncio.gather(first, second), timeout=10)
         assert [r.offset for r in done] == [17, 18]
-        assert spool.bytes_used <= spool.max_bytes and spool.losses == {}
+        assert spool.bytes_used <= spool.max_bytes and spool.losses.totals() == {}
         spool.close()
 
     run(scenario())
@@ -345,14 +346,14 @@ def test_drop_oldest_drops_advances_cursors_and_counts_exactly(spool_dir: Path) 
         await fill(spool, 9, start=12)  # 13-21: the segments of 1-4 and 5-8 must go
         assert spool.first_offset == 9
         dropped_events = sum(i % 7 + 1 for i in range(1, 8))  # offsets 2-8: not all delivered
-        assert spool.losses == {"drop_oldest": dropped_events}
+        assert spool.losses.totals() == {"drop_oldest": dropped_events}
         assert spool.counters.dropped_records == 7
         assert spool.cursor("lake") == spool.cursor("archive") == 9
         assert [r.offset for r in spool.read(spool.cursor("lake"))] == list(range(9, 22))
         assert spool.lag("lake") == (13, sum(i % 7 + 1 for i in range(8, 21)))
         assert spool.bytes_used <= spool.max_bytes
-        assert spool.take_losses() == {"drop_oldest": dropped_events}
-        assert spool.take_losses() == {}
+        assert spool.losses.take_unreported() == {"drop_oldest": dropped_events}
+        assert spool.losses.take_unreported() == {}
         spool.close()
 
     run(scenario())
@@ -363,7 +364,7 @@ def test_drop_oldest_without_sinks_counts_every_dropped_event(spool_dir: Path) -
         spool = opened(spool_dir, max_bytes=4 * SEGMENT, segment_bytes=SEGMENT,
                        when_full="drop_oldest")
         await fill(spool, 17)
-        assert spool.losses == {"drop_oldest": sum(i % 7 + 1 for i in range(4))}
+        assert spool.losses.totals() == {"drop_oldest": sum(i % 7 + 1 for i in range(4))}
         spool.close()
 
     run(scenario())

@@ -75,13 +75,13 @@ def test_every_sink_gets_past_an_unreadable_record_and_it_is_counted_once(
         assert lake_task_ids(lake) == {f"t{i}" for i in range(20)}
     (kept,) = (tmp_path / "spool" / QUARANTINE_DIR).glob("record-*.corrupt")
     assert kept.read_bytes() == GARBAGE and kept.name.startswith("record-00000000000000000002.")
-    assert spool.take_losses() == {LOSS_REASON: 7}  # once, not once per sink
+    assert spool.losses.take_unreported() == {LOSS_REASON: 7}  # once, not once per sink
     spool.close()
 
     again = open_spool(tmp_path / "spool")  # a restart reads it again: no second count
     records = RecordScreen(again).screen(again.read(1))
     assert [r.count for r in records] == [10, 0, 10]
-    assert again.take_losses() == {}
+    assert again.losses.take_unreported() == {}
     again.close()
 
 
@@ -92,7 +92,7 @@ def test_a_batch_of_another_schema_or_cut_short_is_set_aside_too(tmp_path: Path)
     append(spool, payload(0, 5)[:-40], 5)
     records = RecordScreen(spool).screen(spool.read(1))
     assert [r.count for r in records] == [0, 0]
-    assert spool.take_losses() == {LOSS_REASON: 8}
+    assert spool.losses.take_unreported() == {LOSS_REASON: 8}
     spool.close()
 
 

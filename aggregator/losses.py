@@ -1,0 +1,92 @@
+"""Every event the agent knows was lost, by reason: the one owner of those counts.
+
+Four places learn of losses and each is given the same `LossRecorder`:
+
+- the spool: `drop_oldest` (full under that policy) and `corrupt_record` (damaged
+  records cut at recovery);
+- the record screen: `undecodable_record` (a record no sink can read);
+- the heartbeat, which turns those into `loss` events and, once they are spooled, counts
+  them in `evagg_dropped_events_total{reason}` (so the metric and the `loss` events in
+  the lake always agree);
+- the ingest routes, for the losses producers report in their own `loss` events
+  (`buffer_full`, `nacked`, `too_large`, `unencodable`, `exit_deadline`;
+  docs/wire-protocol.md): counted in `evagg_producer_dropped_events_total{reason}`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from aggregator.metrics import Family
+
+# What an emitter's `loss` event may name (emitters/ledger.py); any other name is a
+# producer's own, counted as "other" so that no producer can grow the label set.
+EMITTER_REASONS: Final = frozenset(
+    {"buffer_full", "nacked", "too_large", "unencodable", "exit_deadline"})
+OTHER_REASON: Final = "other"
+
+
+class LossRecorder:
+    def __init__(self, reported: Family | None = None,
+                 producers: Family | None = None) -> None:
+        # evagg_dropped_events_total: the agent's losses whose `loss` event is spooled
+        self._reported = reported or Family("evagg_dropped_events_total", "", "counter")
+        # evagg_producer_dropped_events_total: losses producers reported
+        self._producers = producers or Family("evagg_producer_dropped_events_total", "", "counter")
+        self._found: dict[str, int] = {}
+        self._unreported: dict[str, int] = {}
+
+    def record(self, reason: str, events: int) -> None:
+        """A loss the agent found itself; the next heartbeat reports it."""
+        if events > 0:
+            self._found[reason] = self._found.get(reason, 0) + events
+            self._unreported[reason] = self._unreported.get(reason, 0) + events
+
+    def totals(self) -> dict[str, int]:
+        """Events the agent found lost since it started, by reason (reported or not)."""
+        return dict(self._found)
+
+    def take_unreported(self) -> dict[str, int]:
+        """Losses found and not yet in a `loss` event, by reason; resets them."""
+        taken, self._unreported = self._unreported, {}
+        return taken
+
+    def return_unreported(self, losses: Mapping[str, int]) -> None:
+        """Losses taken but not written after all: they are reported again next time."""
+        for reason, events in losses.items():
+            self._unreported[reason] = self._unreported.get(reason, 0) + events
+
+    def reported(self, losses: Mapping[str, int]) -> None:
+        """The `loss` events for `losses` are spooled: count them on /metrics."""
+        for reason, events in losses.items():
+            self._reported.inc(events, reason=reason)
+
+    def reported_total(self, reason: str) -> int:
+        """Events of `reason` in the `loss` events spooled since the agent started."""
+        return int(self._reported.get(reason=reason))
+
+    def record_from_producers(self, batch: pa.RecordBatch) -> None:
+        """Count the losses that producers' `loss` events in a spooled batch report."""
+        for reason, events in reported_losses(batch).items():
+            self._producers.inc(events, reason=reason)
+
+
+def reported_losses(batch: pa.RecordBatch) -> dict[str, int]:
+    """Events lost by reason, as the `loss` events in `batch` report them (`name` is the
+    reason, `metrics.events` the count). Most batches hold none: one vectorised compare."""
+    is_loss = pc.equal(batch.column("kind"), "loss")
+    if not pc.any(is_loss).as_py():
+        return {}
+    losses = batch.filter(is_loss)
+    out: dict[str, int] = {}
+    names = losses.column("name").to_pylist()
+    for name, metrics in zip(names, losses.column("metrics").to_pylist(), strict=True):
+        events = int(dict(metrics or []).get("events") or 0)
+        reason = name if name in EMITTER_REASONS else OTHER_REASON
+        if events > 0:
+            out[reason] = out.get(reason, 0) + events
+    return out

@@ -1,0 +1,195 @@
+"""What a newcomer types and reads (issue 16, item 6), through the real `evagg` command:
+exit codes, stdout and stderr."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.agentproc import REPO, AgentProcess, free_port, short_socket_dir
+from tests.aggregator.cli.newcomer import evagg, evagg_command
+
+NAN_PRODUCER = """
+import sys
+from emitters import Emitter
+
+emitter = Emitter(socket=sys.argv[1], source="newcomer")
+emitter.emit(kind="task", name="load_shard", state="FINISHED", task_id="t1", duration_s=0.8)
+for step, loss in ((0, 0.5), (1, float("nan"))):
+    emitter.emit(kind="op", name="forward", state="FINISHED", run_id="r1", step=step,
+                 duration_s=0.01, metrics={"loss": loss})
+emitter.emit(kind="op", name="save", state="FINISHED", duration_s=0.2)  # no run_id
+assert emitter.flush(30.0)
+"""
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A lake a real agent wrote: a task, a run whose step 1 lost its loss to NaN, and
+    an op sent without a run_id."""
+    agent = AgentProcess(tmp_path_factory.mktemp("lake-agent")).start()
+    try:
+        sent = subprocess.run([sys.executable, "-c", NAN_PRODUCER, str(agent.socket_path)],
+                              cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                              capture_output=True, text=True, timeout=60)
+        assert sent.returncode == 0, sent.stderr
+        agent.wait_delivered(4)
+    finally:
+        assert agent.stop() == 0
+    return agent.lake_dir
+
+
+def query(lake: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return evagg("query", "--data", str(lake), "--no-cache", *args)
+
+
+# -- emit --------------------------------------------------------------------------------
+
+def test_emit_without_an_agent_says_so_at_once(tmp_path: Path) -> None:
+    missing = tmp_path / "no-agent.sock"
+    done = evagg("emit", "--socket", str(missing), "--name", "smoke", "--state", "FINISHED",
+                 env={"EVAGG_START_AGENT": ""})
+    assert done.returncode == 1
+    assert f"no agent is running on {missing}" in done.stderr
+    assert "does not exist" in done.stderr and "evagg run" in done.stderr
+    assert "did not acknowledge" not in done.stderr  # it did not wait for an ack
+
+
+def test_emit_refuses_a_number_field_that_is_no_number(tmp_path: Path) -> None:
+    done = evagg("emit", "--socket", str(tmp_path / "s.sock"), "--name", "x",
+                 "--field", "duration_s=abc")
+    assert done.returncode == 2
+    assert "--field duration_s=abc: duration_s takes a number" in done.stderr
+
+
+def test_emit_takes_a_text_field_without_quotes(agent: AgentProcess) -> None:
+    done = evagg("emit", "--socket", str(agent.socket_path), "--name", "visible_check",
+                 "--state", "FINISHED", "--field", "task_id=vc1", "--field", "duration_s=8")
+    assert done.returncode == 0, done.stderr
+    agent.stop()
+    assert agent.query("SELECT task_id, duration_s FROM events WHERE name = 'visible_check'"
+                       ) == [("vc1", 8.0)]
+
+
+def test_emit_help_explains_kind_name_and_state() -> None:
+    shown = evagg("emit", "--help").stdout
+    assert "what the event is: task, op" in shown
+    assert "what it is called" in shown and "a task's state (PENDING" in shown
+
+
+# -- the agent's ports and its config ----------------------------------------------------
+
+def test_a_taken_http_port_says_what_to_do(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        listen = f"127.0.0.1:{taken.getsockname()[1]}"
+        sock = short_socket_dir() / "events.sock"
+        done = evagg("run", "--socket", str(sock), "--state-dir", str(tmp_path / "state"),
+                     "--http-listen", listen)
+    assert done.returncode == 1
+    assert f"cannot open the HTTP port {listen}: something is already listening" in done.stderr
+    assert "--http-listen" in done.stderr and "Errno" not in done.stderr
+    assert not sock.exists()  # nothing left behind
+
+
+def test_check_config_lists_every_problem_and_suggests_the_key(tmp_path: Path) -> None:
+    config = tmp_path / "evagg.toml"
+    config.write_text('[agent]\nheartbeat_interval = "abc"\n\n[[sinks]]\nname = "lake"\n'
+                      f'type = "parquet"\nurl = "{tmp_path}/lake"\nroll_intervall = "1m"\n'
+                      'row_group_rows = "many"\n')
+    done = evagg("check-config", "--config", str(config))
+    assert done.returncode == 2
+    problems = done.stderr.strip().splitlines()
+    assert len(problems) == 3, done.stderr
+    assert "agent.heartbeat_interval" in problems[0]
+    assert "sinks[0].roll_intervall: unknown key (did you mean 'roll_interval'?" in problems[1]
+    assert "row_group_rows: 'many' is not a whole number" in problems[2]
+
+
+# -- help and version --------------------------------------------------------------------
+
+def test_version_and_help_speak_to_users() -> None:
+    version = evagg("--version")
+    assert version.returncode == 0 and version.stdout.startswith("evagg ")
+    top = evagg("--help").stdout
+    assert "evagg run --demo" in top and "the modules it calls" not in top
+    dashboard = evagg("dashboard", "--help").stdout
+    assert "aiohttp" not in dashboard and "dashboard/app.py" not in dashboard
+    assert "(default: 127.0.0.1:8050" in " ".join(dashboard.split())
+
+
+def test_tail_says_what_it_waits_for(agent: AgentProcess) -> None:
+    tail = subprocess.Popen([*evagg_command(), "tail", "--url", agent.http_url], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert tail.stderr is not None
+        first = tail.stderr.readline()  # before any event came
+        assert first.startswith(f"waiting for events on {agent.http_url}/v1/tail")
+    finally:
+        tail.kill()
+        tail.wait()
+
+
+# -- queries -----------------------------------------------------------------------------
+
+def test_query_tasks_refuses_a_state_that_is_none(tmp_path: Path) -> None:
+    done = query(tmp_path, "tasks", "--state", "DONE")
+    assert done.returncode == 2
+    assert "--state DONE: not a task state" in done.stderr
+    assert "FINISHED, FAILED" in done.stderr
+
+
+def test_query_tasks_fits_a_terminal_and_shows_every_column_on_request(lake: Path) -> None:
+    narrow = query(lake, "tasks")
+    assert narrow.returncode == 0, narrow.stderr
+    assert "load_shard" in narrow.stdout
+    assert max(len(line) for line in narrow.stdout.splitlines()) <= 100, narrow.stdout
+    wide = query(lake, "tasks", "--wide")
+    assert "running_at" in wide.stdout and "error_message" in wide.stdout
+    chosen = query(lake, "tasks", "--columns", "name,duration_s")
+    assert chosen.stdout.split()[:2] == ["name", "duration_s"]
+    wrong = query(lake, "tasks", "--columns", "name,colour")
+    assert wrong.returncode == 2 and "colour" in wrong.stderr
+
+
+def test_query_runs_names_the_run_of_ops_without_a_run_id(lake: Path) -> None:
+    runs = query(lake, "runs")
+    assert runs.returncode == 0, runs.stderr
+    ids = [line.split()[0] for line in runs.stdout.splitlines()[2:] if line.strip()]
+    assert "r1" in ids and "(no" in ids and "" not in ids
+    steps = query(lake, "steps", "--run", "(no run_id)")
+    assert steps.returncode == 0 and "save" in steps.stdout
+
+
+def test_query_steps_shows_a_nan_loss(lake: Path) -> None:
+    steps = query(lake, "--json", "steps", "--run", "r1")
+    assert steps.returncode == 0, steps.stderr
+    rows = {row["step"]: row for row in orjson.loads(steps.stdout)}
+    assert rows[1]["nonfinite"] == ["loss"] and rows[0]["nonfinite"] is None
+    table = query(lake, "steps", "--run", "r1").stdout.splitlines()
+    assert "nonfinite" in table[0] and "loss" in table[3], table
+
+
+# -- the demo ----------------------------------------------------------------------------
+
+def test_a_second_demo_shows_only_its_own_run(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EVAGG_", "XDG_"))}
+    env.update(HOME=str(tmp_path), XDG_RUNTIME_DIR=str(short_socket_dir()),
+               EVAGG_HTTP_LISTEN=f"127.0.0.1:{free_port()}")
+    for _ in range(2):
+        done = evagg("run", "--demo", "40", env=env, inherit=False, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+    table = done.stdout.split("GROUP BY ALL ORDER BY kind, name, state;", 1)[1]
+    assert "this demo is run demo-" in done.stdout and "earlier runs stay there" in done.stdout
+    assert "heartbeat" not in table and "avg_ms" not in table
+    assert re.search(r"task\s+│\s+preprocess\s+│\s+FINISHED\s+│\s+5\s+│", table), table
+    assert " µs " in table or " ms " in table
