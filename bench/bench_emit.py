@@ -152,8 +152,7 @@ def main() -> int:
         median, p99 = quantiles(samples)
         print(f"{name:34} {median / 1000:10.3f} {p99 / 1000:8.3f} {median / base:7.1f}x")
     print(f"sender thread CPU per event: {cpu_us:.2f} us; burst throughput {rate:,.0f} events/s")
-    dropped = {k: v for k, v in stats.items() if k.startswith("dropped_")}
-    print(f"acked events {stats.get('acked_events', 0):,}, dropped {dropped or 0}")
+    print(f"acked events {stats.acked:,}, dropped {dict(stats.dropped) or 0}")
     return 0
 
 

@@ -17,16 +17,18 @@ import sys
 import threading
 import time
 import weakref
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from types import MappingProxyType
 from typing import Any
 
 from emitters.events import BUILT, ContextChange
+from emitters.handoff import Handoff, Settings, start_agent
 from emitters.ledger import FlushWaiter
 from emitters.ops import Op
-from emitters.sender import Sender, Settings
+from emitters.sender import Sender
 from emitters.snapshot import PLAIN, snapshot_fields
+from emitters.stats import EmitterStats
 from emitters.values import text
 
 log = logging.getLogger("evagg.emitter")
@@ -53,15 +55,16 @@ class Emitter:
     """
 
     def __init__(self, **options: Any) -> None:
-        self._pending: deque[Any] = deque()
-        self._overflow = 0  # events the callers dropped because the queue was full
+        self._handoff = Handoff()  # all that the sender thread sees of this emitter
+        self._pending = self._handoff.queue  # the same deque, one lookup less in emit()
         self._running = False
         self._closed = False
+        self._closed_ok = False  # what close() returned
+        self._final: EmitterStats | None = None  # the figures when close() ended
         self._lock = threading.Lock()
         self._sender: Sender | None = None
-        self._identity: dict[str, Any] = {}
-        self._settings = Settings()
         self._max_pending = 0
+        self._op_put = self._put  # bound once: op() makes no method object per call
         self._wake_at = 0
         self.exit_timeout = 2.0
         self._explicit_pending: int | None = None
@@ -84,11 +87,11 @@ class Emitter:
             if n == self._wake_at or not self._running:
                 self._poke(n)
         else:
-            self._overflow += 1
+            self._handoff.caller_drops += 1
 
     def op(self, name: str, /, step: int | None = None, **fields: Any) -> Op:
         """`with emitter.op("train_step", step=i) as op: op.metric(loss=l)`."""
-        return Op(self, name, step, fields)
+        return Op(self._op_put, name, step, fields)
 
     def enqueue_built(self, events: Sequence[dict[str, Any]]) -> None:
         """Queue events that evagg's own integrations built finished (emitters.otel_fast),
@@ -99,7 +102,7 @@ class Emitter:
         n = len(pending)
         room = max(0, self._max_pending - n)
         if len(events) > room:
-            self._overflow += len(events) - room
+            self._handoff.caller_drops += len(events) - room
             events = events[:room]
         if events:
             pending.extend(zip(_ZEROS, _BUILTS, events, strict=False))  # tuples made in C
@@ -117,7 +120,7 @@ class Emitter:
             if n == self._wake_at or not self._running:
                 self._poke(n)
         else:
-            self._overflow += 1
+            self._handoff.caller_drops += 1
 
     def _poke(self, n: int) -> None:
         try:
@@ -135,7 +138,8 @@ class Emitter:
                 return
             # agent on demand: started by the sender thread before its first connection,
             # so the caller's first emit() never waits for an agent to start
-            sender = Sender(self, start_agent=os.environ.get("EVAGG_START_AGENT") == "1")
+            sender = Sender(self._handoff,
+                            agent_first=os.environ.get("EVAGG_START_AGENT") == "1")
             try:
                 sender.start()
             except RuntimeError:
@@ -152,12 +156,12 @@ class Emitter:
     def configure(self, **options: Any) -> None:
         """Set context and limits; names as in the class docstring. None leaves a value."""
         options = {k: v for k, v in options.items() if v is not None}
-        start_agent = bool(options.pop("start_agent", False))
+        wants_agent = bool(options.pop("start_agent", False))
         unknown = set(options) - {"socket", "job_id", "run_id", "node_id", "source", "attrs",
                                   "exit_timeout", "max_pending", *_SETTINGS}
         if unknown:
             raise TypeError(f"unknown emitter option(s): {', '.join(sorted(unknown))}")
-        identity = dict(self._identity)
+        identity = dict(self._handoff.identity)
         for key in ("job_id", "run_id", "node_id", "source"):
             if key in options:
                 identity[key] = str(options[key])
@@ -166,40 +170,37 @@ class Emitter:
         changes = {k: options[k] for k in _SETTINGS if k in options}
         if "socket" in options:
             changes["socket_path"] = os.fspath(options["socket"])
-        settings = replace(self._settings, **changes)
+        settings = replace(self._handoff.settings, **changes)
         _check_settings(settings)
         # every value is checked before any is applied: a call that raises changes nothing
         exit_timeout = float(options.get("exit_timeout", self.exit_timeout))
         explicit_pending = (max(1, int(options["max_pending"])) if "max_pending" in options
                             else self._explicit_pending)
         self.exit_timeout, self._explicit_pending = exit_timeout, explicit_pending
-        self._settings = settings
+        self._handoff.settings = settings
         self._size_queue()
-        if identity != self._identity:
-            self._identity = identity
+        if identity != self._handoff.identity:
+            self._handoff.identity = identity
             self._pending.append(ContextChange(identity))
-        if start_agent:
-            self._start_agent()
-
-    def _start_agent(self) -> None:
-        """Agent on demand (emitters/autostart.py): start one if none answers. Never raises."""
-        from emitters import autostart
-
-        autostart.ensure_agent(self._settings.socket_path)
+        if wants_agent:
+            start_agent(settings)
 
     def _size_queue(self) -> None:
         """A queued event costs about 1 KB of Python objects: cap the queue like the buffer."""
-        limit = self._explicit_pending or max(1024, self._settings.max_buffer_bytes // 1024)
+        limit = self._explicit_pending or max(1024, self._handoff.settings.max_buffer_bytes // 1024)
         self._wake_at = min(4096, max(1, limit // 4))
         if not self._closed:
             self._max_pending = limit
 
     @property
     def socket_path(self) -> str:
-        return self._settings.resolved_socket()
+        """The socket the emitter sends to (configured, else $EVAGG_SOCKET, else default)."""
+        return self._handoff.settings.resolved_socket()
 
-    def _current_settings(self) -> Settings:
-        return self._settings
+    @property
+    def identity(self) -> Mapping[str, Any]:
+        """The configured context: job_id, run_id, node_id, source, attrs (those set)."""
+        return MappingProxyType(self._handoff.identity)
 
     # -- flush, close, stats -----------------------------------------------------------
 
@@ -216,8 +217,8 @@ class Emitter:
             if self._closed:
                 return False
             if not self._running:
-                if not any(type(item) is tuple for item in list(self._pending)):
-                    return self._overflow == 0  # no event yet: no thread needed
+                if not self._handoff.queued_events():
+                    return self._handoff.caller_drops == 0  # no event yet: no thread needed
                 self._start()
             sender = self._sender
             if sender is None or sender.is_sender_thread():
@@ -229,51 +230,73 @@ class Emitter:
         except Exception:
             return False
 
-    def close(self, timeout: float | None = None) -> bool:
-        """Flush (default deadline: exit_timeout; gives up at once if no agent listens),
-        stop the sender thread. Events emitted later are dropped and counted."""
-        limit = self.exit_timeout if timeout is None else timeout
-        ok = self._flush(limit, at_exit=True) if self._running else self._overflow == 0
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Deliver what is queued within `timeout_s` (default: exit_timeout; gives up at
+        once when no agent listens), then stop the sender thread. True if everything was
+        acked. Later emit() calls are dropped and counted (stats().dropped["closed"]).
+        Never raises; a second call only returns the first one's outcome."""
+        try:
+            return self._close(self.exit_timeout if timeout_s is None else timeout_s)
+        except Exception:
+            return False
+
+    def _close(self, timeout_s: float) -> bool:
+        if self._closed:
+            return self._closed_ok
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        ok = (self._flush(timeout_s, at_exit=True) if self._running
+              else self._handoff.caller_drops == 0)
         with self._lock:
-            if self._closed:
-                return ok
-            self._closed = True
-            self._max_pending = 0
-            sender = self._sender
+            if self._closed:  # another thread closed it meanwhile
+                return self._closed_ok
+            self._closed, self._closed_ok = True, ok
+            self._max_pending = 0  # from now on emit() drops, and counts
+            sender, link = self._sender, self._handoff
+            # A handoff no sender reads: its caller_drops are the events emitted too late.
+            self._handoff = Handoff(link.settings, link.identity)
+            self._pending = self._handoff.queue
+        stopped = sender is None or sender.stop(max(0.0, deadline - time.monotonic()))
+        final = self._collect_stats(link)
+        if final.pending:
+            log.warning("evagg emitter: %d event(s) not delivered before closing "
+                        "(agent at %s)", final.pending, self.socket_path)
+        self._final = final.at_close()
         if sender is not None:
-            sender.stop(join_timeout=1.0)
-            left = sum(1 for item in list(self._pending) if type(item) is tuple)
-            undelivered = left + sender.outbox.unacked_events()
-            if undelivered:
-                sender.outbox.lost["exit_deadline"] += undelivered
-                log.warning("evagg emitter: %d event(s) not delivered before closing "
-                            "(agent at %s)", undelivered, self.socket_path)
-            sender.release()
-        self._pending.clear()
+            if stopped:
+                sender.release()
+            else:
+                sender.release_at_end()  # busy past the deadline (an agent start, say)
+        link.queue.clear()
         return ok
 
-    def stats(self) -> dict[str, int]:
-        """Counters: sent/acked/resent frames, dropped_<reason>, rejected_events, ..."""
-        sender = self._sender
-        out = sender.stats() if sender is not None else {}
-        if self._overflow:
-            out["dropped_buffer_full"] = out.get("dropped_buffer_full", 0) + self._overflow
-        out["pending"] = len(self._pending)
-        return out
+    def stats(self) -> EmitterStats:
+        """What this emitter did so far: emitted, sent, acked, dropped by reason, pending,
+        connected (EmitterStats; docs/emitters.md). Never raises, never blocks."""
+        final = self._final
+        if final is not None:
+            return final.with_late_drops(self._handoff.caller_drops)
+        try:
+            return self._collect_stats(self._handoff)
+        except Exception:  # a race with the sender thread: figures a moment old are fine
+            return EmitterStats(closed=self._closed)
 
-    @property
-    def session(self) -> bytes | None:
+    def _collect_stats(self, link: Handoff) -> EmitterStats:
         sender = self._sender
-        return sender.session if sender is not None else None
+        if sender is not None:
+            return sender.stats()
+        queued, drops = link.queued_events(), link.caller_drops
+        return EmitterStats(emitted=queued + drops, pending=queued,
+                            dropped={"buffer_full": drops} if drops else {})
 
     # -- fork --------------------------------------------------------------------------
 
     def _reset_after_fork(self) -> None:
         """In a forked child: the parent's thread is gone; start over with a new session."""
         old = self._sender
+        parent = self._handoff
         self._lock = threading.Lock()
-        self._pending = deque()
-        self._overflow = 0
+        self._handoff = Handoff(parent.settings, parent.identity)
+        self._pending = self._handoff.queue
         self._sender = None
         self._running = False
         if old is not None:

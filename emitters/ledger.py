@@ -1,22 +1,23 @@
 """What happened to each frame: acked, nacked, lost; flush waiters; loss accounting.
 
-The sender thread alone calls these methods. Losses are counted by reason in the outbox
-(`buffer_full`, `nacked`, `too_large`, `unencodable`, `exit_deadline`) plus the events
-callers dropped when the queue was full (counted as `buffer_full`).
+The sender thread alone changes the ledger; stats() reads it from any thread. Losses are
+counted by reason in the outbox (`buffer_full`, `nacked`, `too_large`, `unencodable`) plus
+the events callers dropped when the queue was full (counted as `buffer_full`). The
+emitter's own `loss` reports are frames too, kept apart so that they count as none of
+the caller's events.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 from emitters import wire
 from emitters.outbox import Outbox
+from emitters.ratelimit import RateLimitedLog
+from emitters.stats import EmitterStats
 
 log = logging.getLogger("evagg.emitter")
 
@@ -34,39 +35,17 @@ class FlushWaiter:
         self.unreachable = False
 
 
-class RateLimitedLog:
-    """Each kind of message at most once a minute, saying how many were held back."""
-
-    def __init__(self, interval_s: float = 60.0) -> None:
-        self._interval = interval_s
-        self._last: dict[str, float] = {}
-        self._held: Counter[str] = Counter()
-
-    def log(self, level: int, key: str, message: str, *args: Any) -> None:
-        now = time.monotonic()
-        last = self._last.get(key)
-        if last is not None and now - last < self._interval:
-            self._held[key] += 1
-            return
-        self._last[key] = now
-        held = self._held.pop(key, 0)
-        if held:
-            message += " (%d more since the last report)"
-            args += (held,)
-        with contextlib.suppress(Exception):  # logging can fail at interpreter exit
-            log.log(level, message, *args)
-
-
 class Ledger:
     def __init__(self, outbox: Outbox, caller_drops: Callable[[], int]) -> None:
         self.outbox = outbox
         self.counts: Counter[str] = Counter()
-        self.log = RateLimitedLog()
+        self.log = RateLimitedLog(log)
         self._caller_drops = caller_drops
         self._reported: Counter[str] = Counter()  # losses already sent in a loss event
         self._warned = 0
         self._waiters: list[FlushWaiter] = []
         self._problems_seen = 0
+        self._reports: set[int] = set()  # seqs of the frames holding our `loss` reports
 
     def losses(self) -> Counter[str]:
         return self.outbox.lost + Counter({"buffer_full": self._caller_drops()})
@@ -88,12 +67,41 @@ class Ledger:
             self.log.log(logging.WARNING, "loss", "evagg emitter: %d event(s) dropped so far "
                          "(%s); agent socket %s", total, dict(totals), socket_path)
 
-    def stats(self) -> dict[str, int]:
-        out: dict[str, int] = dict(self.counts)
-        out.update({f"dropped_{reason}": n for reason, n in self.outbox.lost.items()})
-        out["unacked_frames"] = len(self.outbox.frames)
-        out["buffered_bytes"] = self.outbox.bytes
-        return out
+    def stats(self, queued: int, connected: bool) -> EmitterStats:
+        """The figures so far; `queued`: events still in the callers' queue."""
+        # C-level copies first: the sender thread goes on counting meanwhile
+        counts = dict(self.counts)
+        lost = dict(self.outbox.lost)
+        caller_drops = self._caller_drops()
+        if caller_drops:
+            lost["buffer_full"] = lost.get("buffer_full", 0) + caller_drops
+        taken = counts.pop("taken_events", 0)
+        return EmitterStats(
+            emitted=taken + queued + caller_drops, sent=counts.pop("sent_events", 0),
+            acked=counts.pop("acked_events", 0), rejected=counts.pop("rejected_events", 0),
+            dropped={reason: n for reason, n in lost.items() if n},
+            pending=queued + self.unacked_events(), connected=connected,
+            counters={**counts, "unacked_frames": len(self.outbox.frames),
+                      "buffered_bytes": self.outbox.bytes})
+
+    def unacked_events(self) -> int:
+        """The caller's events in frames not yet answered (our loss reports left out)."""
+        reports = self._reports
+        return sum(count for seq, (_, count) in list(self.outbox.frames.items())
+                   if seq not in reports)
+
+    def report_made(self, seq: int | None) -> None:
+        """The frame `seq` holds loss reports, not the caller's events."""
+        if seq is not None:
+            self._reports.add(seq)
+
+    def count_sent(self, first_sends: list[int]) -> None:
+        """Frames written for the first time: count their events as sent."""
+        frames = self.outbox.frames
+        for seq in first_sends:
+            entry = frames.get(seq)
+            if entry is not None and seq not in self._reports:
+                self.counts["sent_events"] += entry[1]
 
     # -- replies ----------------------------------------------------------------------
 
@@ -104,6 +112,8 @@ class Ledger:
             if entry is None:
                 return False  # a second answer to a frame resent after a reconnect
             self.counts["acked_frames"] += 1
+            if self._is_report(reply.seq):
+                return True
             self.counts["acked_events"] += reply.accepted
             if reply.rejected:
                 self.counts["rejected_events"] += reply.rejected
@@ -115,18 +125,25 @@ class Ledger:
         raise wire.FrameError("the agent sent a batch frame")
 
     def _on_nack(self, nack: wire.Nack) -> bool:
+        session, seq = nack.session, nack.seq
         oldest = self.outbox.oldest()
-        if nack.session == wire.NO_SESSION and oldest is not None:
+        if session == wire.NO_SESSION and oldest is not None:
             # The agent could not tell which frame it refused; it reads frames in order, so
             # it is the oldest one out. Dropping it keeps a bad frame from looping forever.
-            entry = self._settle(self.outbox.session, oldest)
-        else:
-            entry = self._settle(nack.session, nack.seq)
-        if entry is not None:
+            session, seq = self.outbox.session, oldest
+        entry = self._settle(session, seq)
+        if entry is not None and not self._is_report(seq):
             self.outbox.lost["nacked"] += entry[1]
         self.counts["nacks"] += 1
         self.log.log(logging.WARNING, "nack", "evagg agent refused a frame: %s", nack.reason)
         return entry is not None
+
+    def _is_report(self, seq: int) -> bool:
+        """Whether a settled frame held loss reports (then forgotten)."""
+        if seq in self._reports:
+            self._reports.discard(seq)
+            return True
+        return False
 
     def _settle(self, session: bytes, seq: int) -> tuple[bytes, int] | None:
         if session != self.outbox.session:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextvars
 import time
 import traceback
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 from emitters.ids import new_span_id
 from emitters.snapshot import snapshot_fields
@@ -27,22 +28,20 @@ _time_ns = time.time_ns
 _perf_ns = time.perf_counter_ns
 
 
-class OpQueue(Protocol):
-    """What an Op needs from its emitter: a bounded, never-raising enqueue."""
-
-    def _put(self, item: tuple[Any, ...]) -> None: ...
+# What an Op needs from its emitter: a bounded enqueue that never raises nor blocks.
+Put = Callable[[tuple[Any, ...]], None]
 
 
 class Op:
     """One operation. Queued items are `(time_ns, op, state, duration_ns, outcome)`."""
 
-    __slots__ = ("_ids", "_metrics", "_perf_start", "_queue", "_token", "_updates",
+    __slots__ = ("_ids", "_metrics", "_perf_start", "_put", "_token", "_updates",
                  "fields", "name", "parent")
 
-    def __init__(self, queue: OpQueue, name: str, step: int | None, fields: dict[str, Any]) -> None:
+    def __init__(self, put: Put, name: str, step: int | None, fields: dict[str, Any]) -> None:
         if step is not None:
             fields["step"] = step
-        self._queue = queue
+        self._put = put
         self.name = name
         self.fields = snapshot_fields(fields)
         self.parent: Op | None = None
@@ -79,7 +78,7 @@ class Op:
         self.parent = _CURRENT.get()
         self._token = _CURRENT.set(self)
         self._perf_start = _perf_ns()
-        self._queue._put((_time_ns(), self, STARTED, None, None))
+        self._put((_time_ns(), self, STARTED, None, None))
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -89,10 +88,10 @@ class Op:
         metrics, self._metrics = self._metrics, None
         updates, self._updates = self._updates, None
         if exc_type is None:
-            self._queue._put((_time_ns(), self, FINISHED, duration_ns, (metrics, updates, None)))
+            self._put((_time_ns(), self, FINISHED, duration_ns, (metrics, updates, None)))
         else:
             error = error_fields(exc_type, exc, tb)
-            self._queue._put((_time_ns(), self, FAILED, duration_ns, (metrics, updates, error)))
+            self._put((_time_ns(), self, FAILED, duration_ns, (metrics, updates, error)))
         self._restore_context()
         # Returning None lets the exception propagate unchanged.
 

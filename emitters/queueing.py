@@ -70,8 +70,7 @@ def _emitter(emitter: Emitter | None) -> Emitter:
 
 
 def _context_run_id(emitter: Emitter) -> str | None:
-    identity: Mapping[str, Any] = getattr(emitter, "_identity", {})
-    return identity.get("run_id") or os.environ.get("EVAGG_RUN_ID") or None
+    return emitter.identity.get("run_id") or os.environ.get("EVAGG_RUN_ID") or None
 
 
 def enqueue(meta: MutableMapping[str, Any] | None = None, *, request_id: str | None = None,

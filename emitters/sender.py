@@ -14,18 +14,17 @@ import os
 import select
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
 from emitters import wire
 from emitters.connection import Connection, ConnectionClosed
 from emitters.events import Context, ContextChange, build_events
+from emitters.handoff import Handoff, Settings, start_agent
 from emitters.ledger import FlushWaiter, Ledger
 from emitters.outbox import Outbox
-from emitters.paths import default_socket_path
+from emitters.stats import EmitterStats
 
 log = logging.getLogger("evagg.emitter")
 
@@ -36,40 +35,18 @@ LOSS_REPORT_INTERVAL_S = 1.0
 ERROR_PAUSE_S = 0.1
 
 
-@dataclass(frozen=True, slots=True)
-class Settings:
-    socket_path: str | None = None  # None: $EVAGG_SOCKET or paths.default_socket_path()
-    flush_interval: float = 0.05
-    max_buffer_bytes: int = 64 * 1024 * 1024
-    max_frame_bytes: int = 1024 * 1024
-    ack_timeout: float = 10.0
-
-    def resolved_socket(self) -> str:
-        return self.socket_path or str(default_socket_path())
-
-
-class Source(Protocol):
-    """The emitter as its sender sees it: the callers' queue and their drop count."""
-
-    _pending: deque[Any]
-    _overflow: int
-    _identity: dict[str, Any]
-
-    def _current_settings(self) -> Settings: ...
-
-    def _start_agent(self) -> None: ...
-
-
 class Sender:
-    def __init__(self, source: Source, start_agent: bool = False) -> None:
-        self._source = source
-        settings = source._current_settings()
+    """Everything the thread needs from its emitter comes through `handoff`."""
+
+    def __init__(self, handoff: Handoff, agent_first: bool = False) -> None:
+        self._handoff = handoff
+        settings = handoff.settings
         self.outbox = Outbox(settings.max_frame_bytes, settings.max_buffer_bytes)
         self.session = self.outbox.session
-        self.ledger = Ledger(self.outbox, lambda: source._overflow)
+        self.ledger = Ledger(self.outbox, lambda: handoff.caller_drops)
         self.counts = self.ledger.counts
         self._log = self.ledger.log
-        self._context = Context.of(source._identity)  # ContextChange items update it in order
+        self._context = Context.of(handoff.identity)  # ContextChange items update it in order
         self._conn: Connection | None = None
         self._conn_setting: str | None = None  # the configured socket when it connected
         self._sent_upto = 0
@@ -77,7 +54,8 @@ class Sender:
         self._next_connect = self._next_drain = self._next_loss_report = 0.0
         self._stopping = False
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._start_agent_first = start_agent
+        self._start_agent_first = agent_first
+        self._release_at_end = False
         self._thread = threading.Thread(target=self._run, name="evagg-emitter", daemon=True)
 
     # -- called from other threads ----------------------------------------------------
@@ -91,11 +69,17 @@ class Sender:
             with contextlib.suppress(OSError):  # a full pipe: the thread is awake already
                 os.write(fd, b"\0")
 
-    def stop(self, join_timeout: float) -> None:
+    def stop(self, join_timeout: float) -> bool:
+        """Ask the thread to end; True once it has, and then release() is safe."""
         self._stopping = True
         self.wake()
         if self._thread.is_alive() and not self.is_sender_thread():
             self._thread.join(join_timeout)
+        return not self._thread.is_alive()
+
+    def release_at_end(self) -> None:
+        """The thread outlived stop()'s wait: it releases its descriptors as it ends."""
+        self._release_at_end = True
 
     def is_sender_thread(self) -> bool:
         return threading.current_thread() is self._thread
@@ -110,8 +94,8 @@ class Sender:
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
-    def stats(self) -> dict[str, int]:
-        return {**self.ledger.stats(), "connected": int(self._conn is not None)}
+    def stats(self) -> EmitterStats:
+        return self.ledger.stats(self._handoff.queued_events(), self._conn is not None)
 
     # -- the thread ---------------------------------------------------------------------
 
@@ -126,18 +110,21 @@ class Sender:
                 self._log.log(logging.WARNING, "error", "evagg emitter: sender failed: %r", exc)
                 self._disconnect()
                 time.sleep(ERROR_PAUSE_S)
-        self._close()
+        if self._release_at_end:
+            self.release()
+        else:
+            self._close()
 
     def _start_agent(self) -> None:
         try:
-            self._source._start_agent()  # never raises by contract; a bug must not end us
+            start_agent(self._handoff.settings)  # never raises by contract; a bug must not end us
         except Exception as exc:
             self.counts["sender_errors"] += 1
             self._log.log(logging.WARNING, "error", "evagg emitter: agent start failed: %r", exc)
 
     def _cycle(self) -> None:
         readable, woken = self._wait()
-        settings = self._source._current_settings()
+        settings = self._handoff.settings
         if self._conn is not None and settings.socket_path != self._conn_setting:
             self._disconnect()  # configure(socket=...) moved: send the unacked there
             readable = False
@@ -181,7 +168,7 @@ class Sender:
     # -- queue -> frames ------------------------------------------------------------------
 
     def _drain(self, settings: Settings) -> None:
-        pending = self._source._pending
+        pending = self._handoff.queue
         n = len(pending)
         if not n:
             return
@@ -208,6 +195,7 @@ class Sender:
     def _frame(self, items: list[tuple[Any, ...]]) -> None:
         if not items:
             return
+        self.counts["taken_events"] += len(items)
         if self.outbox.full:
             self.outbox.lost["buffer_full"] += len(items)
             return
@@ -241,7 +229,9 @@ class Sender:
                  for reason, count in sorted(self.ledger.take_unreported().items())]
         events = build_events(items, self._context, self.outbox.lost)
         payload = b"".join(orjson.dumps(event) + b"\n" for event in events)
-        self._made(self.outbox.add_payload(payload, len(events), force=True))
+        seq = self.outbox.add_payload(payload, len(events), force=True)
+        self.ledger.report_made(seq)
+        self._made(seq)
         self.counts["loss_events"] += len(events)
 
     # -- connection ---------------------------------------------------------------------
@@ -295,6 +285,7 @@ class Sender:
             return
         if sent:
             self.counts["sent_frames"] += len(sent)
+            self.ledger.count_sent([seq for seq in sent if seq > self._sent_upto])
             self._sent_upto = max(self._sent_upto, sent[-1])
 
     def _read(self) -> None:

@@ -42,7 +42,7 @@ def make_emitter(sock_path: Path) -> Iterator[Any]:
 
     yield make
     for emitter in made:
-        emitter.close(timeout=0.5)
+        emitter.close(0.5)
 
 
 def test_events_arrive_with_typed_fields_context_and_unique_ids(sock_path: Path,
@@ -119,7 +119,7 @@ def test_emit_never_raises_on_weird_values(sock_path: Path, make_emitter: Any) -
     assert events[3]["name"] == "\\ud800 lone surrogate"
     assert events[-1]["kind"] == "<unprintable Unprintable>"
     assert events[-1]["attrs"]["not an identifier"] == "<unprintable Unprintable>"
-    assert emitter.stats().get("dropped_unencodable", 0) == 0
+    assert emitter.stats().dropped.get("unencodable", 0) == 0
 
 
 class BrokenMapping(Mapping[str, float]):
@@ -152,7 +152,7 @@ def test_an_event_that_cannot_be_built_is_dropped_alone_and_reported(
     assert [e["name"] for e in events if e["kind"] == "task"] == ["before", "<unprintable FakeStr>"]
     assert [(e["name"], e["metrics"]) for e in events if e["kind"] == "loss"] == [
         ("unencodable", {"events": 1.0})]
-    assert emitter.stats()["dropped_unencodable"] == 1
+    assert emitter.stats().dropped["unencodable"] == 1
 
 
 def test_no_agent_at_first_then_one_appears(sock_path: Path, make_emitter: Any) -> None:
@@ -160,12 +160,13 @@ def test_no_agent_at_first_then_one_appears(sock_path: Path, make_emitter: Any) 
     for i in range(100):
         emitter.emit(kind="task", name="early", task_id=str(i))
     assert not emitter.flush(0.3)
-    assert emitter.stats()["connect_failures"] >= 1
+    assert emitter.stats().counters["connect_failures"] >= 1
     with FakeAgent(sock_path) as agent:
         assert emitter.flush(20)
         assert sorted(int(e["task_id"]) for e in agent.events()) == list(range(100))
     stats = emitter.stats()
-    assert stats["unacked_frames"] == 0 and stats["buffered_bytes"] == 0
+    assert (stats.emitted, stats.acked, stats.pending) == (100, 100, 0)
+    assert stats.counters["unacked_frames"] == 0 and stats.counters["buffered_bytes"] == 0
 
 
 def test_overflow_is_counted_and_reported_as_a_loss_event(sock_path: Path,
@@ -175,17 +176,18 @@ def test_overflow_is_counted_and_reported_as_a_loss_event(sock_path: Path,
     for i in range(emitted):
         emitter.emit(kind="task", name="flood", task_id=str(i), payload="x" * 40)
     assert not emitter.flush(0.3)
-    dropped = emitter.stats()["dropped_buffer_full"]
+    dropped = emitter.stats().dropped["buffer_full"]
     assert dropped > 0
     with FakeAgent(sock_path) as agent:
         agent.wait_for(lambda: any(e["kind"] == "loss" for e in agent.events()))
         assert emitter.flush(20)
         events = agent.events()
+        session = agent.received[0].session  # one emitter, one session
     (loss,) = [e for e in events if e["kind"] == "loss"]
     delivered = [e for e in events if e["kind"] == "task"]
     assert (loss["source"], loss["name"], loss["state"]) == ("evagg", "buffer_full", "DROPPED")
     assert loss["metrics"] == {"events": float(dropped)}
-    assert loss["attrs"] == {"reason": "buffer_full", "session": emitter.session.hex(),
+    assert loss["attrs"] == {"reason": "buffer_full", "session": session.hex(),
                              "component": "emitter"}
     assert len(delivered) + dropped == emitted
     assert len({e["task_id"] for e in delivered}) == len(delivered)
@@ -204,10 +206,10 @@ def test_dropped_connection_before_ack_resends_and_dedupes(sock_path: Path,
         seen = Counter((b.session, b.seq) for b in agent.received)
     # The first frame was stored twice without an ack, so the agent saw it three times.
     assert agent.duplicates() == 2
-    assert seen[(emitter.session, 1)] == 3
+    assert seen[(agent.received[0].session, 1)] == 3
     assert sorted(int(e["task_id"]) for e in events) == list(range(300))
-    assert emitter.stats()["resent_frames"] >= 2
-    assert emitter.stats()["connects"] >= 3
+    assert emitter.stats().counters["resent_frames"] >= 2
+    assert emitter.stats().counters["connects"] >= 3
 
 
 def test_silent_agent_hits_ack_timeout_then_resends(sock_path: Path, make_emitter: Any) -> None:
@@ -217,7 +219,7 @@ def test_silent_agent_hits_ack_timeout_then_resends(sock_path: Path, make_emitte
         assert emitter.flush(20)
         assert [e["name"] for e in agent.events()] == ["slow"]
         assert agent.duplicates() == 1
-    assert emitter.stats()["ack_timeouts"] == 1
+    assert emitter.stats().counters["ack_timeouts"] == 1
 
 
 def test_delayed_acks_are_waited_for(sock_path: Path, make_emitter: Any) -> None:
@@ -251,7 +253,7 @@ def test_nacked_frame_is_dropped_counted_and_reported(sock_path: Path, make_emit
         assert emitter.flush(20)
         events = agent.events()
     assert [e["name"] for e in events if e["kind"] == "task"] == ["fine"]
-    assert emitter.stats()["dropped_nacked"] == 2
+    assert emitter.stats().dropped["nacked"] == 2
     assert caplog.text.count("poison frame") == 1  # rate-limited
 
 
@@ -265,7 +267,7 @@ def test_sessionless_nack_drops_the_oldest_frame_instead_of_looping(sock_path: P
         assert emitter.flush(20)
         assert [e["name"] for e in agent.events() if e["kind"] == "task"] == ["fits"]
     stats = emitter.stats()
-    assert stats["dropped_nacked"] == 1 and stats["nacks"] == 1
+    assert stats.dropped["nacked"] == 1 and stats.counters["nacks"] == 1
 
 
 def test_rejected_events_are_counted_and_logged_once(sock_path: Path, make_emitter: Any,
@@ -277,7 +279,7 @@ def test_rejected_events_are_counted_and_logged_once(sock_path: Path, make_emitt
             emitter.emit(kind="task", name=f"r{round_}")
             assert not emitter.flush(20)
         assert len(agent.stored) == 3
-    assert emitter.stats()["rejected_events"] == 3
+    assert emitter.stats().rejected == 3
     notes = [r for r in caplog.records if "bad time" in r.getMessage()]
     assert len(notes) == 1
 
@@ -288,7 +290,7 @@ def test_garbage_reply_reconnects_and_delivers(sock_path: Path, make_emitter: An
         emitter.emit(kind="task", name="after-garbage")
         assert emitter.flush(20)
         assert [e["name"] for e in agent.events()] == ["after-garbage"]
-    assert emitter.stats()["bad_replies"] == 1
+    assert emitter.stats().counters["bad_replies"] == 1
 
 
 def test_event_larger_than_a_frame_is_dropped_with_a_count(sock_path: Path,
@@ -303,7 +305,7 @@ def test_event_larger_than_a_frame_is_dropped_with_a_count(sock_path: Path,
     assert [e["name"] for e in events if e["kind"] == "task"] == ["small"]
     assert [(e["name"], e["metrics"]) for e in events if e["kind"] == "loss"] == [
         ("too_large", {"events": 1.0})]
-    assert emitter.stats()["dropped_too_large"] == 1
+    assert emitter.stats().dropped["too_large"] == 1
     assert all(len(b.payload) <= 4096 for b in agent.received)
 
 
@@ -338,8 +340,9 @@ def test_configure_refuses_unknown_options_and_bad_limits(make_emitter: Any) -> 
         emitter.configure(flush_interval=0)
     with pytest.raises(ValueError, match="at least 1024"):
         emitter.configure(max_buffer_bytes=100)
+    emitter.configure(job_id="job-1")
     emitter.configure(job_id=None)  # None leaves a value as it is
-    assert emitter.socket_path == str(emitter._settings.socket_path)
+    assert emitter.identity["job_id"] == "job-1"
     before = emitter.exit_timeout
     with pytest.raises(ValueError):  # a call that raises changes nothing, not half
         emitter.configure(exit_timeout=before + 5, max_pending="many")
@@ -351,7 +354,7 @@ def test_flush_with_nothing_emitted_is_true_and_closed_emitter_drops(make_emitte
     assert emitter.flush(0.1)
     assert emitter.close(0.1)
     emitter.emit(kind="task", name="late")
-    assert emitter.stats()["dropped_buffer_full"] == 1
+    assert emitter.stats().dropped == {"closed": 1}
     assert not emitter.flush(0.1)
 
 
@@ -417,7 +420,7 @@ def test_idle_sender_without_agent_does_not_spin(make_emitter: Any) -> None:
     after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert cpu < 0.2
-    assert 1 <= emitter.stats()["connect_failures"] <= 30
+    assert 1 <= emitter.stats().counters["connect_failures"] <= 30
 
 
 def test_agent_on_demand_starts_in_the_sender_thread_not_the_callers(

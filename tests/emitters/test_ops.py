@@ -24,7 +24,7 @@ def agent() -> Iterator[FakeAgent]:
 def emitter(agent: FakeAgent) -> Iterator[Emitter]:
     made = Emitter(socket=agent.path, flush_interval=0.01, source="trainer", run_id="r1")
     yield made
-    made.close(timeout=1)
+    made.close(1)
 
 
 def by_state(events: list[dict[str, Any]], name: str) -> dict[str, dict[str, Any]]:

@@ -126,7 +126,7 @@ def _delivered(send: Any, flush_interval: float = 0.01) -> list[dict[str, Any]]:
             assert emitter.flush(20)
             return agent.events()
     finally:
-        emitter.close(timeout=0.5)
+        emitter.close(0.5)
 
 
 def _by_id(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -239,7 +239,7 @@ def test_enqueue_built_drops_and_counts_what_does_not_fit(sock_path: Path) -> No
     try:
         exporter = otel.EvaggSpanExporter(emitter)
         exporter.export(spans)  # no agent yet: the sender cannot drain the queue
-        dropped = emitter.stats()["dropped_buffer_full"]
+        dropped = emitter.stats().dropped["buffer_full"]
         assert dropped >= len(spans) - 5 and not exporter.errors
         with FakeAgent(sock_path) as agent:
             agent.wait_for(lambda: any(e["kind"] == "loss" for e in agent.events()))
@@ -247,7 +247,7 @@ def test_enqueue_built_drops_and_counts_what_does_not_fit(sock_path: Path) -> No
             assert emitter.flush(20)
             events = agent.events()
     finally:
-        emitter.close(timeout=0.5)
+        emitter.close(0.5)
     (loss,) = [e for e in events if e["kind"] == "loss"]
     assert loss["metrics"] == {"events": float(dropped)}
     assert len([e for e in events if e["kind"] == "span"]) + dropped == len(spans)
@@ -255,10 +255,10 @@ def test_enqueue_built_drops_and_counts_what_does_not_fit(sock_path: Path) -> No
 
 def test_enqueue_built_after_close_is_dropped_and_counted(sock_path: Path) -> None:
     emitter = Emitter(socket=sock_path, flush_interval=0.01)
-    emitter.close(timeout=0.1)
+    emitter.close(0.1)
     emitter.enqueue_built([{"event_id": "x", "kind": "span"}] * 3)
-    assert emitter.stats()["dropped_buffer_full"] == 3
-    assert emitter.stats()["pending"] == 0
+    assert emitter.stats().dropped == {"closed": 3}
+    assert emitter.stats().pending == 0
 
 
 def test_without_a_fast_path_every_span_goes_generic(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -309,7 +309,7 @@ def test_a_bad_built_row_is_counted_and_costs_its_neighbours_nothing() -> None:
         emitter.enqueue_built([bad, good])
         emitter.emit(kind="task", name="after")
         assert emitter.flush(20) is False  # a loss since the last flush
-        counted.append(emitter.stats().get("dropped_unencodable", 0))
+        counted.append(emitter.stats().dropped.get("unencodable", 0))
 
     delivered = _delivered(send, flush_interval=60)  # one drain takes all four
     names = [e["name"] for e in delivered if e["kind"] != "loss"]

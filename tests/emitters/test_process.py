@@ -10,6 +10,7 @@ import textwrap
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,8 +19,10 @@ from tests.emitters.fakeagent import FakeAgent, short_socket_path
 REPO = Path(__file__).resolve().parents[2]
 # Printed by an atexit hook registered before `import emitters`, so it runs after theirs.
 STATS_AT_EXIT = """
-import atexit, json
-atexit.register(lambda: print("STATS", json.dumps(__import__("emitters").get_emitter().stats())))
+import atexit, dataclasses, json
+def print_stats():
+    print("STATS", json.dumps(dataclasses.asdict(__import__("emitters").stats())))
+atexit.register(print_stats)
 """
 
 
@@ -32,9 +35,9 @@ def run_python(code: str, env: dict[str, str] | None = None,
                           capture_output=True, text=True, timeout=hang_guard_s, check=False)
 
 
-def exit_stats(result: subprocess.CompletedProcess[str]) -> dict[str, int]:
+def exit_stats(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     line = next(l for l in result.stdout.splitlines() if l.startswith("STATS "))
-    stats: dict[str, int] = json.loads(line[len("STATS "):])
+    stats: dict[str, Any] = json.loads(line[len("STATS "):])
     return stats
 
 
@@ -64,6 +67,21 @@ def test_module_api_takes_context_from_the_environment(agent: FakeAgent) -> None
     assert [e["run_id"] for e in events] == ["run-e"] * 3 + ["override"]
     assert events[2]["metrics"] == {"loss": 1.5}
     assert events[3]["attrs"] == {"host_group": "a"}
+
+
+def test_module_close_and_stats_act_on_the_default_emitter(agent: FakeAgent) -> None:
+    result = run_python(STATS_AT_EXIT + """
+import emitters
+emitters.emit(kind="task", name="before-close")
+print("CLOSED", emitters.close(timeout_s=20))
+emitters.emit(kind="task", name="after-close")
+print("LATE", emitters.stats().dropped)
+""", env={"EVAGG_SOCKET": str(agent.path)})
+    assert result.returncode == 0, result.stderr
+    assert "CLOSED True" in result.stdout and "LATE {'closed': 1}" in result.stdout
+    assert [e["name"] for e in agent.events()] == ["before-close"]
+    at_exit = exit_stats(result)  # exit closes it again: nothing changes
+    assert (at_exit["emitted"], at_exit["acked"], at_exit["dropped"]) == (2, 1, {"closed": 1})
 
 
 def test_fork_gives_the_child_a_fresh_emitter(agent: FakeAgent) -> None:
@@ -130,7 +148,7 @@ for i in range(100):
 """)
     assert result.returncode == 0, result.stderr
     assert sorted(int(e["task_id"]) for e in agent.events()) == list(range(100))
-    assert exit_stats(result)["acked_events"] == 100
+    assert exit_stats(result)["acked"] == 100
 
 
 def test_exit_without_an_agent_gives_up_at_once_and_counts() -> None:
@@ -145,7 +163,7 @@ for i in range(10):
     missing.parent.rmdir()
     assert result.returncode == 0, result.stderr
     assert "10 event(s) not delivered" in result.stderr
-    assert exit_stats(result)["dropped_exit_deadline"] == 10
+    assert exit_stats(result)["dropped"] == {"exit_deadline": 10}
 
 
 def test_exit_with_a_silent_agent_stops_at_the_deadline() -> None:
@@ -158,4 +176,4 @@ emitters.emit(kind="task", name="unacked")
         assert len(silent.received) >= 1
     assert result.returncode == 0, result.stderr
     stats = exit_stats(result)
-    assert stats["dropped_exit_deadline"] == 1 and stats["sent_frames"] >= 1
+    assert stats["dropped"] == {"exit_deadline": 1} and stats["sent"] == 1

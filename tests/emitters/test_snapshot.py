@@ -26,7 +26,7 @@ def agent() -> Iterator[FakeAgent]:
 def emitter(agent: FakeAgent) -> Iterator[Emitter]:
     made = Emitter(socket=agent.path, flush_interval=0.5, source="trainer")
     yield made
-    made.close(timeout=1)
+    made.close(1)
 
 
 def test_a_reused_metrics_dict_and_a_growing_list_keep_each_calls_values(
