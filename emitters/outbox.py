@@ -142,9 +142,6 @@ class Outbox:
     def oldest(self) -> int | None:
         return next(iter(self.frames), None)
 
-    def unacked_events(self) -> int:
-        return sum(count for _, count in list(self.frames.values()))
-
     def add_events(self, events: Sequence[dict[str, Any]]) -> Iterator[int]:
         """Pack events; yield the seq of each frame that filled up."""
         for payload, count in self._packer.add(events):
