@@ -277,7 +277,7 @@ class Emitter:
             return final.with_late_drops(self._handoff.caller_drops)
         try:
             return self._collect_stats(self._handoff)
-        except Exception:  # a race with the sender thread: figures a moment old are fine
+        except Exception:  # a bug must not reach the caller: empty figures instead
             return EmitterStats(closed=self._closed)
 
     def _collect_stats(self, link: Handoff) -> EmitterStats:

@@ -36,7 +36,9 @@ class Handoff:
     `queue` holds event tuples and the markers among them (events.ContextChange,
     ledger.FlushWaiter), in the callers' order. `identity` is the context the sender
     starts from; later changes reach it in order, as ContextChange items in the queue.
-    Assignments to `settings` and `caller_drops` are single stores: no lock is needed.
+    `settings` is replaced whole, never changed in place, so the sender reads either the
+    old or the new one. `caller_drops` takes no lock: two threads dropping at the same
+    instant can lose one count, cheaper than a lock on a path that is already overloaded.
     """
 
     settings: Settings = field(default_factory=Settings)
