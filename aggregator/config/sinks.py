@@ -1,21 +1,24 @@
 """The [[sinks]] tables of the agent's configuration: the keys every sink type takes, and
 the checks that need no sink built (names, urls, filters). Each type's own keys, and how
-they are read, belong to its options class (named in aggregator/delivery/registry.py)."""
+they are read, belong to its options class (`sink_options()` names them)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from aggregator.config.values import check_keys
-from aggregator.delivery.registry import SINK_TYPES
 from emitters import paths
 from sinks.locations import S3Location, is_s3_url
 from sinks.units import parse_positive_duration
 
-SinkTypeName = Literal["parquet", "http"]  # the keys of SINK_TYPES
+if TYPE_CHECKING:
+    from sinks.http.options import HttpOptions
+    from sinks.parquet.options import ParquetOptions
+
+SinkTypeName = Literal["parquet", "http"]  # the keys of sink_options()
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,16 @@ class SinkConfig:
 
 COMMON_SINK_KEYS = {"name", "type", "url", "kinds", "sources", "names", "retry_max_backoff"}
 _SINK_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def sink_options() -> dict[str, type[ParquetOptions] | type[HttpOptions]]:
+    """Each sink type and the class that owns its own keys (and reads them when its sink
+    is built). Imported here, when sinks are read: the sinks' packages load aiohttp and
+    pyarrow, which `evagg status` and `evagg tail` read the config without."""
+    from sinks.http.options import HttpOptions
+    from sinks.parquet.options import ParquetOptions
+
+    return {"parquet": ParquetOptions, "http": HttpOptions}
 
 
 def default_sink() -> SinkConfig:
@@ -72,11 +85,12 @@ def _sink(table: Any, index: int, problems: list[str]) -> SinkConfig | None:
         problems.append(f"{label}: must be a table")
         return None
     kind = table.get("type")
-    if not isinstance(kind, str) or kind not in SINK_TYPES:
+    options_of = sink_options()
+    if not isinstance(kind, str) or kind not in options_of:
         problems.append(f"{label}.type: unknown sink type {kind!r} "
-                        f"(known: {', '.join(SINK_TYPES)})")
+                        f"(known: {', '.join(options_of)})")
         return None
-    check_keys(table, COMMON_SINK_KEYS | SINK_TYPES[kind].options.KEYS, f"{label}.", problems)
+    check_keys(table, COMMON_SINK_KEYS | options_of[kind].KEYS, f"{label}.", problems)
     name = str(table.get("name", f"{kind}-{index}"))
     if not _SINK_NAME.match(name):
         problems.append(f"{label}.name: {name!r} must be 1-64 letters, digits, '.', '_' or '-'")

@@ -1,4 +1,4 @@
-"""The sink types: for each, the class that reads its options and the builder of a sink.
+"""The builder of each sink type (whose options class config's `sink_options()` names).
 
 Every [[sinks]] table goes through its type's `from_table`, whether `evagg run` starts
 the sinks, `evagg check-config` checks them or `evagg dlq replay` sends with an HTTP
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from sinks.base import Sink
 from sinks.filters import EventFilter
@@ -22,7 +22,7 @@ from sinks.parquet.options import ParquetOptions
 if TYPE_CHECKING:
     from aggregator.config.sinks import SinkConfig
 
-__all__ = ["SINK_TYPES", "SinkOptionError", "SinkType", "build_sink", "sink_problem"]
+__all__ = ["SinkOptionError", "build_sink", "sink_problem"]
 
 
 @dataclass(frozen=True)
@@ -35,17 +35,11 @@ class _Where:
     event_filter: EventFilter
 
 
-@dataclass(frozen=True)
-class SinkType:
-    options: type[HttpOptions] | type[ParquetOptions]  # its KEYS are the table's own keys
-    build: Callable[[SinkConfig, _Where], Sink]  # raises ValueError naming the problem
-
-
 def build_sink(config: SinkConfig, *, node_id: str, spool_id: str, state_dir: Path) -> Sink:
     """Raises ValueError (SinkOptionError for one option) when the options don't make a sink."""
     where = _Where(node_id, spool_id, state_dir,
                    EventFilter.of(config.kinds, config.sources, config.names))
-    return SINK_TYPES[config.type].build(config, where)
+    return _BUILDERS[config.type](config, where)
 
 
 def sink_problem(index: int, config: SinkConfig, exc: Exception) -> str:
@@ -87,7 +81,8 @@ def _parquet(config: SinkConfig, where: _Where) -> Sink:
                        spool_id=where.spool_id, event_filter=where.event_filter)
 
 
-SINK_TYPES: Mapping[str, SinkType] = {
-    "parquet": SinkType(ParquetOptions, _parquet),
-    "http": SinkType(HttpOptions, _http),
+# each raises ValueError naming the problem; the keys are SinkConfig.type's values
+_BUILDERS: Final[Mapping[str, Callable[[SinkConfig, _Where], Sink]]] = {
+    "parquet": _parquet,
+    "http": _http,
 }
