@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import logging
 import os
 import signal
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,9 @@ from aiohttp import web
 from aggregator import systemd
 from aggregator.config import AgentConfig, ConfigError, config_warnings, load_config
 from aggregator.config.sinks import SinkConfig
+from aggregator.delivery.consumer import SinkConsumer
 from aggregator.delivery.sink_set import SinkSet, build_sinks
+from aggregator.gauges import AgentGauges
 from aggregator.ingest.http_routes import HttpApi
 from aggregator.ingest.ingestor import Ingestor, SpoolUnavailable
 from aggregator.ingest.unix_socket import SocketIngest
@@ -83,8 +85,8 @@ class Agent:
         self._ready = False
         self._stop_signals = StopSignals()  # a second SIGINT/SIGTERM cuts the drain short
         self._stop = asyncio.Event()
-        self._started_ns = time.time_ns()
-        self.metrics.registry.add_gauge_source(self._gauges)
+        gauges = AgentGauges(self.metrics, self.spool, self._consumers)
+        self.metrics.registry.add_gauge_source(gauges.sample)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -171,7 +173,11 @@ class Agent:
         self._runner = web.AppRunner(self.http.app(), access_log=None, handle_signals=False,
                                      shutdown_timeout=2.0)
         await self._runner.setup()
-        await web.TCPSite(self._runner, host.strip("[]"), int(port)).start()
+        try:
+            await web.TCPSite(self._runner, host.strip("[]"), int(port)).start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            raise RuntimeError(http_port_problem(self.config.http_listen, exc)) from None
 
     def _announce(self) -> None:
         for warning in config_warnings(self.config):
@@ -242,37 +248,10 @@ class Agent:
             self.config = dataclasses.replace(self.config, sinks=fresh.sinks)
             log.info("reloaded: sinks %s", self.sinks.describe())
 
-    # -- self observability ----------------------------------------------------------------
+    def _consumers(self) -> dict[str, SinkConsumer]:
+        return self.sinks.consumers if self.sinks else {}
 
-    def _gauges(self) -> list[tuple[str, str, dict[str, str], float]]:
-        out: list[tuple[str, str, dict[str, str], float]] = [
-            ("evagg_spool_bytes", "Bytes held in the spool.", {}, float(self.spool.bytes_used)),
-            ("evagg_spool_max_bytes", "The spool's byte cap.", {},
-             float(self.config.spool_max_bytes)),
-            ("evagg_uptime_seconds", "Seconds since the agent started.", {},
-             (time.time_ns() - self._started_ns) / 1e9),
-        ]
-        for counter, count in self.spool.counters.items():
-            out.append(("evagg_spool_counter", "Spool counters since start (records, "
-                        "duplicates, corrupt records, quarantined segments, fsyncs).",
-                        {"counter": counter}, float(count)))
-        for name, consumer in (self.sinks.consumers if self.sinks else {}).items():
-            sink_counters = getattr(consumer.sink, "metrics", None)
-            if callable(sink_counters):  # the HTTP sink's: requests, dead letters, bytes
-                for counter, value in sink_counters().items():
-                    out.append((f"evagg_http_sink_{counter}_total",
-                                f"HTTP sink: {counter.replace('_', ' ')} since start, by sink.",
-                                {"sink": name}, float(value)))
-            if consumer.state.last_success_ns:
-                out.append(("evagg_sink_last_delivery_timestamp_seconds",
-                            "When the sink last delivered, by sink (alert on time() - this).",
-                            {"sink": name}, consumer.state.last_success_ns / 1e9))
-            records, events = self.spool.lag(name)
-            out.append(("evagg_sink_lag_events", "Events spooled but not yet delivered, by sink.",
-                        {"sink": name}, float(events)))
-            out.append(("evagg_sink_lag_records", "Spool records not yet delivered, by sink.",
-                        {"sink": name}, float(records)))
-        return out
+    # -- background workers ----------------------------------------------------------------
 
     async def _exit_when_unused_loop(self, users_path: Path) -> None:
         """Agent on demand: stop once no process holds a shared lock on `users_path`."""
@@ -342,6 +321,22 @@ def loss_row(reason: str, events: int, total: int, node_id: str) -> dict[str, An
             "node_id": node_id,
             "metrics": {"events": float(events), "events_total": float(total)},
             "attrs": {"reason": reason}}
+
+
+def http_port_problem(listen: str, exc: OSError) -> str:
+    """Why the HTTP port cannot be opened, in the words of the socket and spool clashes."""
+    port = listen.rpartition(":")[2]
+    if exc.errno == errno.EADDRINUSE:
+        why = (f"something is already listening on {listen} (another agent? `ss -ltnp "
+               f"'sport = :{port}'` shows which)")
+    elif exc.errno == errno.EADDRNOTAVAIL:
+        why = f"{listen.rpartition(':')[0]} is not an address of this machine"
+    elif exc.errno == errno.EACCES:
+        why = f"port {port} needs privileges on this machine; choose one above 1023"
+    else:
+        why = exc.strerror or str(exc)
+    return (f"cannot open the HTTP port {listen}: {why}; set agent.http_listen (or "
+            "--http-listen) to a free host:port, or to \"\" to run without the HTTP port")
 
 
 def _version() -> str:
