@@ -44,7 +44,9 @@ WITH rt AS (
             ELSE final_state
         END AS state,
         job_id,
-        nullif(actor_id, '') AS actor_id,
+        -- an actor creation task's id is ffffffffffffffff + its actor's id
+        coalesce(nullif(actor_id, ''), CASE WHEN task_type = 'ACTOR_CREATION_TASK'
+                                            THEN substr(task_id, 17) END) AS actor_id,
         coalesce(task_type, 'NORMAL_TASK') AS type,
         CASE WHEN task_type IN ('ACTOR_TASK', 'ACTOR_CREATION_TASK')
              THEN array_to_string(list_slice(string_split(function, '.'), -2, -1), '.')
@@ -176,12 +178,16 @@ def _details(row: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, Any
     first: dict[str, int] = {}
     attrs: dict[str, str] = {}
     profile: list[dict[str, Any]] = []
+    log_info: dict[str, Any] = {}  # the executor sends the starts, the owner the ends
     for e in sorted(events, key=lambda e: e["us"] or 0):
         if e["kind"] == "ray_profile":
             profile.append(e)
             continue
         for key, value in (e["attrs"] or {}).items():
             attrs.setdefault(key, value)
+        found = json_or((e["attrs"] or {}).get("ray_task_log_info"), None)
+        if isinstance(found, dict):
+            log_info.update(found)
         state = e["ray_state"]
         if state in _RANK and e["us"] is not None:
             first.setdefault(state, e["us"])
@@ -197,7 +203,7 @@ def _details(row: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, Any
         "creation_time_ms": _ms(first.get("PENDING_ARGS_AVAIL")),
         "start_time_ms": _ms(first.get("RUNNING")),
         "end_time_ms": _ms(first.get("FINISHED", first.get("FAILED"))),
-        "task_log_info": _log_info(attrs.get("ray_task_log_info")),
+        "task_log_info": _log_info(log_info),
         "error_message": _error_text(row, events),
         "is_debugger_paused": None,
         "call_site": attrs.get("ray_call_site"),
@@ -229,9 +235,8 @@ def _profiling_data(profile: list[dict[str, Any]]) -> dict[str, Any]:
             "node_ip_address": attrs.get("ray_node_ip_address"), "events": events}
 
 
-def _log_info(text: str | None) -> dict[str, Any] | None:
-    info = json_or(text, None)
-    if not isinstance(info, dict):
+def _log_info(info: dict[str, Any]) -> dict[str, Any] | None:
+    if not info:
         return None
     out: dict[str, Any] = camel_to_snake(info)
     for key in ("stdout_start", "stdout_end", "stderr_start", "stderr_end"):

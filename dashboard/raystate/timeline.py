@@ -107,9 +107,12 @@ def chrome_trace(store: Store, session: str, job: str = "") -> list[dict[str, An
         extra.update(task_id=p["task_id"], job_id=p["job_id"], attempt_number=p["attempt"],
                      func_or_class_name=func_or_class_name(task) if task else None,
                      actor_id=task.get("actor_id"))
-        # A driver's profile entries arrive without its worker id.
+        # A driver's profile entries arrive without its worker id, which Ray derives
+        # from the job id: the job's 4 bytes, then 24 bytes of ff.
         component = str(p["component"] or "worker")
-        worker = f"{component}:{p['worker_id']}" if p["worker_id"] else component
+        worker_id = p["worker_id"] or (f"{p['job_id']}{'ff' * 24}"
+                                       if component == "driver" and p["job_id"] else "")
+        worker = f"{component}:{worker_id}" if worker_id else component
         pid, tid = tracks.of(p["node_ip"] or "", worker)
         events.append({"cat": name, "name": extra.get("name", name), "pid": pid, "tid": tid,
                        "ts": float(p["us"]), "dur": float((p["duration_s"] or 0) * 1e6),

@@ -1,0 +1,114 @@
+"""A real Ray session exporting into a real agent, and Ray's own State API answers
+recorded while it lives, for the tests that compare evagg's answers with Ray's.
+
+`record_session` runs the workload of tests/test_ray_end_to_end.py (plain tasks,
+failures, a retried task whose worker dies, nested tasks, an actor with a failing
+method), waits until Ray's State API has every attempt settled, records what Ray says
+(the State API, its raw HTTP envelopes, `ray.timeline()`), shuts Ray down and waits until
+the agent delivered every event to its lake.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.agentproc import AgentProcess
+from tests.raylocal import local_ray
+from tests.test_ray_end_to_end import RAY_EXPORT_ENV, ray_state_tasks, run_workload
+
+EXPORT_ALL = {**RAY_EXPORT_ENV, "RAY_DASHBOARD_AGGREGATOR_AGENT_EXPOSABLE_EVENT_TYPES": "ALL"}
+RAW_ROUTES = ("tasks?limit=1000&detail=1", "actors?detail=1", "nodes?detail=1",
+              "jobs?detail=1", "workers?detail=1", "tasks/summarize", "actors/summarize")
+
+
+@dataclass
+class Recorded:
+    """What Ray answered while the session lived."""
+
+    job_id: str
+    session: str
+    outer_id: str
+    tasks: list[dict[str, Any]] = field(default_factory=list)  # list_tasks(detail=True)
+    summary: dict[str, Any] = field(default_factory=dict)  # summarize_tasks()
+    actors: list[dict[str, Any]] = field(default_factory=list)
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    raw: dict[str, Any] = field(default_factory=dict)  # route -> Ray's JSON envelope
+    timeline: list[dict[str, Any]] = field(default_factory=list)  # ray.timeline()
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.5)
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        return json.loads(answer.read())
+
+
+def second_workload(_flag_dir: str) -> dict[str, Any]:
+    """A different, smaller job for a second session: three tasks of its own name."""
+    import ray
+
+    @ray.remote
+    def second_only(x: int) -> int:
+        return x + 1
+
+    assert ray.get([second_only.remote(i) for i in range(3)]) == [1, 2, 3]
+    return {"outer_id": "", "attempts": 3}
+
+
+def record_session(agent: AgentProcess, flag_dir: Path,
+                   workload: Callable[[str], dict[str, Any]] = run_workload) -> Recorded:
+    """One Ray session exporting to `agent`, its workload run and Ray's answers recorded."""
+    import ray
+    from ray.util import state
+
+    env = {**EXPORT_ALL, "RAY_DASHBOARD_AGGREGATOR_AGENT_EVENTS_EXPORT_ADDR":
+           f"{agent.http_url}/ray/events"}
+    with local_ray(env) as job_id:
+        ran = workload(str(flag_dir))
+        session = ray._private.worker.global_worker.node.session_name
+        ray_state_tasks(job_id, ran["attempts"])  # every attempt settled in Ray
+        recorded = Recorded(job_id=job_id, session=session, outer_id=ran["outer_id"])
+        recorded.tasks = [t.asdict() for t in state.list_tasks(
+            detail=True, limit=10000, raise_on_missing_output=False)]
+        recorded.summary = state.summarize_tasks(raise_on_missing_output=False)
+        recorded.actors = [a.asdict() for a in state.list_actors(detail=True)]
+        recorded.jobs = [dict(j.asdict()) for j in state.list_jobs(detail=True)]
+        recorded.nodes = [n.asdict() for n in state.list_nodes(detail=True)]
+        webui = ray._private.worker.global_worker.node.address_info["webui_url"]
+        for route in RAW_ROUTES:
+            recorded.raw[route] = _get_json(f"http://{webui}/api/v0/{route}")
+        time.sleep(1.5)  # Ray flushes profile events every second
+        recorded.timeline = ray.timeline() or []
+    _wait_all_delivered(agent)
+    return recorded
+
+
+def _wait_all_delivered(agent: AgentProcess) -> None:
+    """Until the agent stopped receiving and its lake holds everything it received."""
+    last = [-1.0]
+
+    def settled() -> bool:
+        received = agent.metric("evagg_received_events_total")
+        delivered = agent.metric("evagg_delivered_events_total")
+        quiet = received == last[0]
+        last[0] = received
+        return quiet and delivered >= received
+
+    time.sleep(2)
+    wait_for(settled, 60, "the agent to deliver every Ray event to its lake")
