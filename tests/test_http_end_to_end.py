@@ -116,6 +116,41 @@ def test_flaky_endpoint_gets_everything_while_a_healthy_sink_keeps_pace(
     assert all(s.content_encoding == "gzip" for s in flaky.server.requests)
 
 
+def test_sigterm_while_the_endpoint_is_down_exits_at_the_deadline_and_a_restart_delivers(
+        agent_factory: Callable[..., AgentProcess],
+        servers: Callable[..., ServerThread]) -> None:
+    endpoint = servers()
+    endpoint.call(endpoint.server.stop())  # connections refused: the endpoint is down
+    agent = agent_factory(sinks_toml=http_sink("collector", endpoint.server.url),
+                          drain_timeout="3s").start()
+    assert producer_report(start_producer(agent.socket_path, "down", 3000))["flushed"]
+    failed = 'evagg_delivery_errors_total{kind="connect",sink="collector"}'
+    wait_until(lambda: agent.metric(failed) >= 1, 30, "the sink to find the endpoint down")
+    assert agent.proc is not None
+    stopping = time.monotonic()
+    assert agent.stop(timeout=60) == 0
+    took = time.monotonic() - stopping
+    log = agent.log()
+    print(f"\nexited {took:.1f}s after SIGTERM with a 3 s drain deadline")
+    assert took < 3 + 5 + 5  # the deadline, the in-flight grace, the rest of the shutdown
+    said = [line for line in log.splitlines() if "cannot deliver while draining" in line]
+    assert len(said) == 1  # said once, with where, how long and what stays
+    assert endpoint.server.url in said[0] and "s more" in said[0]
+    assert "undelivered records stay spooled" in said[0]
+    assert "still has" in log and "they stay spooled" in log
+
+    endpoint.call(endpoint.server.start())
+    agent.start()
+
+    def tasks() -> list[str]:
+        return [str(e.get("task_id")) for s in list(endpoint.server.requests) if s.stored
+                for e in s.events if e.get("kind") == "task"]
+
+    wait_until(lambda: len(tasks()) >= 3000, 60, "the restarted agent to deliver the rest")
+    assert agent.stop() == 0
+    assert sorted(tasks()) == sorted(f"down-{i}" for i in range(3000))  # each one, once
+
+
 def test_permanent_4xx_goes_to_dead_letters_and_replay_delivers(
         agent_factory: Callable[..., AgentProcess],
         servers: Callable[..., ServerThread]) -> None:
