@@ -178,7 +178,8 @@ def _tasks(store: Store, args: argparse.Namespace) -> Result:
 
 def _check_task_args(args: argparse.Namespace) -> None:
     """Refuse what can only ever match nothing, before the store is opened."""
-    if args.state and args.state.strip().upper() not in FINAL_STATES:
+    state = (args.state or "").strip().upper()
+    if state.isidentifier() and state not in FINAL_STATES:  # malformed: TaskFilter says so
         raise BadInput(f"--state {args.state}: not a task state; a task's final state is "
                        f"one of {', '.join(FINAL_STATES)}")
     if args.columns:

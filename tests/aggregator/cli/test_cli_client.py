@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import orjson
 
-from tests.agentproc import REPO, AgentProcess
+from tests.agentproc import REPO, AgentProcess, short_socket_dir
 
 
 def evagg(*args: str, stdin: bytes | None = None,
@@ -45,7 +46,12 @@ def test_emit_reports_bad_input_and_a_missing_agent(tmp_path: Path) -> None:
     result = evagg("emit", "--socket", str(tmp_path / "none.sock"), "--file", str(bad))
     assert result.returncode == 2 and b"line 2: an event must be a JSON object" in result.stderr
     missing = evagg("emit", "--socket", str(tmp_path / "none.sock"), "--timeout", "1")
-    assert missing.returncode == 1 and b"did not acknowledge" in missing.stderr
+    assert missing.returncode == 1 and b"the socket file does not exist" in missing.stderr
+    stale = short_socket_dir() / "stale.sock"  # a socket file whose agent is gone
+    with socket.socket(socket.AF_UNIX) as gone:
+        gone.bind(str(stale))
+    unanswered = evagg("emit", "--socket", str(stale), "--timeout", "1")
+    assert unanswered.returncode == 1 and b"did not acknowledge" in unanswered.stderr
 
 
 def test_tail_follows_new_events_filtered_by_kind(agent: AgentProcess) -> None:
@@ -110,7 +116,8 @@ def test_status_reads_http_listen_from_config_and_environment(agent: AgentProces
 
 
 def test_tail_reads_http_listen_from_evagg_config(agent: AgentProcess) -> None:
-    tail = subprocess.Popen([sys.executable, "-m", "aggregator", "tail", "--json", "--limit", "1"],
+    tail = subprocess.Popen([sys.executable, "-m", "aggregator", "tail", "--json", "--limit", "1",
+                             "--kind", "task"],  # not the agent's heartbeat, due every 2 s
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=client_env(EVAGG_CONFIG=str(agent.config_path)))
     time.sleep(1.5)  # let it connect before the event exists
@@ -143,7 +150,7 @@ def test_demo_beside_a_running_agent_says_why(agent: AgentProcess) -> None:
                         env=client_env())
     assert port_taken.returncode == 1
     assert b"cannot start the agent" in port_taken.stderr
-    assert b"address already in use" in port_taken.stderr
+    assert b"something is already listening on" in port_taken.stderr
     assert not (agent.socket_path.parent / "other.sock").exists()  # nothing left behind
     assert b"Traceback" not in locked.stderr + port_taken.stderr
     assert agent.running
