@@ -12,7 +12,6 @@ import asyncio
 import dataclasses
 import errno
 import logging
-import os
 import signal
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,8 +25,9 @@ from aggregator.config.sinks import SinkConfig
 from aggregator.delivery.consumer import SinkConsumer
 from aggregator.delivery.sink_set import SinkSet, build_sinks
 from aggregator.gauges import AgentGauges
+from aggregator.heartbeat import Heartbeat
 from aggregator.ingest.http_routes import HttpApi
-from aggregator.ingest.ingestor import Ingestor, SpoolUnavailable
+from aggregator.ingest.ingestor import Ingestor
 from aggregator.ingest.unix_socket import SocketIngest
 from aggregator.losses import LossRecorder
 from aggregator.memory import (
@@ -42,7 +42,6 @@ from aggregator.red.metrics import RedMetrics
 from aggregator.shutdown import StopSignals, log_stopped, log_waiting_for
 from aggregator.spool import Spool
 from emitters import autostart
-from emitters.ids import new_event_id
 from sinks.base import Sink
 
 log = logging.getLogger("evagg.agent")
@@ -78,6 +77,9 @@ class Agent:
                                    max_connections=config.max_connections)
         self.http = HttpApi(self.ingestor, self.metrics, max_body_bytes=config.http_max_body_bytes,
                             token=config.http_token, is_ready=self.is_ready)
+        self.heartbeat = Heartbeat(self.ingestor, self.metrics, self.losses,
+                                   node_id=config.node_id, spool_directory=self.spool.directory,
+                                   interval_s=config.heartbeat_interval_s)
         self.sinks: SinkSet | None = None
         self._reload_lock = asyncio.Lock()  # a reload and the drain never overlap
         self._reload_task: asyncio.Task[None] | None = None
@@ -108,7 +110,7 @@ class Agent:
         self._ready = True
         systemd.notify("READY=1\nSTATUS=accepting events")
         self._announce()
-        heartbeat = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
+        heartbeat = asyncio.create_task(self.heartbeat.run(), name="heartbeat")
         watcher = (asyncio.create_task(self._exit_when_unused_loop(self._exit_when_unused),
                                        name="exit-when-unused")
                    if self._exit_when_unused is not None else None)
@@ -215,7 +217,7 @@ class Agent:
     async def _deliver_and_close_sinks(self) -> None:
         await self.socket.stop_accepting()
         await self.socket.close_connections(timeout=5.0)
-        await self._final_heartbeat()
+        await self.heartbeat.write_final()
         async with self._reload_lock:
             if self.sinks is not None:
                 await self.sinks.stop(self.config.drain_timeout_s)
@@ -272,56 +274,6 @@ class Agent:
                 self.request_stop()
                 return
 
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.heartbeat_interval_s)
-            try:
-                await self._write_heartbeat(final=False)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a heartbeat must never end the agent
-                self.metrics.worker_errors.inc(worker="heartbeat", type=type(exc).__name__)
-                log.exception("heartbeat failed")
-
-    async def _final_heartbeat(self) -> None:
-        """Best effort and bounded: a full spool under `block` must not hold the exit."""
-        try:
-            await asyncio.wait_for(self._write_heartbeat(final=True), timeout=2.0)
-        except (TimeoutError, SpoolUnavailable, RuntimeError) as exc:
-            log.warning("final heartbeat not written: %s", exc or type(exc).__name__)
-
-    async def _write_heartbeat(self, *, final: bool) -> None:
-        rows: list[dict[str, Any]] = [self._heartbeat_row(final)]
-        losses = self.losses.take_unreported()
-        for reason, events in losses.items():
-            total = self.losses.reported_total(reason) + events
-            rows.append(loss_row(reason, events, total, self.config.node_id))
-        try:
-            await self.ingestor.ingest_rows(rows, self.ingestor.stamp(os.getpid(), os.getuid()),
-                                            route="agent")
-        except BaseException:
-            self.losses.return_unreported(losses)  # reported with the next heartbeat instead
-            raise
-        self.losses.reported(losses)
-
-    def _heartbeat_row(self, final: bool) -> dict[str, Any]:
-        metrics = self.metrics.registry.snapshot()
-        return {
-            "event_id": new_event_id(), "kind": "agent", "source": "evagg",
-            "name": "heartbeat", "state": "STOPPING" if final else "RUNNING",
-            "node_id": self.config.node_id, "metrics": metrics,
-            "attrs": {"version": _version(), "spool": str(self.spool.directory)},
-        }
-
-
-def loss_row(reason: str, events: int, total: int, node_id: str) -> dict[str, Any]:
-    """`events` lost since the last report; `events_total` since the agent started, so a
-    reader still learns the full count when `drop_oldest` dropped an earlier loss event."""
-    return {"kind": "loss", "source": "evagg", "name": reason, "state": "DROPPED",
-            "node_id": node_id,
-            "metrics": {"events": float(events), "events_total": float(total)},
-            "attrs": {"reason": reason}}
-
 
 def http_port_problem(listen: str, exc: OSError) -> str:
     """Why the HTTP port cannot be opened, in the words of the socket and spool clashes."""
@@ -337,15 +289,6 @@ def http_port_problem(listen: str, exc: OSError) -> str:
         why = exc.strerror or str(exc)
     return (f"cannot open the HTTP port {listen}: {why}; set agent.http_listen (or "
             "--http-listen) to a free host:port, or to \"\" to run without the HTTP port")
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("evagg")
-    except PackageNotFoundError:
-        return "dev"
 
 
 def run_agent(config: AgentConfig, exit_when_unused: Path | None = None,

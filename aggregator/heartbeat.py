@@ -1,0 +1,93 @@
+"""The agent's heartbeat: an `agent` event with the agent's counters every
+`heartbeat_interval`, with a `loss` event for each reason the agent lost events since the
+last one (aggregator/losses.py).
+
+Heartbeats go through the ingestor like any producer's events (route "agent"), so every
+sink gets them and the dashboard's node view works after the cluster is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from aggregator.ingest.ingestor import Ingestor, SpoolUnavailable
+from aggregator.losses import LossRecorder
+from aggregator.metrics import AgentMetrics
+from emitters.ids import new_event_id
+
+log = logging.getLogger("evagg.agent")
+FINAL_TIMEOUT_S = 2.0  # the last heartbeat must not hold the exit (a full spool, `block`)
+
+
+class Heartbeat:
+    def __init__(self, ingestor: Ingestor, metrics: AgentMetrics, losses: LossRecorder, *,
+                 node_id: str, spool_directory: Path, interval_s: float) -> None:
+        self.ingestor = ingestor
+        self.metrics = metrics
+        self.losses = losses
+        self.node_id = node_id
+        self.spool_directory = spool_directory
+        self.interval_s = interval_s
+
+    async def run(self) -> None:
+        """Write one every `interval_s` until cancelled; a failure is counted and logged."""
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.write(final=False)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a heartbeat must never end the agent
+                self.metrics.worker_errors.inc(worker="heartbeat", type=type(exc).__name__)
+                log.exception("heartbeat failed")
+
+    async def write_final(self) -> None:
+        """The STOPPING heartbeat: best effort and bounded."""
+        try:
+            await asyncio.wait_for(self.write(final=True), timeout=FINAL_TIMEOUT_S)
+        except (TimeoutError, SpoolUnavailable, RuntimeError) as exc:
+            log.warning("final heartbeat not written: %s", exc or type(exc).__name__)
+
+    async def write(self, *, final: bool) -> None:
+        rows: list[dict[str, Any]] = [self._heartbeat_row(final)]
+        losses = self.losses.take_unreported()
+        for reason, events in losses.items():
+            total = self.losses.reported_total(reason) + events
+            rows.append(loss_row(reason, events, total, self.node_id))
+        try:
+            await self.ingestor.ingest_rows(rows, self.ingestor.stamp(os.getpid(), os.getuid()),
+                                            route="agent")
+        except BaseException:
+            self.losses.return_unreported(losses)  # reported with the next heartbeat instead
+            raise
+        self.losses.reported(losses)
+
+    def _heartbeat_row(self, final: bool) -> dict[str, Any]:
+        return {
+            "event_id": new_event_id(), "kind": "agent", "source": "evagg",
+            "name": "heartbeat", "state": "STOPPING" if final else "RUNNING",
+            "node_id": self.node_id, "metrics": self.metrics.registry.snapshot(),
+            "attrs": {"version": _version(), "spool": str(self.spool_directory)},
+        }
+
+
+def loss_row(reason: str, events: int, total: int, node_id: str) -> dict[str, Any]:
+    """`events` lost since the last report; `events_total` since the agent started, so a
+    reader still learns the full count when `drop_oldest` dropped an earlier loss event."""
+    return {"kind": "loss", "source": "evagg", "name": reason, "state": "DROPPED",
+            "node_id": node_id,
+            "metrics": {"events": float(events), "events_total": float(total)},
+            "attrs": {"reason": reason}}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("evagg")
+    except PackageNotFoundError:
+        return "dev"
