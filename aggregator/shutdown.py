@@ -63,8 +63,8 @@ def log_waiting_for(signum: int, sinks: SinkSet | None, deadline_s: float,
              "%s again stops at once: what is not delivered stays spooled",
              _name(signum), deadline_s, until, again)
     for name, consumer in behind.items():
-        log.info("waiting for sink %s (%s): %d events to deliver", name,
-                 consumer.sink.describe(), consumer.spool.lag(name)[1])
+        log.info("waiting for sink %s (%s): %s to deliver", name, consumer.sink.describe(),
+                 _events(consumer.spool.lag(name)[1]))
 
 
 def log_stopped(sinks: SinkSet | None, spool_dir: Path, signals: StopSignals) -> None:
@@ -77,13 +77,17 @@ def log_stopped(sinks: SinkSet | None, spool_dir: Path, signals: StopSignals) ->
     if not left:
         log.info("evagg agent %s: every spooled event was delivered", how)
         return
-    per_sink = ", ".join(f"{events} for sink {name}" for name, events in left.items())
+    per_sink = ", ".join(f"{_events(events)} for sink {name}" for name, events in left.items())
     log.warning("evagg agent %s: events left in the spool %s: %s; the next `evagg run` "
                 "with this state_dir delivers them", how, spool_dir, per_sink)
 
 
 def _consumers(sinks: SinkSet | None) -> dict[str, SinkConsumer]:
     return sinks.consumers if sinks is not None else {}
+
+
+def _events(count: int) -> str:
+    return f"{count} event" if count == 1 else f"{count} events"
 
 
 def _name(signum: int | None) -> str:

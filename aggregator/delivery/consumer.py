@@ -167,8 +167,9 @@ class SinkConsumer:
             delay = min(delay, DRAIN_RETRY_S)  # the drain deadline is short: try more often
         self._mark_failing(kind, delay)
         if first_of_kind:  # once per change of kind: a sink that stays down does not flood
-            log.warning("sink %s failed (%s) delivering to %s: %s; next retry in %.1fs%s",
-                        self.name, kind, self.sink.describe(), result.error, delay,
+            log.warning("sink %s failed (%s) delivering to %s: %s; next retry %s%s",
+                        self.name, kind, self.sink.describe(), result.error,
+                        f"in {delay:.1f}s" if delay >= 0.05 else "at once",
                         PERMANENT_HINT if result.permanent else "")
         await self._sleep(delay)
 

@@ -38,7 +38,7 @@ def lag(agent: AgentProcess, sink: str) -> float:
 
 def events_left(line: str, sink: str) -> int:
     """The count a log line gives for `sink` (the agent's own heartbeats are events too)."""
-    found = re.search(rf"(\d+) (?:events to deliver|for sink {sink})", line)
+    found = re.search(rf"(\d+) events? (?:to deliver|for sink {sink})", line)
     assert found, line
     return int(found.group(1))
 
