@@ -24,6 +24,7 @@ Sample = tuple[str, str, dict[str, str], float]
 SPOOL_COUNTER_HELP: Final = ("Spool counters since start (records, duplicates, corrupt records, "
                              "quarantined segments, fsyncs).")
 SINK_COUNT_HELP: Final = "A sink's own count since it was built, by sink and type."
+SINK_GAUGE_HELP: Final = "A sink's own value now, by sink and type."
 # Before sinks reported through `Sink.counters()`, the HTTP sink's counts were exported
 # under this prefix. Dashboards and alerts use them, so they stay beside the new names.
 LEGACY_HTTP_PREFIX: Final = "evagg_http_sink_"
@@ -89,7 +90,17 @@ class AgentGauges:
         if sink.sink_type == "http":
             out += _legacy_http_samples(name, [(c.name, c.value) for c in counts
                                                if c.reason is None])
-        return out
+        return out + self._sink_gauge_samples(name, sink)
+
+    def _sink_gauge_samples(self, name: str, sink: Sink) -> list[Sample]:
+        """`evagg_sink_<gauge>{sink, type}` for every value the sink has now."""
+        try:
+            values = dict(sink.gauges())
+        except Exception as exc:  # a sink bug must not break /metrics or the heartbeat
+            self._count_failure(name, exc)
+            return []
+        return [(f"evagg_sink_{gauge}", SINK_GAUGE_HELP, {"sink": name, "type": sink.sink_type},
+                 float(value)) for gauge, value in values.items()]
 
     def _count_failure(self, name: str, exc: Exception) -> None:
         self.metrics.worker_errors.inc(worker=f"sink:{name}", type=type(exc).__name__)

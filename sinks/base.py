@@ -10,14 +10,15 @@ the committed cursor (the backoff grows with failures in a row; a success, progr
 derives its file name from the first offset; the HTTP sink sends an Idempotency-Key).
 
 A sink reports its own counts through `counters()`; the agent exports each one on
-/metrics as `evagg_sink_<name>_total{sink, type[, reason]}` (docs/metrics.md).
+/metrics as `evagg_sink_<name>_total{sink, type[, reason]}` (docs/metrics.md), and the
+values it has now through `gauges()`, as `evagg_sink_<name>{sink, type}`.
 """
 
 from __future__ import annotations
 
 import abc
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Final
 
@@ -113,3 +114,8 @@ class Sink(abc.ABC):
         """This sink's own counts since it was built; none by default. Called on the
         event loop at every /metrics scrape and heartbeat: keep it cheap, never raise."""
         return ()
+
+    def gauges(self) -> Mapping[str, float]:
+        """Values this sink has now, not counts (the HTTP sink's concurrency limit), named
+        as counters are; none by default. The same rules as `counters()`."""
+        return {}

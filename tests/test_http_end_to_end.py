@@ -147,6 +147,10 @@ def test_sigterm_while_the_endpoint_is_down_exits_at_the_deadline_and_a_restart_
                 for e in s.events if e.get("kind") == "task"]
 
     wait_until(lambda: len(tasks()) >= 3000, 60, "the restarted agent to deliver the rest")
+    labels = '{sink="collector",type="http"}'
+    assert 1 <= agent.metric(f"evagg_sink_concurrency_limit{labels}") <= 4  # max_in_flight
+    assert agent.metric(f"evagg_sink_answer_latency_seconds{labels}") > 0
+    assert "# TYPE evagg_sink_requests_in_flight gauge" in agent.metrics()
     assert agent.stop() == 0
     assert sorted(tasks()) == sorted(f"down-{i}" for i in range(3000))  # each one, once
 

@@ -141,8 +141,8 @@ class HttpSink(Sink):
         return {name: self._counters[name] for name in _METRICS}
 
     def gauges(self) -> dict[str, float]:
-        """Values now, for /metrics: the concurrency limit, requests in flight, and the
-        moving average of the endpoint's answer latency (0 before the first answer)."""
+        """The concurrency limit, the requests in flight, and the moving average of the
+        endpoint's answer latency (0 before the first answer)."""
         limit = self._limit
         return {"concurrency_limit": float(limit.limit), "requests_in_flight": float(
             limit.in_flight), "answer_latency_seconds": limit.latency_s or 0.0}
