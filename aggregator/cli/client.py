@@ -179,10 +179,13 @@ def field_value(key: str, text: str) -> Any:
 def add_tail_parser(commands: Parsers) -> None:
     tail = commands.add_parser("tail", help="follow events as they are spooled")
     _add_address_flags(tail)
-    tail.add_argument("--kind", action="append", default=[])
-    tail.add_argument("--name", action="append", default=[])
-    tail.add_argument("--json", action="store_true", help="print raw NDJSON")
-    tail.add_argument("--limit", type=int, default=0, help="stop after this many events")
+    tail.add_argument("--kind", action="append", default=[],
+                      help="only events of this kind, e.g. task (repeat for more)")
+    tail.add_argument("--name", action="append", default=[],
+                      help="only events of this name (repeat for more)")
+    tail.add_argument("--json", action="store_true", help="print each event as one JSON line")
+    tail.add_argument("--limit", type=int, default=0,
+                      help="stop after this many events (default: follow until Ctrl-C)")
     tail.add_argument("--token-file", type=Path,
                       help="a file holding the agent's token, when it has http_token_file")
     tail.set_defaults(command=run_tail)
@@ -244,8 +247,9 @@ def _short(event: dict[str, Any]) -> str:
 def add_status_parser(commands: Parsers) -> None:
     status = commands.add_parser("status", help="rates, per-sink lag, spool bytes and losses")
     _add_address_flags(status)
-    status.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("--interval", type=float, default=1.0,
+                        help="seconds between the two samples the rates come from (default 1)")
+    status.add_argument("--json", action="store_true", help="print the report as JSON")
     status.set_defaults(command=run_status)
 
 

@@ -85,12 +85,16 @@ def evagg_version() -> str:
 
 
 def _agent_flags(parser: argparse.ArgumentParser) -> None:
+    from aggregator.config import DEFAULT_HTTP_LISTEN  # here: `evagg query` never loads it
+
     parser.add_argument("--config", type=Path, help="TOML file (default: $EVAGG_CONFIG or none)")
     parser.add_argument("--socket", help="Unix socket path (overrides the config)")
     parser.add_argument("--state-dir", help="spool and cursors (overrides the config)")
-    parser.add_argument("--http-listen", help="host:port of the HTTP port, '' to disable")
+    parser.add_argument("--http-listen",
+                        help=f"host:port of the HTTP port (/metrics, /v1/tail, HTTP ingest; "
+                             f"default {DEFAULT_HTTP_LISTEN}), '' to turn it off")
     parser.add_argument("--node-id", help="this node's id (default: host name)")
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug lines too")
     parser.add_argument("--log-format", choices=FORMATS,
                         help="the agent's log lines: text (default) or json, one object per "
                              "line ($EVAGG_LOG_FORMAT)")
@@ -110,7 +114,12 @@ def load_from_args(args: argparse.Namespace) -> AgentConfig:
 
 
 def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    run = commands.add_parser("run", help="run the agent")
+    run = commands.add_parser(
+        "run", help="run the agent",
+        description="Run the agent in the foreground until Ctrl-C or SIGTERM. The first "
+                    "one delivers what is spooled (up to drain_timeout, 60s by default), "
+                    "a second one stops at once; what is not delivered stays in the spool "
+                    "for the next start.")
     _agent_flags(run)
     run.add_argument("--demo", type=int, nargs="?", const=2000, metavar="EVENTS",
                      help="also run a short demo producer, show the DuckDB query, then exit")
