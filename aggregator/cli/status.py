@@ -81,6 +81,8 @@ class StatusReport:
     bad_input: dict[str, float]
     errors: dict[str, float] = field(default_factory=dict)
     health: dict[str, str] = field(default_factory=dict)  # sink -> ok / retrying / failing
+    # a Parquet sink's open file: sink -> seconds until it closes and its events are in the lake
+    file_closes_in_s: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -95,12 +97,19 @@ class StatusReport:
         for sink in sorted(set(self.lag_events) | set(self.delivered_per_s)):
             state = self.health.get(sink, "ok")
             lines.append(f"sink {sink:<12} {self.delivered_per_s.get(sink, 0):,.0f} events/s  "
-                         f"lag {self.lag_events.get(sink, 0):,.0f} events  "
+                         f"lag {self.lag_events.get(sink, 0):,.0f} events{self._file(sink)}  "
                          f"errors {self.errors.get(sink, 0):,.0f}  {state}")
         lines.append("lost       " + (_pairs(self.dropped) or "none"))
         lines.append("rejected   " + (_pairs(self.rejected) or "none"))
         lines.append("bad input  " + (_pairs(self.bad_input) or "none"))
         return "\n".join(lines)
+
+
+    def _file(self, sink: str) -> str:
+        """For a Parquet sink with a file open: when its events reach the lake."""
+        if sink not in self.file_closes_in_s:
+            return ""
+        return f" (not in a file yet: next file closes in {self.file_closes_in_s[sink]:.0f}s)"
 
 
 def _pairs(values: dict[str, float]) -> str:
@@ -126,4 +135,11 @@ def format_status(first: dict[str, float], second: dict[str, float],
         bad_input=_by_label(second, "evagg_bad_input_total", "reason"),
         errors=_by_label(second, "evagg_delivery_errors_total", "sink"),
         health=sink_health(second, time.time() if now is None else now),
+        file_closes_in_s=_open_files(second),
     )
+
+
+def _open_files(sample: dict[str, float]) -> dict[str, float]:
+    open_events = _by_label(sample, "evagg_sink_open_file_events", "sink")
+    closes_in = _by_label(sample, "evagg_sink_file_closes_in_seconds", "sink")
+    return {sink: closes_in.get(sink, 0.0) for sink, events in open_events.items() if events}

@@ -66,6 +66,7 @@ def _http(config: SinkConfig, where: _Where) -> Sink:
 
 def _parquet(config: SinkConfig, where: _Where) -> Sink:
     from sinks.parquet import ParquetSink
+    from sinks.parquet.hour_compaction import HourCompaction
     from sinks.parquet.stores import LocalStore, ObjectStore
 
     options = ParquetOptions.from_table(config.options, config.url)
@@ -77,8 +78,14 @@ def _parquet(config: SinkConfig, where: _Where) -> Sink:
                         staging_dir=where.state_dir / "staging" / config.name)
     else:
         store = LocalStore(Path(config.url).expanduser())
+    compaction = None
+    if options.compact:
+        compaction = HourCompaction(config.url, where.node_id, s3=options.s3,
+                                    after_s=options.compact_after_s)
+        compaction.look_back()  # the hours written before this start
     return ParquetSink(config.name, store, options, node_id=where.node_id,
-                       spool_id=where.spool_id, event_filter=where.event_filter)
+                       spool_id=where.spool_id, event_filter=where.event_filter,
+                       compaction=compaction)
 
 
 # each raises ValueError naming the problem; the keys are SinkConfig.type's values

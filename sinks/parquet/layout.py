@@ -32,8 +32,13 @@ def partition_for(received_ns: int) -> str:
 
 
 def object_key(received_ns: int, node_id: str, spool_id: str, first_offset: int) -> str:
-    node, name = _path_safe(node_id), spool_prefix(_path_safe(spool_id))
-    return f"{partition_for(received_ns)}/node={node}/{name}{first_offset:020d}.parquet"
+    directory = f"{partition_for(received_ns)}/{node_directory(node_id)}"
+    return f"{directory}/{spool_prefix(_path_safe(spool_id))}{first_offset:020d}.parquet"
+
+
+def node_directory(node_id: str) -> str:
+    """The `node=<node>` level under an hour, escaped as the sink writes it."""
+    return f"node={_path_safe(node_id)}"
 
 
 def spool_prefix(spool_id: str) -> str:

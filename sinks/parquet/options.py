@@ -19,12 +19,19 @@ from sinks.parquet.s3_uploads import upload_args
 from sinks.units import parse_bool, parse_positive_duration, parse_positive_size
 
 MIB: Final = 1024 * 1024
+# A file closes this long after it opened: on a local directory soon enough that an event
+# is in a file, and so in `evagg query`, seconds after it was sent; on S3, where every
+# PUT costs, once a minute (docs/sinks-s3.md, "Freshness and cost").
+LOCAL_ROLL_INTERVAL_S: Final = 5.0
+S3_ROLL_INTERVAL_S: Final = 60.0
 
 # config key -> (field, parser of the TOML value)
 _KEYS: Final[dict[str, tuple[str, Callable[[Any], Any]]]] = {
     "roll_max_bytes": ("roll_max_bytes", parse_positive_size),
     "roll_interval": ("roll_interval_s", parse_positive_duration),
     "row_group_rows": ("row_group_rows", at_least(1)),
+    "compact": ("compact", parse_bool),
+    "compact_after": ("compact_after_s", parse_positive_duration),
 }
 _S3_KEYS: Final[dict[str, tuple[str, Callable[[Any], Any]]]] = {
     "endpoint_url": ("endpoint_url", optional_text),
@@ -59,12 +66,15 @@ class S3Options:
 
 @dataclass(frozen=True)
 class ParquetOptions:
-    """When the sink's files roll and how their row groups are cut; the field defaults
-    are the documented defaults."""
+    """When the sink's files roll, how their row groups are cut, and whether the hours
+    it has moved past are merged; the field defaults are the documented defaults (on S3,
+    `from_table` defaults the roll to S3_ROLL_INTERVAL_S)."""
 
     roll_max_bytes: int = 64 * MIB
-    roll_interval_s: float = 300.0
+    roll_interval_s: float = LOCAL_ROLL_INTERVAL_S
     row_group_rows: int = 10_000
+    compact: bool = True  # merge each closed hour's files into one (hour_compaction.py)
+    compact_after_s: float = 600.0  # how long after its end an hour is merged
     s3: S3Options = field(default_factory=S3Options)  # the defaults on a local directory
 
     KEYS: ClassVar[frozenset[str]] = frozenset({*_KEYS, *S3Options.KEYS})
@@ -78,7 +88,7 @@ class ParquetOptions:
                 raise SinkOptionError(key, "is not an option of a parquet sink")
             if key in S3Options.KEYS and not is_s3_url(url):
                 raise SinkOptionError(key, "applies to s3:// urls only")
-        defaults = cls()
+        defaults = cls(roll_interval_s=S3_ROLL_INTERVAL_S) if is_s3_url(url) else cls()
         values = {name: option(table, key, getattr(defaults, name), parse)
                   for key, (name, parse) in _KEYS.items()}
         return cls(**values, s3=S3Options.from_table(table))

@@ -28,6 +28,7 @@ import pyarrow as pa
 from sinks.base import Sink, SinkCounter, SinkResult
 from sinks.filters import EventFilter
 from sinks.parquet.counts import ParquetCounts
+from sinks.parquet.hour_compaction import HourCompaction
 from sinks.parquet.layout import object_key
 from sinks.parquet.options import ParquetOptions
 from sinks.parquet.stores import ObjectStore, StoreError
@@ -52,6 +53,7 @@ class _ClosedFile:
     last_offset: int
     events: int
     size: int  # bytes, counted once the file is published
+    received_ns: int  # of its first record, which names its hour
 
 
 @dataclass(slots=True)
@@ -72,6 +74,7 @@ class _OpenFile:
         self.key = key
         self.staged = staged
         self.hour = first.received_ns // _NS_PER_HOUR
+        self.first_received_ns = first.received_ns
         self.opened_at = opened_at
         self.last_offset = first.offset
         self.events = 0
@@ -107,7 +110,8 @@ class _OpenFile:
         self.writer.close()
         size = self.bytes_written
         self.sink.close()
-        return _ClosedFile(self.key, self.staged, self.last_offset, self.events, size)
+        return _ClosedFile(self.key, self.staged, self.last_offset, self.events, size,
+                           self.first_received_ns)
 
     def discard(self) -> None:
         with contextlib.suppress(Exception):
@@ -131,6 +135,7 @@ class ParquetSink(Sink):
         event_filter: EventFilter | None = None,
         compression: str = "zstd",
         clock: Callable[[], float] = time.monotonic,
+        compaction: HourCompaction | None = None,
     ) -> None:
         super().__init__(name)
         if not node_id or not spool_id:
@@ -145,6 +150,7 @@ class ParquetSink(Sink):
         self.event_filter = event_filter or EventFilter()
         self.compression = compression
         self.counts = ParquetCounts()  # exported through counters()
+        self.compaction = compaction  # merges the hours this sink has moved past
         self._clock = clock
         self._lock = threading.Lock()  # a cancelled call's thread may still be running
         self._file: _OpenFile | None = None
@@ -155,18 +161,33 @@ class ParquetSink(Sink):
         return f"parquet {self.store.describe()} node={self.node_id}"
 
     def counters(self) -> list[SinkCounter]:
-        return [*self.counts.as_counters(), *self.store.counters()]
+        merged = self.compaction.counters() if self.compaction else []
+        return [*self.counts.as_counters(), *self.store.counters(), *merged]
+
+    def gauges(self) -> dict[str, float]:
+        """What is not in the lake yet: the events in the open file, and the seconds until
+        it closes (0 with no file open). Read without the lock: a value a moment old."""
+        current = self._file
+        if current is None:
+            return {"open_file_events": 0.0, "file_closes_in_seconds": 0.0}
+        left = current.opened_at + self.roll_interval_s - self._clock()
+        return {"open_file_events": float(current.events),
+                "file_closes_in_seconds": max(left, 0.0)}
 
     async def write(self, records: Sequence[SpoolRecord]) -> SinkResult:
         return await self._run(self._append, records)
 
     async def flush(self, *, final: bool = False) -> SinkResult:
+        if self.compaction is not None and not final:
+            self.compaction.poke()
         return await self._run(self._roll_if_due, final)
 
     async def abandon(self) -> None:
         await asyncio.to_thread(self._discard)
 
     async def close(self) -> None:
+        if self.compaction is not None:
+            self.compaction.stop()
         await self.abandon()  # anything still open missed its final flush
 
     async def _run(self, step: Callable[..., _Progress], *args: object) -> SinkResult:
@@ -184,6 +205,8 @@ class ParquetSink(Sink):
         for closed in progress.closed:
             await self.store.publish(closed.staged, closed.key)
             self.counts.file_published(closed.size, closed.events)
+            if self.compaction is not None:
+                self.compaction.file_published(closed.received_ns)
             with contextlib.suppress(ValueError):  # abandon() may have cleared the list
                 self._unpublished.remove(closed)
             durable, events = closed.last_offset, events + closed.events

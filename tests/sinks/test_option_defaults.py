@@ -66,3 +66,12 @@ def test_each_documented_default_is_the_default(sink_type: str) -> None:
 def test_the_row_group_default_is_the_documented_ten_thousand() -> None:
     assert ParquetOptions().row_group_rows == 10_000
     assert documented_defaults("parquet")["row_group_rows"] == "`10000`"
+
+
+def test_a_local_lake_rolls_in_seconds_and_s3_once_a_minute() -> None:
+    """docs/configuration.md: a local file closes 5 s after it opened, so an event is in
+    `evagg query` within seconds; on S3, where every PUT costs, once a minute."""
+    assert ParquetOptions.from_table({}, "/var/lib/evagg/parquet").roll_interval_s == 5.0
+    assert ParquetOptions.from_table({}, "s3://lake/evagg/").roll_interval_s == 60.0
+    assert ParquetOptions.from_table({"roll_interval": "2m"}, "/data").roll_interval_s == 120.0
+    assert "on a local directory it is `\"5s\"`" in DOC.read_text()

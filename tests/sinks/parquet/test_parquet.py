@@ -404,3 +404,21 @@ def test_bulk_and_careful_decoding_give_the_same_rows_on_disk(tmp_path: Path) ->
         assert con.execute(differ).fetchall() == [(0,)]
         row = f"SELECT pid, attrs['gpu'], metrics FROM {bulk} WHERE event_id = 'e-1'"
         assert con.execute(row).fetchall() == [(4242, "1", {"loss": 0.75})]
+
+
+def test_gauges_say_what_is_not_in_the_lake_yet_and_when_it_will_be(tmp_path: Path) -> None:
+    clock = Clock()
+    sink = make_sink(tmp_path, clock=clock, roll_interval_s=5.0)
+    assert sink.gauges() == {"open_file_events": 0.0, "file_closes_in_seconds": 0.0}
+
+    async def go() -> None:
+        await sink.write([record(1, 40)])
+        clock.now += 2.0
+        assert sink.gauges() == {"open_file_events": 40.0, "file_closes_in_seconds": 3.0}
+        clock.now += 3.5
+        result = await sink.flush()
+        assert result.ok and result.durable_through == 1
+        assert sink.gauges()["open_file_events"] == 0.0
+
+    run(go())
+    assert len(parquet_files(tmp_path)) == 1

@@ -1,0 +1,148 @@
+"""Closed hours merged in the background: one file per hour and node, every event once,
+on a local directory and on moto's S3; a failure is counted and tried again."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sinks.parquet import ParquetSink
+from sinks.parquet.hour_compaction import HourCompaction
+from sinks.parquet.options import ParquetOptions, S3Options
+from sinks.parquet.s3 import S3Store
+from sinks.parquet.stores import LocalStore, ObjectStore
+from tests.sinks.moto_server import MotoS3, aws_env
+from tests.sinks.parquet.test_parquet import HOUR_NS, T10, Clock, duck, record
+
+FILES_PER_HOUR = 12
+
+
+def fill_two_hours(store: ObjectStore, compaction: HourCompaction) -> int:
+    """Write FILES_PER_HOUR files into each of two old hours, as 5 s rolls would, and one
+    file into the hour after them, which the sink is still writing; returns the events
+    written into the two hours."""
+    clock = Clock()
+    sink = ParquetSink("lake", store, ParquetOptions(roll_interval_s=5.0), node_id="node-a",
+                       spool_id="s1", clock=clock, compaction=compaction)
+
+    async def go() -> int:
+        offset = written = 0
+        for hour in (0, 1):
+            for _ in range(FILES_PER_HOUR):
+                offset += 1
+                await sink.write([record(offset, 50, received_ns=T10 + hour * HOUR_NS)])
+                written += 50
+                clock.now += 6.0
+                result = await sink.flush()
+                assert result.ok, result
+        await sink.write([record(offset + 1, 10, received_ns=T10 + 2 * HOUR_NS)])
+        await sink.flush(final=True)
+        return written
+
+    return asyncio.run(go())
+
+
+def merge_everything_due(compaction: HourCompaction) -> None:
+    for _ in range(30):  # the written hours and the last day's, one at a time
+        compaction.poke()
+        assert compaction.wait_idle(60.0)
+
+
+WRITING = "date=2024-05-01/hour=12/node=node-a/part-s1-00000000000000000025.parquet"
+
+
+def test_each_closed_hour_becomes_one_file_with_every_event_once(tmp_path: Path) -> None:
+    compaction = HourCompaction(str(tmp_path), "node-a", s3=S3Options(), after_s=0.0)
+    sent = fill_two_hours(LocalStore(tmp_path), compaction)
+    compaction.look_back()  # as at a start: the last day's hours, all empty here
+    merge_everything_due(compaction)
+
+    files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.parquet"))
+    assert [f.rsplit("/", 1)[0] for f in files] == [
+        "date=2024-05-01/hour=10/node=node-a", "date=2024-05-01/hour=11/node=node-a",
+        "date=2024-05-01/hour=12/node=node-a"]
+    assert all(f.rsplit("/", 1)[1].startswith("compacted-") for f in files[:2])
+    assert files[2] == WRITING  # the hour still being written is left alone
+    (rows, ids), = duck(tmp_path, "SELECT count(*), count(DISTINCT event_id) FROM EVENTS")
+    assert rows == ids == sent + 10
+    counts = {(c.name, c.reason): c.value for c in compaction.counters()}
+    assert counts[("compacted_files", None)] == 2 * FILES_PER_HOUR
+    assert not any(name == "compaction_failures" for name, _ in counts)
+
+
+def test_an_hour_is_merged_only_once_it_has_been_closed_for_the_grace(tmp_path: Path) -> None:
+    now = [T10 / 1e9 + 1800]  # half-way through hour 10
+    compaction = HourCompaction(str(tmp_path), "node-a", s3=S3Options(), after_s=600.0,
+                                clock=lambda: now[0])
+    compaction.file_published(T10)
+    compaction.file_published(T10 + HOUR_NS)  # the sink has moved on to hour 11
+    compaction.poke()
+    assert compaction.wait_idle(5.0) and compaction.runs == 0
+    now[0] = T10 / 1e9 + 3600 + 599
+    compaction.poke()
+    assert compaction.wait_idle(5.0) and compaction.runs == 0
+    now[0] += 2
+    compaction.poke()
+    assert compaction.wait_idle(5.0) and compaction.runs == 1
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[MotoS3]:
+    server = MotoS3()
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_closed_hours_on_s3_are_merged_the_same_way(moto: MotoS3, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in aws_env().items():
+        monkeypatch.setenv(key, value)
+    bucket = moto.create_bucket()
+    s3 = S3Options(endpoint_url=moto.endpoint_url, region="us-east-1", path_style=True)
+    url = f"s3://{bucket}/lake/"
+    compaction = HourCompaction(url, "node-a", s3=s3, after_s=0.0)
+    sent = fill_two_hours(S3Store(url, s3, staging_dir=tmp_path), compaction)
+    merge_everything_due(compaction)
+
+    keys = moto.keys(bucket)
+    assert len(keys) == 3 and all("/compacted-" in k for k in keys[:2]), keys
+    assert keys[2] == f"lake/{WRITING}"
+    (rows, ids), = moto.duckdb().execute(
+        f"SELECT count(*), count(DISTINCT event_id) FROM read_parquet('{url}**/*.parquet')"
+    ).fetchall()
+    assert rows == ids == sent + 10
+
+
+def test_a_failed_merge_is_counted_logged_once_and_tried_again(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    now = [T10 / 1e9 + 7200]
+    unreachable = S3Options(endpoint_url="http://127.0.0.1:9", region="us-east-1",
+                            path_style=True)
+    compaction = HourCompaction("s3://nowhere/lake/", "node-a", s3=unreachable,
+                                after_s=60.0, clock=lambda: now[0])
+    compaction.file_published(T10)
+    compaction.file_published(T10 + 2 * HOUR_NS)
+    with caplog.at_level(logging.WARNING, logger="sinks.parquet.hour_compaction"):
+        for _ in range(3):
+            compaction.poke()
+            assert compaction.wait_idle(60.0)
+            now[0] += 61  # due again after after_s
+    failures = [c for c in compaction.counters() if c.name == "compaction_failures"]
+    assert sum(c.value for c in failures) == 3
+    assert len([r for r in caplog.records if "merging the closed hour" in r.message]) == 1
+    assert "date=2024-05-01/hour=10" in caplog.records[0].getMessage()
+
+
+def test_nothing_is_merged_before_anything_is_written(tmp_path: Path) -> None:
+    compaction = HourCompaction(str(tmp_path / "not-yet"), "node-a", s3=S3Options(),
+                                after_s=0.0, clock=lambda: 10**10)
+    merge_everything_due(compaction)
+    assert compaction.counters()[0].value == 0  # no runs, and no failures either
+    assert not [c for c in compaction.counters() if c.name == "compaction_failures"]
+
+
