@@ -1,4 +1,5 @@
-"""The overview page's numbers: tasks by final state and events over time by kind.
+"""The overview page's numbers: tasks by final state, ops and failed ops, and events over
+time by kind.
 
 With the task fold, both read small tables kept as files are folded: `task_state_counts`
 and `event_timeline` (distinct events per second and kind). Every
@@ -37,6 +38,26 @@ FOLDED_COUNTS_SQL = ("SELECT second // $width_s AS bucket, kind, "
                      "GROUP BY ALL ORDER BY bucket, kind")
 
 
+# The `ops` view's ops and final states (dashboard/sql/ops.sql), counted from the raw
+# rows: five columns and no deduplication (copies of an event agree on its state), not
+# every column of every op through the deduplicating `events`.
+OPS_SQL = """
+SELECT count(*) AS ops, count(*) FILTER (WHERE state = 'FAILED') AS failed FROM (
+    SELECT coalesce(arg_max(state, time) FILTER (WHERE state IN ('FINISHED', 'FAILED')),
+                    max(state)) AS state
+    FROM events_raw
+    WHERE kind = 'op'
+      AND (span_id IS NOT NULL OR state IS NULL OR state IN ('FINISHED', 'FAILED'))
+    GROUP BY coalesce(span_id, event_id))"""
+
+
+def op_counts(store: Store) -> dict[str, int]:
+    """Training ops, and how many failed: a failed backward is as much news as a failed
+    task."""
+    [found] = store.execute(OPS_SQL).records()
+    return {"ops": int(found["ops"]), "failed": int(found["failed"])}
+
+
 def overview(store: Store) -> dict[str, Any]:
     folded = store.fold is not None
     states = store.execute(
@@ -57,6 +78,7 @@ def overview(store: Store) -> dict[str, Any]:
                              "kind": kind, "events": events})
             kinds[kind or "?"] = kinds.get(kind or "?", 0) + events
     return {
+        "ops": op_counts(store),
         "states": states.records(),
         "tasks": sum(r["tasks"] for r in states.records()),
         "kinds": [{"kind": k, "events": n} for k, n in sorted(kinds.items(), key=lambda x: -x[1])],

@@ -1,10 +1,10 @@
 -- Task summaries: state counts and duration quantiles (seconds) per value of one
--- dimension. `duration_bins` is a histogram over fixed quarter-decade bins from 1 ms:
--- bin b holds durations in [10^(b/4 - 3), 10^((b+1)/4 - 3)) s; bin 0 also holds
--- anything shorter and bin 27 (about 56 min and up) anything longer, so rows and pages
--- share one scale.
+-- dimension. `duration_bins` is a histogram over fixed quarter-decade bins from 1 us:
+-- bin b holds durations in [10^(b/4 - 6), 10^((b+1)/4 - 6)) s; bin 0 also holds
+-- anything shorter and bin 39 (about 94 min and up) anything longer, so rows and pages
+-- share one scale, and tasks of a few microseconds land in bins of their own.
 CREATE OR REPLACE MACRO duration_bin(d) AS
-    CAST(greatest(0, least(27, floor((log10(greatest(d, 1e-3)) + 3) * 4))) AS INTEGER);
+    CAST(greatest(0, least(39, floor((log10(greatest(d, 1e-6)) + 6) * 4))) AS INTEGER);
 
 -- Quantiles are exact (quantile_cont, interpolated); asking for the three in one list
 -- sorts each group once instead of three times. max_s, mean_s and duration_bins leave

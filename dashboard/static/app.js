@@ -2,6 +2,7 @@
 import { getJSON } from "./api.js";
 import { h, clear, fmtBytes } from "./dom.js";
 import * as pages from "./pages.js";
+import { emptyStore, isEmptyStore } from "./empty.js";
 import { timeline } from "./timeline.js";
 
 const ROUTES = {
@@ -30,7 +31,9 @@ async function render({ keepScroll = false } = {}) {
   try {
     node = view ? await view(params) : h("p", { class: "error" }, `No page ${route}.`);
   } catch (err) {
-    node = h("div", { class: "error-box", role: "alert" }, h("b", null, "Could not load this page: "), err.message);
+    // An empty store is no error: one neutral message saying how to send data.
+    node = isEmptyStore(err) ? emptyStore(err)
+      : h("div", { class: "error-box", role: "alert" }, h("b", null, "Could not load this page: "), err.message);
   }
   if (ticket !== rendering) return;  // a newer navigation won
   clear(page).append(node);
@@ -48,9 +51,11 @@ async function poll() {
     const storeInfo = document.getElementById("store-info");
     storeInfo.textContent = where;
     storeInfo.title = where;
+    // The page itself says when the store is empty: the banner does not repeat it.
+    const message = info.files ? info.message : "";
     const banner = document.getElementById("banner");
-    banner.hidden = !info.message && !info.note;
-    banner.textContent = info.message || info.note || "";
+    banner.hidden = !message && !info.note;
+    banner.textContent = message || info.note || "";
     const auto = document.getElementById("auto-refresh").checked;
     if (version !== null && info.version !== version && auto) await render({ keepScroll: true });
     version = info.version;

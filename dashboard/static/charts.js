@@ -10,7 +10,9 @@ export function colorOf(key, keys) {
   return PALETTE[Math.max(0, keys.indexOf(key)) % PALETTE.length];
 }
 
-// Events over time: one stacked bar per bucket, one colour per kind.
+// Events over time: one stacked bar per bucket, one colour per kind, on a log scale so
+// that one burst does not flatten every other bucket: a bar's height is log10(1 + total),
+// split between its kinds in proportion to their counts.
 export function timelineChart(points, bucketS) {
   const width = 900, height = 190, left = 48, bottom = 22, top = 8;
   const kinds = [...new Set(points.map((p) => p.kind || "?"))].sort();
@@ -24,25 +26,31 @@ export function timelineChart(points, bucketS) {
   const first = Date.parse(times[0]), last = Date.parse(times[times.length - 1]);
   const slots = Math.max(1, Math.round((last - first) / (bucketS * 1000)) + 1);
   const totals = times.map((t) => Object.values(buckets.get(t)).reduce((a, b) => a + b, 0));
-  const peak = Math.max(...totals, 1);
+  const ceiling = 10 ** Math.max(1, Math.ceil(Math.log10(Math.max(...totals, 1))));
   const plotW = width - left - 8, plotH = height - top - bottom, barW = Math.max(1, plotW / slots);
-  const svg = s("svg", { viewBox: `0 0 ${width} ${height}`, class: "chart timeline", role: "img",
-    "aria-label": "events over time" });
-  svg.append(s("text", { x: left - 6, y: top + 10, "text-anchor": "end", class: "axis" }, fmtNum(peak)));
+  const yOf = (n) => (Math.log10(1 + n) / Math.log10(1 + ceiling)) * plotH;
+  const svg = s("svg", { viewBox: `0 0 ${width} ${height}`, class: "chart timeline log-scale", role: "img",
+    "aria-label": "events over time, log scale" });
+  for (let tick = 1; tick <= ceiling; tick *= 10) {
+    const y = top + plotH - yOf(tick);
+    svg.append(s("line", { x1: left, x2: width - 8, y1: y, y2: y, stroke: "#edf0f4" }));
+    svg.append(s("text", { x: left - 6, y: y + 3, "text-anchor": "end", class: "axis y-tick" }, fmtNum(tick)));
+  }
   svg.append(s("text", { x: left - 6, y: top + plotH, "text-anchor": "end", class: "axis" }, "0"));
   svg.append(s("line", { x1: left, x2: width - 8, y1: top + plotH, y2: top + plotH, class: "axis-line" }));
-  for (const t of times) {
+  times.forEach((t, index) => {
     const slot = Math.round((Date.parse(t) - first) / (bucketS * 1000));
+    const total = totals[index], barH = yOf(total);
     let y = top + plotH;
     for (const kind of kinds) {
       const n = buckets.get(t)[kind] || 0;
       if (!n) continue;
-      const barH = (n / peak) * plotH;
-      y -= barH;
-      svg.append(s("rect", { x: left + slot * barW, y, width: Math.max(1, barW - 1), height: barH,
-        fill: colorOf(kind, kinds) }, s("title", null, `${fmtTime(t)} ${kind}: ${n}`)));
+      const partH = (n / total) * barH;
+      y -= partH;
+      svg.append(s("rect", { x: left + slot * barW, y, width: Math.max(1, barW - 1), height: partH,
+        fill: colorOf(kind, kinds), class: "bar" }, s("title", null, `${fmtTime(t)} ${kind}: ${fmtNum(n)} (of ${fmtNum(total)})`)));
     }
-  }
+  });
   svg.append(s("text", { x: left, y: height - 6, class: "axis" }, fmtTime(times[0])));
   svg.append(s("text", { x: width - 8, y: height - 6, "text-anchor": "end", class: "axis" },
     fmtTime(times[times.length - 1])));
@@ -51,40 +59,94 @@ export function timelineChart(points, bucketS) {
   return h("div", null, svg, legend);
 }
 
-// Duration distribution of one row: 28 quarter-decade bins from 1 ms (the SQL's
-// duration_bin), with ticks at p50, p90 and p99.
-const BINS = 28, BIN_W = 4;
-function binX(seconds) {
-  const v = Math.max(Number(seconds), 1e-3);
-  return Math.min(BINS, Math.max(0, (Math.log10(v) + 3) * 4)) * BIN_W;
+// Duration distribution of one row: quarter-decade bins from 1 µs (the SQL's duration_bin:
+// bin b holds [10^(b/4-6), 10^((b+1)/4-6)) s, bin 0 also anything shorter, the last also
+// anything longer), with an axis at each decade and p50, p90 and p99 marked. Every row of
+// a table shares one range of bins (histRange), so rows compare at a glance.
+export const HIST_BINS = 40;
+const HIST_W = 300, HIST_H = 80, HIST_TOP = 14, HIST_AXIS = 16;
+const binEdge = (b) => 10 ** (b / 4 - 6);
+const binOf = (seconds) => Math.min(HIST_BINS, Math.max(0, (Math.log10(Math.max(Number(seconds), 1e-6)) + 6) * 4));
+
+function binLabel(b) {
+  if (b <= 0) return `under ${fmtDur(binEdge(1))}`;
+  if (b >= HIST_BINS - 1) return `${fmtDur(binEdge(HIST_BINS - 1))} or longer`;
+  return `${fmtDur(binEdge(b))}–${fmtDur(binEdge(b + 1))}`;
 }
 
-export function histogram(bins, row) {
-  const height = 26, width = BINS * BIN_W;
-  const counts = Array.from({ length: BINS }, (_, i) => Number((bins || {})[i] || 0));
+function tickLabel(seconds) {
+  if (seconds < 1e-3) return `${Math.round(seconds * 1e6)} µs`;
+  if (seconds < 1) return `${Math.round(seconds * 1e3)} ms`;
+  if (seconds < 60) return `${Math.round(seconds)} s`;
+  if (seconds < 3600) return `${Math.round(seconds / 60)} min`;
+  return `${Math.round(seconds / 3600)} h`;
+}
+
+// The bins every histogram of `rows` shows: those holding a duration or a quantile, one
+// more on each side, and at least 12 (three decades).
+export function histRange(rows) {
+  let lo = HIST_BINS, hi = -1;
+  for (const row of rows) {
+    for (const [bin, n] of Object.entries(row.duration_bins || {})) {
+      if (Number(n) > 0) { lo = Math.min(lo, Number(bin)); hi = Math.max(hi, Number(bin)); }
+    }
+  }
+  if (hi < 0) return { lo: 0, hi: HIST_BINS - 1 };
+  lo = Math.max(0, lo - 1); hi = Math.min(HIST_BINS - 1, hi + 1);
+  while (hi - lo + 1 < 12) {
+    if (lo > 0) lo -= 1;
+    if (hi - lo + 1 < 12 && hi < HIST_BINS - 1) hi += 1;
+  }
+  return { lo, hi };
+}
+
+export function histogram(bins, row, range = { lo: 0, hi: HIST_BINS - 1 }) {
+  const { lo, hi } = range, count = hi - lo + 1;
+  const plotH = HIST_H - HIST_TOP - HIST_AXIS, bw = HIST_W / count;
+  const xOf = (binPosition) => Math.min(HIST_W, Math.max(0, (binPosition - lo) * bw));
+  const counts = Array.from({ length: count }, (_, i) => Number((bins || {})[lo + i] || 0));
   const peak = Math.max(...counts, 1);
-  const svg = s("svg", { viewBox: `0 0 ${width} ${height}`, width, height, class: "histogram" });
-  svg.append(s("rect", { x: 0, y: 0, width, height, class: "hist-bg" }));
+  const svg = s("svg", { viewBox: `0 0 ${HIST_W} ${HIST_H}`, width: HIST_W, height: HIST_H, class: "histogram",
+    role: "img", "aria-label": "durations, log scale" });
+  svg.append(s("rect", { x: 0, y: HIST_TOP, width: HIST_W, height: plotH, class: "hist-bg" }));
   counts.forEach((n, i) => {
     if (!n) return;
-    const barH = Math.max(1, (n / peak) * (height - 4));
-    svg.append(s("rect", { x: i * BIN_W, y: height - barH, width: BIN_W - 0.5, height: barH,
-      class: "hist-bar" }, s("title", null, `${n} in ${fmtDur(10 ** (i / 4 - 3))}–${fmtDur(10 ** ((i + 1) / 4 - 3))}`)));
+    const barH = Math.max(1.5, (n / peak) * (plotH - 2));
+    svg.append(s("rect", { x: i * bw + 0.5, y: HIST_TOP + plotH - barH, width: Math.max(1, bw - 1), height: barH,
+      class: "hist-bar", "data-bin": lo + i }, s("title", null, `${fmtNum(n)} ${n === 1 ? "task" : "tasks"} ${binLabel(lo + i)}`)));
   });
-  for (const [key, cls] of [["p50_s", "q50"], ["p90_s", "q90"], ["p99_s", "q99"]]) {
+  const axisY = HIST_TOP + plotH;
+  svg.append(s("line", { x1: 0, x2: HIST_W, y1: axisY, y2: axisY, stroke: "#9aa3b2" }));
+  const every = 4 * bw >= 44 ? 1 : 4 * bw >= 22 ? 2 : 3;  // label every decade that fits
+  for (let decade = Math.ceil(lo / 4) * 4; decade <= hi + 1; decade += 4) {
+    const x = xOf(decade);
+    svg.append(s("line", { x1: x, x2: x, y1: axisY, y2: axisY + 3, stroke: "#9aa3b2" }));
+    if ((decade / 4) % every !== 0) continue;
+    const anchor = x < 12 ? "start" : x > HIST_W - 12 ? "end" : "middle";
+    svg.append(s("text", { x, y: axisY + 13, "text-anchor": anchor, "font-size": 10, fill: "#6b7385",
+      class: "hist-tick" }, tickLabel(binEdge(decade))));
+  }
+  let labelEnd = -Infinity;
+  for (const [key, cls, name] of [["p50_s", "q50", "p50"], ["p90_s", "q90", "p90"], ["p99_s", "q99", "p99"]]) {
     if (row[key] === null || row[key] === undefined) continue;
-    const x = binX(row[key]);
-    svg.append(s("line", { x1: x, x2: x, y1: 0, y2: height, class: `quantile ${cls}` },
-      s("title", null, `${key.replace("_s", "")}: ${fmtDur(row[key])}`)));
+    const x = xOf(binOf(row[key]));
+    svg.append(s("line", { x1: x, x2: x, y1: HIST_TOP - 2, y2: axisY, class: `quantile ${cls}` },
+      s("title", null, `${name}: ${fmtDur(row[key])}`)));
+    const labelX = Math.min(HIST_W - 10, Math.max(x, labelEnd + 11, 10));  // never on top of the last
+    labelEnd = labelX + 11;
+    svg.append(s("text", { x: labelX, y: HIST_TOP - 4, "text-anchor": "middle", "font-size": 9,
+      class: `quantile-label ${cls}` }, name));
   }
   return svg;
 }
 
-// One metric over steps: the mean as a line, min..max as a band.
-export function metricChart(metric, points) {
+// One metric over steps: the mean as a line, min..max as a band; a red mark at each step
+// where the metric was NaN or infinite (those values are never drawn as numbers).
+export function metricChart(metric, points, nanSteps = []) {
   const width = 420, height = 170, left = 50, right = 10, top = 22, bottom = 24;
-  const steps = points.map((p) => p.step);
-  const lo = Math.min(...points.map((p) => p.min)), hi = Math.max(...points.map((p) => p.max));
+  const steps = points.map((p) => p.step).concat(nanSteps);
+  const lo = points.length ? Math.min(...points.map((p) => p.min)) : 0;
+  const hi = points.length ? Math.max(...points.map((p) => p.max)) : 0;
   const x0 = Math.min(...steps), x1 = Math.max(...steps);
   const xs = (step) => left + (x1 === x0 ? 0.5 : (step - x0) / (x1 - x0)) * (width - left - right);
   const ys = (v) => top + (hi === lo ? 0.5 : 1 - (v - lo) / (hi - lo)) * (height - top - bottom);
@@ -102,6 +164,13 @@ export function metricChart(metric, points) {
   for (const p of points) {
     svg.append(s("circle", { cx: xs(p.step), cy: ys(p.mean), r: 2.5, class: "dot" },
       s("title", null, `step ${p.step}: mean ${fmtNum(p.mean)} (min ${fmtNum(p.min)}, max ${fmtNum(p.max)}, n ${p.n})`)));
+  }
+  for (const step of nanSteps) {
+    const x = xs(step);
+    svg.append(s("g", { class: "nan-mark", "data-step": step },
+      s("line", { x1: x, x2: x, y1: top, y2: height - bottom, stroke: "#d14b4b", "stroke-dasharray": "3 2" }),
+      s("text", { x, y: top - 2, "text-anchor": "middle", "font-size": 10, fill: "#d14b4b" }, "NaN"),
+      s("title", null, `step ${step}: ${metric} was NaN or infinite`)));
   }
   return svg;
 }
@@ -143,25 +212,60 @@ export function waterfall(spans, onPick) {
   return svg;
 }
 
-// One task attempt's states on a time line.
+// One task attempt's states on a time line. States at the same time share one label
+// ("PENDING · SUBMITTED"); labels go in rows under the line, each in the first row where
+// it clears the labels before it, so no two ever overlap.
+const LABEL_FONT = 11, LABEL_GAP = 10, ROW_H = 15;
+let measureContext = null;
+function textWidth(text) {
+  measureContext = measureContext || document.createElement("canvas").getContext("2d");
+  measureContext.font = `${LABEL_FONT}px system-ui, -apple-system, "Segoe UI", sans-serif`;
+  return measureContext.measureText(text).width * 1.1 + 2;  // a margin for font differences
+}
+
+// An ISO time in microseconds since the epoch (Date keeps only milliseconds, and states
+// a few microseconds apart are common).
+function isoMicros(iso) {
+  const fraction = (iso.match(/\.(\d+)/) || [, ""])[1];
+  return Date.parse(iso) * 1000 + Number((fraction + "000000").slice(3, 6));
+}
+
 export function stateTimeline(attempt) {
   const marks = ["pending_at", "submitted_at", "running_at", "finished_at", "failed_at"]
-    .filter((k) => attempt[k]).map((k) => ({ state: k.replace("_at", "").toUpperCase(), t: Date.parse(attempt[k]), iso: attempt[k] }))
+    .filter((k) => attempt[k]).map((k) => ({ state: k.replace("_at", "").toUpperCase(), t: isoMicros(attempt[k]), iso: attempt[k] }))
     .sort((a, b) => a.t - b.t);
   if (!marks.length) return h("p", { class: "muted" }, "No state times.");
-  const width = 900, height = 70, left = 20, right = 20;
+  const width = 900, left = 20, right = 20, lineY = 22;
   const t0 = marks[0].t, t1 = marks[marks.length - 1].t;
   const xs = (t) => left + (t1 === t0 ? 0 : (t - t0) / (t1 - t0)) * (width - left - right);
+  const groups = [];
+  for (const m of marks) {
+    const last = groups[groups.length - 1];
+    if (last && last.t === m.t) last.states.push(m.state);
+    else groups.push({ t: m.t, states: [m.state] });
+  }
+  const rowEnds = [];
+  const labels = groups.map((g, i) => {
+    const text = g.states.join(" · ") + (i === 0 ? "" : ` +${fmtDur((g.t - t0) / 1e6)}`);
+    const w = textWidth(text);
+    const x = Math.min(width - right - w, Math.max(left, xs(g.t) - w / 2));
+    let row = rowEnds.findIndex((end) => end + LABEL_GAP <= x);
+    if (row < 0) { row = rowEnds.length; rowEnds.push(0); }
+    rowEnds[row] = x + w;
+    return { text, x, row };
+  });
+  const height = lineY + 20 + rowEnds.length * ROW_H;
   const svg = s("svg", { viewBox: `0 0 ${width} ${height}`, class: "chart state-timeline" });
   marks.forEach((m, i) => {
     const next = marks[i + 1];
-    if (next) svg.append(s("line", { x1: xs(m.t), x2: xs(next.t), y1: 30, y2: 30, stroke: STATE_COLORS[m.state] || "#999", "stroke-width": 6 }));
+    if (next) svg.append(s("line", { x1: xs(m.t), x2: xs(next.t), y1: lineY, y2: lineY, stroke: STATE_COLORS[m.state] || "#999", "stroke-width": 6 }));
   });
-  marks.forEach((m, i) => {
-    const anchor = i === 0 ? "start" : i === marks.length - 1 ? "end" : "middle";
-    svg.append(s("circle", { cx: xs(m.t), cy: 30, r: 7, fill: STATE_COLORS[m.state] || "#999" }, s("title", null, `${m.state} ${fmtTime(m.iso)}`)));
-    svg.append(s("text", { x: xs(m.t), y: 14 + (i % 2) * 44, "text-anchor": anchor, class: "axis" },
-      i === 0 ? m.state : `${m.state} +${fmtDur((m.t - t0) / 1000)}`));
-  });
+  for (const m of marks) {
+    svg.append(s("circle", { cx: xs(m.t), cy: lineY, r: 7, fill: STATE_COLORS[m.state] || "#999" }, s("title", null, `${m.state} ${fmtTime(m.iso)}`)));
+  }
+  for (const label of labels) {
+    svg.append(s("text", { x: label.x, y: lineY + 24 + label.row * ROW_H, "font-size": LABEL_FONT,
+      fill: "#4a5160", class: "state-label" }, label.text));
+  }
   return svg;
 }

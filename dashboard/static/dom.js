@@ -82,15 +82,41 @@ export function stateBadge(state) {
   return h("span", { class: `badge state-${String(state || "none").toLowerCase()}` }, state || "—");
 }
 
-export function table(columns, rows, render) {
-  // columns: [{key, label, num, sort}], render(row, col) -> node/text
-  const head = h("tr", null, columns.map((c) => h("th", { class: c.num ? "num" : null }, c.head || c.label)));
+export function table(columns, rows, render, options = {}) {
+  // columns: [{key, label, num, sort, cls}], render(row, col) -> node/text
+  const cls = (c) => [c.num ? "num" : null, c.cls || null].filter(Boolean).join(" ") || null;
+  const head = h("tr", null, columns.map((c) => h("th", { class: cls(c), "data-col": c.key }, c.head || c.label)));
   const body = rows.map((row) => h("tr", null, columns.map((c) =>
-    h("td", { class: c.num ? "num" : null }, render(row, c)))));
+    h("td", { class: cls(c), "data-col": c.key }, render(row, c)))));
   return h("div", { class: "grid-wrap" },
-    h("table", { class: "grid" }, h("thead", null, head), h("tbody", null, body)));
+    h("table", { class: ["grid", options.class].filter(Boolean).join(" ") }, h("thead", null, head), h("tbody", null, body)));
 }
 
 export function section(title, ...children) {
   return h("section", null, h("h2", null, title), ...children);
+}
+
+// "ValueError: bad shard": the type once, though many producers (Ray among them) already
+// start the message with it.
+export function errorText(type, message) {
+  const text = message || "";
+  if (!type) return text;
+  if (text === type || text.startsWith(`${type}:`)) return text;
+  return text ? `${type}: ${text}` : type;
+}
+
+// A time in one compact column: the time of day to the millisecond, with the date in
+// front only when it is not the day of `reference` (the newest time on the page).
+export function fmtClock(iso, reference) {
+  if (!iso) return "";
+  const full = fmtTime(iso);
+  const [day, clock] = full.split(" ");
+  const refDay = reference ? fmtTime(reference).split(" ")[0] : day;
+  return day === refDay ? clock : `${day.slice(5)} ${clock}`;
+}
+
+// What an empty page says: what is missing, and the commands that fill it.
+export function emptyState(title, text, commands = []) {
+  return h("div", { class: "empty-state", role: "status" }, h("h2", null, title), h("p", null, text),
+    commands.length ? h("pre", { class: "commands" }, commands.join("\n")) : null);
 }

@@ -1,7 +1,9 @@
 // The pages. Each takes the route's parameters and returns a DOM node to show.
 import { getJSON } from "./api.js";
-import { h, hashLink, routeHref, fmtTime, fmtDur, fmtNum, fmtBytes, stateBadge, table, section } from "./dom.js";
-import { timelineChart, histogram, metricChart, waterfall, stateTimeline, STATE_COLORS } from "./charts.js";
+import { h, hashLink, routeHref, fmtTime, fmtDur, fmtNum, fmtBytes, stateBadge, table, section, errorText,
+  fmtClock } from "./dom.js";
+import { noAgents, noRuns, noTasks, noTraces } from "./empty.js";
+import { timelineChart, histogram, histRange, metricChart, waterfall, stateTimeline, STATE_COLORS } from "./charts.js";
 
 const STATES = ["PENDING", "SUBMITTED", "RUNNING", "FINISHED", "FAILED"];
 const DIMENSIONS = { name: "Function name", error_type: "Error type", job: "Job", node: "Node", state: "State" };
@@ -22,9 +24,12 @@ export async function overview() {
   const [data, errors] = await Promise.all([
     getJSON("/api/overview"), getJSON("/api/aggregate", { by: "error_type", limit: 50 })]);
   const failed = (data.states.find((s) => s.state === "FAILED") || {}).tasks || 0;
+  const ops = data.ops || { ops: 0, failed: 0 };
   const cards = h("div", { class: "cards" },
     card("Tasks", fmtNum(data.tasks), hashLink("tasks", {}, "all tasks")),
     card("Failed", fmtNum(failed), countLink({ state: "FAILED" }, failed, "failed tasks")),
+    card("Failed ops", h("span", { class: ops.failed ? "error-text" : null, id: "failed-ops" }, fmtNum(ops.failed)),
+      ops.ops ? hashLink("runs", {}, `of ${fmtNum(ops.ops)} ops`) : "no training ops"),
     card("Events", fmtNum(data.events), `${data.kinds.length} kinds`));
   const states = h("div", { class: "state-counts" }, data.states.map((s) =>
     h("a", { href: routeHref("tasks", { state: s.state }), class: "state-chip", "data-state": s.state },
@@ -32,8 +37,9 @@ export async function overview() {
   const kinds = h("p", { class: "muted" }, data.kinds.map((k) => `${k.kind}: ${fmtNum(k.events)}`).join(" · "));
   return h("div", null, cards,
     section("Tasks by state", states),
-    section(`Events over time (${fmtDur(data.bucket_s)} buckets)`, timelineChart(data.timeline, data.bucket_s), kinds),
-    section("Failures by error type", groupTable("error_type", errors.rows)));
+    section(`Events over time (${fmtDur(data.bucket_s)} buckets, log scale)`, timelineChart(data.timeline, data.bucket_s), kinds),
+    section("Failures by error type", errors.rows.length ? groupTable("error_type", errors.rows)
+      : h("p", { class: "muted" }, data.tasks ? "No failed tasks." : "No tasks yet.")));
 }
 
 function card(title, value, foot) {
@@ -48,17 +54,18 @@ export async function groups(params) {
   const data = await getJSON("/api/aggregate", { by });
   const tabs = h("div", { class: "tabs" }, Object.entries(DIMENSIONS).map(([key, label]) =>
     hashLink("groups", { by: key }, label, { class: key === by ? "active" : null })));
-  return h("div", null, tabs, section(`Tasks by ${DIMENSIONS[by] || by}`, groupTable(by, data.rows)));
+  return h("div", null, tabs, section(`Tasks by ${DIMENSIONS[by] || by}`,
+    data.rows.length ? groupTable(by, data.rows) : noTasks()));
 }
 
 function groupTable(by, rows) {
-  if (!rows.length) return h("p", { class: "muted" }, "Nothing here.");
   const key = FILTER_OF[by];
+  const range = histRange(rows);
   const columns = [
-    { key: "value", label: DIMENSIONS[by] || by },
+    { key: "value", label: DIMENSIONS[by] || by, cls: "clip name" },
     { key: "tasks", label: "tasks", num: true },
     ...STATES.map((st) => ({ key: st.toLowerCase(), label: st.toLowerCase(), num: true, state: st })),
-    { key: "hist", label: "durations (1 ms … 1 h, log)" },
+    { key: "hist", label: "durations (log scale)" },
     { key: "p50_s", label: "p50", num: true }, { key: "p90_s", label: "p90", num: true },
     { key: "p99_s", label: "p99", num: true }, { key: "max_s", label: "max", num: true },
   ];
@@ -68,25 +75,34 @@ function groupTable(by, rows) {
     const none = row.value === null;
     const count = (filters, n, label) => none ? plainCount(n) : countLink(filters, n, label);
     const base = { [key]: row.value };
-    if (c.key === "value") return none ? h("span", { class: "muted" }, "(none)") : row.value;
+    if (c.key === "value") return none ? h("span", { class: "muted" }, "(none)") : h("span", { title: row.value }, row.value);
     if (c.key === "tasks") return count(base, row.tasks);
     if (c.state) return count({ ...base, state: c.state }, row[c.key], `${c.state} tasks`);
-    if (c.key === "hist") return histogram(row.duration_bins, row);
+    if (c.key === "hist") return histogram(row.duration_bins, row, range);
     return fmtDur(row[c.key]);
   });
 }
 
 // -- task table ----------------------------------------------------------------------
 
+// What a row must show without scrolling comes first (duration and error); one compact
+// time column (the first state's time: the date only when not the newest row's day);
+// long ids are cut with an ellipsis and whole in their tooltip.
 const TASK_COLUMNS = [
-  { key: "task_id", label: "task", sort: "task_id" }, { key: "attempt", label: "try", num: true, sort: "attempt" },
-  { key: "name", label: "name", sort: "name" }, { key: "final_state", label: "state", sort: "state" },
-  { key: "job_id", label: "job", sort: "job" }, { key: "node_id", label: "node", sort: "node" },
-  { key: "worker_id", label: "worker", sort: "worker" }, { key: "pid", label: "pid", num: true, sort: "pid" },
-  { key: "pending_at", label: "pending", sort: "pending_at" }, { key: "running_at", label: "running", sort: "running_at" },
-  { key: "finished_at", label: "finished", sort: "finished_at" }, { key: "failed_at", label: "failed", sort: "failed_at" },
-  { key: "duration_s", label: "duration", num: true, sort: "duration" }, { key: "error_type", label: "error", sort: "error_type" },
+  { key: "task_id", label: "task", sort: "task_id", cls: "clip id" }, { key: "attempt", label: "try", num: true, sort: "attempt" },
+  { key: "name", label: "name", sort: "name", cls: "clip name" }, { key: "final_state", label: "state", sort: "state" },
+  { key: "duration_s", label: "duration", num: true, sort: "duration" },
+  { key: "error_type", label: "error", sort: "error_type", cls: "clip error" },
+  { key: "time", label: "started", sort: "time", cls: "time" },
+  { key: "job_id", label: "job", sort: "job", cls: "clip id" }, { key: "node_id", label: "node", sort: "node", cls: "clip id" },
+  { key: "worker_id", label: "worker", sort: "worker", cls: "clip id" }, { key: "pid", label: "pid", num: true, sort: "pid" },
 ];
+const STATE_TIMES = ["pending_at", "submitted_at", "running_at", "finished_at", "failed_at"];
+const firstTime = (row) => STATE_TIMES.map((k) => row[k]).filter(Boolean).sort()[0] || null;
+
+function clipped(text, attrs = {}) {
+  return h("span", { title: text, ...attrs }, text);
+}
 const FILTER_KEYS = ["state", "name", "job", "node", "error_type", "worker", "since", "until"];
 
 export async function tasks(params) {
@@ -105,14 +121,20 @@ export async function tasks(params) {
   const columns = TASK_COLUMNS.map((c) => ({ ...c, head: hashLink("tasks",
     { ...query, sort: c.sort, order: sort === c.sort && order === "desc" ? "asc" : "desc", offset: null },
     c.label + (sort === c.sort ? (order === "desc" ? " ▾" : " ▴") : "")) }));
+  const newest = data.rows.map(firstTime).filter(Boolean).sort().pop();
+  const filtered = [...FILTER_KEYS, "q"].some((k) => query[k]);
   const grid = data.rows.length ? table(columns, data.rows, (row, c) => {
-    if (c.key === "task_id") return hashLink("task", { task_id: row.task_id, attempt: row.attempt }, row.task_id, { class: "mono" });
+    if (c.key === "task_id") return hashLink("task", { task_id: row.task_id, attempt: row.attempt }, row.task_id, { class: "mono", title: row.task_id });
     if (c.key === "final_state") return stateBadge(row.final_state);
-    if (c.key.endsWith("_at")) return fmtTime(row[c.key]);
+    if (c.key === "time") { const t = firstTime(row); return t ? h("span", { title: fmtTime(t) }, fmtClock(t, newest)) : ""; }
     if (c.key === "duration_s") return fmtDur(row.duration_s);
-    if (c.key === "error_type" && row.error_type) return h("span", { class: "error-text", title: row.error_message || "" }, row.error_type);
+    if (c.key === "error_type") {
+      return row.error_type || row.error_message
+        ? clipped(errorText(row.error_type, row.error_message), { class: "error-text" }) : "";
+    }
+    if (c.cls && c.cls.startsWith("clip")) return clipped(row[c.key] ?? "");
     return row[c.key] ?? "";
-  }) : h("p", { class: "muted empty" }, "No tasks match.");
+  }, { class: "tasks" }) : filtered || data.total ? h("p", { class: "muted empty" }, "No tasks match.") : noTasks();
   return h("div", null, form, chips, h("p", { class: "muted", id: "task-count" },
     `${fmtNum(data.total)} task attempt${data.total === 1 ? "" : "s"}`), grid, pager(query, data));
 }
@@ -137,13 +159,15 @@ export async function task(params) {
       .map((k) => [h("dt", null, k), h("dd", null, k === "final_state" ? stateBadge(a[k]) : k.endsWith("_at") ? fmtTime(a[k]) : k === "duration_s" ? fmtDur(a[k]) : String(a[k]))]);
     return h("div", { class: "attempt" }, h("h2", null, `${a.name || "task"} — attempt ${a.attempt}`),
       h("dl", { class: "meta" }, meta), section("State timeline", stateTimeline(a)),
-      a.error_type || a.error_message ? section("Error", h("p", { class: "error-text" }, `${a.error_type || ""}: ${a.error_message || ""}`)) : null,
+      a.error_type || a.error_message ? section("Error", h("p", { class: "error-text" }, errorText(a.error_type, a.error_message))) : null,
       a.stack_trace ? section("Stack trace", h("pre", { class: "stack" }, a.stack_trace)) : null);
   });
   const events = table([{ key: "time", label: "time" }, { key: "state", label: "state" }, { key: "attempt", label: "try", num: true },
-    { key: "node_id", label: "node" }, { key: "worker_id", label: "worker" }, { key: "pid", label: "pid", num: true },
-    { key: "source", label: "source" }, { key: "event_id", label: "event id" }], data.events,
-  (row, c) => c.key === "time" ? fmtTime(row.time) : c.key === "state" ? (row.state ? stateBadge(row.state) : h("span", { class: "muted" }, "definition")) : row[c.key] ?? "");
+    { key: "node_id", label: "node", cls: "clip id" }, { key: "worker_id", label: "worker", cls: "clip id" },
+    { key: "pid", label: "pid", num: true }, { key: "source", label: "source" },
+    { key: "event_id", label: "event id", cls: "clip id" }], data.events,
+  (row, c) => c.key === "time" ? fmtTime(row.time) : c.key === "state" ? (row.state ? stateBadge(row.state) : h("span", { class: "muted" }, "definition"))
+    : c.cls ? h("span", { title: row[c.key] ?? "" }, row[c.key] ?? "") : row[c.key] ?? "");
   return h("div", null, parts, section("Events (as stored, in time order)", events));
 }
 
@@ -151,7 +175,7 @@ export async function task(params) {
 
 export async function runs() {
   const data = await getJSON("/api/runs");
-  if (!data.rows.length) return h("p", { class: "muted" }, "No training runs (no op events).");
+  if (!data.rows.length) return noRuns();
   return section("Training runs", table([{ key: "run_id", label: "run" }, { key: "steps", label: "steps", num: true },
     { key: "ops", label: "ops", num: true }, { key: "failures", label: "failures", num: true },
     { key: "seconds", label: "op time", num: true }, { key: "started_at", label: "started" }, { key: "ended_at", label: "ended" }],
@@ -168,12 +192,22 @@ export async function run(params) {
     if (!byMetric.has(m.metric)) byMetric.set(m.metric, []);
     byMetric.get(m.metric).push(m);
   }
-  const charts = h("div", { class: "metric-charts" }, [...byMetric.entries()].map(([name, pts]) => metricChart(name, pts)));
   const opsByStep = new Map();
   for (const op of data.ops.rows) {
     if (!opsByStep.has(op.step)) opsByStep.set(op.step, []);
     opsByStep.get(op.step).push(op);
   }
+  // metric -> steps where it was NaN or infinite (never recorded as a number)
+  const badSteps = new Map();
+  for (const st of data.steps.rows) {
+    for (const metric of nonfiniteOf(st, opsByStep.get(st.step) || [])) {
+      if (!badSteps.has(metric)) badSteps.set(metric, []);
+      badSteps.get(metric).push(st.step);
+    }
+  }
+  for (const metric of badSteps.keys()) if (!byMetric.has(metric)) byMetric.set(metric, []);
+  const charts = h("div", { class: "metric-charts" }, [...byMetric.entries()].map(([name, pts]) =>
+    metricChart(name, pts, badSteps.get(name) || [])));
   const rows = data.steps.rows.map((st) => {
     const ops = opsByStep.get(st.step) || [];
     const spread = Object.entries(st.metrics || {}).map(([k, v]) =>
@@ -181,8 +215,12 @@ export async function run(params) {
     const opList = h("details", null, h("summary", null, `${ops.length} ops: ${(st.op_names || []).join(", ")}`),
       h("ul", { class: "ops" }, ops.map((op) => h("li", null, stateBadge(op.state), ` ${op.name} `,
         h("span", { class: "muted" }, `${fmtDur(op.duration_s)}${op.own_step !== st.step ? ` (own step: ${op.own_step ?? "none"})` : ""}`),
-        op.error_type ? h("span", { class: "error-text" }, ` ${op.error_type}: ${op.error_message || ""}`) : null))));
-    return h("tr", { "data-step": st.step }, h("td", { class: "num" }, st.step ?? "—"), h("td", null, opList),
+        op.error_type || op.error_message ? h("span", { class: "error-text" }, ` ${errorText(op.error_type, op.error_message)}`) : null,
+        (op.nonfinite || []).length ? h("span", { class: "nonfinite" }, ` ${op.nonfinite.join(", ")} NaN/inf`) : null))));
+    const bad = nonfiniteOf(st, ops);
+    return h("tr", { "data-step": st.step, class: bad.length ? "has-nonfinite" : null },
+      h("td", { class: "num" }, st.step ?? "—", bad.length ? h("span", { class: "nonfinite-badge", title: `${bad.join(", ")} was NaN or infinite at this step` }, ` ⚠ ${bad.join(", ")} NaN/inf`) : null),
+      h("td", null, opList),
       h("td", { class: "num" + (st.failures ? " error-text" : "") }, st.failures), h("td", { class: "num" }, fmtDur(st.seconds)), h("td", null, spread));
   });
   const grid = h("table", { class: "grid steps" }, h("thead", null, h("tr", null,
@@ -219,7 +257,7 @@ async function requestLedger(runId) {
 
 export async function traces() {
   const data = await getJSON("/api/traces", { limit: 200 });
-  if (!data.rows.length) return h("p", { class: "muted" }, "No traces (no span events).");
+  if (!data.rows.length) return noTraces();
   return section("Traces", table([{ key: "trace_id", label: "trace" }, { key: "root_name", label: "root" },
     { key: "spans", label: "spans", num: true }, { key: "failures", label: "failed", num: true },
     { key: "duration_s", label: "duration", num: true }, { key: "services", label: "services" }, { key: "started_at", label: "started" }],
@@ -253,9 +291,18 @@ export async function agents() {
     { key: "lost_events", label: "lost", num: true }, { key: "spool_bytes", label: "spool", num: true }], data.agents.rows,
   (row, c) => c.key === "last_seen" ? `${fmtTime(row.last_seen)} (${fmtDur((now - Date.parse(row.last_seen)) / 1000)} ago)`
     : c.key === "spool_bytes" ? fmtBytes(row.spool_bytes) : c.key === "lost_events" && row.lost_events ? h("span", { class: "error-text" }, fmtNum(row.lost_events))
-      : typeof row[c.key] === "number" ? fmtNum(row[c.key]) : row[c.key] ?? "") : h("p", { class: "muted" }, "No agent heartbeats.");
+      : typeof row[c.key] === "number" ? fmtNum(row[c.key]) : row[c.key] ?? "")
+    : noAgents();
   const lossTable = data.losses.rows.length ? table([{ key: "time", label: "time" }, { key: "node_id", label: "node" },
     { key: "reason", label: "reason" }, { key: "source", label: "source" }, { key: "events", label: "events lost", num: true }], data.losses.rows,
   (row, c) => c.key === "time" ? fmtTime(row.time) : typeof row[c.key] === "number" ? fmtNum(row[c.key]) : row[c.key] ?? "") : h("p", { class: "muted" }, "No losses reported.");
   return h("div", null, section("Node agents", agentTable), section("Losses", lossTable));
+}
+
+// The metrics of a step that were NaN or infinite: the step's own list where the API
+// gives one, else what its ops reported.
+function nonfiniteOf(step, ops) {
+  const names = new Set(step.nonfinite || []);
+  for (const op of ops) for (const name of op.nonfinite || []) names.add(name);
+  return [...names].sort();
 }

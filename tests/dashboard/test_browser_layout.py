@@ -1,0 +1,276 @@
+"""What a newcomer sees in the dashboard, in real headless Chromium at 1280 and 1920 px:
+element sizes and what lies inside the viewport, not only that a page loads.
+
+Screenshots of every check go to test-artifacts/dashboard/ at the repository root
+(`<check>-<width>.png`, and `-viewport.png`: what shows without scrolling).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Page, expect, sync_playwright
+
+from dashboard.store import Store, StoreOptions
+from tests.dashboard.lakegen import Row, at, event, local_put, write_rows, write_sample_store
+from tests.dashboard.serve import serving
+from tests.dashboard.test_browser import ARTIFACTS, CHROMIUM_ARGS
+
+WIDTHS = (1280, 1920)
+LONG_TASK = "c8ef45ccd0112571ffffffffffffffffffffffff01000000"  # Ray's ids are this long
+LONG_WORKER = "0d3f4b8a9c1e2f3a4b5c6d7e8f9a0b1c2d3e4f5a6b7c8d9e0f1a2b3c"
+BAD_SHARD = ("ValueError: bad shard 12: the reader found 3 columns where the schema has 5; "
+             "re-export shard 12 or drop it from the manifest")
+
+
+def layout_rows() -> list[Row]:
+    """The cases: tasks of about 95 µs, Ray-long ids with a long error whose message
+    repeats its type, states that share a time, a burst of events, a NaN loss."""
+    rows = [event(kind="task", name="tiny", state="FINISHED", time=at(400 + i * 0.01),
+                  duration_s=(90 + i % 10) * 1e-6) for i in range(73)]  # no task_id: one each
+    ray = {"kind": "task", "source": "ray", "task_id": LONG_TASK, "attempt": 0,
+           "job_id": "02000000", "node_id": "a" * 56, "worker_id": LONG_WORKER}
+    rows += [event(**ray, name="read_shard_with_a_long_function_name", state="DEFINED",
+                   time=at(410)),
+             event(**ray, state="RUNNING", time=at(410.5)),
+             event(**ray, state="FAILED", time=at(412), error_type="ValueError",
+                   error_message=BAD_SHARD, stack_trace="Traceback: ...\n" + BAD_SHARD)]
+    tie = {"kind": "task", "task_id": "tie", "name": "tie"}
+    rows += [event(**tie, state="PENDING", time=at(420)),
+             event(**tie, state="SUBMITTED", time=at(420)),
+             event(**tie, state="RUNNING", time=at(420) + 1000),
+             event(**tie, state="FINISHED", time=at(420) + 2000)]
+    rows += [event(kind="burst", name="tick", time=at(500) + i * 1000) for i in range(3000)]
+    for step, loss in enumerate([1.0, None, 0.8]):
+        common = {"kind": "op", "source": "torch", "run_id": "nanrun", "step": step,
+                  "node_id": "nodeA", "job_id": "train"}
+        metrics = {"loss": loss} if loss is not None else None
+        rows += [event(**common, name="forward", span_id=f"f{step}", state="FINISHED",
+                       time=at(600 + step), duration_s=0.1, metrics=metrics,
+                       nonfinite=None if loss is not None else ["loss"]),
+                 event(**common, name="optimizer.step", span_id=f"o{step}", state="FINISHED",
+                       time=at(600.5 + step), duration_s=0.05)]
+    return rows
+
+
+@pytest.fixture(scope="module")
+def layout_lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("layout") / "lake"
+    write_sample_store(local_put(root))
+    write_rows(local_put(root), layout_rows(), "part-00040.parquet")
+    return root
+
+
+@pytest.fixture(scope="module")
+def empty_lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("empty") / "lake"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture(scope="module")
+def tasks_only_lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tasks-only") / "lake"
+    write_rows(local_put(root), [event(kind="task", name="solo", state="FINISHED", time=at(1),
+                                       duration_s=1.0)], "part-00001.parquet")
+    return root
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+def open_page(browser: Any, lake: Path, width: int) -> Iterator[Page]:
+    errors: list[Any] = []
+    store = Store(StoreOptions(str(lake), refresh_s=0.2))
+    with serving(store) as url:
+        tab = browser.new_page(viewport={"width": width, "height": 900}, base_url=url)
+        tab.set_default_timeout(20_000)
+        tab.on("pageerror", lambda error: errors.append(error))
+        yield tab
+        tab.close()
+    assert not errors, f"JavaScript errors: {errors}"
+
+
+@pytest.fixture(params=WIDTHS, ids=[f"{w}px" for w in WIDTHS])
+def page(request: pytest.FixtureRequest, browser: Any, layout_lake: Path) -> Iterator[Page]:
+    yield from open_page(browser, layout_lake, request.param)
+
+
+def shot(page: Page, name: str) -> None:
+    """The whole page, and what the viewport shows without scrolling."""
+    width = page.viewport_size["width"] if page.viewport_size else 0
+    page.screenshot(path=str(ARTIFACTS / f"{name}-{width}.png"), full_page=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}-{width}-viewport.png"))
+
+
+def box(page: Page, selector: str) -> dict[str, float]:
+    found = page.locator(selector).first.bounding_box()
+    assert found is not None, f"{selector} is not shown"
+    return dict(found)
+
+
+def inside_viewport(page: Page, rect: dict[str, float]) -> bool:
+    """Wholly within the viewport's width (the page may scroll down, never sideways)."""
+    width = page.evaluate("window.innerWidth")
+    return rect["x"] >= 0 and rect["x"] + rect["width"] <= width
+
+
+def no_sideways_scroll(page: Page) -> bool:
+    return bool(page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"))
+
+
+def test_histograms_are_large_with_an_axis_and_quantiles(page: Page) -> None:
+    page.goto("/#/groups?by=name")
+    row = page.locator("table.grid tbody tr", has_text="square")
+    histogram = row.locator("svg.histogram")
+    expect(histogram).to_be_visible()
+    shot(page, "groups-histograms")
+    size = histogram.bounding_box()
+    assert size is not None and size["width"] >= 240 and size["height"] >= 64, size
+    assert inside_viewport(page, size) and no_sideways_scroll(page)
+    ticks = histogram.locator("text.hist-tick").all_text_contents()
+    assert len(ticks) >= 3 and "1 s" in ticks, ticks
+    labels = histogram.locator("text.quantile-label").all_text_contents()
+    assert labels == ["p50", "p90", "p99"]
+    titles = histogram.locator("line.quantile title").all_text_contents()
+    assert titles == ["p50: 5.50 s", "p90: 9.10 s", "p99: 9.91 s"]
+
+
+def test_the_tallest_bin_of_microsecond_tasks_says_microseconds(page: Page) -> None:
+    page.goto("/#/groups?by=name")
+    row = page.locator("table.grid tbody tr", has_text="tiny")
+    expect(row.locator("svg.histogram rect.hist-bar").first).to_be_attached()
+    bars = row.locator("svg.histogram rect.hist-bar title").all_text_contents()
+    counts = [(int(t.split()[0]), t) for t in bars]
+    top = max(counts)[1]
+    found = re.fullmatch(r"(\d+) tasks (\d+) µs\u2013(\d+) µs", top)  # "56 µs-100 µs"
+    assert found, top
+    assert int(found[2]) <= 90 and int(found[3]) >= 99, top  # the tasks took 90-99 µs
+    assert sum(n for n, _ in counts) == 73
+
+
+def test_the_task_table_fits_with_duration_and_error_in_view(page: Page) -> None:
+    page.goto("/#/tasks?sort=task_id&order=asc&limit=200")
+    expect(page.locator("table.grid.tasks")).to_be_visible()
+    shot(page, "tasks-table")
+    heads = page.locator("table.grid.tasks thead th").all_inner_texts()
+    assert sum("started" in h for h in heads) == 1
+    assert not any(word in " ".join(heads) for word in ("pending", "running", "finished"))
+    assert no_sideways_scroll(page), page.evaluate("document.documentElement.scrollWidth")
+    table = box(page, "table.grid.tasks")
+    assert inside_viewport(page, table), table
+    ray_row = page.locator("table.grid.tasks tbody tr", has_text=LONG_TASK[:8])
+    for column in ("duration_s", "error_type"):
+        cell = ray_row.locator(f"td[data-col={column}]").bounding_box()
+        assert cell is not None and inside_viewport(page, cell), (column, cell)
+    error = ray_row.locator("td[data-col=error_type] span")
+    assert error.get_attribute("title") == BAD_SHARD  # whole in its tooltip
+    assert error.inner_text().startswith("ValueError: bad shard 12")
+    assert ray_row.locator("td[data-col=duration_s]").inner_text() == "1.50 s"
+    clock = ray_row.locator("td[data-col=time]").inner_text()
+    assert re.fullmatch(r"\d\d:\d\d:\d\d\.\d{3}", clock), clock
+
+
+def test_the_error_type_is_printed_once(page: Page) -> None:
+    page.goto(f"/#/task?task_id={LONG_TASK}")
+    error = page.locator("section", has=page.locator("h2", has_text="Error")).locator("p")
+    expect(error).to_have_text(BAD_SHARD)
+    shot(page, "task-error-once")
+
+
+def test_state_timeline_labels_never_overlap(page: Page) -> None:
+    for task in ("tie", "flaky"):
+        page.goto(f"/#/task?task_id={task}")
+        expect(page.locator("dl.meta dd").first).to_have_text(task)  # this task's page
+        labels = page.locator("svg.state-timeline text.state-label")
+        expect(labels.first).to_be_visible()
+        shot(page, f"state-timeline-{task}")
+        boxes = [b for b in (labels.nth(i).bounding_box() for i in range(labels.count())) if b]
+        assert len(boxes) == labels.count() >= 2
+        for i, a in enumerate(boxes):
+            assert inside_viewport(page, a)
+            for b in boxes[i + 1:]:
+                apart = (a["x"] + a["width"] <= b["x"] or b["x"] + b["width"] <= a["x"]
+                         or a["y"] + a["height"] <= b["y"] or b["y"] + b["height"] <= a["y"])
+                assert apart, (task, a, b)
+    page.goto("/#/task?task_id=tie")
+    labels = page.locator("svg.state-timeline text.state-label")
+    expect(labels.first).to_have_text("PENDING · SUBMITTED")  # one time, one label
+    assert labels.all_text_contents()[1:] == ["RUNNING +1 µs", "FINISHED +2 µs"]
+
+
+def test_events_over_time_keep_small_buckets_visible_beside_a_burst(page: Page) -> None:
+    page.goto("/")
+    chart = page.locator("svg.timeline")
+    expect(chart).to_be_visible()
+    shot(page, "overview")
+    bars: dict[float, float] = {}  # x -> height of the whole bar (its kinds stacked)
+    for rect in chart.locator("rect.bar").all():
+        found = rect.bounding_box()
+        if found:
+            bars[round(found["x"], 1)] = bars.get(round(found["x"], 1), 0) + found["height"]
+    assert max(bars.values()) > 100
+    assert min(bars.values()) >= 8, sorted(bars.values())[:5]  # linear: under 1 px
+    assert len(chart.locator("text.y-tick").all()) >= 3
+    expect(page.locator("section h2", has_text="log scale")).to_have_count(1)
+
+
+def test_the_overview_counts_failed_ops(page: Page) -> None:
+    page.goto("/")
+    expect(page.locator("#failed-ops")).to_have_text("1")  # the sample run's failed backward
+    card = page.locator(".card", has=page.locator("#failed-ops"))
+    expect(card).to_contain_text("of 20 ops")  # 14 in run1 and run2, 6 in nanrun
+    assert inside_viewport(page, box(page, "#failed-ops"))
+
+
+def test_nan_steps_are_marked_on_the_run_page(page: Page) -> None:
+    page.goto("/#/run?run=nanrun")
+    step = page.locator("table.steps tbody tr[data-step='1']")
+    expect(step).to_contain_text("loss NaN/inf")
+    expect(page.locator("table.steps tbody tr.has-nonfinite")).to_have_count(1)
+    loss = page.locator("svg.metric", has=page.locator("text.chart-title", has_text="loss"))
+    expect(loss.locator("g.nan-mark[data-step='1']")).to_have_count(1)
+    shot(page, "run-nan-step")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_an_empty_store_says_once_how_to_send_data(browser: Any, empty_lake: Path,
+                                                   width: int) -> None:
+    for tab in open_page(browser, empty_lake, width):
+        for route in ("/", "/#/tasks", "/#/traces"):
+            tab.goto(route)
+            state = tab.locator(".empty-state")
+            expect(state).to_contain_text("No events yet")
+            expect(state).to_contain_text("evagg emit --kind task")
+            expect(tab.locator(".error-box")).to_have_count(0)
+            tab.wait_for_timeout(600)  # a poll of /api/info
+            expect(tab.locator("#banner")).to_be_hidden()
+            text = tab.locator("body").inner_text()
+            assert text.count("No events yet") == 1 and "no Parquet files" not in text
+        shot(tab, "empty-store")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_empty_pages_say_how_to_fill_them(browser: Any, tasks_only_lake: Path,
+                                          width: int) -> None:
+    for tab in open_page(browser, tasks_only_lake, width):
+        tab.goto("/#/traces")
+        expect(tab.locator(".empty-state")).to_contain_text("/v1/traces")
+        expect(tab.locator(".empty-state")).to_contain_text("otel.init_telemetry")
+        shot(tab, "traces-empty")
+        tab.goto("/#/runs")
+        expect(tab.locator(".empty-state")).to_contain_text("emitters.op(")
+        tab.goto("/#/agents")
+        expect(tab.locator(".empty-state")).to_contain_text("evagg run")
+        tab.goto("/#/tasks")
+        expect(tab.locator("#task-count")).to_have_text("1 task attempt")
