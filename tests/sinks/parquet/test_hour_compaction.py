@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+import os
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from sinks.parquet import ParquetSink
 from sinks.parquet.hour_compaction import HourCompaction
+from sinks.parquet.layout import partition_for
 from sinks.parquet.options import ParquetOptions, S3Options
 from sinks.parquet.s3 import S3Store
 from sinks.parquet.stores import LocalStore, ObjectStore
+from tests.agentproc import AgentProcess, query_lake
 from tests.sinks.moto_server import MotoS3, aws_env
 from tests.sinks.parquet.test_parquet import HOUR_NS, T10, Clock, duck, record
 
@@ -146,3 +150,39 @@ def test_nothing_is_merged_before_anything_is_written(tmp_path: Path) -> None:
     assert not [c for c in compaction.counters() if c.name == "compaction_failures"]
 
 
+
+
+def test_a_real_agent_merges_the_hours_it_wrote_before_its_restart(
+        agent_factory: Callable[..., AgentProcess]) -> None:
+    """An agent that starts finds the small files an earlier run of it left in a closed
+    hour of its node, and merges them: one file, every event once, counted on /metrics."""
+    agent = agent_factory(sinks_toml='[[sinks]]\nname = "lake"\ntype = "parquet"\n'
+                                     'url = "{lake}"\ncompact_after = "1s"\n')
+    two_hours_ago = (time.time_ns() // HOUR_NS - 2) * HOUR_NS
+    earlier = ParquetSink("lake", LocalStore(agent.lake_dir), ParquetOptions(),
+                          node_id="test-node", spool_id="earlier")
+
+    async def leave_small_files() -> None:
+        for offset in range(1, 7):
+            await earlier.write([record(offset, 25, received_ns=two_hours_ago)])
+            await earlier.flush(final=True)
+
+    asyncio.run(leave_small_files())
+    files = list(agent.lake_dir.rglob("*.parquet"))
+    assert len(files) == 6
+    for path in files:  # written an hour ago, as the earlier run would have
+        os.utime(path, (time.time() - 3600, time.time() - 3600))
+
+    agent.start()
+    deadline = time.monotonic() + 60
+    while agent.metric('evagg_sink_compacted_files_total{sink="lake"') < 6:
+        assert time.monotonic() < deadline, agent.log()
+        time.sleep(0.5)
+    hour_dir = agent.lake_dir / partition_for(two_hours_ago) / "node=test-node"
+    merged = list(hour_dir.glob("*.parquet"))
+    assert [p.name[:10] for p in merged] == ["compacted-"], merged
+    assert query_lake(agent.lake_dir, "SELECT count(*), count(DISTINCT event_id) FROM events "
+                      "WHERE source = 'test'") == [(150, 150)]  # the agent's heartbeats aside
+    assert agent.metric('evagg_sink_compaction_runs_total{sink="lake"') >= 1
+    assert agent.metric('evagg_sink_compaction_failures_total{sink="lake"') == 0
+    assert agent.stop() == 0
