@@ -97,8 +97,7 @@ class ConcurrencyLimit:
     def release(self, ticket: Ticket, answer: Answer) -> None:
         """The request of `ticket` ended; `answer` is what it said about the endpoint."""
         self.in_flight -= 1
-        if self.adaptive:
-            self._adapt(ticket, answer, self._clock())
+        self._adapt(ticket, answer, self._clock())
         self._wake()
 
     def _occupy(self) -> float:
@@ -116,12 +115,16 @@ class ConcurrencyLimit:
                 waiter.set_result(self._occupy())
 
     def _adapt(self, ticket: Ticket, answer: Answer, now: float) -> None:
-        if answer is Answer.OVERLOADED:
+        """Learn the usual latency (a fixed limit too: it is exported) and, when
+        adaptive, move the limit."""
+        if answer is Answer.OVERLOADED and self.adaptive:
             self._cut(ticket, now)
         elif answer is Answer.HEALTHY:
             latency = now - ticket.started
             slow = self._is_slow(latency)
             self._observe(latency)
+            if not self.adaptive:
+                return
             if slow:
                 self._cut(ticket, now)
             elif self._last_full >= ticket.started:  # every slot was used meanwhile

@@ -109,7 +109,7 @@ def test_a_fixed_limit_never_moves() -> None:
         for answer in (Answer.HEALTHY, Answer.OVERLOADED, Answer.HEALTHY):
             await full_round(limit, clock, answer, took_s=5.0)
             assert limit.limit == 3
-        assert not limit.adaptive
+        assert not limit.adaptive and limit.latency_s == 5.0  # still measured, for /metrics
 
     asyncio.run(main())
     with pytest.raises(ValueError, match=r"1\.\.4"):
