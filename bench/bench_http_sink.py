@@ -7,7 +7,15 @@ ready bodies alone, so it is clear where the time goes. CPU us/ev is the sending
 process's CPU time (all threads) per event: steadier than events/s on a shared machine.
 Each line is the best of --repeat runs.
 
+With --endpoints it instead delivers --records records through the agent's delivery
+loop to a healthy endpoint, one failing a request in three and one shedding load with
+429s (bench/http_endpoints.py): events/s, requests per batch, batches the receiver
+stored twice, CPU per event. To compare with earlier code, run the same script against
+a worktree of it: `git worktree add ../before <commit>`, then
+`PYTHONPATH=../before .venv/bin/python bench/bench_http_sink.py --endpoints`.
+
     .venv/bin/python bench/bench_http_sink.py [--events 300000] [--in-flight 4]
+    .venv/bin/python bench/bench_http_sink.py --endpoints [--records 20]
 """
 
 from __future__ import annotations
@@ -23,8 +31,16 @@ from typing import Any
 import aiohttp
 import pyarrow as pa
 from aiohttp import web
+from http_endpoints import (
+    SCENARIOS,
+    TABLE_HEAD,
+    checkout,
+    make_sink,
+    table_line,
+    through_loop,
+)
+from http_endpoints import receiver as scenario_receiver
 
-from sinks.http import HttpOptions, HttpSink
 from sinks.http.batches import frame_body, gzip_body
 from sinks.http.body import encode_rows
 from sinks.records import SpoolRecord
@@ -88,10 +104,8 @@ Outcome = tuple[float, float, dict[str, int], dict[str, int]]
 
 async def end_to_end(url: str, payloads: list[bytes], total: int, body_format: str,
                      gzip: bool, in_flight: int) -> Outcome:
-    options = HttpOptions.from_table({"format": body_format, "gzip": gzip,
-                                      "max_in_flight": in_flight,
-                                      "batch_max_events": PER_RECORD})
-    sink = HttpSink("bench", url, options, spool_id="bench")
+    sink = make_sink(url, body_format=body_format, gzip=gzip, max_in_flight=in_flight,
+                     batch_max_events=PER_RECORD)
     records = [SpoolRecord(i + 1, bytes(16), i, 0, PER_RECORD, payloads[i % len(payloads)])
                for i in range(total // PER_RECORD)]
     started, cpu = time.perf_counter(), time.process_time()
@@ -156,7 +170,15 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=320_000)
     parser.add_argument("--in-flight", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=2, help="runs per line; the best is shown")
+    parser.add_argument("--endpoints", action="store_true",
+                        help="troubled endpoints through the delivery loop instead")
+    parser.add_argument("--records", type=int, default=20, help="with --endpoints")
+    parser.add_argument("--limit", type=float, default=180.0,
+                        help="with --endpoints: seconds a scenario may take at most")
     args = parser.parse_args()
+    if args.endpoints:
+        endpoints(args.records, args.limit)
+        return
     total = args.events - args.events % (PER_RECORD * RECORDS_PER_WRITE)
     port = 18_000 + os.getpid() % 1000
     url = f"http://127.0.0.1:{port}/ingest"
@@ -194,6 +216,35 @@ def main() -> None:
     finally:
         server.terminate()
         server.join(5)
+
+
+def endpoints(records: int, limit_s: float) -> None:
+    payloads = make_payloads(8)
+    print(f"code of {checkout()}: {records} records of {PER_RECORD} events, one batch "
+          f"each, default sink options, {os.cpu_count()} CPUs")
+    print(TABLE_HEAD)
+    for scenario in SCENARIOS:
+        port = 18_000 + (os.getpid() + SCENARIOS.index(scenario) + 1) % 1000
+        url = f"http://127.0.0.1:{port}/ingest"
+        ready = multiprocessing.Event()
+        server = multiprocessing.Process(target=scenario_receiver,
+                                         args=(port, scenario, ready), daemon=True)
+        server.start()
+        ready.wait(10)
+        time.sleep(0.5)
+        try:
+            run = asyncio.run(through_loop(url, payloads, records, PER_RECORD, limit_s))
+            stats = asyncio.run(_stats(url))
+            print(table_line(scenario, run, stats, records), flush=True)
+        finally:
+            server.terminate()
+            server.join(5)
+
+
+async def _stats(url: str) -> dict[str, int]:
+    async with aiohttp.ClientSession() as session, session.get(url.replace("ingest", "stats")) as r:
+        stats: dict[str, int] = await r.json()
+    return stats
 
 
 if __name__ == "__main__":
