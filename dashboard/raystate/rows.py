@@ -19,6 +19,20 @@ _ID_KEYS = {"actor_id", "owner_id", "node_id", "worker_id", "job_id", "task_id",
             "placement_group_id", "creator_job_id", "parent_task_id"}
 
 
+# The view's final_state -> Ray's state name (Ray names the sub-state of PENDING; the
+# page's rows get theirs from the raw events, a summary counts them as the first).
+RAY_STATE_OF = {"SUBMITTED": "SUBMITTED_TO_WORKER", "PENDING": "PENDING_ARGS_AVAIL",
+                "DEFINED": "NIL", "UNKNOWN": "NIL"}
+
+
+def func_or_class_name(function: str | None, task_type: str | None) -> str:
+    """Ray's call string of module.Class.function: the function, or Class.method for
+    actor tasks."""
+    parts = str(function or "").split(".")
+    actor = task_type in ("ACTOR_TASK", "ACTOR_CREATION_TASK")
+    return ".".join(parts[-2:] if actor else parts[-1:])
+
+
 def ms_floor(us: int) -> int:
     """Microseconds -> Ray's milliseconds (Ray floors nanoseconds // 1e6)."""
     return int(us // 1000)

@@ -10,6 +10,9 @@ one (`session_2026-05-01_10-00` is enough). `/api/ray/sessions` lists them.
 
 from __future__ import annotations
 
+import threading
+import weakref
+from dataclasses import dataclass
 from typing import Any
 
 from dashboard.errors import BadInput, NotFound
@@ -24,14 +27,53 @@ GROUP BY ray_session ORDER BY first_us DESC, session DESC
 """
 
 
+
+
+@dataclass(frozen=True, slots=True)
+class Known:
+    version: str
+    sessions: list[dict[str, Any]]
+    tasks: int  # every row of the tasks view, Ray's or not
+
+
+_known: weakref.WeakKeyDictionary[Store, Known] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def known(store: Store) -> Known:
+    """The sessions, read once per store version (a pass over every task)."""
+    version = store.refresh(views=False).fingerprint
+    with _lock:
+        hit = _known.get(store)
+    if hit is not None and hit.version == version:
+        return hit
+    found = Known(version, store.execute(SESSIONS, views=False).records(),
+                  int(store.execute("SELECT count(*) FROM tasks", views=False).rows[0][0]))
+    with _lock:
+        _known[store] = found
+    return found
+
+
 def sessions(store: Store) -> list[dict[str, Any]]:
     """The store's Ray sessions, newest first."""
-    return store.execute(SESSIONS, views=False).records()
+    return known(store).sessions
+
+
+def only_tasks_of(store: Store, session: str) -> bool:
+    """Whether every row of the tasks view is one of this session's Ray tasks: then a
+    question about the session needs no filter on it (a pass over every task saved)."""
+    found = known(store)
+    return any(s["session"] == session and s["task_attempts"] == found.tasks
+               for s in found.sessions)
 
 
 def choose(store: Store, wanted: str | None) -> str:
     """The session named (whole or by a unique prefix), else the newest."""
-    known = [s["session"] for s in sessions(store)]
+    known_names = [s["session"] for s in sessions(store)]
+    return _pick(store, known_names, wanted)
+
+
+def _pick(store: Store, known: list[str], wanted: str | None) -> str:
     if not known:
         raise NotFound(f"no Ray tasks in {store.location} yet: is Ray exporting its events "
                        "to an evagg agent (docs/ray.md, \"Turn it on\")?")

@@ -14,9 +14,16 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from dashboard.raystate.options import Filter, ListOptions, list_response
-from dashboard.raystate.rows import camel_to_snake, json_or, ms_floor
+from dashboard.raystate.options import Filter, ListOptions, list_response, matches
+from dashboard.raystate.rows import (
+    RAY_STATE_OF,
+    camel_to_snake,
+    func_or_class_name,
+    json_or,
+    ms_floor,
+)
 from dashboard.raystate.schema import shape
+from dashboard.raystate.sessions import only_tasks_of
 from dashboard.store import Store
 
 # ray.rpc.TaskStatus in enum order: Ray lists a task's events in this order and calls
@@ -28,119 +35,140 @@ TASK_STATUS = (
     "RUNNING_IN_RAY_WAIT", "FINISHED", "FAILED", "GETTING_AND_PINNING_ARGS",
 )
 _RANK = {name: i for i, name in enumerate(TASK_STATUS)}
-# Ray's func_or_class_name is the descriptor's call string: the function, or Class.method
-# for actors, without the module; the view keeps module.Class.function.
-RAY_TASKS = """
-WITH rt AS (
-    SELECT
-        task_id,
-        attempt AS attempt_number,
-        coalesce(name, '') AS name,
-        CASE final_state
-            WHEN 'SUBMITTED' THEN 'SUBMITTED_TO_WORKER'
-            WHEN 'PENDING' THEN 'PENDING_ARGS_AVAIL'
-            WHEN 'DEFINED' THEN 'NIL'
-            WHEN 'UNKNOWN' THEN 'NIL'
-            ELSE final_state
-        END AS state,
-        job_id,
-        -- an actor creation task's id is ffffffffffffffff + its actor's id
-        coalesce(nullif(actor_id, ''), CASE WHEN task_type = 'ACTOR_CREATION_TASK'
-                                            THEN substr(task_id, 17) END) AS actor_id,
-        coalesce(task_type, 'NORMAL_TASK') AS type,
-        CASE WHEN task_type IN ('ACTOR_TASK', 'ACTOR_CREATION_TASK')
-             THEN array_to_string(list_slice(string_split(function, '.'), -2, -1), '.')
-             ELSE coalesce(string_split(function, '.')[-1], name, '')
-        END AS func_or_class_name,
-        parent_id AS parent_task_id,
-        nullif(node_id, '') AS node_id,
-        nullif(worker_id, '') AS worker_id,
-        pid AS worker_pid,
-        error_type
-    FROM tasks
-    WHERE source = 'ray' AND coalesce(ray_session, '') = $session
-)
-"""
-BASE = ("task_id", "attempt_number", "name", "state", "job_id", "actor_id", "type",
-        "func_or_class_name", "parent_task_id", "node_id", "worker_id", "worker_pid",
-        "error_type")
-SQL_COLUMNS = set(BASE)
+# Ray's columns as SQL over the `tasks` view. Ray's func_or_class_name is the
+# descriptor's call string: the function, or Class.method for actors, without the
+# module; the view keeps module.Class.function.
+STATE_SQL = ("CASE final_state " + " ".join(f"WHEN '{ours}' THEN '{ray}'"
+                                            for ours, ray in RAY_STATE_OF.items())
+             + " ELSE final_state END")
+COLUMN_SQL = {
+    "task_id": "task_id",
+    "attempt_number": "attempt",
+    "name": "coalesce(name, '')",
+    "state": STATE_SQL,
+    "job_id": "job_id",
+    # an actor creation task's id is ffffffffffffffff + its actor's id
+    "actor_id": "coalesce(nullif(actor_id, ''), CASE WHEN task_type = 'ACTOR_CREATION_TASK' "
+                "THEN substr(task_id, 17) END)",
+    "type": "coalesce(task_type, 'NORMAL_TASK')",
+    "func_or_class_name": "CASE WHEN task_type IN ('ACTOR_TASK', 'ACTOR_CREATION_TASK') "
+                          "THEN array_to_string(list_slice(string_split(function, '.'), -2, -1), "
+                          "'.') ELSE coalesce(string_split(function, '.')[-1], name, '') END",
+    "parent_task_id": "parent_id",
+    "node_id": "nullif(node_id, '')",
+    "worker_id": "nullif(worker_id, '')",
+    "worker_pid": "pid",
+    "error_type": "error_type",
+}
+SESSION_TASKS = "FROM tasks WHERE source = 'ray' AND coalesce(ray_session, '') = $session"
+# Filtering on task_type in SQL makes DuckDB carry it through every scan of the view
+# (3-4x slower over a million tasks): drivers are counted by a GROUP BY and left out
+# of the few rows fetched instead.
+IS_DRIVER = "coalesce(task_type, '') = 'DRIVER_TASK'"
 
 
-def where(filters: tuple[Filter, ...], exclude_driver: bool,
-          params: dict[str, Any]) -> str:
-    """Ray's do_filter as SQL over `rt`: strings compare without case, NULL is never
-    equal and always unequal. Detail-only columns cannot be filtered in SQL (Ray lets
-    language, placement_group_id and is_debugger_paused through): those filter the page."""
-    clauses = ["type <> 'DRIVER_TASK'"] if exclude_driver else []
+def session_tasks(store: Store, session: str) -> str:
+    """FROM and WHERE for the session's tasks."""
+    if only_tasks_of(store, session):
+        return "FROM tasks WHERE ($session = $session)"
+    return SESSION_TASKS
+
+
+def where(filters: tuple[Filter, ...], params: dict[str, Any]) -> str:
+    """Ray's do_filter as SQL: strings compare without case, NULL is never equal and
+    always unequal. Detail-only columns are not in the view (Ray lets language,
+    placement_group_id and is_debugger_paused be filtered): those filter the page."""
+    clauses = []
     for i, f in enumerate(filters):
-        if f.column.name not in SQL_COLUMNS:
+        column = COLUMN_SQL.get(f.column.name)
+        if column is None:
             continue
-        name, param = f.column.name, f"f{i}"
+        param = f"f{i}"
         params[param] = f.value
         if isinstance(f.value, str):
-            equal = f"lower({name}) = lower(${param})"
+            equal = f"lower({column}) = lower(${param})"
         else:
-            equal = f"{name} = ${param}"
-        clauses.append(equal if f.predicate == "=" else f"({name} IS NULL OR NOT ({equal}))")
-    return " AND ".join(clauses) or "true"
+            equal = f"{column} = ${param}"
+        clauses.append(equal if f.predicate == "=" else f"(({column}) IS NULL OR NOT ({equal}))")
+    return " AND ".join(f"({c})" for c in clauses) or "true"
 
 
 def list_tasks(store: Store, session: str, options: ListOptions) -> dict[str, Any]:
     params: dict[str, Any] = {"session": session}
-    base = where((), options.exclude_driver, params)
-    flt = where(options.filters, options.exclude_driver, params)
-    counted = store.execute(
-        RAY_TASKS + f"SELECT count(*) FILTER (WHERE {base}) AS total, "
-                    f"count(*) FILTER (WHERE {flt}) AS filtered FROM rt",
-        params, views=False).rows[0]
-    page_params = {**params, "limit": options.limit}
-    page = store.execute(RAY_TASKS + f"SELECT {', '.join(BASE)} FROM rt WHERE {flt} "
-                         "ORDER BY task_id, attempt_number LIMIT $limit",
-                         page_params, views=False).records()
-    later = [f for f in options.filters if f.column.name not in SQL_COLUMNS]
+    flt = where(options.filters, params)
+    scope = session_tasks(store, session)
+    counts = {bool(driver): (int(n), int(kept)) for driver, n, kept in store.execute(
+        f"SELECT {IS_DRIVER}, count(*), count(*) FILTER (WHERE {flt}) {scope} GROUP BY 1",
+        params, views=False).rows}
+    tasks, drivers = counts.get(False, (0, 0)), counts.get(True, (0, 0))
+    total, filtered = tasks if options.exclude_driver else (tasks[0] + drivers[0],
+                                                              tasks[1] + drivers[1])
+    skip = drivers[1] if options.exclude_driver else 0
+    page = _page(store, scope, flt, params, options.limit, skip, options.exclude_driver)
+    later = [f for f in options.filters if f.column.name not in COLUMN_SQL]
     if options.detail or later or any(r["state"] not in ("FINISHED", "FAILED", "RUNNING")
                                        for r in page):
         page = _with_raw_details(store, session, page, detail=options.detail or bool(later))
     if later:
-        from dashboard.raystate.options import matches
-
         page = [r for r in page if matches(r, tuple(later))]
     rows = [shape("tasks", r, options.detail) for r in page]
-    return list_response(rows, total=int(counted[0] or 0), filtered=int(counted[1] or 0))
+    return list_response(rows, total=total, filtered=filtered)
+
+
+def _page(store: Store, scope: str, flt: str, params: dict[str, Any], limit: int, skip: int,
+          exclude_driver: bool) -> list[dict[str, Any]]:
+    """The first `limit` rows in Ray's order (task id). The sort carries two columns over
+    every task (carrying Ray's thirteen through it took seconds); the last key it finds,
+    `skip` (the drivers it may hold) past the limit, bounds a range scan for the rows."""
+    if limit == 0:
+        return []
+    keys = store.execute(f"SELECT task_id {scope} AND {flt} ORDER BY task_id LIMIT $n",
+                         {**params, "n": limit + skip}, views=False).rows
+    if not keys:
+        return []
+    selected = ", ".join(f"{sql} AS {name}" for name, sql in COLUMN_SQL.items())
+    driver = f"AND NOT {IS_DRIVER}" if exclude_driver else ""
+    return store.execute(
+        f"SELECT {selected} {scope} AND {flt} AND task_id BETWEEN $first AND $last {driver} "
+        "ORDER BY task_id, attempt LIMIT $limit",
+        {**params, "first": keys[0][0], "last": keys[-1][0], "limit": limit},
+        views=False).records()
 
 
 def summarize_tasks(store: Store, session: str, options: ListOptions) -> dict[str, Any]:
-    """Ray's TaskSummaries.to_summary_by_func_name over every task of the session."""
+    """Ray's TaskSummaries.to_summary_by_func_name over every task of the session:
+    counted by the view's own columns, named as Ray names them per group."""
     params: dict[str, Any] = {"session": session}
-    base = where((), True, params)
-    flt = where(options.filters, True, params)
-    rows = store.execute(
-        RAY_TASKS + f"""SELECT coalesce(nullif(name, ''), func_or_class_name) AS key,
-                            type, state, count(*) AS n, min(task_id) AS first_id
-                     FROM rt WHERE {flt} GROUP BY ALL ORDER BY key, state""",
-        params, views=False).rows
-    total = store.execute(RAY_TASKS + f"SELECT count(*) FROM rt WHERE {base}", params,
-                          views=False).rows[0][0]
-    # Ray names a group's type after its first task in task id order.
-    first: dict[str, tuple[str, str]] = {}
-    for key, task_type, _state, _n, first_id in rows:
-        if key not in first or first_id < first[key][0]:
-            first[key] = (first_id, task_type)
-    summary: dict[str, dict[str, Any]] = {}
+    flt = where(options.filters, params)
+    scope = session_tasks(store, session)
+    groups = store.execute(
+        f"SELECT name, function, task_type, final_state, count(*) FILTER (WHERE {flt}) AS n, "
+        f"count(*) AS every, min(task_id) FILTER (WHERE {flt}) AS first {scope} GROUP BY ALL",
+        params, views=False).records()
+    first: dict[str, tuple[str, str]] = {}  # Ray types a group after its first task
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     totals = {"NORMAL_TASK": 0, "ACTOR_TASK": 0, "ACTOR_CREATION_TASK": 0}
-    filtered = 0
-    for key, task_type, state, n, _first_id in rows:
-        entry = summary.setdefault(key, {"func_or_class_name": key, "type": first[key][1],
-                                         "state_counts": {}})
-        entry["state_counts"][state] = entry["state_counts"].get(state, 0) + int(n)
+    total = 0
+    for g in groups:
+        task_type = g["task_type"] or "NORMAL_TASK"
+        if task_type == "DRIVER_TASK":
+            continue
+        total += int(g["every"])
+        if not g["n"]:
+            continue
+        key = g["name"] or func_or_class_name(g["function"], task_type) or ""
+        if key not in first or g["first"] < first[key][0]:
+            first[key] = (g["first"], task_type)
+        counts[key][RAY_STATE_OF.get(g["final_state"], g["final_state"])] += int(g["n"])
         if task_type in totals:
-            totals[task_type] += int(n)
-        filtered += int(n)
+            totals[task_type] += int(g["n"])
+    summary = {key: {"func_or_class_name": key, "type": first[key][1],
+                     "state_counts": dict(counts[key])} for key in sorted(counts)}
     result = {"summary": summary, "total_tasks": totals["NORMAL_TASK"],
               "total_actor_tasks": totals["ACTOR_TASK"],
               "total_actor_scheduled": totals["ACTOR_CREATION_TASK"], "summary_by": "func_name"}
-    return {"total": int(total or 0), "num_after_truncation": int(total or 0),
+    filtered = sum(sum(c.values()) for c in counts.values())
+    return {"total": total, "num_after_truncation": total,
             "num_filtered": filtered, "result": {"node_id_to_summary": {"cluster": result}},
             "partial_failure_warning": "", "warnings": None}
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from dashboard.raystate.rows import json_or
+from dashboard.raystate.rows import func_or_class_name, json_or
 from dashboard.store import Store
 
 # ray._private.profiling._default_color_mapping
@@ -58,11 +58,8 @@ GROUP BY node_id
 """
 
 
-def func_or_class_name(row: dict[str, Any]) -> str:
-    """Ray's call string: the function, or Class.method for actor tasks."""
-    parts = str(row.get("function") or row.get("name") or "").split(".")
-    actor = row.get("task_type") in ("ACTOR_TASK", "ACTOR_CREATION_TASK")
-    return ".".join(parts[-2:] if actor else parts[-1:])
+def _call_string(task: dict[str, Any]) -> str:
+    return func_or_class_name(task.get("function") or task.get("name"), task.get("task_type"))
 
 
 class _Tracks:
@@ -105,7 +102,7 @@ def chrome_trace(store: Store, session: str, job: str = "") -> list[dict[str, An
         name = str(p["event_name"] or "")
         cname = COLORS.get(str(extra.get("cname") or name), "generic_work")
         extra.update(task_id=p["task_id"], job_id=p["job_id"], attempt_number=p["attempt"],
-                     func_or_class_name=func_or_class_name(task) if task else None,
+                     func_or_class_name=_call_string(task) if task else None,
                      actor_id=task.get("actor_id"))
         # A driver's profile entries arrive without its worker id, which Ray derives
         # from the job id: the job's 4 bytes, then 24 bytes of ff.
@@ -122,7 +119,7 @@ def chrome_trace(store: Store, session: str, job: str = "") -> list[dict[str, An
             continue
         node = ips.get(task["node_id"]) or task["node_id"] or ""
         pid, tid = tracks.of(node, f"worker:{task['worker_id']}")
-        func = func_or_class_name(task)
+        func = _call_string(task)
         events.append({
             "cat": f"task::{func}", "name": task["function"] or func, "pid": pid, "tid": tid,
             "ts": float(task["start_us"]), "dur": float(task["end_us"] - task["start_us"]),
