@@ -20,6 +20,7 @@ from typing import Literal
 
 from aggregator.losses import LossRecorder
 from aggregator.spool._counters import SpoolCounters
+from aggregator.spool._cursors import Cursors
 from aggregator.spool._log import SegmentLog
 from aggregator.spool._recovery import Recovered
 from aggregator.spool._segment import HEADER_SIZE, RECORD_OVERHEAD
@@ -29,9 +30,7 @@ from aggregator.spool._state import (
     DedupeMarks,
     load_spool_id,
     lock_directory,
-    read_cursors,
     remove_temp_files,
-    write_cursor,
 )
 from emitters.wire import NO_SESSION, SESSION_BYTES
 from sinks.records import SpoolRecord
@@ -91,8 +90,7 @@ class Spool:
                                fsync_always=fsync == "always", counters=self.counters,
                                on_recovered=self._count_recovery, on_visible=self._wake_readers)
         self._marks = DedupeMarks(self.directory / MARKS_FILE, SESSION_TTL_NS)
-        self._cursors: dict[str, int] = {}
-        self._registered: set[str] | None = None  # None: every known cursor holds segments
+        self._cursors = Cursors(self.directory)
         self._room_queue: deque[object] = deque()
         self._room_changed: asyncio.Future[None] | None = None
         self._data_arrived: asyncio.Future[None] | None = None
@@ -124,10 +122,10 @@ class Spool:
         try:
             remove_temp_files(self.directory)
             self.spool_id = load_spool_id(self.directory)
-            self._cursors, bad = read_cursors(self.directory)
+            bad = self._cursors.load()
             if bad:
                 log.warning("spool: ignoring unreadable cursor files %s", bad)
-            floor = max([1, self._marks.load(), *self._cursors.values()])
+            floor = max(1, self._marks.load(), self._cursors.highest())
             total = self._log.recover(floor, self._marks)
         except BaseException:
             os.close(self._lock_fd)
@@ -231,8 +229,7 @@ class Spool:
             self._remove_oldest(1)
             self.losses.record("drop_oldest", victim.events_from(passed))
             self.counters.dropped_records += victim.records - passed
-            for sink, position in self._cursors.items():
-                self._cursors[sink] = max(position, self.first_offset)
+            self._cursors.raise_to(self.first_offset)
             if not self._dropping_logged:
                 self._dropping_logged = True
                 log.warning("spool full: dropping the oldest segments (when_full=drop_oldest)")
@@ -270,7 +267,7 @@ class Spool:
 
     def cursor(self, sink: str) -> int:
         """The next offset `sink` needs; a new sink starts at the oldest record present."""
-        return max(self._cursors.setdefault(sink, self.first_offset), self.first_offset)
+        return self._cursors.position(sink, self.first_offset)
 
     def commit(self, sink: str, next_offset: int) -> None:
         """Persist a sink's cursor, then delete the segments every configured sink has passed."""
@@ -278,16 +275,15 @@ class Spool:
         if not 1 <= next_offset <= self.next_offset:
             raise ValueError(f"cursor {next_offset} is beyond the spool's next offset "
                              f"{self.next_offset}")
-        if next_offset <= self._cursors.get(sink, 0):
+        if next_offset <= self._cursors.committed(sink):
             return
         try:
-            write_cursor(self.directory, sink, next_offset)
+            self._cursors.save(sink, next_offset)
         except OSError as exc:
             if exc.errno != errno.ENOSPC:
                 raise
             self._commit_on_full_disk(sink, next_offset)
             return
-        self._cursors[sink] = next_offset
         self._delete_passed()
 
     def _commit_on_full_disk(self, sink: str, next_offset: int) -> None:
@@ -296,27 +292,22 @@ class Spool:
         go before the cursor is durable: after a crash the sink restarts at the oldest record
         left, and nothing it skips was undelivered. Free them, then write the cursor."""
         self.counters.enospc_commits += 1
-        self._cursors[sink] = next_offset
+        self._cursors.move_without_saving(sink, next_offset)
         self._delete_passed(keep_marks_on_failure=False)
-        write_cursor(self.directory, sink, next_offset)
+        self._cursors.save(sink, next_offset)
 
     def register_sinks(self, names: Iterable[str]) -> None:
         """The configured sinks: from now on only their cursors hold segments back."""
-        self._registered = set(names)
-        for name in self._registered:
-            self._cursors.setdefault(name, self.first_offset)
+        self._cursors.register(names, self.first_offset)
         if self._state == "open":
             self._delete_passed()
 
     def lag(self, sink: str) -> tuple[int, int]:
         """(records, events) that `sink` has not committed yet."""
-        return self._log.pending_from(max(self._cursors.get(sink, 0), self.first_offset))
+        return self._log.pending_from(max(self._cursors.committed(sink), self.first_offset))
 
     def _pin_floor(self) -> int | None:
-        """The lowest cursor among the sinks that hold segments; None when there are none."""
-        names = self._cursors.keys() if self._registered is None else self._registered
-        first = self.first_offset
-        return min((max(self._cursors.get(n, first), first) for n in names), default=None)
+        return self._cursors.floor(self.first_offset)
 
     def _delete_passed(self, keep_marks_on_failure: bool = True) -> None:
         floor = self._pin_floor()

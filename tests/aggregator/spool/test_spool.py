@@ -689,7 +689,7 @@ def test_commit_on_a_full_disk_frees_delivered_segments_first(
     first (deleting needs no space), then the cursor is written."""
     import errno
 
-    import aggregator.spool._spool as spool_module
+    import aggregator.spool._cursors as spool_module
 
     spool = opened(spool_dir)
     spool.register_sinks(["lake"])
