@@ -94,9 +94,10 @@ def evagg_side(lake: Path, tasks: int, repeat: int) -> None:
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait(lambda: get(base + "/api/info"), 60)
-        fold_s, _ = get(base + "/api/v0/tasks?limit=1")
-        print(f"first answer (folds every task event once per dashboard start): {fold_s:.1f} s")
+        started = time.perf_counter()
+        _wait(lambda: get(base + "/api/ray/sessions"), 600)  # lists and folds the store
+        print(f"dashboard up, every task event folded, sessions read: "
+              f"{time.perf_counter() - started:.1f} s (once per start without a cache)")
         measure("evagg dashboard", base, repeat, t0=100)
     finally:
         server.terminate()

@@ -47,6 +47,18 @@ LISTS: dict[str, Compute] = {
 }
 SUMMARIES: dict[str, Compute] = {"tasks": tasks.summarize_tasks,
                                  "actors": entities.summarize_actors}
+# Ray's routes the store cannot answer: what they need lived in the cluster's memory or
+# on its disks, and is not in the events Ray exports.
+NOT_SERVED = {
+    "logs": "logs are not collected: Ray's log files stayed on the cluster's nodes",
+    "logs/{media_type}": "logs are not collected: Ray's log files stayed on the cluster's "
+                         "nodes",
+    "objects": "objects are not exported by Ray: they lived in the cluster's object stores",
+    "objects/summarize": "objects are not exported by Ray: they lived in the cluster's "
+                         "object stores",
+    "runtime_envs": "runtime environments are not exported by Ray's event export",
+    "cluster_events": "cluster events are not exported by Ray's event export",
+}
 
 
 class RayStateApi:
@@ -66,7 +78,17 @@ class RayStateApi:
             for name in LISTS:
                 found.append(web.get(f"{prefix}/api/v0/{name}",
                                      self._handler(name, LISTS[name], list_options)))
+            for name, why in NOT_SERVED.items():
+                found.append(web.get(f"{prefix}/api/v0/{name}", self._not_served(why)))
         return found
+
+    @staticmethod
+    def _not_served(why: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handler(_request: web.Request) -> web.Response:
+            return refusal(f"evagg does not serve this: {why} (docs/ray.md, \"What is "
+                           "served\")", 404)
+
+        return handler
 
     async def version(self, _request: web.Request) -> web.Response:
         """What Ray's job and state clients ask first when they connect."""

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -247,3 +248,13 @@ def test_timeline_slices_match_ray_timeline(live: Live, tmp_path: Path) -> None:
     # still gets a slice from its task events (Ray's timeline has none).
     died = [e for e in slices if e["args"].get("evagg_from") == "task_events"]
     assert {(e["cat"], e["args"]["attempt_number"]) for e in died} <= {("task::flaky", 0)}
+
+
+def test_what_is_not_served_says_why(live: Live) -> None:
+    done = ray_cli("list", "objects", "--address", live.url)
+    assert done.returncode != 0
+    assert "objects are not exported by Ray" in done.stdout + done.stderr
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{live.url}/api/v0/logs?node_id=x", timeout=30)
+    assert refused.value.code == 404
+    assert "logs are not collected" in json.loads(refused.value.read())["msg"]
