@@ -39,6 +39,7 @@ class Recorded:
     actors: list[dict[str, Any]] = field(default_factory=list)
     jobs: list[dict[str, Any]] = field(default_factory=list)
     nodes: list[dict[str, Any]] = field(default_factory=list)
+    placement_groups: list[dict[str, Any]] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict)  # route -> Ray's JSON envelope
     timeline: list[dict[str, Any]] = field(default_factory=list)  # ray.timeline()
 
@@ -60,14 +61,22 @@ def _get_json(url: str) -> Any:
 
 
 def second_workload(_flag_dir: str) -> dict[str, Any]:
-    """A different, smaller job for a second session: three tasks of its own name."""
+    """A different, smaller job for a second session: three tasks of its own name, run
+    in a placement group that is then removed."""
     import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     @ray.remote
     def second_only(x: int) -> int:
         return x + 1
 
-    assert ray.get([second_only.remote(i) for i in range(3)]) == [1, 2, 3]
+    group = placement_group([{"CPU": 1}], name="second-group")
+    ray.get(group.ready(), timeout=60)
+    strategy = PlacementGroupSchedulingStrategy(placement_group=group)
+    placed = second_only.options(scheduling_strategy=strategy)
+    assert ray.get([placed.remote(i) for i in range(3)]) == [1, 2, 3]
+    remove_placement_group(group)
     return {"outer_id": "", "attempts": 3}
 
 
@@ -90,6 +99,8 @@ def record_session(agent: AgentProcess, flag_dir: Path,
         recorded.actors = [a.asdict() for a in state.list_actors(detail=True)]
         recorded.jobs = [dict(j.asdict()) for j in state.list_jobs(detail=True)]
         recorded.nodes = [n.asdict() for n in state.list_nodes(detail=True)]
+        recorded.placement_groups = [g.asdict() for g in state.list_placement_groups(
+            detail=True)]
         webui = ray._private.worker.global_worker.node.address_info["webui_url"]
         for route in RAW_ROUTES:
             recorded.raw[route] = _get_json(f"http://{webui}/api/v0/{route}")

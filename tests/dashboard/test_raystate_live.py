@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from dashboard.store import Store, StoreOptions
-from tests.agentproc import AgentProcess
+from tests.agentproc import AgentProcess, query_lake
 from tests.dashboard.rayrecord import Recorded, record_session, second_workload
 from tests.dashboard.serve import serving
 
@@ -244,6 +244,9 @@ def test_timeline_slices_match_ray_timeline(live: Live, tmp_path: Path) -> None:
         assert mine["name"] == ray_slice["name"]
         assert abs(mine["ts"] - ray_slice["ts"]) < 1000, task_id
         assert abs(mine["ts"] + mine["dur"] - ray_slice["ts"] - ray_slice["dur"]) < 1000
+    # Ray's own route for the dashboard's "Download timeline" gives the same trace.
+    served = get_json(f"{live.first_url}/api/v0/tasks/timeline?job_id={live.first.job_id}")
+    assert served == trace
     # Only the attempt whose worker died lacks a profile; when its RUNNING arrived, it
     # still gets a slice from its task events (Ray's timeline has none).
     died = [e for e in slices if e["args"].get("evagg_from") == "task_events"]
@@ -258,3 +261,20 @@ def test_what_is_not_served_says_why(live: Live) -> None:
         urllib.request.urlopen(f"{live.url}/api/v0/logs?node_id=x", timeout=30)
     assert refused.value.code == 404
     assert "logs are not collected" in json.loads(refused.value.read())["msg"]
+
+
+def test_placement_groups_are_ray_s_where_ray_exported_them(live: Live) -> None:
+    """Ray 2.60 exported no placement-group events from this local cluster (with
+    EXPOSABLE_EVENT_TYPES=ALL); the list is then empty, in Ray's envelope."""
+    from ray.util.state import list_placement_groups
+
+    ours = [g.asdict() for g in list_placement_groups(address=live.url, detail=True)]
+    assert live.second.placement_groups  # Ray's own list had the group
+    exported = query_lake(live.lake, "SELECT count(*) FROM events WHERE kind = 'ray' AND "
+                                     "attrs['ray_event_type'] LIKE 'PLACEMENT_GROUP_%'")
+    if not exported[0][0]:
+        assert ours == []
+        return
+    keys = ("placement_group_id", "name", "creator_job_id", "state", "is_detached")
+    assert [{k: g[k] for k in keys} for g in ours] == [
+        {k: g[k] for k in keys} for g in live.second.placement_groups]
