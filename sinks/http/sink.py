@@ -87,7 +87,8 @@ class HttpSink(Sink):
         proxy_headers, proxy = route.for_endpoint(url)
         self._via = route.describe()
         self.url, self.spool_id, self.options = url, spool_id, options
-        self.body_format, self.gzip = options.body_format, options.gzip
+        self.body_format, self.gzip, self.gzip_level = (options.body_format, options.gzip,
+                                                        options.gzip_level)
         self.timeout_s, self.max_in_flight = options.timeout_s, options.max_in_flight
         self.event_filter = event_filter or EventFilter()
         # max_retry_backoff_s caps each batch's own backoff too
