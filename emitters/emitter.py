@@ -37,7 +37,7 @@ _time_ns = time.time_ns
 _ZEROS = itertools.repeat(0)
 _BUILTS = itertools.repeat(BUILT)
 _WAKE_BATCH = 64
-_SETTINGS = ("flush_interval", "max_buffer_bytes", "max_frame_bytes", "ack_timeout")
+_SETTINGS = ("flush_interval", "max_buffer_bytes", "max_frame_bytes", "ack_timeout", "frames")
 _LIVE: weakref.WeakSet[Emitter] = weakref.WeakSet()
 
 
@@ -49,7 +49,8 @@ class Emitter:
     node_id (else $EVAGG_JOB_ID, $EVAGG_RUN_ID, $EVAGG_NODE_ID), source ("evagg"), attrs
     (labels on every event), flush_interval (s), max_buffer_bytes (encoded frames kept
     unacked), max_frame_bytes, max_pending (queued, unencoded events), exit_timeout (s),
-    ack_timeout (s without an ack before reconnecting and resending), start_agent (True:
+    ack_timeout (s without an ack before reconnecting and resending), frames ("columns",
+    the default, or "ndjson": the frame type sent; docs/wire-protocol.md), start_agent (True:
     start an agent on the socket now if none answers; see emitters.autostart; with
     EVAGG_START_AGENT=1 the same happens before the first event is sent).
     """
@@ -308,6 +309,8 @@ def _check_settings(settings: Settings) -> None:
         raise ValueError("flush_interval and ack_timeout must be positive")
     if min(settings.max_frame_bytes, settings.max_buffer_bytes) < 1024:
         raise ValueError("max_frame_bytes and max_buffer_bytes must be at least 1024")
+    if settings.frames not in ("columns", "ndjson"):
+        raise ValueError(f"frames must be 'columns' or 'ndjson', not {settings.frames!r}")
 
 
 def _close_all() -> None:

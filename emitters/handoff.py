@@ -24,6 +24,7 @@ class Settings:
     max_buffer_bytes: int = 64 * 1024 * 1024
     max_frame_bytes: int = 1024 * 1024
     ack_timeout: float = 10.0
+    frames: str = "columns"  # or "ndjson"; an agent that refuses COLUMNS gets NDJSON anyway
 
     def resolved_socket(self) -> str:
         return self.socket_path or str(default_socket_path())

@@ -103,6 +103,17 @@ class Ledger:
             if entry is not None and seq not in self._reports:
                 self.counts["sent_events"] += entry[1]
 
+    def frames_remade(self, removed: list[int], made: list[int], sent_events: int) -> None:
+        """Frames made again under new seqs (emitters.outbox.frames_as_ndjson): their
+        events count as sent once more when the new frames go out, and a flush waiting
+        for a removed frame waits for the new ones."""
+        self.counts["sent_events"] -= sent_events
+        if not removed or not made:
+            return
+        for waiter in self._waiters:
+            if waiter.target >= min(removed):
+                waiter.target = max(waiter.target, max(made))
+
     # -- replies ----------------------------------------------------------------------
 
     def on_reply(self, reply: wire.Frame) -> bool:

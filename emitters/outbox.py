@@ -1,4 +1,4 @@
-"""Frames from encoding to ack: NDJSON payloads packed to a size, kept until acked.
+"""Frames from encoding to ack: COLUMNS or NDJSON payloads packed to a size, kept until acked.
 
 The outbox numbers frames 1, 2, 3... in one session and keeps each until the agent acks
 or nacks it; its bytes are bounded, and what does not fit is dropped and counted by
@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import orjson
 
 from emitters import wire
+from emitters.columns import encode_rows
+from emitters.columns_read import read_rows
 from emitters.ids import new_session_id
 from emitters.values import scrub
 
@@ -114,6 +116,62 @@ def _dumps_lines(chunk: Sequence[dict[str, Any]]) -> bytes | None:
     return lines if lines.count(b"\n") == len(chunk) - 1 else None
 
 
+class ColumnsPacker:
+    """Rows (events without the context's base) gathered into COLUMNS payloads.
+
+    A frame's row count is guessed from the bytes per row of the frames before; a payload
+    over `max_bytes` is split in halves. Rows the layout cannot carry come back, with
+    their base, to go as NDJSON (emitters.columns.NotColumnar).
+    """
+
+    def __init__(self, max_bytes: int, dropped: Counter[str]) -> None:
+        self.max_bytes = max_bytes
+        self._dropped = dropped
+        self._rows: list[dict[str, Any]] = []
+        self._base: Mapping[str, Any] = {}
+        self._trusted = True
+        self._row_bytes = 128.0  # the last frames' bytes per row
+
+    def add(self, rows: list[dict[str, Any]], base: Mapping[str, Any],
+            trusted: bool) -> list[tuple[bytes, int] | list[dict[str, Any]]]:
+        """Take rows; what filled up: (payload, rows) or a list of NDJSON events."""
+        out: list[tuple[bytes, int] | list[dict[str, Any]]] = []
+        if base is not self._base:
+            out += self.close()
+            self._base = base
+        self._rows += rows
+        self._trusted = self._trusted and trusted
+        while len(self._rows) >= self._fit():
+            out += self._encode(self._take(self._fit()))
+        return out
+
+    def close(self) -> list[tuple[bytes, int] | list[dict[str, Any]]]:
+        out = self._encode(self._take(len(self._rows))) if self._rows else []
+        self._trusted = True
+        return out
+
+    def _fit(self) -> int:
+        return max(1, int(self.max_bytes * 0.9 / self._row_bytes))
+
+    def _take(self, n: int) -> list[dict[str, Any]]:
+        taken, self._rows = self._rows[:n], self._rows[n:]
+        return taken
+
+    def _encode(self, rows: list[dict[str, Any]]) -> list[tuple[bytes, int] | list[dict[str, Any]]]:
+        try:
+            payload = encode_rows(rows, self._base, self._trusted)
+        except Exception:  # NotColumnar, or a bug: that costs the layout, not the events
+            return [[{**self._base, **row} for row in rows]]
+        if len(payload) <= self.max_bytes:
+            self._row_bytes = max(1.0, len(payload) / len(rows))
+            return [(payload, len(rows))]
+        if len(rows) == 1:
+            self._dropped["too_large"] += 1
+            return []
+        half = len(rows) // 2
+        return self._encode(rows[:half]) + self._encode(rows[half:])
+
+
 class Outbox:
     def __init__(self, max_frame_bytes: int, max_buffer_bytes: int) -> None:
         self.session = new_session_id()
@@ -122,12 +180,14 @@ class Outbox:
         self.max_buffer_bytes = max_buffer_bytes
         self.lost: Counter[str] = Counter()  # events dropped, by reason
         self._packer = FramePacker(max_frame_bytes - BATCH_HEADER, self.lost)
+        self._columns = ColumnsPacker(max_frame_bytes - BATCH_HEADER, self.lost)
         self._next_seq = 1
         self.resize(max_frame_bytes, max_buffer_bytes)
 
     def resize(self, max_frame_bytes: int, max_buffer_bytes: int) -> None:
         # A frame larger than the whole buffer could never be kept.
         self._packer.max_bytes = min(max_frame_bytes, max_buffer_bytes) - BATCH_HEADER
+        self._columns.max_bytes = self._packer.max_bytes
         self.max_buffer_bytes = max_buffer_bytes
 
     @property
@@ -149,16 +209,56 @@ class Outbox:
             if seq is not None:
                 yield seq
 
-    def close_frame(self) -> int | None:
-        """Make a frame of what is packed so far; its seq, if it was kept."""
-        closed = self._packer.close()
-        return None if closed is None else self.add_payload(*closed)
+    def add_rows(self, rows: list[dict[str, Any]], base: Mapping[str, Any],
+                 trusted: bool) -> Iterator[int]:
+        """Pack rows (events without `base`) as COLUMNS; yield the seq of each frame made."""
+        for made in self._columns.add(rows, base, trusted):
+            yield from self._keep(made)
 
-    def add_payload(self, payload: bytes, count: int, force: bool = False) -> int | None:
-        frame = wire.encode_batch(self.session, self._next_seq, count, payload)
-        if not force and self.bytes + len(frame) > self.max_buffer_bytes:
+    def close_frame(self) -> Iterator[int]:
+        """Make frames of what is packed so far; the seq of each one kept."""
+        for made in self._columns.close():
+            yield from self._keep(made)
+        closed = self._packer.close()
+        if closed is not None and (seq := self.add_payload(*closed)) is not None:
+            yield seq
+
+    def _keep(self, made: tuple[bytes, int] | list[dict[str, Any]]) -> Iterator[int]:
+        if isinstance(made, tuple):
+            seq = self.add_payload(*made, frame_type=wire.COLUMNS)
+            if seq is not None:
+                yield seq
+            return
+        yield from self.add_events(made)  # rows the columns cannot carry go as NDJSON
+        closed = self._packer.close()
+        if closed is not None and (seq := self.add_payload(*closed)) is not None:
+            yield seq
+
+    def frames_as_ndjson(self) -> tuple[list[int], list[int]]:
+        """Every unacked COLUMNS frame made again as NDJSON, for an agent that refuses
+        COLUMNS (so it stored none of them): the seqs removed and the seqs made."""
+        removed = [seq for seq, (frame, _) in self.frames.items() if frame[5] == wire.COLUMNS]
+        made: list[int] = []
+        for seq in removed:
+            frame, count = self.frames.pop(seq)
+            self.bytes -= len(frame)
+            events = read_rows(frame[4 + BATCH_HEADER :], count)
+            made += self.add_events(events)
+            closed = self._packer.close()
+            if closed is not None:
+                made.append(self._store(*closed, wire.BATCH))
+        return removed, made
+
+    def add_payload(self, payload: bytes, count: int, force: bool = False,
+                    frame_type: int = wire.BATCH) -> int | None:
+        if not force and self.bytes + len(payload) + 4 + BATCH_HEADER > self.max_buffer_bytes:
             self.lost["buffer_full"] += count
             return None
+        return self._store(payload, count, frame_type)
+
+    def _store(self, payload: bytes, count: int, frame_type: int) -> int:
+        encode = wire.encode_columns if frame_type == wire.COLUMNS else wire.encode_batch
+        frame = encode(self.session, self._next_seq, count, payload)
         seq = self._next_seq
         self._next_seq += 1
         self.frames[seq] = (frame, count)

@@ -14,13 +14,14 @@ import os
 import select
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
 
 from emitters import wire
 from emitters.connection import Connection, ConnectionClosed
-from emitters.events import Context, ContextChange, build_events
+from emitters.events import BUILT_LENGTH, Context, ContextChange, build_events
 from emitters.handoff import Handoff, Settings, start_agent
 from emitters.ledger import FlushWaiter, Ledger
 from emitters.outbox import Outbox
@@ -47,6 +48,7 @@ class Sender:
         self.counts = self.ledger.counts
         self._log = self.ledger.log
         self._context = Context.of(handoff.identity)  # ContextChange items update it in order
+        self._ndjson_at: str | None = None  # the socket whose agent refused COLUMNS
         self._conn: Connection | None = None
         self._conn_setting: str | None = None  # the configured socket when it connected
         self._sent_upto = 0
@@ -185,12 +187,12 @@ class Sender:
             self._frame(batch)  # a marker applies after the events queued before it
             batch = []
             if isinstance(item, FlushWaiter):
-                self._made(self.outbox.close_frame())
+                self._made_all(self.outbox.close_frame())
                 self._add_waiter(item, settings)
             elif isinstance(item, ContextChange):
                 self._context = Context.of(item.identity)
         self._frame(batch)
-        self._made(self.outbox.close_frame())
+        self._made_all(self.outbox.close_frame())
 
     def _frame(self, items: list[tuple[Any, ...]]) -> None:
         if not items:
@@ -199,18 +201,31 @@ class Sender:
         if self.outbox.full:
             self.outbox.lost["buffer_full"] += len(items)
             return
+        columns = self._sends_columns()
+        context = Context({}, self._context.attrs) if columns else self._context
         try:
-            events = build_events(items, self._context, self.outbox.lost)
+            events = build_events(items, context, self.outbox.lost)
         except Exception as exc:
             self.outbox.lost["unencodable"] += len(items)
             self._log.log(logging.WARNING, "build", "evagg emitter: cannot build events: %r", exc)
             return
-        for seq in self.outbox.add_events(events):
-            self._made(seq)
+        if columns:  # the base goes once per frame: the rows leave it out
+            trusted = BUILT_LENGTH not in map(len, items)
+            self._made_all(self.outbox.add_rows(events, self._context.base, trusted))
+        else:
+            self._made_all(self.outbox.add_events(events))
+
+    def _sends_columns(self) -> bool:
+        settings = self._handoff.settings
+        return settings.frames == "columns" and self._ndjson_at != settings.resolved_socket()
 
     def _made(self, seq: int | None) -> None:
         if seq is not None and self._conn is not None:
             self._conn.queue((seq,))
+
+    def _made_all(self, seqs: Iterable[int]) -> None:
+        for seq in seqs:
+            self._made(seq)
 
     def _report_losses(self) -> None:
         """`loss` events for the drops not yet reported (one per reason), at most once a second.
@@ -301,8 +316,30 @@ class Sender:
             self._disconnect()
 
     def _on_reply(self, reply: wire.Frame) -> None:
+        if isinstance(reply, wire.Nack) and wire.refuses_columns(reply) and self._columns_out():
+            self._fall_back_to_ndjson()
+            return
         if self.ledger.on_reply(reply) and self._conn is not None:
             self._conn.answered()
+
+    def _columns_out(self) -> bool:
+        oldest = self.outbox.oldest()
+        return oldest is not None and self.outbox.frames[oldest][0][5] == wire.COLUMNS
+
+    def _fall_back_to_ndjson(self) -> None:
+        """The agent predates COLUMNS (it stored none): make every unacked COLUMNS frame
+        again as NDJSON, and send only NDJSON to this socket from now on."""
+        path = self._handoff.settings.resolved_socket()
+        if self._ndjson_at is None:
+            log.warning("evagg emitter: the agent at %s does not take COLUMNS frames (an older "
+                        "evagg); sending it NDJSON from now on, nothing is lost", path)
+        self._ndjson_at = path
+        self.counts["columns_refused"] += 1
+        sent = sum(count for seq, (frame, count) in self.outbox.frames.items()
+                   if frame[5] == wire.COLUMNS and seq <= self._sent_upto)
+        removed, made = self.outbox.frames_as_ndjson()
+        self.ledger.frames_remade(removed, made, sent)
+        self._disconnect()  # the agent closes it too; the reconnect sends the NDJSON frames
 
     # -- flush ------------------------------------------------------------------------------
 

@@ -8,6 +8,9 @@ Every frame is length-prefixed (all integers big-endian):
     ...  type-specific body
 
     BATCH (producer -> agent):  16s session, u64 seq, u32 event count, NDJSON events
+    COLUMNS (producer -> agent): 16s session, u64 seq, u32 event count, the events'
+                                columns in Arrow's layout (emitters/columns.py, and
+                                docs/wire-protocol.md to the byte)
     ACK   (agent -> producer):  16s session, u64 seq, u32 accepted, u32 rejected,
                                 utf-8 note (first rejection reason, may be empty)
     NACK  (agent -> producer):  16s session, u64 seq, utf-8 reason
@@ -29,6 +32,10 @@ VERSION: Final = 1
 BATCH: Final = 1
 ACK: Final = 2
 NACK: Final = 3
+COLUMNS: Final = 4
+# What an agent that predates COLUMNS answers one with (a NACK with no session): the
+# emitter reads it as "send NDJSON here", not as a bad frame.
+UNKNOWN_TYPE_REASON: Final = "unknown frame type {}"
 
 DEFAULT_MAX_FRAME_BYTES: Final = 4 * 1024 * 1024
 SESSION_BYTES: Final = 16
@@ -54,6 +61,14 @@ class Batch:
 
 
 @dataclass(frozen=True, slots=True)
+class Columns:
+    session: bytes
+    seq: int
+    count: int
+    payload: bytes  # the column table and buffers, after the 30-byte header
+
+
+@dataclass(frozen=True, slots=True)
 class Ack:
     session: bytes
     seq: int
@@ -69,12 +84,22 @@ class Nack:
     reason: str
 
 
-Frame = Batch | Ack | Nack
+Frame = Batch | Columns | Ack | Nack
 
 
 def encode_batch(session: bytes, seq: int, count: int, payload: bytes) -> bytes:
     body = _BATCH.pack(VERSION, BATCH, session, seq, count)
     return _LENGTH.pack(len(body) + len(payload)) + body + payload
+
+
+def encode_columns(session: bytes, seq: int, count: int, payload: bytes) -> bytes:
+    body = _BATCH.pack(VERSION, COLUMNS, session, seq, count)
+    return _LENGTH.pack(len(body) + len(payload)) + body + payload
+
+
+def refuses_columns(nack: Nack) -> bool:
+    """Whether a NACK is an agent's answer to a frame type it does not know (COLUMNS)."""
+    return nack.session == NO_SESSION and nack.reason == UNKNOWN_TYPE_REASON.format(COLUMNS)
 
 
 def encode_ack(session: bytes, seq: int, accepted: int, rejected: int, note: str = "") -> bytes:
@@ -101,6 +126,11 @@ def decode_body(body: bytes) -> Frame:
             raise FrameError("batch frame shorter than its header")
         _, _, session, seq, count = _BATCH.unpack_from(body)
         return Batch(session, seq, count, body[_BATCH.size :])
+    if frame_type == COLUMNS:
+        if len(body) < _BATCH.size:
+            raise FrameError("columns frame shorter than its header")
+        _, _, session, seq, count = _BATCH.unpack_from(body)
+        return Columns(session, seq, count, body[_BATCH.size :])
     if frame_type == ACK:
         if len(body) < _ACK.size:
             raise FrameError("ack frame shorter than its header")
@@ -111,7 +141,7 @@ def decode_body(body: bytes) -> Frame:
             raise FrameError("nack frame shorter than its header")
         _, _, session, seq = _NACK.unpack_from(body)
         return Nack(session, seq, _text(body[_NACK.size :]))
-    raise FrameError(f"unknown frame type {frame_type}")
+    raise FrameError(UNKNOWN_TYPE_REASON.format(frame_type))
 
 
 def _text(raw: bytes) -> str:

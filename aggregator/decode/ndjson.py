@@ -116,7 +116,7 @@ def decode_bulk(payload: bytes, stamp: Stamp) -> pa.RecordBatch:
     _check_scalars(columns)
     metrics = metrics_from_struct(columns.get("metrics"), lines, payload)
     attrs = attrs_from_columns(columns, lines, payload)
-    return _assemble(columns, metrics, attrs, stamp, lines)
+    return assemble_stamped(columns, metrics, attrs, stamp, lines)
 
 
 def _line_count(payload: bytes) -> int:
@@ -234,9 +234,11 @@ def _all_finite(numbers: pa.Array) -> bool:
     return not is_true(pc.any(pc.invert(pc.is_finite(numbers))))
 
 
-def _assemble(
+def assemble_stamped(
     columns: dict[str, pa.Array], metrics: pa.Array, attrs: pa.Array, stamp: Stamp, rows: int
 ) -> pa.RecordBatch:
+    """The batch in EVENT_SCHEMA order, stamped: pid, uid, received; time, event_id,
+    node_id and host where the producer left them out (COLUMNS frames use it too)."""
     defaults = {"node_id": stamp.node_id, "host": stamp.host}
     arrays: list[pa.Array] = []
     for field in EVENT_SCHEMA:

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from aggregator.decode.columns import decode_columns
 from aggregator.decode.ndjson import decode_ndjson
 from aggregator.decode.normalize import Normalized, Stamp, ndjson_to_batch, rows_to_batch
 from aggregator.losses import LossRecorder
@@ -66,6 +67,16 @@ class Ingestor:
             return IngestResult(0, 0, True, "")
         normalized = await self.in_thread(decode_ndjson, payload, stamp)
         return await self.store(normalized, stamp, route=route, session=session, seq=seq,
+                                raw_bytes=len(payload))
+
+    async def ingest_columns(self, payload: bytes, count: int, stamp: Stamp, *, session: bytes,
+                             seq: int) -> IngestResult:
+        """A COLUMNS socket frame; raises decode.columns.ColumnsRefused for a bad one."""
+        if self.spool.has(session, seq):
+            self.metrics.duplicate_frames.inc(route="socket")
+            return IngestResult(0, 0, True, "")
+        normalized = await self.in_thread(decode_columns, payload, count, stamp)
+        return await self.store(normalized, stamp, route="socket", session=session, seq=seq,
                                 raw_bytes=len(payload))
 
     async def ingest_ndjson(self, body: bytes, stamp: Stamp, *, route: str) -> IngestResult:

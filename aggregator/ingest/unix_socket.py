@@ -16,6 +16,7 @@ import stat
 import struct
 from pathlib import Path
 
+from aggregator.decode.columns import ColumnsRefused
 from aggregator.ingest.frame_reader import FrameReader, StreamEnd
 from aggregator.ingest.ingestor import Ingestor, SpoolUnavailable
 from aggregator.metrics import AgentMetrics
@@ -143,12 +144,20 @@ class SocketIngest:
         except wire.FrameError as exc:
             self._refuse(transport, "malformed", str(exc))
             return False
-        if not isinstance(frame, wire.Batch):
+        if not isinstance(frame, (wire.Batch, wire.Columns)):
             self._refuse(transport, "unexpected_frame", "producers may only send batch frames")
             return False
         stamp = self.ingestor.stamp(pid, uid)
-        result = await self.ingestor.ingest_frame(frame.payload, stamp, session=frame.session,
-                                                  seq=frame.seq)
+        if isinstance(frame, wire.Columns):
+            try:
+                result = await self.ingestor.ingest_columns(
+                    frame.payload, frame.count, stamp, session=frame.session, seq=frame.seq)
+            except ColumnsRefused as exc:  # only our emitter writes COLUMNS: refused whole
+                self._refuse(transport, "columns_refused", str(exc), frame.session, frame.seq)
+                return False
+        else:
+            result = await self.ingestor.ingest_frame(frame.payload, stamp,
+                                                      session=frame.session, seq=frame.seq)
         if result.accepted == 0 and result.rejected > 0:
             self.metrics.bad_input.inc(route="socket", reason="all_events_rejected")
             self._refuse(transport, None, f"no event accepted: {result.note}",

@@ -1,9 +1,10 @@
 """A small Unix-socket peer that speaks emitters.wire as the agent does, with faults on demand.
 
-It stores each batch (deduplicating on (session, seq), as the agent's spool does) before
-it acks, and can: delay acks, close a connection after storing a frame but before the ack,
-stay silent on a connection, nack chosen frames, report rejected events, or answer with
-garbage. Tests read what it stored; `received` keeps every frame, duplicates included.
+It stores each batch, NDJSON or COLUMNS (deduplicating on (session, seq), as the agent's
+spool does) before it acks, and can: delay acks, close a connection after storing a frame
+but before the ack, stay silent on a connection, nack chosen frames, report rejected
+events, answer with garbage, or refuse COLUMNS frames as an agent from before them did.
+Tests read what it stored; `received` keeps every frame, duplicates included.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from typing import Any
 import orjson
 
 from emitters import wire
+from emitters.columns_read import read_rows
+
+Batch = wire.Batch | wire.Columns
 
 
 def short_socket_path() -> Path:
@@ -33,8 +37,9 @@ class FakeAgent:
     def __init__(self, path: Path, *, max_frame_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES,
                  ack_delay: float = 0.0, drop_before_ack: int = 0,
                  silent_connections: int = 0, garbage_connections: int = 0,
-                 nack: Callable[[wire.Batch], str | None] | None = None,
-                 reject: Callable[[wire.Batch], tuple[int, str] | None] | None = None) -> None:
+                 nack: Callable[[Batch], str | None] | None = None,
+                 reject: Callable[[Batch], tuple[int, str] | None] | None = None,
+                 columns: bool = True) -> None:
         self.path = path
         self.max_frame_bytes = max_frame_bytes
         self.ack_delay = ack_delay
@@ -43,9 +48,11 @@ class FakeAgent:
         self.garbage_connections = garbage_connections  # first connections answered with junk
         self.nack = nack
         self.reject = reject
-        self.received: list[wire.Batch] = []
-        self.stored: dict[tuple[bytes, int], wire.Batch] = {}
+        self.columns = columns  # False: answer COLUMNS as an agent that predates them
+        self.received: list[Batch] = []
+        self.stored: dict[tuple[bytes, int], Batch] = {}
         self.connections = 0
+        self.refused_columns = 0
         self._lock = threading.Lock()
         self._listener: socket.socket | None = None
         self._threads: list[threading.Thread] = []
@@ -88,7 +95,7 @@ class FakeAgent:
         """Every stored event, in the order its frame was first stored."""
         with self._lock:
             batches = list(self.stored.values())
-        return [orjson.loads(line) for b in batches for line in b.payload.splitlines() if line]
+        return [event for b in batches for event in frame_events(b)]
 
     def duplicates(self) -> int:
         with self._lock:
@@ -153,7 +160,13 @@ class FakeAgent:
 
     def _answer(self, conn: socket.socket, number: int, frame: wire.Frame) -> bool:
         """Store and reply to one frame; False closes the connection."""
-        if not isinstance(frame, wire.Batch):
+        if isinstance(frame, wire.Columns) and not self.columns:
+            reason = wire.UNKNOWN_TYPE_REASON.format(wire.COLUMNS)  # what decode_body said then
+            with self._lock:
+                self.refused_columns += 1
+            conn.sendall(wire.encode_nack(wire.NO_SESSION, 0, reason))
+            return False
+        if not isinstance(frame, (wire.Batch, wire.Columns)):
             conn.sendall(wire.encode_nack(wire.NO_SESSION, 0, "producers may only send batches"))
             return False
         reason = self.nack(frame) if self.nack is not None else None
@@ -178,3 +191,10 @@ class FakeAgent:
         conn.sendall(wire.encode_ack(frame.session, frame.seq, frame.count - rejected, rejected,
                                      note))
         return True
+
+
+def frame_events(frame: Batch) -> list[dict[str, Any]]:
+    """The events of one stored frame, whichever its type."""
+    if isinstance(frame, wire.Columns):
+        return read_rows(frame.payload, frame.count)
+    return [orjson.loads(line) for line in frame.payload.splitlines() if line]

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from emitters import Emitter, wire
-from tests.emitters.fakeagent import FakeAgent, short_socket_path
+from tests.emitters.fakeagent import FakeAgent, frame_events, short_socket_path
 
 
 @pytest.fixture
@@ -309,8 +309,10 @@ def test_event_larger_than_a_frame_is_dropped_with_a_count(sock_path: Path,
     assert all(len(b.payload) <= 4096 for b in agent.received)
 
 
-def test_frames_respect_the_size_limit_and_counts(sock_path: Path, make_emitter: Any) -> None:
-    emitter = make_emitter(max_frame_bytes=16 * 1024)
+@pytest.mark.parametrize("frames", ["columns", "ndjson"])
+def test_frames_respect_the_size_limit_and_counts(sock_path: Path, make_emitter: Any,
+                                                  frames: str) -> None:
+    emitter = make_emitter(max_frame_bytes=16 * 1024, frames=frames)
     with FakeAgent(sock_path) as agent:
         for i in range(2000):
             emitter.emit(kind="task", name="sized", task_id=str(i))
@@ -318,7 +320,8 @@ def test_frames_respect_the_size_limit_and_counts(sock_path: Path, make_emitter:
         batches = list(agent.stored.values())
     assert len(batches) > 1
     assert all(len(b.payload) + 30 <= 16 * 1024 for b in batches)
-    assert all(b.count == len(b.payload.splitlines()) for b in batches)
+    assert all(b.count == len(frame_events(b)) for b in batches)
+    assert {type(b) for b in batches} == {wire.Columns if frames == "columns" else wire.Batch}
     assert [b.seq for b in batches] == list(range(1, len(batches) + 1))
 
 

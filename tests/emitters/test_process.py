@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.emitters.fakeagent import FakeAgent, short_socket_path
+from tests.emitters.fakeagent import FakeAgent, frame_events, short_socket_path
 
 REPO = Path(__file__).resolve().parents[2]
 # Printed by an atexit hook registered before `import emitters`, so it runs after theirs.
@@ -105,8 +105,8 @@ def test_fork_gives_the_child_a_fresh_emitter(agent: FakeAgent) -> None:
     assert result.stdout.split() == ["0", "True"]
     sessions: dict[bytes, list[str]] = defaultdict(list)
     for batch in agent.stored.values():
-        for line in batch.payload.splitlines():
-            sessions[batch.session].append(json.loads(line)["name"])
+        for event in frame_events(batch):
+            sessions[batch.session].append(event["name"])
     assert sorted(sorted(names) for names in sessions.values()) == [
         ["child", "child-op", "child-op"],
         ["parent-after", "parent-before", "parent-pending"],
