@@ -1,6 +1,7 @@
 """The HTTP sink's concurrency limit on its own: additive increase while every slot is
 used and answers are healthy, multiplicative decrease on pushback or a slowdown, once
-per round trip; a fixed limit never moves. A clock the test advances stands in for time."""
+per round trip; a fixed limit never moves. A clock the test advances stands in for time.
+And a batch's own retry state: its backoff, and when the endpoint counts as down."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import asyncio
 
 import pytest
 
+from sinks.base import SinkResult
 from sinks.http.concurrency import INITIAL_LIMIT, Answer, ConcurrencyLimit, Ticket
+from sinks.http.retries import DOWN_AFTER, BatchRetry, FailureStreak, retried_here
 
 
 class Clock:
@@ -157,3 +160,26 @@ def test_a_waiter_cancelled_while_waiting_leaves_no_slot_taken() -> None:
         limit.release(ticket, Answer.HEALTHY)
 
     asyncio.run(main())
+
+
+def test_a_batchs_backoff_grows_with_its_failures_and_honours_retry_after() -> None:
+    retry = BatchRetry(cap_s=1.0)
+    throttled = SinkResult.failure("HTTP 429", "throttled", retry_after_s=3.0)
+    failed = SinkResult.failure("HTTP 500", "http_5xx")
+    assert retry.delay_after(throttled) >= 3.0  # never sooner than asked, even above the cap
+    delays = [retry.delay_after(failed) for _ in range(40)]
+    assert all(0 <= d <= 1.0 for d in delays) and retry.failures == 41
+    assert retried_here(failed) and retried_here(throttled)
+    assert not retried_here(SinkResult.failure("HTTP 401", "http_auth", permanent=True))
+    assert not retried_here(SinkResult.failure("disk", "dead_letter"))
+
+
+def test_the_endpoint_is_down_after_failures_in_a_row_and_one_answer_ends_it() -> None:
+    streak = FailureStreak()
+    for _ in range(DOWN_AFTER - 1):
+        streak.failed()
+    assert not streak.down
+    streak.failed()
+    assert streak.down
+    streak.answered()
+    assert not streak.down and streak.count == 0
