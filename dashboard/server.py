@@ -20,10 +20,12 @@ log = logging.getLogger(__name__)
 DESCRIPTION = """\
 Serve the web dashboard: tasks, training runs, ops, traces and agents, read from the
 Parquet files the agent writes (a local directory or an s3:// prefix). Open the address
-it prints in a browser; new files show up by themselves.
+it prints in a browser; new files show up by themselves. It also answers Ray's State
+API, so Ray's own tools work on clusters that are gone (docs/ray.md):
 
     evagg dashboard                        # the agent's default data directory
     evagg dashboard --data s3://bucket/prefix --listen 0.0.0.0:8050
+    ray list tasks --address http://127.0.0.1:8050 --filter state=FAILED
 """
 
 

@@ -51,6 +51,9 @@ FROM tasks
 WHERE source = 'ray' AND coalesce(ray_session, '') = $session AND ($job = '' OR job_id = $job)
   AND coalesce(task_type, '') <> 'DRIVER_TASK'
 """
+# The most bars the timeline page gets (about 80 bytes of JSON each): a job with more
+# shows its earliest this many and says so.
+MAX_BARS = 250_000
 NODE_IPS = """
 SELECT node_id, max(attrs['ray_node_ip_address']) AS ip FROM events_raw
 WHERE kind = 'node' AND source = 'ray' AND coalesce(attrs['ray_session'], '') = $session
@@ -133,13 +136,18 @@ def chrome_trace(store: Store, session: str, job: str = "") -> list[dict[str, An
 
 
 def lanes(store: Store, session: str, job: str) -> dict[str, Any]:
-    """Every attempt of `job` as a bar on its worker's lane, in columns; times in
-    milliseconds from the first bar. A bar starts at RUNNING (else when it was queued)
-    and ends at its end (else at the last time seen: still running when the store
-    stopped hearing of it)."""
-    rows = store.execute(TASKS + " ORDER BY start_us NULLS LAST", {"session": session,
-                                                                    "job": job},
-                         views=False).records()
+    """Every attempt of `job` (the first MAX_BARS to start) as a bar on its worker's
+    lane, in columns; times in milliseconds from the first bar. A bar starts at RUNNING
+    (else when it was queued) and ends at its end (else where it starts: still running
+    when the store stopped hearing of it)."""
+    params = {"session": session, "job": job}
+    rows = store.execute(TASKS + " ORDER BY start_us NULLS LAST LIMIT $cap",
+                         {**params, "cap": MAX_BARS + 1}, views=False).records()
+    total = None
+    if len(rows) > MAX_BARS:  # tens of MB for the page: the earliest bars, and a count
+        rows = rows[:MAX_BARS]
+        total = int(store.execute(f"SELECT count(*) FROM ({TASKS})", params,
+                                  views=False).rows[0][0])
     names: dict[str, int] = {}
     states: dict[str, int] = {}
     cols: dict[str, list[Any]] = defaultdict(list)
@@ -161,7 +169,8 @@ def lanes(store: Store, session: str, job: str) -> dict[str, Any]:
     lane_list = [{"node_id": n, "worker_id": w} for (n, w) in lane_of]
     return {"session": session, "job": job, "t0_us": t0, "lanes": lane_list,
             "names": list(names), "states": list(states), "bars": dict(cols),
-            "count": len(timed), "untimed": len(rows) - len(timed)}
+            "count": len(timed), "untimed": len(rows) - len(timed),
+            "cut_from": total}
 
 
 def write_trace(store: Store, session: str | None, job: str, out: str) -> dict[str, Any]:

@@ -28,6 +28,7 @@ export async function timeline(params) {
   const info = h("p", { class: "muted", id: "timeline-count" },
     `${fmtNum(data.count)} task attempts on ${fmtNum(data.lanes.length)} workers`
     + (data.untimed ? ` (${fmtNum(data.untimed)} without times left out)` : "")
+    + (data.cut_from ? ` · the first ${fmtNum(data.count)} to start of ${fmtNum(data.cut_from)}: choose a job to see all of one` : "")
     + " · wheel to zoom, drag to pan, double-click to reset, click a bar for its task");
   const tip = h("div", { class: "timeline-tip", hidden: true });
   const canvas = h("canvas", { class: "timeline-canvas", "data-bars": "0" });
