@@ -20,6 +20,8 @@ from tests.agentproc import REPO, AgentProcess
 from tests.aggregator.test_end_to_end import producer_report, start_producer
 from tests.sinks.certs import make_pki
 from tests.sinks.flaky_server import FlakyServer
+from tests.sinks.http.test_http_retries import ONE_IN_THREE
+from tests.sinks.http.through_loop import resent_after_stored
 
 T = TypeVar("T")
 
@@ -153,6 +155,30 @@ def test_sigterm_while_the_endpoint_is_down_exits_at_the_deadline_and_a_restart_
     assert "# TYPE evagg_sink_requests_in_flight gauge" in agent.metrics()
     assert agent.stop() == 0
     assert sorted(tasks()) == sorted(f"down-{i}" for i in range(3000))  # each one, once
+
+
+def test_an_endpoint_failing_one_request_in_three_costs_a_retry_per_failure_not_a_storm(
+        agent_factory: Callable[..., AgentProcess],
+        servers: Callable[..., ServerThread]) -> None:
+    endpoint = servers()
+    endpoint.do(lambda: endpoint.server.rotate(ONE_IN_THREE))  # 500s, 429s, slow 200s
+    sink = (f'[[sinks]]\nname = "collector"\ntype = "http"\nurl = "{endpoint.server.url}"\n'
+            'batch_max_events = 500\nbatch_interval = "200ms"\n')  # the default 10 s timeout
+    agent = agent_factory(sinks_toml=sink).start()
+    assert producer_report(start_producer(agent.socket_path, "rot", 10_000))["flushed"]
+
+    def tasks() -> list[str]:
+        return [str(e.get("task_id")) for s in list(endpoint.server.requests) if s.stored
+                for e in s.events if e.get("kind") == "task"]
+
+    wait_until(lambda: len(set(tasks())) >= 10_000, 120, "every event at the endpoint")
+    assert agent.stop() == 0
+    requests, batches = len(endpoint.server.requests), len(endpoint.server.batches())
+    print(f"\n{requests} requests for {batches} batches")
+    assert sorted(tasks()) == sorted(f"rot-{i}" for i in range(10_000))  # each one, once
+    assert resent_after_stored(endpoint.server) == []
+    assert requests <= 1.7 * batches
+    assert "sink collector failed" not in agent.log()  # the loop never backed off
 
 
 def test_permanent_4xx_goes_to_dead_letters_and_replay_delivers(
