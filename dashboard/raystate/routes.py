@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ from dashboard.raystate.options import (
 from dashboard.runner import QueryRunner
 from dashboard.store import Store
 
+log = logging.getLogger(__name__)
 Compute = Callable[[Store, str, ListOptions], dict[str, Any]]
 RAY_VERSION = "2.60.0"  # the Ray whose State API these answers follow
 
@@ -104,10 +106,14 @@ class RayStateApi:
                 payload = await self._answer(request, options.timeout_s,
                                              lambda session: compute(self.store, session,
                                                                      options))
-            except RayApiError as exc:
+            except (RayApiError, DashboardError) as exc:
                 return refusal(exc.message, exc.status)
-            except DashboardError as exc:
-                return refusal(exc.message, exc.status)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # Ray's client reads only its envelope, even for a bug
+                log.exception("Ray State API request %s failed", request.path_qs)
+                return refusal("evagg failed to answer; the dashboard's log has the "
+                               "details", 500)
             return reply(payload)
 
         return handler
