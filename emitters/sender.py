@@ -224,7 +224,10 @@ class Sender:
             self._conn.queue((seq,))
 
     def _made_all(self, seqs: Iterable[int]) -> None:
+        frames = self.outbox.frames
         for seq in seqs:
+            if frames[seq][0][5] == wire.COLUMNS:
+                self.counts["columns_frames"] += 1
             self._made(seq)
 
     def _report_losses(self) -> None:

@@ -26,7 +26,8 @@ class EmitterStats:
     connected: whether the sender holds a connection to the agent right now.
     closed: whether close() was called (at exit, it is for every emitter).
     counters: the sender's own diagnostics, for a support question rather than a
-        dashboard: sent_frames, acked_frames, resent_frames, connects,
+        dashboard: sent_frames, acked_frames, columns_frames (made as COLUMNS),
+        columns_refused (an agent that predates COLUMNS said so), resent_frames, connects,
         connect_failures, disconnects, ack_timeouts, nacks, bad_replies, stray_replies,
         loss_events (the `loss` reports sent to the agent, not in the figures above),
         sender_errors, unacked_frames, buffered_bytes. Absent keys are 0.

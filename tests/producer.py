@@ -25,11 +25,13 @@ def main() -> int:
     )
     parser.add_argument("--flush-timeout", type=float, default=60.0)
     parser.add_argument("--buffer-bytes", type=int, default=0)
+    parser.add_argument("--frames", choices=["columns", "ndjson"], default="columns")
     args = parser.parse_args()
 
     import emitters
 
-    options: dict[str, object] = {"socket": args.socket, "job_id": "e2e", "run_id": args.prefix}
+    options: dict[str, object] = {"socket": args.socket, "job_id": "e2e", "run_id": args.prefix,
+                                  "frames": args.frames}
     if args.buffer_bytes:
         options["max_buffer_bytes"] = args.buffer_bytes
     emitters.configure(**options)
@@ -54,9 +56,11 @@ def main() -> int:
         if pause and i % 100 == 99:
             time.sleep(pause * 100)
     flushed = emitters.flush(args.flush_timeout)
+    columns_frames = emitters.stats().counters.get("columns_frames", 0)
     print(
         orjson.dumps(
-            {"emitted": args.count, "raised": raised, "slowest_ns": slowest_ns, "flushed": flushed}
+            {"emitted": args.count, "raised": raised, "slowest_ns": slowest_ns, "flushed": flushed,
+             "columns_frames": columns_frames}
         ).decode(),
         flush=True,
     )

@@ -83,7 +83,7 @@ def test_every_event_once_on_s3_and_at_least_once_over_http_through_faults(
     agent = two_sink_agent(agent_factory, moto, bucket, receiver).start()
     counts = {f"c{n}": EVENTS_EACH for n in range(PRODUCERS)}
     producers = [start_producer(agent.socket_path, prefix, count, seconds=EMIT_SECONDS,
-                                flush_timeout=90)
+                                flush_timeout=90, frames="columns")
                  for prefix, count in counts.items()]
     try:
         faults = run_faults(agent, moto, receiver)
@@ -94,6 +94,7 @@ def test_every_event_once_on_s3_and_at_least_once_over_http_through_faults(
     for proc in producers:
         report = producer_report(proc, timeout=120)
         assert report["flushed"] and report["raised"] == 0, report
+        assert report["columns_frames"] > 0, report  # the emitter's own frame type
 
     wait_caught_up(agent, ["lake", "collector"], timeout=90)
     assert agent.stop() == 0
