@@ -1,0 +1,60 @@
+"""`evagg query timeline` over a store whose Ray tasks came without profile events (Ray
+exports those only with EXPOSABLE_EVENT_TYPES=ALL): one slice per attempt from its task
+events, on numbered node and worker tracks, and errors a user can act on."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from dashboard.query import add_query_parser, run_query
+from tests.dashboard.raygen import JOB, SESSION, write_ray_lake
+
+TASKS = 400
+
+
+@pytest.fixture
+def ray_lake(tmp_path: Path) -> Path:
+    return write_ray_lake(tmp_path / "lake", TASKS, span_s=60)
+
+
+def timeline(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    parser = argparse.ArgumentParser(prog="evagg")
+    add_query_parser(parser.add_subparsers())
+    code = run_query(parser.parse_args(["query", "--no-cache", "timeline", *args]))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_each_attempt_is_a_slice_on_its_worker_s_track(
+        ray_lake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "trace.json"
+    code, shown, err = timeline(capsys, "--data", str(ray_lake), "--job", JOB,
+                                "--out", str(out))
+    assert code == 0, err
+    assert SESSION in shown and str(TASKS) in shown  # what was written, as a table
+    trace = json.loads(out.read_text())
+    slices = [e for e in trace if e["ph"] == "X"]
+    assert len(slices) == TASKS == len({e["args"]["task_id"] for e in slices})
+    assert all(e["cat"] == f"task::{e['args']['func_or_class_name']}" for e in slices)
+    assert all(e["args"]["evagg_from"] == "task_events" and e["dur"] > 0 for e in slices)
+    assert {e["name"] for e in slices} <= {f"bench.fn_{i:02d}" for i in range(20)}
+    processes = {e["pid"]: e["args"]["name"] for e in trace if e["name"] == "process_name"}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace
+               if e["name"] == "thread_name"}
+    assert sorted(processes.values()) == [f"Node 10.0.0.{i}" for i in range(1, 9)]
+    assert all(name.startswith("worker:") for name in threads.values())
+    assert {(e["pid"], e["tid"]) for e in slices} <= set(threads)
+
+
+def test_a_session_or_file_that_cannot_be_used_is_said_so(
+        ray_lake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = timeline(capsys, "--data", str(ray_lake), "--session", "session_1999",
+                            "--out", str(tmp_path / "t.json"))
+    assert code == 1 and "no Ray session 'session_1999'" in err and SESSION in err
+    code, _, err = timeline(capsys, "--data", str(ray_lake),
+                            "--out", str(tmp_path / "missing" / "t.json"))
+    assert code == 2 and "cannot write" in err
