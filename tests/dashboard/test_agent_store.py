@@ -29,6 +29,7 @@ from dashboard.store import Store, StoreOptions
 from emitters import Emitter
 from emitters.ids import new_event_id
 from tests.agentproc import REPO, AgentProcess
+from tests.dashboard.httpfs import needs_httpfs
 from tests.sinks.moto_server import MotoS3, aws_env
 
 BASE_NS = 1_750_000_000 * 10**9  # 2025-06-15T15:06:40Z: fixed task and span times
@@ -223,7 +224,7 @@ def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(name, value)
 
 
-@pytest.fixture(params=["local", "s3-httpfs", "s3-pyarrow"])
+@pytest.fixture(params=["local", pytest.param("s3-httpfs", marks=needs_httpfs), "s3-pyarrow"])
 def lake(request: pytest.FixtureRequest) -> Lake:
     where, _, engine = str(request.param).partition("-")
     found: Lake = request.getfixturevalue(f"{where}_lake")

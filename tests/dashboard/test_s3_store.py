@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import boto3
-import duckdb
 import pytest
 from moto.server import ThreadedMotoServer
 
@@ -19,6 +18,7 @@ import dashboard.s3
 from dashboard.errors import NoData, NotFound
 from dashboard.query import add_query_parser, run_query
 from dashboard.store import Store, StoreOptions
+from tests.dashboard.httpfs import NO_HTTPFS, needs_httpfs
 from tests.dashboard.lakegen import Expected, task_events, write_rows, write_sample_store
 
 BUCKET = "evagg-lake"
@@ -75,18 +75,6 @@ def local_answers(tmp_path_factory: pytest.TempPathFactory) -> list[list[list[An
     return answers
 
 
-def httpfs_missing() -> str:
-    """Why no httpfs build loads into this DuckDB ("" when one does)."""
-    try:
-        dashboard.s3.load_httpfs_build(duckdb.connect())
-    except RuntimeError as exc:
-        return str(exc)
-    return ""
-
-
-# DuckDB 2.0 has no pip-installable httpfs yet: its S3 reading is the pyarrow path.
-NO_HTTPFS = httpfs_missing()
-needs_httpfs = pytest.mark.skipif(bool(NO_HTTPFS), reason=f"httpfs: {NO_HTTPFS}")
 ENGINES = [pytest.param("httpfs", marks=needs_httpfs), "pyarrow"]
 
 
