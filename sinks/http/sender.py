@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any, Final
 
 import aiohttp
 
+from emitters.ratelimit import RateLimitedLog
 from sinks.base import SinkResult
 from sinks.http.batches import Batch, Body, gzip_body
 from sinks.http.concurrency import Answer, ConcurrencyLimit
@@ -37,7 +37,6 @@ from sinks.http.options import HttpOptions
 from sinks.http.retries import BatchRetry, FailureStreak, retried_here
 
 log = logging.getLogger("evagg.sinks.http")
-REFUSAL_LOG_INTERVAL_S: Final = 60.0
 NOT_SENT: Final = SinkResult.failure("not sent: the sink stopped for the delivery loop",
                                      "skipped")
 
@@ -82,7 +81,7 @@ class Sender:
         self.counters: Counter[str] = Counter()
         self.answered = False  # a request was answered 2xx since the sink last reported
         self._session: aiohttp.ClientSession | None = None
-        self._last_refusal_log = -REFUSAL_LOG_INTERVAL_S
+        self._refusals_log = RateLimitedLog(log)  # a log line a minute, not a flood
 
     async def send(self, batch: Batch, halt: Halt) -> SinkResult | None:
         """Send `batch` until it is answered 2xx or dead-lettered (then None), retrying a
@@ -174,13 +173,10 @@ class Sender:
                                       "dead_letter")
         self.counters["dead_lettered_batches"] += 1
         self.counters["dead_lettered_events"] += batch.events
-        now = time.monotonic()
-        if now - self._last_refusal_log >= REFUSAL_LOG_INTERVAL_S:  # a log line, not a flood
-            log.warning("sink %s: %s refused %d events with HTTP %d; kept in %s (%d batches "
-                        "dead-lettered so far)", self.name, url_for_display(self.url),
-                        batch.events, status, letter.body_path,
-                        self.counters["dead_lettered_batches"])
-            self._last_refusal_log = now
+        self._refusals_log.log(
+            logging.WARNING, "refused", "sink %s: %s refused %d events with HTTP %d; kept in "
+            "%s (%d batches dead-lettered so far)", self.name, url_for_display(self.url),
+            batch.events, status, letter.body_path, self.counters["dead_lettered_batches"])
         return None
 
     def _failed(self, counter: str, failure: SinkResult) -> SinkResult:
