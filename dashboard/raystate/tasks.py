@@ -127,6 +127,7 @@ def _page(store: Store, scope: str, flt: str, params: dict[str, Any], limit: int
     if not keys:
         return []
     selected = ", ".join(f"{sql} AS {name}" for name, sql in COLUMN_SQL.items())
+    selected += ", epoch_us(first_seen) AS first_us, epoch_us(last_seen) AS last_us"
     driver = f"AND NOT {IS_DRIVER}" if exclude_driver else ""
     return store.execute(
         f"SELECT {selected} {scope} AND {flt} AND task_id BETWEEN $first AND $last {driver} "
@@ -181,7 +182,11 @@ SELECT task_id, coalesce(attempt, 0) AS attempt, kind, name, attrs['ray_state'] 
 FROM events_raw
 WHERE kind IN ('task', 'ray_profile') AND source = 'ray'
   AND task_id IN (SELECT unnest($ids)) AND coalesce(attrs['ray_session'], '') = $session
+  AND time BETWEEN to_timestamp($from_us / 1e6) AND to_timestamp($to_us / 1e6)
 """
+# The page's raw events lie between its tasks' first and last events; a margin keeps
+# profile entries timed by another clock. The bound lets Parquet skip the rest.
+MARGIN_US = 60_000_000
 
 
 def _with_raw_details(store: Store, session: str, page: list[dict[str, Any]], *,
@@ -189,7 +194,12 @@ def _with_raw_details(store: Store, session: str, page: list[dict[str, Any]], *,
     ids = sorted({r["task_id"] for r in page})
     if not ids:
         return page
-    raw = store.execute(RAW, {"ids": ids, "session": session}).records()
+    times = [t for r in page for t in (r.get("first_us"), r.get("last_us")) if t is not None]
+    if not times:
+        return page
+    raw = store.execute(RAW, {"ids": ids, "session": session,
+                              "from_us": min(times) - MARGIN_US,
+                              "to_us": max(times) + MARGIN_US}).records()
     by_attempt: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     for event in raw:
         by_attempt[(event["task_id"], event["attempt"])].append(event)

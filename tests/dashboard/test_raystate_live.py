@@ -144,8 +144,12 @@ def test_actors_jobs_and_nodes_are_ray_s(live: Live) -> None:
     assert actor["death_cause"] == theirs["death_cause"]
     (job,) = [dict(j.asdict()) for j in list_jobs(address=live.first_url, detail=True)]
     (ray_job,) = live.first.jobs
-    for key in ("job_id", "type", "entrypoint", "driver_info", "status", "start_time"):
+    for key in ("job_id", "type", "entrypoint", "driver_info", "start_time"):
         assert str(job[key]) == str(ray_job[key]), key
+    # Ray was asked while the job ran; the job's end is exported at shutdown, not always
+    # by a local cluster.
+    assert str(ray_job["status"]).endswith("RUNNING")
+    assert str(job["status"]).rsplit(".", 1)[-1] in ("RUNNING", "SUCCEEDED")
     (node,) = [n.asdict() for n in list_nodes(address=live.first_url, detail=True)]
     (ray_node,) = live.first.nodes
     for key in ("node_id", "node_ip", "is_head_node", "state", "node_name", "resources_total",
