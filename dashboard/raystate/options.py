@@ -24,6 +24,9 @@ DEFAULT_LIMIT = 100  # Ray's DEFAULT_LIMIT
 # holds every task, so evagg answers up to this many.
 MAX_LIMIT = 100_000
 DEFAULT_TIMEOUT_S = 30  # Ray's DEFAULT_RPC_TIMEOUT
+# Ray's server answers within 80% of the client's timeout, so that the client hears
+# "too slow" instead of timing out itself (ListApiOptions.server_timeout_multiplier).
+SERVER_SHARE = 0.8
 
 
 class RayApiError(Exception):
@@ -84,9 +87,7 @@ def list_options(query: MultiMapping[str], resource: str) -> ListOptions:
                           "Use a lower limit, or filters to narrow the list.")
     if limit < 0:
         raise RayApiError(f"limit must not be negative, not {limit}")
-    timeout = _int(query.get("timeout", str(DEFAULT_TIMEOUT_S)), "timeout")
-    if timeout < 1:
-        raise RayApiError("timeout must be at least 1 second")
+    timeout = _server_timeout(query)
     return ListOptions(
         limit=limit,
         timeout_s=timeout,
@@ -101,9 +102,15 @@ def summary_options(query: MultiMapping[str], resource: str) -> ListOptions:
     if query.get("summary_by", "func_name") not in ("func_name", "task_name"):
         raise RayApiError("summary_by must be func_name or task_name here: evagg does not "
                           "serve the lineage summary (summary_by=lineage)")
-    timeout = _int(query.get("timeout", str(DEFAULT_TIMEOUT_S)), "timeout")
-    return ListOptions(limit=MAX_LIMIT, timeout_s=max(1, timeout),
+    return ListOptions(limit=MAX_LIMIT, timeout_s=_server_timeout(query),
                        filters=filters_of(query, resource))
+
+
+def _server_timeout(query: MultiMapping[str]) -> int:
+    timeout = _int(query.get("timeout", str(DEFAULT_TIMEOUT_S)), "timeout")
+    if timeout < 1:
+        raise RayApiError("timeout must be at least 1 second")
+    return max(1, int(timeout * SERVER_SHARE))
 
 
 def filters_of(query: MultiMapping[str], resource: str) -> tuple[Filter, ...]:

@@ -64,3 +64,26 @@ def test_bad_filters_get_ray_s_wording(query: list[tuple[str, str]], wording: st
     with pytest.raises(RayApiError, match=None) as refused:
         filters_of(MultiDict(query), "tasks")
     assert wording in refused.value.message
+
+
+@pytest.mark.parametrize(("query", "wording"), [
+    ([("limit", "100001")], "exceeds the supported limit 100000"),
+    ([("limit", "ten")], "limit must be an integer"),
+    ([("timeout", "0")], "timeout must be at least 1 second"),
+    ([("detail", "yes")], "Failed to convert a value yes"),
+    ([("filter_keys", "name")], "the same number of times"),
+])
+def test_bad_options_are_refused_before_any_query(query: list[tuple[str, str]],
+                                                  wording: str) -> None:
+    from dashboard.raystate.options import list_options
+
+    with pytest.raises(RayApiError) as refused:
+        list_options(MultiDict(query), "tasks")
+    assert wording in refused.value.message
+
+
+def test_the_answer_is_due_before_the_client_gives_up() -> None:
+    from dashboard.raystate.options import list_options
+
+    assert list_options(MultiDict([("timeout", "30")]), "tasks").timeout_s == 24  # as Ray's
+    assert list_options(MultiDict([("timeout", "1")]), "tasks").timeout_s == 1
