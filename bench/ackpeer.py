@@ -28,7 +28,8 @@ def serve(path: str) -> None:
         while data := conn.recv(1 << 20):
             frames.feed(data)
             conn.sendall(b"".join(wire.encode_ack(f.session, f.seq, f.count, 0)
-                                  for f in frames.frames() if isinstance(f, wire.Batch)))
+                                  for f in frames.frames()
+                                  if isinstance(f, (wire.Batch, wire.Columns))))
         conn.close()
 
 

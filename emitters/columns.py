@@ -18,7 +18,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Mapping, Sequence
-from itertools import accumulate, chain
+from itertools import accumulate, chain, repeat
 from operator import itemgetter
 from typing import Any, Final
 
@@ -56,25 +56,30 @@ class NotColumnar(Exception):
     """These rows must go as NDJSON: the message says why (for tests, never for users)."""
 
 
-def encode_rows(rows: Sequence[Mapping[str, Any]], base: Mapping[str, Any],
+def encode_rows(rows: Sequence[dict[str, Any]], base: Mapping[str, Any],
                 trusted: bool = True) -> bytes:
-    payload, grown = _encode_rows(rows, base, trusted, True)
-    if grown > MAX_EXPANSION * len(payload):  # long constants: sent in full instead
-        payload, _ = _encode_rows(rows, base, trusted, False)
-    return payload
-
-
-def _encode_rows(rows: Sequence[Mapping[str, Any]], base: Mapping[str, Any], trusted: bool,
-                 constants: bool) -> tuple[bytes, int]:
     """The column table and buffers of a COLUMNS frame (what follows its 30-byte header).
 
     `trusted`: every row came from emit() or op() through `emitters.values`, so its values
     have their columns' Python types already; rows built elsewhere are checked.
     """
-    n = len(rows)
-    if not n:
+    if not rows:
         raise NotColumnar("no rows")
     columns, uniform = _transpose(rows)
+    return encode_columns(columns, len(rows), base, trusted, uniform)
+
+
+def encode_columns(columns: dict[str, list[Any]], n: int, base: Mapping[str, Any],
+                   trusted: bool = True, uniform: bool = False) -> bytes:
+    """The same from a list of values per column (None: absent); `uniform`: no None."""
+    payload, grown = _encode_columns(dict(columns), n, base, trusted, uniform, True)
+    if grown > MAX_EXPANSION * len(payload):  # long constants: sent in full instead
+        payload, _ = _encode_columns(dict(columns), n, base, trusted, uniform, False)
+    return payload
+
+
+def _encode_columns(columns: dict[str, list[Any]], n: int, base: Mapping[str, Any],
+                    trusted: bool, uniform: bool, constants: bool) -> tuple[bytes, int]:
     for key, value in base.items():
         column = columns.get(key)
         if column is None:
@@ -111,7 +116,7 @@ def _encode_rows(rows: Sequence[Mapping[str, Any]], base: Mapping[str, Any], tru
     return b"".join(out), grown
 
 
-def _transpose(rows: Sequence[Mapping[str, Any]]) -> tuple[dict[str, list[Any]], bool]:
+def _transpose(rows: Sequence[dict[str, Any]]) -> tuple[dict[str, list[Any]], bool]:
     """Rows of dicts to a list per key (None where a row lacks the key); whether every row
     had the same keys."""
     first = tuple(rows[0])
@@ -121,15 +126,8 @@ def _transpose(rows: Sequence[Mapping[str, Any]]) -> tuple[dict[str, list[Any]],
             return {first[0]: [row[first[0]] for row in rows]}, True
         return dict(zip(first, map(list, zip(*map(itemgetter(*first), rows), strict=True)),
                         strict=True)), True
-    n = len(rows)
-    columns: dict[str, list[Any]] = {}
-    for i, row in enumerate(rows):
-        for key, value in row.items():
-            column = columns.get(key)
-            if column is None:
-                column = columns[key] = [None] * n
-            column[i] = value
-    return columns, False
+    names = dict.fromkeys(chain.from_iterable(keys))  # every key, in first-seen order
+    return {name: list(map(dict.get, rows, repeat(name))) for name in names}, False
 
 
 def _column_entry(name: str, kind: str, rows: int, parts: list[bytes]) -> bytes:

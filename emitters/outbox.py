@@ -15,8 +15,10 @@ from typing import Any, Final
 import orjson
 
 from emitters import wire
-from emitters.columns import encode_rows
+from emitters.columns import encode_columns, encode_rows
+from emitters.columns_items import emit_columns
 from emitters.columns_read import read_rows
+from emitters.events import BUILT_LENGTH, Context, build_events
 from emitters.ids import new_session_id
 from emitters.values import scrub
 
@@ -145,6 +147,44 @@ class ColumnsPacker:
             out += self._encode(self._take(self._fit()))
         return out
 
+    def add_columns(self, columns: dict[str, list[Any]], n: int, base: Mapping[str, Any]
+                    ) -> list[tuple[bytes, int] | list[dict[str, Any]]]:
+        """Rows already in columns (emitters.columns_items): framed now, after those
+        gathered before them."""
+        out = self.close()
+        self._base = base
+        start = 0
+        while start < n:
+            stop = min(n, start + self._fit())  # the guess improves frame by frame
+            part = {name: values[start:stop] for name, values in columns.items()}
+            out += self._encode_part(part, stop - start)
+            start = stop
+        return out
+
+    def _encode_part(self, part: dict[str, list[Any]], n: int
+                     ) -> list[tuple[bytes, int] | list[dict[str, Any]]]:
+        try:
+            payload = encode_columns(part, n, self._base)
+        except Exception:  # NotColumnar, or a bug: the rows go as NDJSON
+            return [self._as_events(part, n)]
+        if len(payload) <= self.max_bytes:
+            self._row_bytes = max(1.0, len(payload) / n)
+            return [(payload, n)]
+        if n == 1:
+            self._dropped["too_large"] += 1
+            return []
+        half = n // 2
+        return (self._encode_part({k: v[:half] for k, v in part.items()}, half)
+                + self._encode_part({k: v[half:] for k, v in part.items()}, n - half))
+
+    def _as_events(self, part: dict[str, list[Any]], n: int) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = [dict(self._base) for _ in range(n)]
+        for name, values in part.items():
+            for row, value in zip(rows, values, strict=True):
+                if value is not None:
+                    row[name] = value
+        return rows
+
     def close(self) -> list[tuple[bytes, int] | list[dict[str, Any]]]:
         out = self._encode(self._take(len(self._rows))) if self._rows else []
         self._trusted = True
@@ -214,6 +254,26 @@ class Outbox:
         """Pack rows (events without `base`) as COLUMNS; yield the seq of each frame made."""
         for made in self._columns.add(rows, base, trusted):
             yield from self._keep(made)
+
+    def add_columns(self, columns: dict[str, list[Any]], n: int,
+                    base: Mapping[str, Any]) -> Iterator[int]:
+        """The same for n rows already in columns."""
+        for made in self._columns.add_columns(columns, n, base):
+            yield from self._keep(made)
+
+    def add_items(self, items: list[tuple[Any, ...]], context: Context) -> list[int]:
+        """Queued emit()/op()/built items as COLUMNS: plain emit() runs straight into
+        columns, the rest through event rows; the seqs of the frames made. Raises what
+        build_events raises."""
+        try:
+            columns = emit_columns(items, context)
+        except Exception:  # a bug there costs the fast path, not the events
+            columns = None
+        if columns is not None:
+            return list(self.add_columns(columns, len(items), context.base))
+        rows = build_events(items, Context({}, context.attrs), self.lost)
+        trusted = BUILT_LENGTH not in map(len, items)  # built rows are checked
+        return list(self.add_rows(rows, context.base, trusted))
 
     def close_frame(self) -> Iterator[int]:
         """Make frames of what is packed so far; the seq of each one kept."""

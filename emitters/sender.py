@@ -21,7 +21,7 @@ import orjson
 
 from emitters import wire
 from emitters.connection import Connection, ConnectionClosed
-from emitters.events import BUILT_LENGTH, Context, ContextChange, build_events
+from emitters.events import Context, ContextChange, build_events
 from emitters.handoff import Handoff, Settings, start_agent
 from emitters.ledger import FlushWaiter, Ledger
 from emitters.outbox import Outbox
@@ -201,19 +201,17 @@ class Sender:
         if self.outbox.full:
             self.outbox.lost["buffer_full"] += len(items)
             return
-        columns = self._sends_columns()
-        context = Context({}, self._context.attrs) if columns else self._context
         try:
-            events = build_events(items, context, self.outbox.lost)
+            if self._sends_columns():
+                made = self.outbox.add_items(items, self._context)
+            else:
+                made = list(self.outbox.add_events(build_events(items, self._context,
+                                                                self.outbox.lost)))
         except Exception as exc:
             self.outbox.lost["unencodable"] += len(items)
             self._log.log(logging.WARNING, "build", "evagg emitter: cannot build events: %r", exc)
             return
-        if columns:  # the base goes once per frame: the rows leave it out
-            trusted = BUILT_LENGTH not in map(len, items)
-            self._made_all(self.outbox.add_rows(events, self._context.base, trusted))
-        else:
-            self._made_all(self.outbox.add_events(events))
+        self._made_all(made)
 
     def _sends_columns(self) -> bool:
         settings = self._handoff.settings

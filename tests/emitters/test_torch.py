@@ -100,9 +100,8 @@ class Captured:
     def __init__(self) -> None:
         self.events: list[dict[str, Any]] = []
 
-    def emit(self, kind: str, name: str | None = None, state: str | None = None,
-             **fields: Any) -> None:
-        self.events.append({"kind": kind, "name": name, "state": state, **fields})
+    def enqueue_built(self, events: list[dict[str, Any]]) -> None:
+        self.events += events
 
 
 def test_no_agent_running_adds_no_exception_and_the_emitter_keeps_or_drops(

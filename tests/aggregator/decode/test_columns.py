@@ -23,7 +23,7 @@ from aggregator.decode.columns import ColumnsRefused, decode_columns
 from aggregator.decode.ndjson import decode_ndjson
 from aggregator.decode.normalize import Stamp
 from emitters import wire
-from emitters.events import BUILT_LENGTH, Context, build_events
+from emitters.events import Context, build_events
 from emitters.ops import Op
 from emitters.outbox import Outbox
 from emitters.snapshot import PLAIN, snapshot_fields
@@ -101,9 +101,7 @@ class _nothing:
 def frames(items: list[tuple[Any, ...]], columns: bool, max_frame: int = 1 << 20) -> list[bytes]:
     outbox = Outbox(max_frame, 1 << 30)
     if columns:
-        rows = build_events(items, Context({}, CONTEXT.attrs), outbox.lost)
-        trusted = BUILT_LENGTH not in map(len, items)
-        list(outbox.add_rows(rows, CONTEXT.base, trusted))
+        outbox.add_items(items, CONTEXT)  # as the sender frames them
     else:
         list(outbox.add_events(build_events(items, CONTEXT, outbox.lost)))
     list(outbox.close_frame())
