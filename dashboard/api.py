@@ -17,7 +17,7 @@ from multidict import MultiMapping
 from dashboard import ledger, queries
 from dashboard.errors import BadInput, NoData
 from dashboard.filters import TaskFilter, bounded_int
-from dashboard.overview import overview
+from dashboard.overview import op_counts, overview
 from dashboard.results import Result
 from dashboard.runner import QueryRunner
 from dashboard.store import Store
@@ -57,6 +57,7 @@ class Api:
         return [
             web.get("/api/info", self.info),
             web.get("/api/overview", cached(self._overview, set())),
+            web.get("/api/op_counts", cached(self._op_counts, set())),
             web.get("/api/aggregate", cached(self._aggregate, {"by", "limit"})),
             web.get("/api/tasks", cached(self._tasks, TASK_PARAMS)),
             web.get("/api/task", cached(self._task, {"task_id", "attempt"})),
@@ -107,6 +108,9 @@ class Api:
 
     def _overview(self, _params: dict[str, str]) -> Any:
         return overview(self.store)
+
+    def _op_counts(self, _params: dict[str, str]) -> Any:
+        return op_counts(self.store)
 
     def _aggregate(self, params: dict[str, str]) -> Any:
         limit = bounded_int("limit", params.get("limit"), 200, 1, 5000)

@@ -46,6 +46,8 @@ def test_endpoints_answer(lake: Path) -> None:
         assert overview["events"] == Expected.distinct_events
         assert {k["kind"] for k in overview["kinds"]} == {"task", "op", "span", "agent", "loss"}
         assert "default-src 'self'" in headers["Content-Security-Policy"]
+        _, ops, _ = get(f"{url}/api/op_counts")
+        assert ops == {"ops": 14, "failed": 1}  # run1's failed backward, of both runs' ops
         _, page, _ = get(f"{url}/api/tasks?error_type=ValueError&sort=duration&order=asc&limit=1")
         assert page["total"] == 2 and [r["task_id"] for r in page["rows"]] == ["boom1"]
         _, page2, _ = get(f"{url}/api/tasks?error_type=ValueError&sort=duration&order=asc"
