@@ -7,7 +7,8 @@ this one), and the emitter really frames and sends everything. Calls are timed w
 perf_counter_ns in batches of 100; after each round of 1,000 calls the queue is flushed
 (untimed), so the figures are the caller's cost with the sender keeping up, not the cost
 of dropping. The OTel span uses a BatchSpanProcessor with an exporter that discards.
-Also printed: the sender thread's CPU per event (from its own CPU clock).
+Also printed, for COLUMNS and NDJSON frames in the same run: the sender thread's CPU per
+event (from its own CPU clock).
 """
 
 from __future__ import annotations
@@ -132,17 +133,29 @@ def main() -> int:
     args = parser.parse_args()
     path = Path(tempfile.mkdtemp(prefix="evb-", dir="/tmp" if os.path.isdir("/tmp") else None))
     peer = start_peer(path / "agent.sock")
+    ndjson_peer = start_peer(path / "ndjson.sock")  # a peer serves one connection at a time
     emitter = Emitter(socket=path / "agent.sock")
+    ndjson = Emitter(socket=path / "ndjson.sock", frames="ndjson")
     try:
         results = bench_emitter(emitter, args.rounds)
-        cpu_us, rate = sender_cpu_per_event(emitter, 100_000)
+        ndjson.emit(kind="task", name="warm-up")  # starts its sender thread
+        ndjson.flush(30)
+        sender = {}
+        for _ in range(3):  # alternating, best of three: the box is shared
+            for frames, which in (("columns", emitter), ("ndjson", ndjson)):
+                cpu_us, rate = sender_cpu_per_event(which, 100_000)
+                if frames not in sender or cpu_us < sender[frames][0]:
+                    sender[frames] = (cpu_us, rate)
         results.update(bench_otel(args.rounds))
         stats = emitter.stats()
     finally:
         emitter.close(5)
-        peer.kill()
-        peer.wait()
+        ndjson.close(5)
+        for each in (peer, ndjson_peer):
+            each.kill()
+            each.wait()
         (path / "agent.sock").unlink(missing_ok=True)
+        (path / "ndjson.sock").unlink(missing_ok=True)
         path.rmdir()
     print(f"CPython {platform.python_version()}, {os.cpu_count()} CPUs; "
           f"{BATCH}-call batches, {args.rounds * ROUND:,} calls per emitter row")
@@ -151,7 +164,9 @@ def main() -> int:
     for name, samples in results.items():
         median, p99 = quantiles(samples)
         print(f"{name:34} {median / 1000:10.3f} {p99 / 1000:8.3f} {median / base:7.1f}x")
-    print(f"sender thread CPU per event: {cpu_us:.2f} us; burst throughput {rate:,.0f} events/s")
+    for frames, (cpu_us, rate) in sender.items():
+        print(f"sender thread CPU per event, {frames:7}: {cpu_us:.2f} us; "
+              f"burst throughput {rate:,.0f} events/s")
     print(f"acked events {stats.acked:,}, dropped {dict(stats.dropped) or 0}")
     return 0
 

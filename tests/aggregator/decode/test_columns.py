@@ -243,6 +243,14 @@ HOSTILE = {
                            "buffers"),
     "empty kind": ([TIME_1, table_entry("kind", "string", 1, [0, 8, 0])],
                    [b"", struct.pack("<q", 5), b"", struct.pack("<ii", 0, 0), b""], "kind"),
+    "a key twice in one event": (
+        [TIME_1, KIND_1, table_entry("metrics", "map_string_float64", 1, [0, 8, 12, 2, 16])],
+        [*BUFFERS_1, b"", struct.pack("<ii", 0, 2), struct.pack("<iii", 0, 1, 2), b"aa",
+         struct.pack("<dd", 1.0, 2.0)], "'metrics': a key twice"),
+    "a NaN metric": (
+        [TIME_1, KIND_1, table_entry("metrics", "map_string_float64", 1, [0, 8, 8, 1, 8])],
+        [*BUFFERS_1, b"", struct.pack("<ii", 0, 1), struct.pack("<ii", 0, 1), b"a",
+         struct.pack("<d", math.nan)], "not finite"),
     "negative time": ([TIME_1, KIND_1], [b"", struct.pack("<q", -5), *BUFFERS_1[2:]],
                       "before 1970"),
 }
