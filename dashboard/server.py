@@ -11,11 +11,17 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 from dashboard.errors import BadInput, DashboardError, NoData
 from dashboard.store import ENGINES, Store, StoreOptions
+from sinks.locations import is_s3_url
 
+# A local relist is one os.walk: every 2 s keeps a new file's events on the page within
+# seconds (the agent closes a local file 5 s after it opened). On S3 a relist is LISTs.
+LOCAL_REFRESH_S = 2.0
+S3_REFRESH_S = 5.0
 log = logging.getLogger(__name__)
 DESCRIPTION = """\
 Serve the web dashboard: tasks, training runs, ops, traces and agents, read from the
@@ -52,8 +58,9 @@ def add_dashboard_parser(subparsers: Any) -> argparse.ArgumentParser:
     from dashboard.query import add_cache_flags
 
     add_cache_flags(parser, None)
-    parser.add_argument("--refresh", type=float, default=5.0, metavar="SECONDS",
-                        help="how often to look for new files (default 5)")
+    parser.add_argument("--refresh", type=float, default=None, metavar="SECONDS",
+                        help=f"how often to look for new files (default {LOCAL_REFRESH_S:g} on "
+                             f"a local directory, {S3_REFRESH_S:g} on s3://, where a LIST costs)")
     parser.add_argument("--query-timeout", type=float, default=60.0, metavar="SECONDS",
                         help="stop a page's query after this long (default 60)")
     parser.set_defaults(command=run_dashboard)
@@ -63,10 +70,18 @@ def add_dashboard_parser(subparsers: Any) -> argparse.ArgumentParser:
 def open_store(args: argparse.Namespace) -> Store:
     from dashboard.query import cache_dir, default_data
 
-    if args.refresh < 0 or args.query_timeout <= 0:
+    location = args.data or default_data()
+    if not args.data and not is_s3_url(location):
+        # The agent's own default: a dashboard started before the first file waits for it
+        # (an explicit --data that does not exist is more likely a typo, and says so).
+        Path(location).expanduser().mkdir(parents=True, exist_ok=True)
+    refresh = args.refresh
+    if refresh is None:
+        refresh = S3_REFRESH_S if is_s3_url(location) else LOCAL_REFRESH_S
+    if refresh < 0 or args.query_timeout <= 0:
         raise BadInput("--refresh must be >= 0 and --query-timeout > 0")
-    options = StoreOptions(location=args.data or default_data(), endpoint_url=args.endpoint_url,
-                           region=args.region, engine=args.engine, refresh_s=args.refresh,
+    options = StoreOptions(location=location, endpoint_url=args.endpoint_url,
+                           region=args.region, engine=args.engine, refresh_s=refresh,
                            cache_dir=cache_dir(args), on_long_fold=_tell)
     store = Store(options)
     try:

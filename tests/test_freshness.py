@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,3 +69,40 @@ def test_an_emitted_task_is_in_query_tasks_within_seconds(
         time.sleep(0.5)
     assert asked_at < VISIBLE_WITHIN_S
     assert "FINISHED" in found.stdout
+
+
+def test_a_dashboard_started_before_any_data_shows_the_task_within_seconds(
+        default_agent: subprocess.Popen[bytes], newcomer_env: dict[str, str],
+        tmp_path: Path) -> None:
+    port = free_port()
+    with (tmp_path / "dashboard.log").open("wb") as log:
+        dashboard = subprocess.Popen(
+            [*evagg_command(), "dashboard", "--listen", f"127.0.0.1:{port}"], cwd=REPO,
+            env=newcomer_env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}/api/tasks?name=visible_in_dashboard"
+        deadline = time.monotonic() + 60
+        while not _answers(url):
+            assert dashboard.poll() is None, (tmp_path / "dashboard.log").read_text()
+            assert time.monotonic() < deadline, "the dashboard did not start"
+            time.sleep(0.3)
+        sent = evagg("emit", "--kind", "task", "--name", "visible_in_dashboard", "--state",
+                     "FINISHED", "--field", "task_id=vd1", env=newcomer_env, inherit=False)
+        assert sent.returncode == 0, sent.stderr
+        emitted_at = time.monotonic()
+        while "vd1" not in _answers(url):
+            waited = time.monotonic() - emitted_at
+            assert waited < VISIBLE_WITHIN_S, f"not on the dashboard after {waited:.1f}s"
+            time.sleep(0.5)
+    finally:
+        dashboard.terminate()
+        dashboard.wait(30)
+
+
+def _answers(url: str) -> str:
+    """The body of a 200 answer, or "" while the server is not there or answers otherwise."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return str(answer.read().decode())
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return ""
