@@ -297,6 +297,10 @@ class Sender:
         try:
             sent = self._conn.write(self.outbox.frames)
         except ConnectionClosed:
+            # The agent may have said why before it closed (an old agent refusing
+            # COLUMNS does): read that first, or the next connection repeats it.
+            with contextlib.suppress(ConnectionClosed, wire.FrameError):
+                self._conn.read(self._on_reply)
             self._disconnect()
             return
         if sent:

@@ -67,7 +67,7 @@ def test_an_agent_that_refuses_columns_gets_ndjson_and_nothing_is_lost(
     assert {type(frame) for frame in frames} == {wire.Batch}
     steps = sorted(e["step"] for e in events if e["kind"] == "task")
     assert steps == list(range(1000))
-    assert refusals == 1
+    assert refusals >= 1  # a second when the emitter's writes outran the first answer
     stats = emitter.stats()
     assert stats.acked == stats.emitted == 1000 + 2 * 20
     assert stats.sent == stats.emitted and not stats.dropped and not stats.pending

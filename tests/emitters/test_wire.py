@@ -17,6 +17,7 @@ u32 = st.integers(min_value=0, max_value=2**32 - 1)
 notes = st.text(max_size=1000)  # at most 4000 UTF-8 bytes: below the 4096-byte note limit
 
 batches = st.builds(wire.Batch, sessions, u64, u32, st.binary(max_size=2000))
+column_frames = st.builds(wire.Columns, sessions, u64, u32, st.binary(max_size=2000))
 acks = st.builds(wire.Ack, sessions, u64, u32, u32, notes)
 nacks = st.builds(wire.Nack, sessions, u64, notes)
 
@@ -24,6 +25,8 @@ nacks = st.builds(wire.Nack, sessions, u64, notes)
 def encode(frame: wire.Frame) -> bytes:
     if isinstance(frame, wire.Batch):
         return wire.encode_batch(frame.session, frame.seq, frame.count, frame.payload)
+    if isinstance(frame, wire.Columns):
+        return wire.encode_columns(frame.session, frame.seq, frame.count, frame.payload)
     if isinstance(frame, wire.Ack):
         return wire.encode_ack(frame.session, frame.seq, frame.accepted, frame.rejected,
                                frame.note)
@@ -42,7 +45,7 @@ def test_decode_body_raises_nothing_but_frame_error(body: bytes) -> None:
         frame = wire.decode_body(body)
     except wire.FrameError:
         return
-    assert isinstance(frame, (wire.Batch, wire.Ack, wire.Nack))
+    assert isinstance(frame, (wire.Batch, wire.Columns, wire.Ack, wire.Nack))
 
 
 @given(st.binary(max_size=4096), st.lists(st.integers(min_value=0, max_value=4096), max_size=8),
@@ -55,7 +58,7 @@ def test_frame_buffer_raises_nothing_but_frame_error(data: bytes, cuts: list[int
         for piece in split(data, cuts):
             buffer.feed(piece)
             for frame in buffer.frames():
-                assert isinstance(frame, (wire.Batch, wire.Ack, wire.Nack))
+                assert isinstance(frame, (wire.Batch, wire.Columns, wire.Ack, wire.Nack))
     except wire.FrameError:
         return
     assert buffer.pending_bytes <= len(data)
@@ -72,7 +75,7 @@ def test_valid_lengths_with_garbage_bodies(data: bytes) -> None:
     assert len(frames) == 1 and isinstance(frames[0], wire.Batch)
 
 
-@given(st.lists(st.one_of(batches, acks, nacks), max_size=6),
+@given(st.lists(st.one_of(batches, column_frames, acks, nacks), max_size=6),
        st.lists(st.integers(min_value=0, max_value=20_000), max_size=10))
 @settings(max_examples=300)
 def test_frames_round_trip_through_any_split(frames: list[wire.Frame], cuts: list[int]) -> None:
@@ -86,7 +89,7 @@ def test_frames_round_trip_through_any_split(frames: list[wire.Frame], cuts: lis
     assert buffer.pending_bytes == 0
 
 
-@given(st.one_of(batches, acks, nacks))
+@given(st.one_of(batches, column_frames, acks, nacks))
 def test_decode_body_inverts_encode(frame: wire.Frame) -> None:
     assert wire.decode_body(encode(frame)[4:]) == frame
 
@@ -122,3 +125,14 @@ def test_a_partial_frame_waits_for_the_rest() -> None:
     assert buffer.pop() is None and buffer.pending_bytes == len(frame) - 1
     buffer.feed(frame[-1:])
     assert buffer.pop() == wire.Batch(bytes(range(16)), 5, 2, b'{"kind":"a"}\n{"kind":"b"}\n')
+
+
+def test_an_agent_before_columns_answers_in_words_the_emitter_reads() -> None:
+    """What an agent that predates COLUMNS NACKs one with (the text of its decode_body)."""
+    with pytest.raises(wire.FrameError) as refused:
+        wire.decode_body(struct.pack(">BB", wire.VERSION, 9))
+    assert str(refused.value) == "unknown frame type 9"
+    answer = wire.decode_body(wire.encode_nack(wire.NO_SESSION, 0, "unknown frame type 4")[4:])
+    assert isinstance(answer, wire.Nack) and wire.refuses_columns(answer)
+    other = wire.decode_body(wire.encode_nack(wire.NO_SESSION, 0, "stalled")[4:])
+    assert isinstance(other, wire.Nack) and not wire.refuses_columns(other)
