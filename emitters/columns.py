@@ -19,7 +19,7 @@ import sys
 from array import array
 from collections.abc import Mapping, Sequence
 from itertools import accumulate, chain, repeat
-from operator import itemgetter
+from operator import is_not, itemgetter
 from typing import Any, Final
 
 from emitters.fields import AGENT_STAMPED, EVENT_FIELDS
@@ -174,12 +174,15 @@ _CONTAINERS: Final = frozenset({"list_string", "map_string_float64", "map_string
 
 
 def _validity(values: list[Any]) -> bytes:
-    """Arrow's validity bitmap: bit i (least significant first) set when row i has a value."""
-    bits = bytearray(b"\xff" * ((len(values) + 7) // 8))
-    for i, value in enumerate(values):
-        if value is None:
-            bits[i >> 3] &= ~(1 << (i & 7))
-    return bytes(bits)
+    """Arrow's validity bitmap: bit i (least significant first) set when row i has a value.
+
+    In C: a byte per row ("0"/"1"), reversed so that row 0 is the lowest bit of one int.
+    """
+    flags = bytes(map(is_not, values, repeat(None))).translate(_ASCII_BITS)[::-1]
+    return int(flags, 2).to_bytes((len(values) + 7) // 8, "little")
+
+
+_ASCII_BITS: Final = bytes.maketrans(b"\x00\x01", b"01")
 
 
 def _require_types(name: str, values: list[Any], kind: type) -> None:
