@@ -7,18 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 from dashboard.store import Store, StoreOptions
+from tests.dashboard.chromium import ARTIFACTS, chromium, tab
 from tests.dashboard.lakegen import TRACE, Expected, local_put, task_events, write_rows
 from tests.dashboard.serve import serving
 
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 INJECTIONS = ["'; DROP VIEW events; --", "%' OR 1=1 --"]
 
 
@@ -31,16 +28,8 @@ def site(lake: Path) -> Iterator[str]:
 
 @pytest.fixture
 def page(site: str) -> Iterator[Page]:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    errors: list[Any] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        tab = browser.new_page(viewport={"width": 1400, "height": 900}, base_url=site)
-        tab.set_default_timeout(20_000)
-        tab.on("pageerror", lambda error: errors.append(error))
-        yield tab
-        browser.close()
-    assert not errors, f"JavaScript errors: {errors}"
+    with chromium() as browser, tab(browser, site, width=1400, height=900) as opened:
+        yield opened
 
 
 def shot(page: Page, name: str) -> None:

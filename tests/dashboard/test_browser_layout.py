@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 from dashboard.store import Store, StoreOptions
+from tests.dashboard.chromium import ARTIFACTS, chromium, tab
 from tests.dashboard.lakegen import Row, at, event, local_put, write_rows, write_sample_store
 from tests.dashboard.serve import serving
-from tests.dashboard.test_browser import ARTIFACTS, CHROMIUM_ARGS
 
 WIDTHS = (1280, 1920)
 LONG_TASK = "c8ef45ccd0112571ffffffffffffffffffffffff01000000"  # Ray's ids are this long
@@ -82,28 +82,20 @@ def tasks_only_lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        launched = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+    with chromium() as launched:
         yield launched
-        launched.close()
-
-
-def open_page(browser: Any, lake: Path, width: int) -> Iterator[Page]:
-    errors: list[Any] = []
-    store = Store(StoreOptions(str(lake), refresh_s=0.2))
-    with serving(store) as url:
-        tab = browser.new_page(viewport={"width": width, "height": 900}, base_url=url)
-        tab.set_default_timeout(20_000)
-        tab.on("pageerror", lambda error: errors.append(error))
-        yield tab
-        tab.close()
-    assert not errors, f"JavaScript errors: {errors}"
 
 
 @pytest.fixture(params=WIDTHS, ids=[f"{w}px" for w in WIDTHS])
 def page(request: pytest.FixtureRequest, browser: Any, layout_lake: Path) -> Iterator[Page]:
     yield from open_page(browser, layout_lake, request.param)
+
+
+def open_page(browser: Any, lake: Path, width: int) -> Iterator[Page]:
+    """A dashboard over `lake`, in a tab `width` px wide."""
+    store = Store(StoreOptions(str(lake), refresh_s=0.2))
+    with serving(store) as url, tab(browser, url, width=width, height=900) as opened:
+        yield opened
 
 
 def shot(page: Page, name: str) -> None:
@@ -246,31 +238,31 @@ def test_nan_steps_are_marked_on_the_run_page(page: Page) -> None:
 @pytest.mark.parametrize("width", WIDTHS)
 def test_an_empty_store_says_once_how_to_send_data(browser: Any, empty_lake: Path,
                                                    width: int) -> None:
-    for tab in open_page(browser, empty_lake, width):
+    for page in open_page(browser, empty_lake, width):
         for route in ("/", "/#/tasks", "/#/traces"):
-            tab.goto(route)
-            state = tab.locator(".empty-state")
+            page.goto(route)
+            state = page.locator(".empty-state")
             expect(state).to_contain_text("No events yet")
             expect(state).to_contain_text("evagg emit --kind task")
-            expect(tab.locator(".error-box")).to_have_count(0)
-            tab.wait_for_timeout(600)  # a poll of /api/info
-            expect(tab.locator("#banner")).to_be_hidden()
-            text = tab.locator("body").inner_text()
+            expect(page.locator(".error-box")).to_have_count(0)
+            page.wait_for_timeout(600)  # a poll of /api/info
+            expect(page.locator("#banner")).to_be_hidden()
+            text = page.locator("body").inner_text()
             assert text.count("No events yet") == 1 and "no Parquet files" not in text
-        shot(tab, "empty-store")
+        shot(page, "empty-store")
 
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_empty_pages_say_how_to_fill_them(browser: Any, tasks_only_lake: Path,
                                           width: int) -> None:
-    for tab in open_page(browser, tasks_only_lake, width):
-        tab.goto("/#/traces")
-        expect(tab.locator(".empty-state")).to_contain_text("/v1/traces")
-        expect(tab.locator(".empty-state")).to_contain_text("otel.init_telemetry")
-        shot(tab, "traces-empty")
-        tab.goto("/#/runs")
-        expect(tab.locator(".empty-state")).to_contain_text("emitters.op(")
-        tab.goto("/#/agents")
-        expect(tab.locator(".empty-state")).to_contain_text("evagg run")
-        tab.goto("/#/tasks")
-        expect(tab.locator("#task-count")).to_have_text("1 task attempt")
+    for page in open_page(browser, tasks_only_lake, width):
+        page.goto("/#/traces")
+        expect(page.locator(".empty-state")).to_contain_text("/v1/traces")
+        expect(page.locator(".empty-state")).to_contain_text("otel.init_telemetry")
+        shot(page, "traces-empty")
+        page.goto("/#/runs")
+        expect(page.locator(".empty-state")).to_contain_text("emitters.op(")
+        page.goto("/#/agents")
+        expect(page.locator(".empty-state")).to_contain_text("evagg run")
+        page.goto("/#/tasks")
+        expect(page.locator("#task-count")).to_have_text("1 task attempt")

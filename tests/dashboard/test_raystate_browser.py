@@ -7,15 +7,14 @@ The screenshot goes to test-artifacts/dashboard/ray-timeline-100k.png.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 from dashboard.store import Store, StoreOptions
+from tests.dashboard.chromium import ARTIFACTS, chromium, tab
 from tests.dashboard.raygen import JOB, write_ray_lake
 from tests.dashboard.serve import serving
-from tests.dashboard.test_browser import ARTIFACTS, CHROMIUM_ARGS
 
 TASKS = 100_000
 pytestmark = pytest.mark.slow
@@ -31,16 +30,9 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture
 def page(site: str) -> Iterator[Page]:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    errors: list[Any] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        tab = browser.new_page(viewport={"width": 1400, "height": 2200}, base_url=site)
-        tab.set_default_timeout(60_000)
-        tab.on("pageerror", lambda error: errors.append(error))
-        yield tab
-        browser.close()
-    assert not errors, f"JavaScript errors: {errors}"
+    with chromium() as browser, tab(browser, site, width=1400, height=2200,
+                                    timeout_ms=60_000) as opened:
+        yield opened
 
 
 def bars_drawn(page: Page) -> int:
