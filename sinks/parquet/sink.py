@@ -19,9 +19,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Final
 
 import pyarrow as pa
 
@@ -30,95 +27,18 @@ from sinks.filters import EventFilter
 from sinks.parquet.counts import ParquetCounts
 from sinks.parquet.hour_compaction import HourCompaction
 from sinks.parquet.layout import object_key
+from sinks.parquet.open_file import NS_PER_HOUR, ClosedFile, OpenFile, Progress
 from sinks.parquet.options import ParquetOptions
 from sinks.parquet.stores import ObjectStore, StoreError
-from sinks.parquet.writer import open_writer
 from sinks.records import SpoolRecord
-from sinks.schema import EVENT_SCHEMA, batch_from_bytes
+from sinks.schema import batch_from_bytes
 
 log = logging.getLogger(__name__)
 
-_NS_PER_SECOND: Final = 1_000_000_000
-_NS_PER_HOUR: Final = 3600 * _NS_PER_SECOND
 
 
 class _DecodeError(Exception):
     """A spool record whose payload is not an EVENT_SCHEMA batch."""
-
-
-@dataclass(slots=True)
-class _ClosedFile:
-    key: str
-    staged: Path
-    last_offset: int
-    events: int
-    size: int  # bytes, counted once the file is published
-    received_ns: int  # of its first record, which names its hour
-
-
-@dataclass(slots=True)
-class _Progress:
-    """What one call finished: files to publish, and filtered-out records before any file."""
-
-    closed: list[_ClosedFile] = field(default_factory=list)
-    free_through: int | None = None
-
-
-class _OpenFile:
-    """The file being filled: a ParquetWriter on the staged path, at most one row group
-    of rows held in memory."""
-
-    def __init__(
-        self, key: str, staged: Path, first: SpoolRecord, opened_at: float, compression: str
-    ) -> None:
-        self.key = key
-        self.staged = staged
-        self.hour = first.received_ns // _NS_PER_HOUR
-        self.first_received_ns = first.received_ns
-        self.opened_at = opened_at
-        self.last_offset = first.offset
-        self.events = 0
-        self.pending: list[pa.Table] = []
-        self.pending_rows = 0
-        self.sink = pa.OSFile(str(staged), "wb")
-        try:
-            self.writer = open_writer(self.sink, EVENT_SCHEMA, compression)
-        except BaseException:
-            self.sink.close()
-            raise
-
-    @property
-    def bytes_written(self) -> int:
-        return int(self.sink.tell())
-
-    def add(self, table: pa.Table, offset: int, row_group_rows: int) -> None:
-        self.pending.append(table)
-        self.pending_rows += table.num_rows
-        self.events += table.num_rows
-        self.last_offset = offset
-        if self.pending_rows >= row_group_rows:
-            rows = pa.concat_tables(self.pending)
-            whole = rows.num_rows - rows.num_rows % row_group_rows
-            self.writer.write_table(rows.slice(0, whole), row_group_size=row_group_rows)
-            rest = rows.slice(whole)
-            self.pending = [rest] if rest.num_rows else []
-            self.pending_rows = rest.num_rows
-
-    def finish(self) -> _ClosedFile:
-        if self.pending_rows:
-            self.writer.write_table(pa.concat_tables(self.pending))
-        self.writer.close()
-        size = self.bytes_written
-        self.sink.close()
-        return _ClosedFile(self.key, self.staged, self.last_offset, self.events, size,
-                           self.first_received_ns)
-
-    def discard(self) -> None:
-        with contextlib.suppress(Exception):
-            self.writer.close()
-        with contextlib.suppress(Exception):
-            self.sink.close()
-        self.staged.unlink(missing_ok=True)
 
 
 class ParquetSink(Sink):
@@ -153,8 +73,8 @@ class ParquetSink(Sink):
         self.compaction = compaction  # merges the hours this sink has moved past
         self._clock = clock
         self._lock = threading.Lock()  # a cancelled call's thread may still be running
-        self._file: _OpenFile | None = None
-        self._unpublished: list[_ClosedFile] = []
+        self._file: OpenFile | None = None
+        self._unpublished: list[ClosedFile] = []
         self._staging_cleaned = False
 
     def describe(self) -> str:
@@ -190,7 +110,7 @@ class ParquetSink(Sink):
             self.compaction.stop()
         await self.abandon()  # anything still open missed its final flush
 
-    async def _run(self, step: Callable[..., _Progress], *args: object) -> SinkResult:
+    async def _run(self, step: Callable[..., Progress], *args: object) -> SinkResult:
         phase = "write"
         try:
             progress = await asyncio.to_thread(step, *args)
@@ -199,7 +119,7 @@ class ParquetSink(Sink):
         except Exception as exc:
             return await self._failed(phase, exc)
 
-    async def _publish(self, progress: _Progress) -> SinkResult:
+    async def _publish(self, progress: Progress) -> SinkResult:
         durable: int | None = None
         events = 0
         for closed in progress.closed:
@@ -229,8 +149,8 @@ class ParquetSink(Sink):
 
     # The methods below run in a worker thread, one at a time.
 
-    def _append(self, records: Sequence[SpoolRecord]) -> _Progress:
-        progress = _Progress()
+    def _append(self, records: Sequence[SpoolRecord]) -> Progress:
+        progress = Progress()
         with self._lock:
             self._clean_staging_once()
             for record in records:
@@ -241,7 +161,7 @@ class ParquetSink(Sink):
                     else:
                         self._file.last_offset = record.offset
                     continue
-                if self._file is not None and self._file.hour != record.received_ns // _NS_PER_HOUR:
+                if self._file is not None and self._file.hour != record.received_ns // NS_PER_HOUR:
                     progress.closed.append(self._close_file())
                 if self._file is None:
                     self._file = self._open_file(record)
@@ -250,8 +170,8 @@ class ParquetSink(Sink):
                     progress.closed.append(self._close_file())
         return progress
 
-    def _roll_if_due(self, final: bool) -> _Progress:
-        progress = _Progress()
+    def _roll_if_due(self, final: bool) -> Progress:
+        progress = Progress()
         with self._lock:
             current = self._file
             if current is not None and (
@@ -280,12 +200,12 @@ class ParquetSink(Sink):
             raise _DecodeError(f"record {record.offset}: {exc}") from exc
         return self.event_filter.apply(pa.Table.from_batches([batch]))
 
-    def _open_file(self, first: SpoolRecord) -> _OpenFile:
+    def _open_file(self, first: SpoolRecord) -> OpenFile:
         key = object_key(first.received_ns, self.node_id, self.spool_id, first.offset)
         staged = self.store.staging_path(key)
-        return _OpenFile(key, staged, first, self._clock(), self.compression)
+        return OpenFile(key, staged, first, self._clock(), self.compression)
 
-    def _close_file(self) -> _ClosedFile:
+    def _close_file(self) -> ClosedFile:
         current, self._file = self._file, None
         assert current is not None
         try:
