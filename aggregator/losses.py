@@ -71,7 +71,11 @@ class LossRecorder:
 
     def record_from_producers(self, batch: pa.RecordBatch) -> None:
         """Count the losses that producers' `loss` events in a spooled batch report."""
-        for reason, events in reported_losses(batch).items():
+        self.count_from_producers(reported_losses(batch))
+
+    def count_from_producers(self, losses: Mapping[str, int]) -> None:
+        """The same, from `reported_losses` of the batch (read off the event loop)."""
+        for reason, events in losses.items():
             self._producers.inc(events, reason=reason)
 
 

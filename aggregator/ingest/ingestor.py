@@ -14,10 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import pyarrow as pa
+
 from aggregator.decode.columns import decode_columns
 from aggregator.decode.ndjson import decode_ndjson
 from aggregator.decode.normalize import Normalized, Stamp, ndjson_to_batch, rows_to_batch
-from aggregator.losses import LossRecorder
+from aggregator.losses import LossRecorder, reported_losses
 from aggregator.metrics import AgentMetrics
 from aggregator.red.metrics import RedMetrics
 from aggregator.spool import Spool, SpoolClosed
@@ -102,7 +104,8 @@ class Ingestor:
         batch = normalized.batch
         if batch.num_rows == 0:
             return IngestResult(0, rejected, False, normalized.first_reason(), reasons)
-        payload = await self.in_thread(batch_to_bytes, batch)
+        counts_losses = self.losses is not None and route != "agent"  # the agent's own: elsewhere
+        payload, producer_losses = await self.in_thread(_spool_bytes, batch, counts_losses)
         try:
             result = await self.spool.append(payload, batch.num_rows,
                                              received_ns=stamp.received_ns, session=session,
@@ -123,8 +126,8 @@ class Ingestor:
         if self.red is not None and self.red.add_batch(batch):  # RED metrics, see red_metrics.py
             with contextlib.suppress(RuntimeError):  # executor shut down: /metrics flushes
                 self._executor.submit(self.red.flush)  # off the event loop; never raises
-        if self.losses is not None and route != "agent":  # the agent's own count elsewhere
-            self.losses.record_from_producers(batch)
+        if producer_losses and self.losses is not None:
+            self.losses.count_from_producers(producer_losses)
         self.metrics.received_events.inc(batch.num_rows, route=route)
         self.metrics.received_frames.inc(route=route)
         self.metrics.received_bytes.inc(raw_bytes or len(payload), route=route)
@@ -132,4 +135,11 @@ class Ingestor:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _spool_bytes(batch: pa.RecordBatch, losses: bool) -> tuple[bytes, dict[str, int]]:
+    """In a worker thread: the spool record, and the losses its `loss` events report
+    (a compute over the batch that the event loop, which every connection shares,
+    should not do)."""
+    return batch_to_bytes(batch), reported_losses(batch) if losses else {}
 
