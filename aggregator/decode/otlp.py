@@ -35,6 +35,10 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _ID_KEYS = ("traceId", "trace_id", "spanId", "span_id", "parentSpanId", "parent_span_id")
 
 
+NO_OTLP = ("this agent cannot read OTLP: install its OpenTelemetry extra "
+           "(pip install 'evagg[otel]') and restart it")
+
+
 class OtlpError(ValueError):
     """A request that cannot be decoded at all; `status` is the HTTP status to answer."""
 
@@ -96,13 +100,16 @@ def _messages() -> Any:
     try:
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
     except ImportError:
-        raise OtlpError("no OTLP support in this agent: install opentelemetry-proto", 501) from None
+        raise OtlpError(NO_OTLP, 501) from None
     return trace_service_pb2
 
 
 def _protobuf(module: str) -> Any:
     # Through importlib: google.protobuf ships no type stubs.
-    return importlib.import_module(f"google.protobuf.{module}")
+    try:
+        return importlib.import_module(f"google.protobuf.{module}")
+    except ImportError:
+        raise OtlpError(NO_OTLP, 501) from None
 
 
 def _parse_protobuf(raw: bytes) -> Any:

@@ -246,7 +246,18 @@ def test_missing_otlp_support_answers_501(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(builtins, "__import__", no_proto)
     with pytest.raises(otlp.OtlpError) as info:
         otlp.decode_otlp_traces(b"", PB, None)
-    assert info.value.status == 501
+    assert info.value.status == 501 and "pip install 'evagg[otel]'" in str(info.value)
+
+
+def test_a_json_body_without_protobuf_installed_answers_501_not_500(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_protobuf(name: str) -> Any:
+        raise ModuleNotFoundError(f"No module named {name.split('.')[0]!r}")
+
+    monkeypatch.setattr(otlp.importlib, "import_module", no_protobuf)
+    with pytest.raises(otlp.OtlpError) as info:
+        otlp.decode_otlp_traces(b'{"resourceSpans": []}', JS, None)
+    assert info.value.status == 501 and "pip install 'evagg[otel]'" in str(info.value)
 
 
 # ---- aggregator.cli.export_traces: Parquet spans -> OTLP JSON -----------------------------
