@@ -83,6 +83,9 @@ class StatusReport:
     health: dict[str, str] = field(default_factory=dict)  # sink -> ok / retrying / failing
     # a Parquet sink's open file: sink -> seconds until it closes and its events are in the lake
     file_closes_in_s: dict[str, float] = field(default_factory=dict)
+    # batches a sink sent again itself (the HTTP sink retries a failed batch alone, which
+    # the delivery loop's `errors` do not count while the endpoint answers others)
+    retried: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -98,12 +101,17 @@ class StatusReport:
             state = self.health.get(sink, "ok")
             lines.append(f"sink {sink:<12} {self.delivered_per_s.get(sink, 0):,.0f} events/s  "
                          f"lag {self.lag_events.get(sink, 0):,.0f} events{self._file(sink)}  "
-                         f"errors {self.errors.get(sink, 0):,.0f}  {state}")
+                         f"errors {self.errors.get(sink, 0):,.0f}{self._retried(sink)}  "
+                         f"{state}")
         lines.append("lost       " + (_pairs(self.dropped) or "none"))
         lines.append("rejected   " + (_pairs(self.rejected) or "none"))
         lines.append("bad input  " + (_pairs(self.bad_input) or "none"))
         return "\n".join(lines)
 
+
+    def _retried(self, sink: str) -> str:
+        count = self.retried.get(sink, 0.0)
+        return f"  retried {count:,.0f} batches" if count else ""
 
     def _file(self, sink: str) -> str:
         """For a Parquet sink with a file open: when its events reach the lake."""
@@ -136,6 +144,7 @@ def format_status(first: dict[str, float], second: dict[str, float],
         errors=_by_label(second, "evagg_delivery_errors_total", "sink"),
         health=sink_health(second, time.time() if now is None else now),
         file_closes_in_s=_open_files(second),
+        retried=_by_label(second, "evagg_sink_retries_total", "sink"),
     )
 
 

@@ -5,6 +5,7 @@ says about the endpoint's load (`sinks.http.concurrency`)."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 import time
 from email.utils import parsedate_to_datetime
 
@@ -95,4 +96,15 @@ def failure_for_error(exc: TimeoutError | aiohttp.ClientError, timeout_s: float
         return "tls_errors", SinkResult.failure(
             f"TLS handshake failed: {tls_failure_reason(exc)}", "tls", permanent=True)
     return "connect_errors", SinkResult.failure(
-        f"cannot reach the endpoint: {type(exc).__name__}", "connect")
+        f"cannot reach the endpoint: {_no_answer_reason(exc)}", "connect")
+
+
+def _no_answer_reason(exc: aiohttp.ClientError) -> str:
+    """What a user reads for a request that got no answer: the operating system's words
+    ("Connection refused") where there are some, not a Python class name alone."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the endpoint closed the connection before answering"
+    error = exc.os_error if isinstance(exc, aiohttp.ClientConnectorError) else exc
+    if isinstance(error, OSError) and error.errno:
+        return os.strerror(error.errno).lower()  # asyncio's own text names the address only
+    return type(exc).__name__

@@ -1,0 +1,33 @@
+"""What `evagg status` prints for a sink, from two scrapes of /metrics as the agent
+exports them (the agent side of these series is tested through real agents elsewhere)."""
+
+from __future__ import annotations
+
+from aggregator.cli.status import format_status, parse_metrics
+
+SCRAPE = """\
+evagg_sink_lag_events{sink="collector"} 0
+evagg_delivered_events_total{sink="collector"} 5000
+evagg_delivery_errors_total{sink="collector",kind="http_5xx"} 0
+evagg_sink_retries_total{sink="collector",type="http"} 3
+evagg_sink_lag_events{sink="lake"} 1
+evagg_sink_open_file_events{sink="lake",type="parquet"} 1
+evagg_sink_file_closes_in_seconds{sink="lake",type="parquet"} 3.6
+evagg_spool_bytes 0
+evagg_spool_max_bytes 4294967296
+"""
+
+
+def test_a_sink_that_retried_batches_itself_says_so_beside_its_errors() -> None:
+    sample = parse_metrics(SCRAPE)
+    text = format_status(sample, sample, 1.0, now=0.0).as_text()
+    collector = next(line for line in text.splitlines() if "collector" in line)
+    assert "errors 0  retried 3 batches  ok" in collector
+
+
+def test_a_parquet_sink_says_when_its_open_file_reaches_the_lake() -> None:
+    sample = parse_metrics(SCRAPE)
+    lake = next(line for line in format_status(sample, sample, 1.0, now=0.0).as_text()
+                .splitlines() if "lake" in line)
+    assert "lag 1 events (not in a file yet: next file closes in 4s)" in lake
+    assert "retried" not in lake
