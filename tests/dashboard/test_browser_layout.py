@@ -39,6 +39,8 @@ def layout_rows() -> list[Row]:
              event(**ray, state="RUNNING", time=at(410.5)),
              event(**ray, state="FAILED", time=at(412), error_type="ValueError",
                    error_message=BAD_SHARD, stack_trace="Traceback: ...\n" + BAD_SHARD)]
+    rows.append(event(kind="task", task_id="load1", name="load_shard", state="FINISHED",
+                      time=at(415), duration_s=0.8, pid=16648, job_id="01000000"))
     tie = {"kind": "task", "task_id": "tie", "name": "tie"}
     rows += [event(**tie, state="PENDING", time=at(420)),
              event(**tie, state="SUBMITTED", time=at(420)),
@@ -171,6 +173,12 @@ def test_the_task_table_fits_with_duration_and_error_in_view(page: Page) -> None
     assert ray_row.locator("td[data-col=duration_s]").inner_text() == "1.50 s"
     clock = ray_row.locator("td[data-col=time]").inner_text()
     assert re.fullmatch(r"\d\d:\d\d:\d\d\.\d{3}", clock), clock
+    # numbers are never cut: a duration, a pid or a job id with an ellipsis says nothing
+    cut = page.evaluate("""() => [...document.querySelectorAll(
+        'table.grid.tasks td[data-col=duration_s], table.grid.tasks td[data-col=pid],'
+        + 'table.grid.tasks td[data-col=job_id]')]
+        .filter(td => td.scrollWidth > td.clientWidth + 1).map(td => td.innerText)""")
+    assert cut == [], cut
 
 
 def test_the_error_type_is_printed_once(page: Page) -> None:
