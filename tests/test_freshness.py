@@ -80,9 +80,10 @@ def test_a_dashboard_started_before_any_data_shows_the_task_within_seconds(
             [*evagg_command(), "dashboard", "--listen", f"127.0.0.1:{port}"], cwd=REPO,
             env=newcomer_env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        url = f"http://127.0.0.1:{port}/api/tasks?name=visible_in_dashboard"
+        base = f"http://127.0.0.1:{port}"
+        url = f"{base}/api/tasks?name=visible_in_dashboard"
         deadline = time.monotonic() + 60
-        while not _answers(url):
+        while not _answers(f"{base}/api/info"):  # up, with no file in the lake yet
             assert dashboard.poll() is None, (tmp_path / "dashboard.log").read_text()
             assert time.monotonic() < deadline, "the dashboard did not start"
             time.sleep(0.3)
