@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 _HOUR_S: Final = 3600
 RECENT_HOURS: Final = 24  # after a restart, the hours looked at again
+QUIET_S: Final = 60.0  # at least this long without a file before the latest hour is merged
 
 
 class HourCompaction:
@@ -53,6 +54,7 @@ class HourCompaction:
         self.merged_files = 0
         self.failures: Counter[str] = Counter()
         self._writing_hour_ns = 0  # the latest hour the sink has put a file in
+        self._last_file_at = 0.0  # when it did (the clock's time)
 
     def file_published(self, received_ns: int) -> None:
         """The sink put a file in the hour of this receive time: merge that hour once it
@@ -60,6 +62,7 @@ class HourCompaction:
         hour_start = received_ns // 1_000_000_000 // _HOUR_S * _HOUR_S
         with self._lock:
             self._writing_hour_ns = max(self._writing_hour_ns, hour_start * 1_000_000_000)
+            self._last_file_at = self._clock()
             self._due_at.setdefault(partition_for(received_ns), hour_start + _HOUR_S + self.after_s)
 
     def poke(self) -> None:
@@ -69,9 +72,12 @@ class HourCompaction:
         with self._lock:
             if self._stopped or (self._running is not None and self._running.is_alive()):
                 return
-            writing = partition_for(self._writing_hour_ns) if self._writing_hour_ns else None
-            # not the hour the sink still writes (a backlog being replayed): its next file
-            # would only make the merge run again
+            # Not the hour the sink still writes (a backlog being replayed), whose next file
+            # would only make the merge run again; once the sink has been quiet for a
+            # while (an idle node, a filtered sink) that hour is merged too.
+            quiet = now - self._last_file_at >= max(self.after_s, QUIET_S)
+            writing = None if quiet or not self._writing_hour_ns else partition_for(
+                self._writing_hour_ns)
             due = sorted(p for p, at in self._due_at.items() if at <= now and p != writing)
             if not due:
                 return

@@ -94,6 +94,18 @@ def test_an_hour_is_merged_only_once_it_has_been_closed_for_the_grace(tmp_path: 
     assert compaction.wait_idle(5.0) and compaction.runs == 1
 
 
+def test_the_last_hour_of_a_sink_gone_quiet_is_merged_too() -> None:
+    now = [T10 / 1e9 + 3600 + 700]  # hour 10 closed 700 s ago
+    compaction = HourCompaction("/nonexistent/lake", "node-a", s3=S3Options(), after_s=600.0,
+                                clock=lambda: now[0])
+    compaction.file_published(T10 + 3599 * 10**9)  # its last file, in hour 10
+    compaction.poke()
+    assert compaction.wait_idle(5.0) and "date=2024-05-01/hour=10" in compaction._due_at
+    now[0] += 600  # nothing written for 600 s: the hour is merged (nothing there, here)
+    compaction.poke()
+    assert compaction.wait_idle(5.0) and compaction._due_at == {}
+
+
 @pytest.fixture(scope="module")
 def moto() -> Iterator[MotoS3]:
     server = MotoS3()
