@@ -161,7 +161,10 @@ def job(rows: list[Row], node_ips: dict[str, str]) -> Row:
         # job still reads RUNNING, as Ray said last.
         "status": "SUCCEEDED" if finished else "RUNNING",
         "entrypoint": definition["name"] or "", "message": None, "error_type": None,
-        "start_time": ms_floor((created or definition)["us"]),
+        # Ray's job table stamps its start a moment before the GCS exports the job, and
+        # the export carries no start time of its own: the earliest exported stamp is
+        # the closest (the same millisecond, or one or two after).
+        "start_time": ms_floor(min(r["us"] for r in (created or definition, definition))),
         "end_time": ms_floor(finished["us"]) if finished else 0,
         "metadata": json_or(attrs.get("ray_job_metadata"), {}),
         "runtime_env": json_or(attrs.get("ray_runtime_env"), {}),

@@ -144,8 +144,10 @@ def test_actors_jobs_and_nodes_are_ray_s(live: Live) -> None:
     assert actor["death_cause"] == theirs["death_cause"]
     (job,) = [dict(j.asdict()) for j in list_jobs(address=live.first_url, detail=True)]
     (ray_job,) = live.first.jobs
-    for key in ("job_id", "type", "entrypoint", "driver_info", "start_time"):
+    for key in ("job_id", "type", "entrypoint", "driver_info"):
         assert str(job[key]) == str(ray_job[key]), key
+    # Ray's job table and its export stamp the start separately, a moment apart.
+    assert abs(int(job["start_time"]) - int(ray_job["start_time"])) <= 1000
     # Ray was asked while the job ran; the job's end is exported at shutdown, not always
     # by a local cluster.
     assert str(ray_job["status"]).endswith("RUNNING")
