@@ -22,9 +22,10 @@ from aiohttp import web
 
 from emitters import Emitter
 from tests.agentproc import AgentProcess, free_port
+from tests.waiting import wait_until
 
 EVENTS = 50
-DRAIN_TIMEOUT = '"2s"'
+DRAIN_TIMEOUT = '"5s"'  # long enough for several /readyz answers on a busy machine
 
 
 class StallingServer:
@@ -82,7 +83,7 @@ def server() -> Iterator[StallingServer]:
 
 def readyz(agent: AgentProcess) -> int:
     try:
-        with urllib.request.urlopen(f"{agent.http_url}/readyz", timeout=2) as answer:
+        with urllib.request.urlopen(f"{agent.http_url}/readyz", timeout=1) as answer:
             return int(answer.status)
     except urllib.error.HTTPError as refused:
         return int(refused.code)
@@ -96,15 +97,6 @@ def emit_tasks(agent: AgentProcess, names: list[str]) -> None:
         emitter.emit(kind="task", name=name, state="FINISHED", duration_s=0.01)
     assert emitter.flush(30.0), "the agent did not acknowledge (spool) the events"
     emitter.close()
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_readyz_is_503_while_draining_and_undelivered_events_stay_spooled(

@@ -153,12 +153,14 @@ def test_results_are_cached_until_files_change(lake: Path) -> None:
 
 def test_slow_query_is_interrupted(lake: Path) -> None:
     store = Store(StoreOptions(str(lake)))
+    store.execute("SELECT count(*) FROM tasks")  # the first fold is not what this times
     runner = QueryRunner(store, timeout_s=0.3)
 
     async def scenario() -> int:
         with pytest.raises(StoreUnavailable, match=r"longer than 0\.3 s"):
             await runner.run(lambda: store.execute(
                 "SELECT count(*) FROM range(1000000000) a, range(1000000000) b"))
+        runner.timeout_s = 30  # the next query need only work, on a machine however busy
         result = await runner.run(lambda: store.execute("SELECT count(*) AS n FROM tasks"))
         return int(result.rows[0][0])
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Coroutine
@@ -17,6 +16,7 @@ from typing import Any, TypeVar
 
 from tests.agentproc import AgentProcess
 from tests.sinks.flaky_server import FlakyServer
+from tests.waiting import wait_until
 
 T = TypeVar("T")
 HEARTBEAT_SLACK = 2  # a heartbeat and a loss row not delivered yet
@@ -86,17 +86,6 @@ def http_status(url: str, timeout: float = 5.0) -> int:
         return int(error.code)
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return 0
-
-
-def wait_until(holds: Callable[[], bool], timeout: float, what: str | Callable[[], str],
-               interval: float = 0.1) -> None:
-    """Poll `holds`; on timeout fail with `what` (a callable is asked only then)."""
-    deadline = time.monotonic() + timeout
-    while not holds():
-        if time.monotonic() > deadline:
-            text = what() if callable(what) else what
-            raise AssertionError(f"timed out after {timeout}s waiting for {text}")
-        time.sleep(interval)
 
 
 def metric_where(agent: AgentProcess, name: str, **labels: str) -> float:

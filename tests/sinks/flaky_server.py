@@ -59,6 +59,7 @@ class Reply:
     retry_after: str | None = None
     text: str = ""
     delay_s: float = 0.0
+    hold: asyncio.Event | None = None  # answer only once the test sets it
 
 
 
@@ -107,10 +108,12 @@ class FlakyServer:
             self._script.extend([answer] * times)
 
     def answer_when(self, holds: Callable[[list[dict[str, Any]]], bool], status: int, *,
-                    delay_s: float = 0.0, retry_after: str | None = None) -> None:
-        """Answer the first request whose events make `holds` true with `status`, once."""
+                    delay_s: float = 0.0, retry_after: str | None = None,
+                    hold: asyncio.Event | None = None) -> None:
+        """Answer the first request whose events make `holds` true with `status`, once
+        (after `delay_s`, or once `hold` is set)."""
         self._conditional.append((holds, Reply(status, retry_after, f"status {status}",
-                                               delay_s)))
+                                               delay_s, hold)))
 
     def rotate(self, replies: list[Reply]) -> None:
         """Answer request n with replies[n % len(replies)] (scripted answers go first)."""
@@ -180,6 +183,8 @@ class FlakyServer:
         answer = self._next_reply(events, arrived)
         if self._stall_s or answer.delay_s:
             await asyncio.sleep(self._stall_s or answer.delay_s)
+        if answer.hold is not None:
+            await answer.hold.wait()
         seen = Seen(request.headers.get("Idempotency-Key", ""), answer.status,
                     request.content_type, encoding, dict(request.headers), body, wire_bytes,
                     events, arrived, time.monotonic(), concurrent)

@@ -13,6 +13,7 @@ from pathlib import Path
 from emitters import Emitter, wire
 from tests.agentproc import AgentProcess
 from tests.aggregator.ingest.test_bad_input import read_answer
+from tests.waiting import wait_until
 
 FRAME = wire.encode_batch(b"A" * 16, 1, 1, b'{"kind": "op", "name": "acked"}')
 LIMIT = 8 * 2**20  # without backpressure the agent reads all of this, and more
@@ -65,7 +66,8 @@ def test_connections_over_the_cap_are_refused_and_the_rest_served(tmp_path: Path
         for sock in held:
             sock.settimeout(20)
             sock.connect(str(agent.socket_path))
-        time.sleep(0.3)  # both are being served
+        served = 'evagg_open_connections '
+        wait_until(lambda: agent.metric(served) == 2, 20, "both connections to be served")
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as third:
             third.settimeout(20)
             third.connect(str(agent.socket_path))
@@ -73,7 +75,7 @@ def test_connections_over_the_cap_are_refused_and_the_rest_served(tmp_path: Path
         held[0].sendall(FRAME)
         assert isinstance(read_answer(held[0]), wire.Ack)  # the others are served
         held.pop().close()
-        time.sleep(0.3)
+        wait_until(lambda: agent.metric(served) == 1, 20, "the agent to see one close")
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as again:  # room again
             again.settimeout(20)
             again.connect(str(agent.socket_path))
@@ -88,7 +90,8 @@ def test_an_emitter_refused_for_the_cap_keeps_its_events_and_delivers_later(
     with AgentProcess(tmp_path, agent_toml="max_connections = 1") as agent:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as hold:
             hold.connect(str(agent.socket_path))
-            time.sleep(0.3)
+            wait_until(lambda: agent.metric("evagg_open_connections ") == 1, 20,
+                       "the agent to serve the one connection it allows")
             emitter = Emitter(socket=agent.socket_path)
             for step in range(10):
                 emitter.emit(kind="op", name="later", step=step)

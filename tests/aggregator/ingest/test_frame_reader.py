@@ -25,13 +25,13 @@ def frame(n: int) -> bytes:
 def test_a_steady_stream_cut_mid_frame_is_not_a_stall() -> None:
     async def main() -> list[bytes | StreamEnd]:
         got: list[bytes | StreamEnd] = []
-        reader, peer = await reader_over_socketpair(timeout_s=0.3)
+        reader, peer = await reader_over_socketpair(timeout_s=1.0)
         stream = b"".join(frame(n) for n in range(1, 41))
-        # 40 frames over ~1.2 s in pieces that end mid-frame: longer than the timeout in
-        # total, but every piece completes a frame within it
+        # 40 frames over ~2.4 s in pieces that end mid-frame: longer than the timeout in
+        # total, but every piece completes a frame well within it, even on a busy machine
         for start in range(0, len(stream), 151):
             peer.send(stream[start:start + 151])
-            await asyncio.sleep(0.03 * 151 / len(frame(1)))
+            await asyncio.sleep(0.06 * 151 / len(frame(1)))
             while not reader.frames.empty():
                 got.append(reader.frames.get_nowait())
                 reader.frame_taken()

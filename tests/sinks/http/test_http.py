@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import os
 import random
 import time
@@ -213,10 +214,19 @@ async def test_a_failed_batch_is_resent_alone_with_the_same_key(server: FlakySer
 @run
 async def test_a_request_in_flight_is_not_cancelled_when_the_others_fail(
         server: FlakyServer) -> None:
-    server.answer_when(lambda events: events[0]["step"] < 10, 200, delay_s=1.0)
+    slow = asyncio.Event()  # the first batch is answered only once the sink is down
+    server.answer_when(lambda events: events[0]["step"] < 10, 200, hold=slow)
     server.answer(500, times=DOWN_AFTER)  # every request but the slow one: the sink is down
+
+    async def release_once_down() -> None:
+        while sum(s.status == 500 for s in server.requests) < DOWN_AFTER:
+            await asyncio.sleep(0.01)
+        slow.set()
+
+    releasing = asyncio.create_task(release_once_down())
     sink = sink_for(server, batch_max_events=10)
     failures = await deliver(sink, make_records(5, 10))
+    await releasing
     await sink.close()
     assert [f.error_kind for f in failures] == ["http_5xx"]  # the loop backed off once...
     first = [s for s in server.requests if s.events[0]["step"] == 0]
@@ -257,8 +267,9 @@ async def test_keys_are_the_same_after_a_restart(server: FlakyServer) -> None:
 @run
 async def test_durable_through_waits_for_an_earlier_slow_batch(server: FlakyServer) -> None:
     sink = sink_for(server, batch_max_events=10, max_in_flight=4)
-    # The first batch (steps 0-9) is slow, the next three are not.
-    server.answer_when(lambda events: events[0]["step"] < 10, 200, delay_s=0.5)
+    # The first batch (steps 0-9) is answered only when the test says, the next three at once.
+    slow = asyncio.Event()
+    server.answer_when(lambda events: events[0]["step"] < 10, 200, hold=slow)
     result = await sink.write(make_records(4, 10))
     for _ in range(200):
         if len(server.requests) >= 3:
@@ -267,6 +278,7 @@ async def test_durable_through_waits_for_an_earlier_slow_batch(server: FlakyServ
     assert len(server.requests) == 3  # batches 2-4 acknowledged, batch 1 still pending
     assert result.durable_through is None
     assert (await sink.flush()).durable_through is None
+    slow.set()
     result = await sink.flush(final=True)
     assert result.durable_through == 4 and result.delivered_events == 40
     await sink.close()
@@ -364,7 +376,9 @@ def test_an_endpoint_answering_only_failures_is_down_after_a_few_requests(status
 
 @run
 async def test_retry_after_as_an_http_date_holds_the_batch_back(server: FlakyServer) -> None:
-    server.answer(429, retry_after=formatdate(time.time() + 2, usegmt=True))
+    # Whole seconds: 3 s past the current second is at least 2 s from now, whatever its
+    # fraction, and the sink's set-up is part of it.
+    server.answer(429, retry_after=formatdate(math.floor(time.time()) + 3, usegmt=True))
     sink = sink_for(server)
     assert await deliver(sink, make_records(1, 5)) == []
     await sink.close()
