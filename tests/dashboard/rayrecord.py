@@ -3,9 +3,9 @@ recorded while it lives, for the tests that compare evagg's answers with Ray's.
 
 `record_session` runs the workload of tests/test_ray_end_to_end.py (plain tasks,
 failures, a retried task whose worker dies, nested tasks, an actor with a failing
-method), waits until Ray's State API has every attempt settled, records what Ray says
-(the State API, its raw HTTP envelopes, `ray.timeline()`), shuts Ray down and waits until
-the agent delivered every event to its lake.
+method), waits until Ray's State API has every attempt settled and every profile event
+flushed, records what Ray says (the State API, its raw HTTP envelopes, `ray.timeline()`),
+shuts Ray down and waits until the agent delivered every event to its lake.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,8 +94,9 @@ def record_session(agent: AgentProcess, flag_dir: Path,
         session = ray._private.worker.global_worker.node.session_name
         ray_state_tasks(job_id, ran["attempts"])  # every attempt settled in Ray
         recorded = Recorded(job_id=job_id, session=session, outer_id=ran["outer_id"])
-        recorded.tasks = [t.asdict() for t in state.list_tasks(
-            detail=True, limit=10000, raise_on_missing_output=False)]
+        # The lake gets profile events until shutdown; Ray's own answers must hold them
+        # all too, however late a loaded machine lets the workers flush them.
+        recorded.tasks, recorded.timeline = _settled_tasks_and_timeline()
         recorded.summary = state.summarize_tasks(raise_on_missing_output=False)
         recorded.actors = [a.asdict() for a in state.list_actors(detail=True)]
         recorded.jobs = [dict(j.asdict()) for j in state.list_jobs(detail=True)]
@@ -104,10 +106,53 @@ def record_session(agent: AgentProcess, flag_dir: Path,
         webui = ray._private.worker.global_worker.node.address_info["webui_url"]
         for route in RAW_ROUTES:
             recorded.raw[route] = _get_json(f"http://{webui}/api/v0/{route}")
-        time.sleep(1.5)  # Ray flushes profile events every second
-        recorded.timeline = ray.timeline() or []
     _wait_all_delivered(agent)
     return recorded
+
+
+def _settled_tasks_and_timeline() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Ray's task list (detail) and `ray.timeline()` once every profile is in both and
+    neither changed between two polls (each poll spans more than Ray's 1 s flush, as
+    `ray.timeline()` itself waits a second)."""
+    import ray
+    from ray.util import state
+
+    last: list[str | None] = [None]
+
+    def poll() -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+        tasks = [t.asdict() for t in state.list_tasks(
+            detail=True, limit=10000, raise_on_missing_output=False)]
+        timeline: list[dict[str, Any]] = ray.timeline() or []
+        now = _canonical(tasks) + _canonical(timeline)
+        stable, last[0] = now == last[0], now
+        return (tasks, timeline) if stable and _profiles_complete(tasks, timeline) else None
+
+    settled: tuple[list[dict[str, Any]], list[dict[str, Any]]] = wait_for(
+        poll, 60, "Ray's task list and timeline to hold every profile")
+    return settled
+
+
+def _canonical(rows: list[dict[str, Any]]) -> str:
+    return json.dumps(sorted(json.dumps(r, sort_keys=True, default=str) for r in rows))
+
+
+def _profiles_complete(tasks: list[dict[str, Any]], timeline: list[dict[str, Any]]) -> bool:
+    """Every attempt of these workloads ran its code, except one whose worker died (its
+    profile died with it): each other one has its start, its `task::` profile event and its
+    `task::` slice; and every task has the `submit_task` slice of whoever submitted it
+    (the driver's are in no task of the list)."""
+    ran = [t for t in tasks if t["error_type"] != "WORKER_DIED"]
+    slices = Counter(e["args"].get("task_id") for e in timeline
+                     if e["ph"] == "X" and e["cat"].startswith("task::"))
+    submitted = sum(1 for e in timeline if e["ph"] == "X" and e["cat"] == "submit_task")
+    return (slices == Counter(t["task_id"] for t in ran)
+            and submitted >= len({t["task_id"] for t in tasks})
+            and all(t["start_time_ms"] is not None and _profiled(t) for t in ran))
+
+
+def _profiled(task: dict[str, Any]) -> bool:
+    events = (task["profiling_data"] or {}).get("events") or []
+    return any(e["event_name"].startswith("task::") for e in events)
 
 
 def _wait_all_delivered(agent: AgentProcess) -> None:
