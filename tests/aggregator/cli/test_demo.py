@@ -23,6 +23,7 @@ def test_demo_writes_parquet_whose_task_durations_agree_with_their_states(
     assert done.returncode == 0, done.stdout + done.stderr
     lake = tmp_path / ".local" / "share" / "evagg" / "parquet"
     assert f"Parquet written under {lake}" in done.stdout
+    assert "report made-up durations" in done.stdout  # nobody mistakes them for timings
     con = duckdb.connect()
     rows = con.execute(
         "SELECT r.time, f.time, f.duration_s FROM read_parquet($glob) AS r "
