@@ -138,8 +138,9 @@ def test_sigterm_while_the_endpoint_is_down_exits_at_the_deadline_and_a_restart_
     said = [line for line in log.splitlines() if "cannot deliver while draining" in line]
     assert len(said) == 1  # said once, with where, how long and what stays
     assert endpoint.server.url in said[0] and "s more" in said[0]
-    assert "undelivered records stay spooled" in said[0]
-    assert "still has" in log and "they stay spooled" in log
+    assert "undelivered events stay spooled" in said[0]
+    assert "events to deliver at the deadline" in log and "they stay spooled" in log
+    assert "records" not in "".join(said)  # the user counts events, as status does
 
     endpoint.call(endpoint.server.start())
     agent.start()

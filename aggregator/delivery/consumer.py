@@ -205,9 +205,9 @@ class SinkConsumer:
         left = (f"up to {max(self._drain_ends - time.monotonic(), 0.0):.0f}s more"
                 if self._drain_ends is not None else "until the agent stops")
         log.warning("sink %s cannot deliver while draining: %s failed (%s); retrying for %s,"
-                    " then its %d undelivered records stay spooled for the next start",
+                    " then its %d undelivered events stay spooled for the next start",
                     self.name, self.sink.describe(), result.error, left,
-                    self.spool.lag(self.name)[0])
+                    self.spool.lag(self.name)[1])
 
     def drain(self, deadline_s: float | None = None) -> None:
         """Deliver everything spooled so far, flush, then stop (the caller stops it at

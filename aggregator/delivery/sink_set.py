@@ -68,8 +68,8 @@ class SinkSet:
             await asyncio.wait(self._tasks, timeout=deadline_s)
         for consumer in self.consumers.values():
             if not consumer.caught_up():
-                log.warning("sink %s still has %d records at the deadline; they stay spooled",
-                            consumer.name, self.spool.lag(consumer.name)[0])
+                log.warning("sink %s still has %d events to deliver at the deadline; they "
+                            "stay spooled", consumer.name, self.spool.lag(consumer.name)[1])
             consumer.stop()
         pending = [task for task in self._tasks if not task.done()]
         if pending:
