@@ -1,13 +1,23 @@
 // Charts drawn as inline SVG: no library, nothing fetched from elsewhere.
 import { h, s, fmtDur, fmtNum, fmtTime } from "./dom.js";
 
-const PALETTE = ["#3b6fd4", "#e07b39", "#3aa27a", "#b5527b", "#8a6fd1", "#c9a227", "#4bb0c8", "#7a7a7a"];
 export const STATE_COLORS = {
   PENDING: "#b0b7c3", SUBMITTED: "#8fa3bf", RUNNING: "#3b6fd4", FINISHED: "#3aa27a", FAILED: "#d14b4b",
 };
 
-export function colorOf(key, keys) {
-  return PALETTE[Math.max(0, keys.indexOf(key)) % PALETTE.length];
+// Each kind keeps its colour from page to page and hour to hour, whichever kinds are
+// beside it: the known kinds have one each, any other kind takes one from its name.
+const KIND_COLORS = {
+  task: "#3b6fd4", op: "#e07b39", span: "#3aa27a", worker: "#b5527b", agent: "#7a7a7a",
+  loss: "#d14b4b", actor: "#8a6fd1", job: "#c9a227", node: "#4bb0c8", ray: "#5b8c3a",
+};
+const OTHER_KIND_COLORS = ["#a0522d", "#2f7f8f", "#e68fac", "#556b8d", "#9c8a4a", "#6b3fa0"];
+
+export function colorOf(key) {
+  if (KIND_COLORS[key]) return KIND_COLORS[key];
+  let hash = 0;
+  for (const c of String(key)) hash = (hash * 31 + c.codePointAt(0)) >>> 0;
+  return OTHER_KIND_COLORS[hash % OTHER_KIND_COLORS.length];
 }
 
 // Events over time: one stacked bar per bucket, one colour per kind, on a log scale so
@@ -48,14 +58,14 @@ export function timelineChart(points, bucketS) {
       const partH = (n / total) * barH;
       y -= partH;
       svg.append(s("rect", { x: left + slot * barW, y, width: Math.max(1, barW - 1), height: partH,
-        fill: colorOf(kind, kinds), class: "bar" }, s("title", null, `${fmtTime(t)} ${kind}: ${fmtNum(n)} (of ${fmtNum(total)})`)));
+        fill: colorOf(kind), class: "bar" }, s("title", null, `${fmtTime(t)} ${kind}: ${fmtNum(n)} (of ${fmtNum(total)})`)));
     }
   });
   svg.append(s("text", { x: left, y: height - 6, class: "axis" }, fmtTime(times[0])));
   svg.append(s("text", { x: width - 8, y: height - 6, "text-anchor": "end", class: "axis" },
     fmtTime(times[times.length - 1])));
   const legend = h("div", { class: "legend" }, kinds.map((k) =>
-    h("span", null, h("i", { style: `background:${colorOf(k, kinds)}` }), k)));
+    h("span", null, h("i", { style: `background:${colorOf(k)}` }), k)));
   return h("div", null, svg, legend);
 }
 

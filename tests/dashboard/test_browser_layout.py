@@ -225,6 +225,25 @@ def test_events_over_time_keep_small_buckets_visible_beside_a_burst(page: Page) 
     expect(page.locator("section h2", has_text="log scale")).to_have_count(1)
 
 
+def legend_colours(page: Page) -> dict[str, str]:
+    page.goto("/")
+    expect(page.locator("svg.timeline")).to_be_visible()
+    return dict(page.evaluate("""Object.fromEntries([...document.querySelectorAll(
+        '.legend span')].map((s) => [s.textContent, s.querySelector('i').style.background]))"""))
+
+
+@pytest.mark.parametrize("width", WIDTHS[:1])
+def test_a_kind_keeps_its_colour_whichever_kinds_are_beside_it(
+        browser: Any, layout_lake: Path, tasks_only_lake: Path, width: int) -> None:
+    for page in open_page(browser, layout_lake, width):
+        many = legend_colours(page)
+    for page in open_page(browser, tasks_only_lake, width):
+        alone = legend_colours(page)
+    assert {"task", "op", "burst"} <= set(many) and set(alone) == {"task"}
+    assert alone["task"] == many["task"]
+    assert len(set(many.values())) == len(many)  # and no two kinds share one
+
+
 def test_the_overview_counts_failed_ops(page: Page) -> None:
     page.goto("/")
     expect(page.locator("#failed-ops")).to_have_text("1")  # the sample run's failed backward
