@@ -15,6 +15,7 @@ import pytest
 from tests.agentproc import AgentProcess
 from tests.aggregator.test_end_to_end import producer_report, start_producer
 from tests.sinks.moto_server import MotoS3, aws_env
+from tests.waiting import wait_until
 
 KEY = re.compile(r"^lake/date=\d{4}-\d\d-\d\d/hour=\d\d/node=test-node/"
                  r"part-[A-Za-z0-9_.%-]+-\d{20}\.parquet$")
@@ -76,8 +77,9 @@ def test_s3_outage_mid_run_loses_and_duplicates_nothing(
     time.sleep(1.5)
     moto.stop()  # uploads in flight fail, their aborts fail too
     try:
-        time.sleep(4)
-        assert sum(delivery_errors(agent).values()) > 0
+        wait_until(lambda: sum(delivery_errors(agent).values()) > 0, 60,
+                   "an upload to meet the outage")
+        time.sleep(2)  # and the producers carry on into it
     finally:
         moto.start()  # same port, same buckets
     for proc in producers.values():

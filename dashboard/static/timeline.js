@@ -109,14 +109,22 @@ class TimelineView {
     ctx.strokeStyle = "#dde1e8";
     ctx.fillStyle = "#6b7385";
     const step = niceStep((this.t1 - this.t0) / 8);
+    let labelsEnd = 0;
     for (let t = Math.ceil(this.t0 / step) * step; t <= this.t1; t += step) {
       const x = this.x(t);
       ctx.beginPath();
       ctx.moveTo(x, AXIS - 4);
       ctx.lineTo(x, this.height);
       ctx.stroke();
-      ctx.fillText(fmtDur(t / 1000), x + 2, 12);
+      const label = fmtDur(t / 1000);
+      // A tick near the right edge puts its label on the left of its line, not past the edge.
+      const fits = x + 2 + ctx.measureText(label).width <= this.width;
+      ctx.textAlign = fits ? "left" : "right";
+      ctx.fillText(label, fits ? x + 2 : x - 2, 12);
+      labelsEnd = Math.max(labelsEnd, fits ? x + 2 + ctx.measureText(label).width : x - 2);
     }
+    ctx.textAlign = "left";
+    this.canvas.dataset.axisLabelsEnd = String(Math.ceil(labelsEnd));
   }
 
   hit(event) {

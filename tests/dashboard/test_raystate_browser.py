@@ -46,6 +46,10 @@ def test_timeline_draws_a_100k_task_job_and_a_click_opens_the_task(page: Page) -
     page.wait_for_function(
         "document.querySelector('canvas.timeline-canvas').dataset.bars === '100000'")
     page.screenshot(path=str(ARTIFACTS / "ray-timeline-100k.png"), full_page=False)
+    # The job ends on a tick: its label is drawn inside the canvas, not cut at its edge.
+    axis = page.evaluate("(() => { const c = document.querySelector('canvas.timeline-canvas');"
+                         " return [Number(c.dataset.axisLabelsEnd), c.clientWidth]; })()")
+    assert 0 < axis[0] <= axis[1], axis
 
     canvas = page.locator("canvas.timeline-canvas")
     box = canvas.bounding_box()
