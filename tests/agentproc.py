@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -165,3 +166,21 @@ def query_lake(lake: Path, sql: str) -> list[tuple[Any, ...]]:
         f"CREATE VIEW events AS SELECT * FROM read_parquet('{lake}/**/*.parquet', "
         "hive_partitioning = true, union_by_name = true)")
     return con.execute(sql).fetchall()
+
+
+def wait_tail_connected(tail: subprocess.Popen[str], timeout: float = 30.0) -> str:
+    """Until an `evagg tail` child (started with stderr=PIPE, text=True) says it waits for
+    events, and that line. It says so once the agent's answer headers arrived; the agent
+    takes the spool position it follows from as it sends them, so an event sent after
+    this reaches the child, and one sent before may never."""
+    stream = tail.stderr
+    assert stream is not None, "start the tail with stderr=subprocess.PIPE"
+    first: list[str] = []
+    reader = threading.Thread(target=lambda: first.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if not first:
+        tail.kill()  # the reader's readline ends with the child
+        raise AssertionError(f"`evagg tail` did not connect within {timeout}s")
+    assert first[0].startswith("waiting for events on "), first[0]
+    return first[0]
