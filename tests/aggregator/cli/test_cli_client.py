@@ -6,12 +6,11 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import orjson
 
-from tests.agentproc import REPO, AgentProcess, short_socket_dir
+from tests.agentproc import REPO, AgentProcess, short_socket_dir, wait_tail_connected
 
 
 def evagg(*args: str, stdin: bytes | None = None,
@@ -57,8 +56,9 @@ def test_emit_reports_bad_input_and_a_missing_agent(tmp_path: Path) -> None:
 def test_tail_follows_new_events_filtered_by_kind(agent: AgentProcess) -> None:
     tail = subprocess.Popen([sys.executable, "-m", "aggregator", "tail", "--url", agent.http_url,
                              "--kind", "task", "--json", "--limit", "2"], cwd=REPO,
-                            stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
-    time.sleep(1.5)  # let it connect before the events exist
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    wait_tail_connected(tail)  # a tail shows only what is spooled after it connected
     for name in ("first", "second"):
         assert evagg("emit", "--socket", str(agent.socket_path), "--kind", "op",
                      "--name", f"op-{name}").returncode == 0
@@ -119,8 +119,8 @@ def test_tail_reads_http_listen_from_evagg_config(agent: AgentProcess) -> None:
     tail = subprocess.Popen([sys.executable, "-m", "aggregator", "tail", "--json", "--limit", "1",
                              "--kind", "task"],  # not the agent's heartbeat, due every 2 s
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=client_env(EVAGG_CONFIG=str(agent.config_path)))
-    time.sleep(1.5)  # let it connect before the event exists
+                            text=True, env=client_env(EVAGG_CONFIG=str(agent.config_path)))
+    wait_tail_connected(tail)  # a tail shows only what is spooled after it connected
     assert evagg("emit", "--socket", str(agent.socket_path), "--name", "via-config").returncode == 0
     out, err = tail.communicate(timeout=30)
     assert tail.returncode == 0, err
