@@ -21,10 +21,12 @@ _TIME_COLUMNS = ("time", "received")
 async def stream_tail(request: web.Request, spool: Spool, *, kinds: list[str],
                       names: list[str], is_ready: Callable[[], bool]) -> web.StreamResponse:
     """Until the client goes away or the agent starts draining."""
+    # The position is taken before the headers go out: a client that has seen them sees
+    # every event sent after that.
+    position = spool.next_offset
+    event_filter = EventFilter.of(kinds=kinds, names=names)
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await response.prepare(request)
-    event_filter = EventFilter.of(kinds=kinds, names=names)
-    position = spool.next_offset
     with contextlib.suppress(ConnectionError):
         while is_ready() and request.transport is not None \
                 and not request.transport.is_closing():
