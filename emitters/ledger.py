@@ -4,7 +4,7 @@ The sender thread alone changes the ledger; stats() reads it from any thread. Lo
 counted by reason in the outbox (`buffer_full`, `nacked`, `too_large`, `unencodable`) plus
 the events callers dropped when the queue was full (counted as `buffer_full`). The
 emitter's own `loss` reports are frames too, kept apart so that they count as none of
-the caller's events.
+the caller's events. A flush ends only after the report of the losses before it.
 """
 
 from __future__ import annotations
@@ -25,12 +25,13 @@ log = logging.getLogger("evagg.emitter")
 class FlushWaiter:
     """Queued by flush(); done once every frame made before it is answered (or given up)."""
 
-    __slots__ = ("at_exit", "done", "ok", "target", "unreachable")
+    __slots__ = ("at_exit", "done", "ok", "reported", "target", "unreachable")
 
     def __init__(self, at_exit: bool) -> None:
         self.at_exit = at_exit  # at exit, give up at once when no agent listens
         self.done = threading.Event()
         self.ok = False
+        self.reported = False  # its losses are in a report it waits for (wait_for_report)
         self.target = 0
         self.unreachable = False
 
@@ -167,6 +168,23 @@ class Ledger:
     def add_waiter(self, waiter: FlushWaiter) -> None:
         waiter.target = self.outbox.last_seq
         self._waiters.append(waiter)
+
+    def flushes_due(self) -> list[FlushWaiter]:
+        """Flushes that would end now (every frame made before them answered) and have
+        not yet waited for a loss report of their own."""
+        if not self._waiters:
+            return []
+        oldest = self.outbox.oldest()
+        return [waiter for waiter in self._waiters
+                if not waiter.reported and (oldest is None or oldest > waiter.target)]
+
+    def wait_for_report(self, waiters: list[FlushWaiter], seq: int) -> None:
+        """`waiters` wait for frame `seq`, a loss report, too. Once: every loss of their
+        own frames is known by now, and a later one (another thread's drop) must not keep
+        a flush going."""
+        for waiter in waiters:
+            waiter.target = max(waiter.target, seq)
+            waiter.reported = True
 
     def agent_unreachable(self) -> None:
         """A connect failed: flushes at exit stop waiting."""

@@ -3,7 +3,8 @@
 Every frame stays in the outbox until the agent acks or nacks it; after a reconnect the
 whole outbox is sent again in order, and the agent drops the (session, seq) pairs it
 already holds. The outbox is bounded in bytes: events that do not fit are dropped and
-counted by reason, and the counts go to the agent as a `loss` event once it listens.
+counted by reason, and the counts go to the agent as a `loss` event once it listens, and
+before any flush (or the close at exit) ends.
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ class Sender:
         if self._conn is not None and self._conn.stalled(settings.ack_timeout):
             self.counts["ack_timeouts"] += 1
             self._disconnect()
-        self.ledger.settle_waiters()
+        self._settle_waiters()
 
     def _wait(self) -> tuple[bool, bool]:
         due = self._next_drain
@@ -228,14 +229,15 @@ class Sender:
                 self.counts["columns_frames"] += 1
             self._made(seq)
 
-    def _report_losses(self) -> None:
-        """`loss` events for the drops not yet reported (one per reason), at most once a second.
+    def _report_losses(self, force: bool = False) -> int | None:
+        """`loss` events for the drops not yet reported (one per reason), at most once a
+        second unless `force`; the seq of the frame holding them, None if none was made.
 
         Shaped as the agent's own: name and attrs.reason the reason, metrics.events the count.
         """
         now = time.monotonic()
-        if now < self._next_loss_report or not self.ledger.has_unreported_losses():
-            return
+        if (now < self._next_loss_report and not force) or not self.ledger.has_unreported_losses():
+            return None
         self._next_loss_report = now + LOSS_REPORT_INTERVAL_S
         time_ns = time.time_ns()
         items = [(time_ns, "loss", reason, "DROPPED",
@@ -249,6 +251,7 @@ class Sender:
         self.ledger.report_made(seq)
         self._made(seq)
         self.counts["loss_events"] += len(events)
+        return seq
 
     # -- connection ---------------------------------------------------------------------
 
@@ -350,5 +353,16 @@ class Sender:
 
     def _add_waiter(self, waiter: FlushWaiter, settings: Settings) -> None:
         self.ledger.add_waiter(waiter)
-        if waiter.at_exit and self._conn is None and self.outbox.frames:
+        if waiter.at_exit and self._conn is None and self._wants_connection():
             self._connect(settings)  # at once, whatever the backoff says
+
+    def _settle_waiters(self) -> None:
+        # A flush (and the close at exit) ends only once the agent holds the count of
+        # every drop before it: the last drops would otherwise wait out the report
+        # interval, and a process that exits meanwhile never reports them.
+        due = self.ledger.flushes_due()
+        if due and self.ledger.has_unreported_losses():
+            seq = self._report_losses(force=True)
+            if seq is not None:
+                self.ledger.wait_for_report(due, seq)
+        self.ledger.settle_waiters()

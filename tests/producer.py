@@ -3,7 +3,10 @@
 Run as `python -m tests.producer --socket S --prefix P --count N [--seconds T]`.
 Every event carries task_id "<prefix>-<i>", so a test can check each arrived exactly once.
 It prints one JSON line: events emitted, exceptions raised by emit(), the slowest emit()
-call, and whether the final flush was acknowledged.
+call, whether the final flush was acknowledged, and the events dropped by reason.
+`--done-file F` is created once every event is emitted, so that a test can wait for the
+end of the emit loop; `--end exit` skips the flush and leaves the delivery to the
+interpreter's exit (the emitter's at-exit close).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import orjson
 
@@ -26,6 +30,9 @@ def main() -> int:
     parser.add_argument("--flush-timeout", type=float, default=60.0)
     parser.add_argument("--buffer-bytes", type=int, default=0)
     parser.add_argument("--frames", choices=["columns", "ndjson"], default="columns")
+    parser.add_argument("--max-pending", type=int, default=0)
+    parser.add_argument("--done-file", default="")
+    parser.add_argument("--end", choices=["flush", "exit"], default="flush")
     args = parser.parse_args()
 
     import emitters
@@ -34,6 +41,8 @@ def main() -> int:
                                   "frames": args.frames}
     if args.buffer_bytes:
         options["max_buffer_bytes"] = args.buffer_bytes
+    if args.max_pending:
+        options["max_pending"] = args.max_pending
     emitters.configure(**options)
     raised = 0
     slowest_ns = 0
@@ -55,12 +64,15 @@ def main() -> int:
         slowest_ns = max(slowest_ns, time.perf_counter_ns() - started)
         if pause and i % 100 == 99:
             time.sleep(pause * 100)
-    flushed = emitters.flush(args.flush_timeout)
-    columns_frames = emitters.stats().counters.get("columns_frames", 0)
+    if args.done_file:
+        Path(args.done_file).touch()
+    flushed = emitters.flush(args.flush_timeout) if args.end == "flush" else None
+    stats = emitters.stats()
     print(
         orjson.dumps(
             {"emitted": args.count, "raised": raised, "slowest_ns": slowest_ns, "flushed": flushed,
-             "columns_frames": columns_frames}
+             "columns_frames": stats.counters.get("columns_frames", 0),
+             "dropped": dict(stats.dropped)}
         ).decode(),
         flush=True,
     )

@@ -1,0 +1,94 @@
+"""Loss reports: what a producer dropped is what the agent counts, however it ends.
+
+The emitter spaces its `loss` reports out (one a second at most); drops made just before
+a producer flushes or exits must still reach the agent's counters, which are what users
+read in /metrics and `evagg status`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from emitters import Emitter
+from tests.agentproc import AgentProcess
+from tests.aggregator.test_end_to_end import producer_report, start_producer
+from tests.emitters.fakeagent import Batch, FakeAgent, short_socket_path
+
+COUNTED = "evagg_producer_dropped_events_total"
+
+
+@pytest.fixture
+def sock_path() -> Iterator[Path]:
+    path = short_socket_path()
+    yield path
+    with contextlib.suppress(OSError):
+        path.parent.rmdir()
+
+
+def reported(agent: FakeAgent) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for event in agent.events():
+        if event["kind"] == "loss":
+            totals[event["name"]] = totals.get(event["name"], 0.0) + event["metrics"]["events"]
+    return totals
+
+
+@pytest.mark.parametrize("end", ["flush", "exit"])
+def test_drops_right_before_the_end_are_counted_by_the_agent(agent: AgentProcess,
+                                                             end: str) -> None:
+    # A queue of 64 takes a burst of 50k emit() calls: most are dropped, all within
+    # a fraction of a second, so the drops after the first report come just before the end.
+    proc = start_producer(agent.socket_path, "burst", 50_000, max_pending=64, end=end)
+    report = producer_report(proc)
+    dropped: dict[str, int] = report["dropped"]
+    assert dropped.get("buffer_full", 0) > 0, report
+    # The producer has exited: whatever it reported is in the agent's counters by now.
+    counted = {reason: agent.metric(f'{COUNTED}{{reason="{reason}"}}') for reason in dropped}
+    assert counted == {reason: float(n) for reason, n in dropped.items()}
+    assert agent.metric(COUNTED) == sum(dropped.values())
+
+
+def test_a_nack_that_ends_a_flush_is_reported_before_the_flush_returns(sock_path: Path) -> None:
+    def nack_poison(batch: Batch) -> str | None:
+        return "poison frame" if b"poison" in batch.payload else None
+
+    emitter = Emitter(socket=sock_path, flush_interval=0.01)
+    try:
+        with FakeAgent(sock_path, nack=nack_poison) as agent:
+            for round_ in (1, 2):  # the second nack comes within the report interval
+                emitter.emit(kind="task", name="poison")
+                assert not emitter.flush(20)
+                # Read at once: the flush waited for the report, no polling needed.
+                assert reported(agent) == {"nacked": float(round_)}
+    finally:
+        emitter.close(1.0)
+
+
+def test_drops_by_another_thread_do_not_keep_a_flush_going(sock_path: Path) -> None:
+    emitter = Emitter(socket=sock_path, flush_interval=0.01, max_pending=1)
+    stop = threading.Event()
+
+    def flood() -> None:
+        while not stop.is_set():
+            emitter.emit(kind="task", name="flood")
+
+    # Slow acks: every round trip leaves the flooder time to drop more, so a flush that
+    # waited for a report of each new drop would never end.
+    with FakeAgent(sock_path, ack_delay=0.05) as agent:
+        flooder = threading.Thread(target=flood)
+        flooder.start()
+        try:
+            agent.wait_for(lambda: emitter.stats().dropped.get("buffer_full", 0) > 0)
+            started = time.monotonic()
+            emitter.flush(30)
+            assert time.monotonic() - started < 10  # about 1 s; unbounded, it would be 30
+        finally:
+            stop.set()
+            flooder.join()
+            emitter.close(1.0)
