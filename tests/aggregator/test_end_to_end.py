@@ -108,15 +108,27 @@ def test_kill_9_mid_stream_loses_and_duplicates_nothing(agent: AgentProcess) -> 
     assert_exactly_once(agent.lake_dir, {name: 20_000 for name in producers})
 
 
+def wait_for_files(paths: list[Path], procs: list[subprocess.Popen[bytes]],
+                   timeout: float = 60.0) -> None:
+    """Until every file in `paths` exists; a producer that exits first fails the test."""
+    deadline = time.monotonic() + timeout
+    while not all(path.exists() for path in paths):
+        assert all(proc.poll() is None for proc in procs), "a producer exited early"
+        assert time.monotonic() < deadline, f"not all of {paths} after {timeout}s"
+        time.sleep(0.05)
+
+
 def test_agent_appearing_later_receives_buffered_events_and_loss_counts(
-    agent_factory: Callable[..., AgentProcess],
+    agent_factory: Callable[..., AgentProcess], tmp_path: Path
 ) -> None:
     agent = agent_factory()
-    small = start_producer(agent.socket_path, "late", 2000, flush_timeout=30)
+    done = [tmp_path / "late.done", tmp_path / "over.done"]
+    small = start_producer(agent.socket_path, "late", 2000, flush_timeout=30, done_file=done[0])
     overflowing = start_producer(
-        agent.socket_path, "over", 200_000, flush_timeout=30, buffer_bytes=256 * 1024
+        agent.socket_path, "over", 200_000, flush_timeout=30, buffer_bytes=256 * 1024,
+        done_file=done[1],
     )
-    time.sleep(2.0)  # both emit everything with no agent listening
+    wait_for_files(done, [small, overflowing])  # both emitted everything with no agent listening
     agent.start()
     assert producer_report(small)["flushed"]
     producer_report(overflowing)
