@@ -22,6 +22,7 @@ from tests.sinks.certs import make_pki
 from tests.sinks.flaky_server import FlakyServer
 from tests.sinks.http.test_http_retries import ONE_IN_THREE
 from tests.sinks.http.through_loop import resent_after_stored
+from tests.waiting import wait_until
 
 T = TypeVar("T")
 
@@ -66,15 +67,6 @@ def http_sink(name: str, url: str, extra: str = "") -> str:
     return (f'[[sinks]]\nname = "{name}"\ntype = "http"\nurl = "{url}"\n'
             f'batch_max_events = 500\nbatch_interval = "200ms"\ntimeout = "1s"\n'
             f'retry_max_backoff = "2s"\n{extra}\n')
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_flaky_endpoint_gets_everything_while_a_healthy_sink_keeps_pace(

@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.agentproc import REPO, AgentProcess
 from tests.sinks.moto_server import MotoS3, aws_env
-from tests.test_http_end_to_end import ServerThread, http_sink, servers, wait_until
+from tests.test_http_end_to_end import ServerThread, http_sink, servers
+from tests.waiting import wait_until
 
 __all__ = ["servers"]  # a fixture, used by name
 
