@@ -142,7 +142,7 @@ def test_multiprocessing_fork_children_deliver_without_flushing(agent: FakeAgent
 def test_exit_delivers_what_was_never_flushed(agent: FakeAgent) -> None:
     result = run_python(STATS_AT_EXIT + f"""
 import emitters
-emitters.configure(socket={str(agent.path)!r}, flush_interval=1.0)
+emitters.configure(socket={str(agent.path)!r}, flush_interval=1.0, exit_timeout=30)
 for i in range(100):
     emitters.emit(kind="task", name="at-exit", task_id=str(i))
 """)
@@ -170,7 +170,7 @@ def test_exit_with_a_silent_agent_stops_at_the_deadline() -> None:
     with FakeAgent(short_socket_path(), silent_connections=100) as silent:
         result = run_python(STATS_AT_EXIT + f"""
 import emitters
-emitters.configure(socket={str(silent.path)!r}, exit_timeout=0.5)
+emitters.configure(socket={str(silent.path)!r}, exit_timeout=3.0)
 emitters.emit(kind="task", name="unacked")
 """)
         assert len(silent.received) >= 1
