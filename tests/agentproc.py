@@ -64,13 +64,31 @@ class AgentProcess:
         )
 
     def start(self, timeout: float = 30.0) -> AgentProcess:
+        try:
+            self._start(timeout)
+        except RuntimeError:
+            # free_port() gave a port that something else (Ray opens many) took before
+            # the agent bound it: move to another once, as an operator would.
+            if f"already listening on 127.0.0.1:{self.port}" not in self.log():
+                raise
+            self._move_http_port()
+            self._start(timeout)
+        return self
+
+    def _start(self, timeout: float) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO), **self.env}
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "aggregator", "run", "--config", str(self.config_path)],
                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         self._wait_ready(timeout)
-        return self
+
+    def _move_http_port(self) -> None:
+        old, self.port = self.port, free_port()
+        self.http_url = f"http://127.0.0.1:{self.port}"
+        text = self.config_path.read_text()
+        self.config_path.write_text(text.replace(f'http_listen = "127.0.0.1:{old}"',
+                                                 f'http_listen = "127.0.0.1:{self.port}"'))
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
