@@ -51,6 +51,9 @@ def add_dashboard_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--listen", default="127.0.0.1:8050",
                         help="HOST:PORT to serve on (default: %(default)s, this machine only; "
                              "0.0.0.0:8050 for every interface)")
+    parser.add_argument("--port", type=int, metavar="PORT",
+                        help="serve on this port of --listen's host (--port 8055 is "
+                             "--listen 127.0.0.1:8055)")
     parser.add_argument("--endpoint-url", help="S3-compatible endpoint URL")
     parser.add_argument("--region", help="S3 region")
     parser.add_argument("--engine", choices=ENGINES, default="auto",
@@ -102,6 +105,10 @@ def _tell(message: str) -> None:
 def run_dashboard(args: argparse.Namespace) -> int:
     try:
         host, port = parse_listen(args.listen)
+        if args.port is not None:
+            if not 0 <= args.port <= 65535:
+                raise BadInput(f"--port must be 0 to 65535, not {args.port}")
+            port = args.port
         store = open_store(args)
     except DashboardError as exc:
         print(f"evagg dashboard: {exc.message}", file=sys.stderr)

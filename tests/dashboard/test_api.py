@@ -180,7 +180,7 @@ def free_port() -> int:
 def test_dashboard_command(lake: Path, tmp_path: Path) -> None:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "aggregator", "dashboard", "--data", str(lake),
-                             "--listen", f"127.0.0.1:{port}"], cwd=REPO,
+                             "--port", str(port)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -207,6 +207,10 @@ def test_dashboard_command(lake: Path, tmp_path: Path) -> None:
                           "--listen", "nowhere"], cwd=REPO, capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode == 2 and "--listen must be HOST:PORT" in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "aggregator", "dashboard", "--data", str(lake),
+                          "--port", "70000"], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "--port must be 0 to 65535" in bad.stderr
 
 
 @pytest.fixture
