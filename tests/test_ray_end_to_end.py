@@ -15,7 +15,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -26,6 +26,7 @@ import pytest
 
 from tests.agentproc import AgentProcess
 from tests.raylocal import local_ray
+from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS_SQL = REPO / "dashboard" / "sql" / "tasks.sql"
@@ -116,17 +117,6 @@ def lake_query(agent: AgentProcess, sql: str) -> list[dict[str, Any]]:
     con.execute(TASKS_SQL.read_text())
     table = con.execute(sql).to_arrow_table()
     return [dict(row) for row in table.to_pylist()]
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.5)
 
 
 @dataclass

@@ -22,6 +22,7 @@ from typing import Any
 from tests.agentproc import AgentProcess
 from tests.raylocal import local_ray
 from tests.test_ray_end_to_end import RAY_EXPORT_ENV, ray_state_tasks, run_workload
+from tests.waiting import wait_for
 
 EXPORT_ALL = {**RAY_EXPORT_ENV, "RAY_DASHBOARD_AGGREGATOR_AGENT_EXPOSABLE_EVENT_TYPES": "ALL"}
 RAW_ROUTES = ("tasks?limit=1000&detail=1", "actors?detail=1", "nodes?detail=1",
@@ -43,17 +44,6 @@ class Recorded:
     placement_groups: list[dict[str, Any]] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict)  # route -> Ray's JSON envelope
     timeline: list[dict[str, Any]] = field(default_factory=list)  # ray.timeline()
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.5)
 
 
 def _get_json(url: str) -> Any:

@@ -18,6 +18,7 @@ import pytest
 
 from emitters.autostart import agent_log_path, users_lock_path
 from tests.agentproc import REPO, AgentProcess, free_port, query_lake, short_socket_dir
+from tests.waiting import wait_until
 
 # A driver: imports emitters, says it is ready, waits for the go file, asks for an agent
 # (configure(start_agent=True), or EVAGG_START_AGENT=1 and its first event), emits,
@@ -99,14 +100,6 @@ def start_driver(home: dict[str, Any], prefix: str, count: int, mode: str,
         cwd=REPO, env={**home["env"], **(extra_env or {})}, stdout=subprocess.PIPE)
 
 
-def wait_for(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def report(proc: subprocess.Popen[bytes]) -> dict[str, Any]:
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -133,7 +126,7 @@ def test_two_drivers_at_once_share_one_agent_that_leaves_after_the_last(
     stale_socket(home["socket"])
     a = start_driver(home, "a", 300, "configure")
     b = start_driver(home, "b", 300, "environment", {"EVAGG_START_AGENT": "1"})
-    wait_for(lambda: all((home["work"] / f"ready-{p}").exists() for p in "ab"), 60,
+    wait_until(lambda: all((home["work"] / f"ready-{p}").exists() for p in "ab"), 60,
              "drivers importing emitters")
     (home["work"] / "go").touch()
     reports = {"a": report(a), "b": report(b)}
@@ -149,7 +142,7 @@ def test_two_drivers_at_once_share_one_agent_that_leaves_after_the_last(
     time.sleep(1.5)  # three of the agent's polls: it must stay while b holds its lease
     assert agent_pids(home["socket"]) == pids
     release(home, b, "b")
-    wait_for(lambda: not agent_pids(home["socket"]), 60, "the agent to drain and exit")
+    wait_until(lambda: not agent_pids(home["socket"]), 60, "the agent to drain and exit")
     assert not home["socket"].exists()
     log = agent_log_path(home["socket"]).read_text()
     assert "no process uses this agent any more" in log
@@ -218,7 +211,7 @@ def test_the_agent_leaves_when_nobody_holds_the_users_lock(home: dict[str, Any])
          "--exit-when-unused", str(users)],
         cwd=REPO, env=home["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        wait_for(lambda: home["socket"].exists(), 30, "the agent's socket")
+        wait_until(lambda: home["socket"].exists(), 30, "the agent's socket")
         time.sleep(1.2)
         assert proc.poll() is None  # a user holds the lock
         os.close(fd)

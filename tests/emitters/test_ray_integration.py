@@ -34,7 +34,8 @@ from emitters.tracecontext import (
 )
 from tests.agentproc import AgentProcess
 from tests.raylocal import local_ray
-from tests.test_ray_end_to_end import lake_query, wait_for
+from tests.test_ray_end_to_end import lake_query
+from tests.waiting import wait_for
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 SPAN = "00f067aa0ba902b7"
