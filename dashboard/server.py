@@ -9,6 +9,7 @@ aiohttp at import time so that registering it costs the CLI nothing.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import sys
 from pathlib import Path
@@ -40,6 +41,16 @@ def parse_listen(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise BadInput(f"--listen must be HOST:PORT, not {text!r}")
     return host.strip("[]"), int(port)
+
+
+def reachable_from_elsewhere(host: str) -> bool:
+    """Whether serving on `host` lets other machines in (0.0.0.0, an interface's address)."""
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True  # a name: it may resolve to any interface
 
 
 def add_dashboard_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -117,15 +128,22 @@ def run_dashboard(args: argparse.Namespace) -> int:
 
     from dashboard.app import create_app
 
-    described = store.describe()
-    print(f"evagg dashboard: {described['location']} ({described['engine']}, "
-          f"{described['files']} files) on http://{host}:{port}/", flush=True)
-    if store.note:
-        print(f"evagg dashboard: {store.note}", flush=True)
+    def announce(_: str) -> None:  # aiohttp calls it once the port is open
+        described = store.describe()
+        print(f"evagg dashboard: {described['location']} ({described['engine']}, "
+              f"{described['files']} files) on http://{host}:{port}/", flush=True)
+        if store.note:
+            print(f"evagg dashboard: {store.note}", flush=True)
+        if reachable_from_elsewhere(host):
+            print(f"evagg dashboard: {host}:{port} can be reached from other machines, and "
+                  "the dashboard has no login: anyone who reaches it reads the store",
+                  file=sys.stderr, flush=True)
+
     try:
         web.run_app(create_app(store, timeout_s=args.query_timeout), host=host, port=port,
-                    print=None, access_log=None)
+                    print=announce, access_log=None)
     except OSError as exc:
-        print(f"evagg dashboard: cannot listen on {args.listen}: {exc.strerror}", file=sys.stderr)
+        print(f"evagg dashboard: cannot listen on {host}:{port}: {exc.strerror}; another "
+              "dashboard may hold it: choose another with --port", file=sys.stderr)
         return 1
     return 0

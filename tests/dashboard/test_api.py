@@ -213,6 +213,20 @@ def test_dashboard_command(lake: Path, tmp_path: Path) -> None:
     assert bad.returncode == 2 and "--port must be 0 to 65535" in bad.stderr
 
 
+def test_a_dashboard_whose_port_is_taken_says_which_and_never_that_it_serves(
+        lake: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "aggregator", "dashboard", "--data",
+                               str(lake), "--port", str(port)], cwd=REPO, capture_output=True,
+                              text=True, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr and "--port" in done.stderr
+    assert "on http://" not in done.stdout and "Traceback" not in done.stderr
+
+
 @pytest.fixture
 def s3_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """moto's S3 on loopback with one bucket that holds an object, but none under
@@ -257,3 +271,10 @@ def test_empty_s3_prefix_answers_with_a_message(s3_endpoint: str) -> None:
                    "part-1.parquet")
         status, overview, _ = get(f"{url}/api/overview")  # still serving, and sees the file
         assert status == 200 and overview["tasks"] == 1
+
+
+def test_the_dashboard_warns_only_when_other_machines_can_reach_it() -> None:
+    from dashboard.server import reachable_from_elsewhere
+
+    assert not any(map(reachable_from_elsewhere, ("127.0.0.1", "127.0.0.2", "::1", "localhost")))
+    assert all(map(reachable_from_elsewhere, ("0.0.0.0", "::", "10.1.2.3", "node7.internal")))
