@@ -2,7 +2,7 @@
 import { getJSON } from "./api.js";
 import { h, clear, fmtBytes } from "./dom.js";
 import * as pages from "./pages.js";
-import { emptyStore, isEmptyStore } from "./empty.js";
+import { emptyStore, isEmptyStore, isNoRayTasks, noRayTasks } from "./empty.js";
 import { timeline } from "./timeline.js";
 
 const ROUTES = {
@@ -32,7 +32,7 @@ async function render({ keepScroll = false } = {}) {
     node = view ? await view(params) : h("p", { class: "error" }, `No page ${route}.`);
   } catch (err) {
     // An empty store is no error: one neutral message saying how to send data.
-    node = isEmptyStore(err) ? emptyStore(err)
+    node = isEmptyStore(err) ? emptyStore(err) : isNoRayTasks(err) ? noRayTasks()
       : h("div", { class: "error-box", role: "alert" }, h("b", null, "Could not load this page: "), err.message);
   }
   if (ticket !== rendering) return;  // a newer navigation won

@@ -45,3 +45,18 @@ export function noAgents() {
   return emptyState("No agent heartbeats yet", "Every running agent writes a heartbeat event each heartbeat_interval " +
     "(30 s by default); start one on each node.", ["evagg run"]);
 }
+
+// The store holds events but none from Ray (the server's NotFound for Ray's routes).
+const NO_RAY = /^no Ray tasks in /;
+export function isNoRayTasks(err) {
+  return err && err.status === 404 && NO_RAY.test(err.message || "");
+}
+
+export function noRayTasks() {
+  return emptyState("No Ray tasks yet", "This page draws the tasks Ray exports through its Event Export. " +
+    "Point each Ray node's exporter at its agent before the node starts (docs/ray.md, \"Turn it on\"); " +
+    "tasks show here once the agent has written them.",
+  ["export RAY_DASHBOARD_AGGREGATOR_AGENT_EVENTS_EXPORT_ADDR=http://127.0.0.1:4040/ray/events",
+    "export RAY_enable_core_worker_ray_event_to_aggregator=1 RAY_enable_ray_event=1",
+    "ray start --head            # or ray.init() with these in os.environ"]);
+}

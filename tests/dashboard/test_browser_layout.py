@@ -291,5 +291,9 @@ def test_empty_pages_say_how_to_fill_them(browser: Any, tasks_only_lake: Path,
         expect(page.locator(".empty-state")).to_contain_text("emitters.op(")
         page.goto("/#/agents")
         expect(page.locator(".empty-state")).to_contain_text("evagg run")
+        page.goto("/#/timeline")  # tasks, but none from Ray: no red box either
+        expect(page.locator(".empty-state")).to_contain_text("No Ray tasks yet")
+        expect(page.locator(".empty-state")).to_contain_text("RAY_enable_ray_event=1")
+        expect(page.locator(".error-box")).to_have_count(0)
         page.goto("/#/tasks")
         expect(page.locator("#task-count")).to_have_text("1 task attempt")
