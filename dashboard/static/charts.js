@@ -110,6 +110,19 @@ export function histRange(rows) {
   return { lo, hi };
 }
 
+// Where the quantile labels go: over their lines where there is room, else pushed apart
+// (rightwards, and back leftwards from the edge), so that none lies on another.
+const QUANTILE_LABEL_GAP = 22, QUANTILE_LABEL_MARGIN = 10;
+function labelCenters(xs) {
+  const centers = [];
+  for (const x of xs) centers.push(Math.max(x, QUANTILE_LABEL_MARGIN, (centers.at(-1) ?? -Infinity) + QUANTILE_LABEL_GAP));
+  for (let i = centers.length - 1; i >= 0; i--) {
+    const limit = i === centers.length - 1 ? HIST_W - QUANTILE_LABEL_MARGIN : centers[i + 1] - QUANTILE_LABEL_GAP;
+    centers[i] = Math.min(centers[i], limit);
+  }
+  return centers;
+}
+
 export function histogram(bins, row, range = { lo: 0, hi: HIST_BINS - 1 }) {
   const { lo, hi } = range, count = hi - lo + 1;
   const plotH = HIST_H - HIST_TOP - HIST_AXIS, bw = HIST_W / count;
@@ -136,17 +149,16 @@ export function histogram(bins, row, range = { lo: 0, hi: HIST_BINS - 1 }) {
     svg.append(s("text", { x, y: axisY + 13, "text-anchor": anchor, "font-size": 10, fill: "#6b7385",
       class: "hist-tick" }, tickLabel(binEdge(decade))));
   }
-  let labelEnd = -Infinity;
-  for (const [key, cls, name] of [["p50_s", "q50", "p50"], ["p90_s", "q90", "p90"], ["p99_s", "q99", "p99"]]) {
-    if (row[key] === null || row[key] === undefined) continue;
-    const x = xOf(binOf(row[key]));
+  const marks = [["p50_s", "q50", "p50"], ["p90_s", "q90", "p90"], ["p99_s", "q99", "p99"]]
+    .filter(([key]) => row[key] !== null && row[key] !== undefined)
+    .map(([key, cls, name]) => ({ key, cls, name, x: xOf(binOf(row[key])) }));
+  const centers = labelCenters(marks.map((m) => m.x));
+  marks.forEach(({ key, cls, name, x }, i) => {
     svg.append(s("line", { x1: x, x2: x, y1: HIST_TOP - 2, y2: axisY, class: `quantile ${cls}` },
       s("title", null, `${name}: ${fmtDur(row[key])}`)));
-    const labelX = Math.min(HIST_W - 10, Math.max(x, labelEnd + 11, 10));  // never on top of the last
-    labelEnd = labelX + 11;
-    svg.append(s("text", { x: labelX, y: HIST_TOP - 4, "text-anchor": "middle", "font-size": 9,
+    svg.append(s("text", { x: centers[i], y: HIST_TOP - 4, "text-anchor": "middle", "font-size": 9,
       class: `quantile-label ${cls}` }, name));
-  }
+  });
   return svg;
 }
 

@@ -140,6 +140,23 @@ def test_histograms_are_large_with_an_axis_and_quantiles(page: Page) -> None:
     assert titles == ["p50: 5.50 s", "p90: 9.10 s", "p99: 9.91 s"]
 
 
+def test_quantile_labels_never_lie_on_each_other_or_past_the_edge(page: Page) -> None:
+    page.goto("/#/groups?by=name")
+    expect(page.locator("svg.histogram").first).to_be_visible()
+    assert page.locator("svg.histogram text.quantile-label").count() >= 9
+    for histogram in page.locator("svg.histogram").all():
+        edge = histogram.bounding_box()
+        boxes = [b for b in (label.bounding_box() for label in
+                             histogram.locator("text.quantile-label").all()) if b]
+        assert edge is not None
+        if not boxes:
+            continue  # a row without durations has no quantiles
+        for a, b in zip(boxes, boxes[1:], strict=False):
+            assert a["x"] + a["width"] <= b["x"] + 0.5, (a, b)  # left to right, apart
+        assert boxes[0]["x"] >= edge["x"] - 0.5
+        assert boxes[-1]["x"] + boxes[-1]["width"] <= edge["x"] + edge["width"] + 0.5
+
+
 def test_the_tallest_bin_of_microsecond_tasks_says_microseconds(page: Page) -> None:
     page.goto("/#/groups?by=name")
     row = page.locator("table.grid tbody tr", has_text="tiny")
