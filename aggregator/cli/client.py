@@ -51,6 +51,19 @@ def _add_address_flags(parser: argparse.ArgumentParser) -> None:
                              "(default: $EVAGG_CONFIG or none; $EVAGG_HTTP_LISTEN wins)")
 
 
+def cannot_reach(command: str, url: str, exc: urllib.error.URLError | ConnectionError) -> str:
+    """Why `command` got no answer from the agent at `url`, and what to do, in words."""
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    if isinstance(reason, ConnectionRefusedError):
+        why = "nothing answers there (connection refused)"
+    elif isinstance(reason, TimeoutError):
+        why = "it did not answer in time"
+    else:
+        why = getattr(reason, "strerror", None) or str(reason)
+    return (f"evagg {command}: cannot reach the agent at {url}: {why}; start one with "
+            "`evagg run`, or point --url (or --config) at the agent's http_listen")
+
+
 # -- emit ------------------------------------------------------------------------------------
 
 def add_emit_parser(commands: Parsers) -> None:
@@ -220,7 +233,7 @@ def run_tail(args: argparse.Namespace) -> int:
         print(f"evagg tail: the agent at {url} answered {exc.code}{hint}", file=sys.stderr)
         return 2 if exc.code == 401 else 1
     except (urllib.error.URLError, ConnectionError) as exc:
-        print(f"evagg tail: cannot reach the agent at {url}: {exc}", file=sys.stderr)
+        print(cannot_reach("tail", url, exc), file=sys.stderr)
         return 1
     return 0
 
@@ -264,7 +277,7 @@ def run_status(args: argparse.Namespace) -> int:
         time.sleep(args.interval)
         second = _scrape(url)
     except (urllib.error.URLError, ConnectionError) as exc:
-        print(f"evagg status: cannot reach the agent at {url}: {exc}", file=sys.stderr)
+        print(cannot_reach("status", url, exc), file=sys.stderr)
         return 1
     report = format_status(first, second, args.interval)
     print(orjson.dumps(report.as_dict(), option=orjson.OPT_INDENT_2).decode() if args.json

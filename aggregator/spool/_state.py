@@ -46,7 +46,9 @@ def lock_directory(directory: Path) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise SpoolLockedError(f"spool {directory} is in use by another evagg agent") from None
+        raise SpoolLockedError(
+            f"spool {directory} is in use by another evagg agent: stop that one first "
+            "(`evagg status` shows it), or give this one a --state-dir of its own") from None
     return fd
 
 

@@ -83,9 +83,13 @@ def test_status_shows_rates_lag_and_spool(agent: AgentProcess) -> None:
 
 
 def test_status_without_an_agent_is_a_clear_error() -> None:
-    result = evagg("status", "--url", "127.0.0.1:9", "--interval", "0.1")
-    assert result.returncode == 1 and b"cannot reach the agent" in result.stderr
-    assert b"Traceback" not in result.stderr
+    for command in (("status", "--interval", "0.1"), ("tail",)):
+        result = evagg(*command, "--url", "127.0.0.1:9")
+        assert result.returncode == 1, result.stderr
+        said = result.stderr.decode()
+        assert "cannot reach the agent at http://127.0.0.1:9" in said
+        assert "nothing answers there (connection refused)" in said and "evagg run" in said
+        assert "urlopen error" not in said and "Traceback" not in said
 
 
 # -- tail and status find the agent through its config, as `evagg run` does ----------------
@@ -144,6 +148,7 @@ def test_demo_beside_a_running_agent_says_why(agent: AgentProcess) -> None:
     locked = client("run", "--demo", "10", "--config", str(agent.config_path), env=client_env())
     assert locked.returncode == 1
     assert b"cannot start the agent" in locked.stderr and b"in use" in locked.stderr
+    assert b"stop that one first" in locked.stderr and b"--state-dir" in locked.stderr
     port_taken = client("run", "--demo", "10", "--config", str(agent.config_path),
                         "--state-dir", str(agent.workdir / "other-state"),
                         "--socket", str(agent.socket_path.parent / "other.sock"),
