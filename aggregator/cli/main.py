@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aggregator.cli.arguments import parse_naming_the_command
 from aggregator.log_format import FORMATS, configure_logging, log_format_from_environment
 from aggregator.memory import keep_pandas_out, prefer_returning_pool
 
@@ -42,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_deferred(argv[0], argv[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_naming_the_command(parser, argv)
     if hasattr(args, "log_format"):  # the agent's commands; the others log as text
         try:
             args.log_format = args.log_format or log_format_from_environment()

@@ -12,6 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from aggregator.cli.arguments import parse_naming_the_command
 from sinks.locations import is_s3_url
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ def run_deferred(name: str, rest: list[str]) -> int:
         from dashboard.server import add_dashboard_parser
 
         add_dashboard_parser(commands)
-    args = parser.parse_args([name, *rest])
+    args = parse_naming_the_command(parser, [name, *rest])
     code: int = args.command(args)
     return code
 

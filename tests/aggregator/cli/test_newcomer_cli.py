@@ -126,6 +126,16 @@ def test_version_and_help_speak_to_users() -> None:
     assert "(default: 127.0.0.1:8050" in " ".join(dashboard.split())
 
 
+@pytest.mark.parametrize("command", [("query", "tasks"), ("dashboard",), ("status",), ("run",)])
+def test_a_wrong_flag_is_told_by_the_command_it_was_given_to(command: tuple[str, ...]) -> None:
+    wrong = evagg(*command, "--bogus")
+    assert wrong.returncode == 2
+    named = " ".join(command)
+    assert f"evagg {named}: error: unrecognized arguments: --bogus" in wrong.stderr
+    assert f"usage: evagg {named} [-h]" in wrong.stderr  # its own options, not the top's
+    assert "Traceback" not in wrong.stderr
+
+
 def test_tail_says_what_it_waits_for(agent: AgentProcess) -> None:
     tail = subprocess.Popen([*evagg_command(), "tail", "--url", agent.http_url], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
