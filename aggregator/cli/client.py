@@ -99,6 +99,8 @@ def run_emit(args: argparse.Namespace) -> int:
     if missing:
         print(f"evagg emit: {missing}", file=sys.stderr)
         return 1
+    for note in sorted({n for n in map(_unknown_state, events) if n is not None}):
+        print(f"evagg emit: note: {note}", file=sys.stderr)
     for event in events:
         emitters.emit(**event)
     if not emitters.flush(args.timeout):
@@ -108,6 +110,18 @@ def run_emit(args: argparse.Namespace) -> int:
         return 1
     print(f"sent {len(events)} events")
     return 0
+
+
+def _unknown_state(event: dict[str, Any]) -> str | None:
+    """A state evagg's views do not rank, said before it is sent (it is sent all the same:
+    other producers may have states of their own)."""
+    known = {"task": TASK_STATES, "op": OP_STATES}.get(str(event.get("kind")))
+    state = event.get("state")
+    if known is None or state is None or state in known:
+        return None
+    shown = ", and the tasks view shows such a task as UNKNOWN" if known is TASK_STATES else ""
+    return (f"{state} is not a {event['kind']} state evagg knows ({', '.join(known)}); "
+            f"it is stored as sent{shown}")
 
 
 def _no_agent_there(path: str) -> str | None:

@@ -78,6 +78,17 @@ def test_emit_takes_a_text_field_without_quotes(agent: AgentProcess) -> None:
                        ) == [("vc1", 8.0)]
 
 
+def test_emit_of_a_state_evagg_does_not_rank_says_so_and_sends_it(agent: AgentProcess) -> None:
+    sent = evagg("emit", "--socket", str(agent.socket_path), "--kind", "task", "--name",
+                 "odd", "--state", "DONE", "--field", 'task_id="odd1"')
+    assert sent.returncode == 0 and "sent 1 events" in sent.stdout
+    assert "DONE is not a task state evagg knows (PENDING, SUBMITTED" in sent.stderr
+    assert "shows such a task as UNKNOWN" in sent.stderr
+    plain = evagg("emit", "--socket", str(agent.socket_path), "--kind", "task", "--name",
+                  "odd", "--state", "FINISHED")
+    assert plain.returncode == 0 and "note:" not in plain.stderr
+
+
 def test_emit_help_explains_kind_name_and_state() -> None:
     shown = evagg("emit", "--help").stdout
     assert "what the event is: task, op" in shown
