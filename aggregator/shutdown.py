@@ -79,7 +79,9 @@ def log_stopped(sinks: SinkSet | None, spool_dir: Path, signals: StopSignals) ->
         return
     per_sink = ", ".join(f"{_events(events)} for sink {name}" for name, events in left.items())
     log.warning("evagg agent %s: events left in the spool %s: %s; the next `evagg run` "
-                "with this state_dir delivers them", how, spool_dir, per_sink)
+                "with this state_dir delivers them once each sink can (`evagg status` shows "
+                "a sink's errors; a sink that stays down needs its url fixed or removed)",
+                how, spool_dir, per_sink)
 
 
 def _consumers(sinks: SinkSet | None) -> dict[str, SinkConsumer]:
