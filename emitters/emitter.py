@@ -208,8 +208,8 @@ class Emitter:
     def flush(self, timeout: float | None = 5.0) -> bool:
         """Wait until everything emitted so far is acked; False on timeout or any loss.
 
-        A loss (a drop, a nack, a rejected event) since the previous flush makes it False;
-        the `loss` report of drops and nacks is acked by the agent before it returns.
+        A loss (a drop, a nack, a rejected event) since the previous flush makes it False
+        (and is reported to the agent first: docs/wire-protocol.md, "Losses").
         Blocks the calling thread: from asyncio, run it in an executor.
         """
         return self._flush(timeout, at_exit=False)

@@ -4,7 +4,8 @@ The sender thread alone changes the ledger; stats() reads it from any thread. Lo
 counted by reason in the outbox (`buffer_full`, `nacked`, `too_large`, `unencodable`) plus
 the events callers dropped when the queue was full (counted as `buffer_full`). The
 emitter's own `loss` reports are frames too, kept apart so that they count as none of
-the caller's events. A flush ends only after the report of the losses before it.
+the caller's events. A flush that reaches an agent also waits for the report of the
+losses before it (docs/wire-protocol.md, "Losses").
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ log = logging.getLogger("evagg.emitter")
 class FlushWaiter:
     """Queued by flush(); done once every frame made before it is answered (or given up)."""
 
-    __slots__ = ("at_exit", "done", "ok", "reported", "target", "unreachable")
+    __slots__ = ("at_exit", "done", "ok", "report_awaited", "target", "unreachable")
 
     def __init__(self, at_exit: bool) -> None:
         self.at_exit = at_exit  # at exit, give up at once when no agent listens
         self.done = threading.Event()
         self.ok = False
-        self.reported = False  # its losses are in a report it waits for (wait_for_report)
+        self.report_awaited = False  # it waits (once) for a loss report (wait_for_report)
         self.target = 0
         self.unreachable = False
 
@@ -176,7 +177,11 @@ class Ledger:
             return []
         oldest = self.outbox.oldest()
         return [waiter for waiter in self._waiters
-                if not waiter.reported and (oldest is None or oldest > waiter.target)]
+                if not waiter.report_awaited and (oldest is None or oldest > waiter.target)]
+
+    def last_unacked_report(self) -> int | None:
+        """The seq of the newest loss report the agent has not answered yet."""
+        return max(self._reports, default=None)
 
     def wait_for_report(self, waiters: list[FlushWaiter], seq: int) -> None:
         """`waiters` wait for frame `seq`, a loss report, too. Once: every loss of their
@@ -184,7 +189,7 @@ class Ledger:
         a flush going."""
         for waiter in waiters:
             waiter.target = max(waiter.target, seq)
-            waiter.reported = True
+            waiter.report_awaited = True
 
     def agent_unreachable(self) -> None:
         """A connect failed: flushes at exit stop waiting."""

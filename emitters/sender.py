@@ -3,8 +3,7 @@
 Every frame stays in the outbox until the agent acks or nacks it; after a reconnect the
 whole outbox is sent again in order, and the agent drops the (session, seq) pairs it
 already holds. The outbox is bounded in bytes: events that do not fit are dropped and
-counted by reason, and the counts go to the agent as a `loss` event once it listens, and
-before any flush (or the close at exit) ends.
+counted by reason, and the counts go to the agent as a `loss` event once it listens.
 """
 
 from __future__ import annotations
@@ -229,15 +228,15 @@ class Sender:
                 self.counts["columns_frames"] += 1
             self._made(seq)
 
-    def _report_losses(self, force: bool = False) -> int | None:
+    def _report_losses(self, force: bool = False) -> None:
         """`loss` events for the drops not yet reported (one per reason), at most once a
-        second unless `force`; the seq of the frame holding them, None if none was made.
+        second unless `force`.
 
         Shaped as the agent's own: name and attrs.reason the reason, metrics.events the count.
         """
         now = time.monotonic()
         if (now < self._next_loss_report and not force) or not self.ledger.has_unreported_losses():
-            return None
+            return
         self._next_loss_report = now + LOSS_REPORT_INTERVAL_S
         time_ns = time.time_ns()
         items = [(time_ns, "loss", reason, "DROPPED",
@@ -251,7 +250,6 @@ class Sender:
         self.ledger.report_made(seq)
         self._made(seq)
         self.counts["loss_events"] += len(events)
-        return seq
 
     # -- connection ---------------------------------------------------------------------
 
@@ -357,12 +355,15 @@ class Sender:
             self._connect(settings)  # at once, whatever the backoff says
 
     def _settle_waiters(self) -> None:
-        # A flush (and the close at exit) ends only once the agent holds the count of
-        # every drop before it: the last drops would otherwise wait out the report
-        # interval, and a process that exits meanwhile never reports them.
+        # A flush that reaches its agent ends only once the agent holds the count of every
+        # drop before it (docs/wire-protocol.md, "Losses"): the last drops would
+        # otherwise wait out the report interval, and a process that exits meanwhile never
+        # reports them. With no agent there is nobody to tell; the flush says False.
         due = self.ledger.flushes_due()
-        if due and self.ledger.has_unreported_losses():
-            seq = self._report_losses(force=True)
-            if seq is not None:
-                self.ledger.wait_for_report(due, seq)
+        if due and self._conn is not None:
+            if self.ledger.has_unreported_losses():
+                self._report_losses(force=True)
+            report = self.ledger.last_unacked_report()  # forced now, or sent just before
+            if report is not None:
+                self.ledger.wait_for_report(due, report)
         self.ledger.settle_waiters()

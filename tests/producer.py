@@ -33,6 +33,7 @@ def main() -> int:
     parser.add_argument("--max-pending", type=int, default=0)
     parser.add_argument("--done-file", default="")
     parser.add_argument("--end", choices=["flush", "exit"], default="flush")
+    parser.add_argument("--exit-timeout", type=float, default=0.0)
     args = parser.parse_args()
 
     import emitters
@@ -43,6 +44,8 @@ def main() -> int:
         options["max_buffer_bytes"] = args.buffer_bytes
     if args.max_pending:
         options["max_pending"] = args.max_pending
+    if args.exit_timeout:
+        options["exit_timeout"] = args.exit_timeout
     emitters.configure(**options)
     raised = 0
     slowest_ns = 0

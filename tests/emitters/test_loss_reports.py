@@ -44,7 +44,8 @@ def test_drops_right_before_the_end_are_counted_by_the_agent(agent: AgentProcess
                                                              end: str) -> None:
     # A queue of 64 takes a burst of 50k emit() calls: most are dropped, all within
     # a fraction of a second, so the drops after the first report come just before the end.
-    proc = start_producer(agent.socket_path, "burst", 50_000, max_pending=64, end=end)
+    proc = start_producer(agent.socket_path, "burst", 50_000, max_pending=64, end=end,
+                          exit_timeout=30)  # a busy machine must not cut the close short
     report = producer_report(proc)
     dropped: dict[str, int] = report["dropped"]
     assert dropped.get("buffer_full", 0) > 0, report
@@ -92,3 +93,16 @@ def test_drops_by_another_thread_do_not_keep_a_flush_going(sock_path: Path) -> N
             stop.set()
             flooder.join()
             emitter.close(1.0)
+
+
+def test_a_flush_after_a_drop_with_no_agent_returns_at_once(sock_path: Path) -> None:
+    # Nobody listens: there is no one to report the drop to, and the flush says False now.
+    emitter = Emitter(socket=sock_path, max_frame_bytes=4096)
+    try:
+        emitter.emit(kind="task", name="x" * 10_000)  # too large for any frame: dropped
+        started = time.monotonic()
+        assert not emitter.flush(5)
+        assert time.monotonic() - started < 2.5, "the flush waited for an agent that is not there"
+        assert emitter.stats().dropped.get("too_large") == 1
+    finally:
+        emitter.close(1.0)
