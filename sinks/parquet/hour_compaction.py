@@ -71,35 +71,33 @@ class HourCompaction:
         with self._lock:
             if self._stopped or (self._running is not None and self._running.is_alive()):
                 return
-            if self._take_due(self._clock(), keep=True) is None:
+            due = self._due_hours(self._clock())
+            if not due:
                 return
-            self._running = threading.Thread(target=self._merge_due,
+            for partition in due:
+                del self._due_at[partition]
+            self._running = threading.Thread(target=self._merge_all, args=(due,),
                                              name="evagg-hour-compaction", daemon=True)
             self._running.start()
 
-    def _take_due(self, now: float, keep: bool = False) -> str | None:
-        """The oldest hour due now (removed from the due list unless `keep`); the lock is
-        held. Not the hour the sink still writes (a backlog being replayed), whose next
-        file would only make the merge run again; once the sink has been quiet for a while
-        (an idle node, a filtered sink) that hour is merged too."""
+    def _due_hours(self, now: float) -> list[str]:
+        """The hours due now, oldest first; the lock is held. Not the hour the sink still
+        writes (a backlog being replayed), whose next file would only make the merge run
+        again; once the sink has been quiet for a while (an idle node, a filtered sink)
+        that hour is merged too."""
         quiet = now - self._last_file_at >= max(self.after_s, QUIET_S)
         writing = None if quiet or not self._writing_hour_ns else partition_for(
             self._writing_hour_ns)
-        due = sorted(p for p, at in self._due_at.items() if at <= now and p != writing)
-        if not due:
-            return None
-        if not keep:
-            del self._due_at[due[0]]
-        return due[0]
+        return sorted(p for p, at in self._due_at.items() if at <= now and p != writing)
 
-    def _merge_due(self) -> None:
-        # Every hour due, one after the other: after a restart the 24 hours looked at
-        # again are mostly one listing each, and need not wait for a flush apiece.
-        while True:
+    def _merge_all(self, partitions: list[str]) -> None:
+        # Every hour due when poked, one after the other: after a restart the 24 hours
+        # looked at again are mostly one listing each, and need not wait for a flush
+        # apiece. A failed hour is due again later, at a poke of its own.
+        for partition in partitions:
             with self._lock:
-                partition = None if self._stopped else self._take_due(self._clock())
-            if partition is None:
-                return
+                if self._stopped:
+                    return
             self._merge(partition)
 
     def stop(self) -> None:

@@ -51,7 +51,9 @@ def fill_two_hours(store: ObjectStore, compaction: HourCompaction) -> int:
 
 
 def merge_everything_due(compaction: HourCompaction) -> None:
-    """One poke, as one flush gives: it merges every hour due, not one per flush."""
+    """One poke once the sink's own pokes are done, as the next flush gives: it merges
+    every hour due, not one per flush."""
+    assert compaction.wait_idle(60.0)
     compaction.poke()
     assert compaction.wait_idle(60.0)
 
@@ -198,3 +200,23 @@ def test_a_real_agent_merges_the_hours_it_wrote_before_its_restart(
     assert agent.metric('evagg_sink_compaction_runs_total{sink="lake"') >= 1
     assert agent.metric('evagg_sink_compaction_failures_total{sink="lake"') == 0
     assert agent.stop() == 0
+
+
+def test_a_failing_merge_is_not_retried_within_one_poke(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # With no grace (compact_after near 0) a failed hour is due again at once: the retry
+    # waits for the next poke, as a flush gives, instead of spinning in the thread.
+    calls: list[str] = []
+
+    def failing(*_: object, **__: object) -> None:
+        calls.append("merge")
+        raise OSError("bucket unreachable")
+
+    monkeypatch.setattr("sinks.parquet.hour_compaction.run_compact", failing)
+    compaction = HourCompaction(str(tmp_path), "node-a", s3=S3Options(), after_s=0.0,
+                                clock=lambda: T10 / 1e9 + 7200)
+    compaction.file_published(T10)
+    compaction.file_published(T10 + 2 * HOUR_NS)  # the hour written now is left alone
+    compaction.poke()
+    assert compaction.wait_idle(5.0)
+    assert calls == ["merge"] and compaction.failures == {"oserror": 1}
