@@ -199,7 +199,8 @@ def ray_state_tasks(job_id: str, expected: int) -> dict[tuple[str, int], Any]:
         done = all(t.state in ("FINISHED", "FAILED") for t in found.values())
         return found if len(found) == expected and done else None
 
-    result: dict[tuple[str, int], Any] = wait_for(settled, 120, "Ray's State API to settle")
+    result: dict[tuple[str, int], Any] = wait_for(settled, 120, "Ray's State API to settle",
+                                                       interval=0.5)
     return result
 
 
@@ -220,7 +221,7 @@ def test_tasks_view_matches_ray_state_api(rig: Rig, tmp_path: Path) -> None:
             for key in found)
         return found if complete else None
 
-    tasks = wait_for(ours, 120, "the tasks view to match Ray's tasks")
+    tasks = wait_for(ours, 120, "the tasks view to match Ray's tasks", interval=0.5)
     for key, theirs in ray_tasks.items():
         mine = tasks[key]
         assert (mine["name"], mine["final_state"]) == (theirs.name, theirs.state), key

@@ -118,7 +118,7 @@ def _settled_tasks_and_timeline() -> tuple[list[dict[str, Any]], list[dict[str, 
         return (tasks, timeline) if stable and _profiles_complete(tasks, timeline) else None
 
     settled: tuple[list[dict[str, Any]], list[dict[str, Any]]] = wait_for(
-        poll, 60, "Ray's task list and timeline to hold every profile")
+        poll, 60, "Ray's task list and timeline to hold every profile", interval=0.5)
     return settled
 
 
@@ -157,4 +157,5 @@ def _wait_all_delivered(agent: AgentProcess) -> None:
         return quiet and delivered >= received
 
     time.sleep(2)
-    wait_for(settled, 60, "the agent to deliver every Ray event to its lake")
+    # A poll a second apart: "quiet" is a second without an event, not a tenth.
+    wait_for(settled, 60, "the agent to deliver every Ray event to its lake", interval=1.0)

@@ -246,7 +246,7 @@ def test_ops_in_ray_carry_ray_ids_and_one_trace(agent: AgentProcess) -> None:
         terminal = all((n, "FINISHED") in found or (n, "FAILED") in found for n in names)
         return found if terminal and all((n, "STARTED") in found for n in names) else None
 
-    found = wait_for(ops, 40, "op events from the Ray workers")
+    found = wait_for(ops, 40, "op events from the Ray workers", interval=0.5)
     for name, key in (("middle", "middle"), ("leaf", "leaf"), ("Accumulator.add", "actor")):
         started, finished = found[(name, "STARTED")], found[(name, "FINISHED")]
         expected = ids[key]
