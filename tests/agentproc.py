@@ -189,8 +189,8 @@ def query_lake(lake: Path, sql: str) -> list[tuple[Any, ...]]:
 def wait_tail_connected(tail: subprocess.Popen[str], timeout: float = 30.0) -> str:
     """Until an `evagg tail` child (started with stderr=PIPE, text=True) says it waits for
     events, and that line. It says so once the agent's answer headers arrived; the agent
-    takes the spool position it follows from as it sends them, so an event sent after
-    this reaches the child, and one sent before may never."""
+    takes the spool position it follows from before it sends them, so an event sent
+    after this reaches the child, and one sent before may never."""
     stream = tail.stderr
     assert stream is not None, "start the tail with stderr=subprocess.PIPE"
     first: list[str] = []
@@ -200,5 +200,7 @@ def wait_tail_connected(tail: subprocess.Popen[str], timeout: float = 30.0) -> s
     if not first:
         tail.kill()  # the reader's readline ends with the child
         raise AssertionError(f"`evagg tail` did not connect within {timeout}s")
-    assert first[0].startswith("waiting for events on "), first[0]
+    if not first[0].startswith("waiting for events on "):
+        rest = stream.read() if tail.poll() is not None else ""
+        raise AssertionError(f"`evagg tail` said {first[0] + rest!r} (exit {tail.poll()})")
     return first[0]

@@ -49,7 +49,7 @@ def default_agent(newcomer_env: dict[str, str],
     log.close()
 
 
-def test_an_emitted_task_is_in_query_tasks_within_seconds(
+def test_an_emitted_task_is_in_the_lake_within_seconds_and_query_tasks_shows_it(
         default_agent: subprocess.Popen[bytes], newcomer_env: dict[str, str]) -> None:
     emitted_at = emit_task(newcomer_env, "visible_check", "vc1")
     # at once, beside the lake polling: the file holding vc1 is open for the roll interval

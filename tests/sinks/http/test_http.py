@@ -225,9 +225,12 @@ async def test_a_request_in_flight_is_not_cancelled_when_the_others_fail(
 
     releasing = asyncio.create_task(release_once_down())
     sink = sink_for(server, batch_max_events=10)
-    failures = await deliver(sink, make_records(5, 10))
-    await releasing
-    await sink.close()
+    try:
+        failures = await deliver(sink, make_records(5, 10))
+        await asyncio.wait_for(releasing, 30)
+    finally:
+        slow.set()  # a failing test must not leave the server's handler waiting for ever
+        await sink.close()
     assert [f.error_kind for f in failures] == ["http_5xx"]  # the loop backed off once...
     first = [s for s in server.requests if s.events[0]["step"] == 0]
     assert [s.status for s in first] == [200]  # ...and the slow batch, answered, never again
@@ -270,15 +273,17 @@ async def test_durable_through_waits_for_an_earlier_slow_batch(server: FlakyServ
     # The first batch (steps 0-9) is answered only when the test says, the next three at once.
     slow = asyncio.Event()
     server.answer_when(lambda events: events[0]["step"] < 10, 200, hold=slow)
-    result = await sink.write(make_records(4, 10))
-    for _ in range(200):
-        if len(server.requests) >= 3:
-            break
-        await asyncio.sleep(0.01)
-    assert len(server.requests) == 3  # batches 2-4 acknowledged, batch 1 still pending
-    assert result.durable_through is None
-    assert (await sink.flush()).durable_through is None
-    slow.set()
+    try:
+        result = await sink.write(make_records(4, 10))
+        for _ in range(200):
+            if len(server.requests) >= 3:
+                break
+            await asyncio.sleep(0.01)
+        assert len(server.requests) == 3  # batches 2-4 acknowledged, batch 1 still pending
+        assert result.durable_through is None
+        assert (await sink.flush()).durable_through is None
+    finally:
+        slow.set()  # a failing test must not leave the server's handler waiting for ever
     result = await sink.flush(final=True)
     assert result.durable_through == 4 and result.delivered_events == 40
     await sink.close()
