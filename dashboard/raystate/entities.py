@@ -164,7 +164,8 @@ def job(rows: list[Row], node_ips: dict[str, str]) -> Row:
         # Ray's job table stamps its start a moment before the GCS exports the job, and
         # the export carries no start time of its own: the earliest exported stamp is
         # the closest (the same millisecond, or one or two after).
-        "start_time": ms_floor(min(r["us"] for r in (created or definition, definition))),
+        "start_time": ms_floor(min(created["us"], definition["us"]) if created
+                               else definition["us"]),
         "end_time": ms_floor(finished["us"]) if finished else 0,
         "metadata": json_or(attrs.get("ray_job_metadata"), {}),
         "runtime_env": json_or(attrs.get("ray_runtime_env"), {}),

@@ -14,7 +14,7 @@ const KIND_COLORS = {
 const OTHER_KIND_COLORS = ["#a0522d", "#2f7f8f", "#e68fac", "#556b8d", "#9c8a4a", "#6b3fa0"];
 
 export function colorOf(key) {
-  if (KIND_COLORS[key]) return KIND_COLORS[key];
+  if (Object.hasOwn(KIND_COLORS, key)) return KIND_COLORS[key];  // not "constructor" & co.
   let hash = 0;
   for (const c of String(key)) hash = (hash * 31 + c.codePointAt(0)) >>> 0;
   return OTHER_KIND_COLORS[hash % OTHER_KIND_COLORS.length];

@@ -109,7 +109,7 @@ class TimelineView {
     ctx.strokeStyle = "#dde1e8";
     ctx.fillStyle = "#6b7385";
     const step = niceStep((this.t1 - this.t0) / 8);
-    let labelsEnd = 0;
+    let labelsEnd = 0, flipped = 0;
     for (let t = Math.ceil(this.t0 / step) * step; t <= this.t1; t += step) {
       const x = this.x(t);
       ctx.beginPath();
@@ -118,13 +118,16 @@ class TimelineView {
       ctx.stroke();
       const label = fmtDur(t / 1000);
       // A tick near the right edge puts its label on the left of its line, not past the edge.
-      const fits = x + 2 + ctx.measureText(label).width <= this.width;
+      const labelWidth = ctx.measureText(label).width;
+      const fits = x + 2 + labelWidth <= this.width;
       ctx.textAlign = fits ? "left" : "right";
+      flipped += fits ? 0 : 1;
       ctx.fillText(label, fits ? x + 2 : x - 2, 12);
-      labelsEnd = Math.max(labelsEnd, fits ? x + 2 + ctx.measureText(label).width : x - 2);
+      labelsEnd = Math.max(labelsEnd, fits ? x + 2 + labelWidth : x - 2);
     }
     ctx.textAlign = "left";
     this.canvas.dataset.axisLabelsEnd = String(Math.ceil(labelsEnd));
+    this.canvas.dataset.axisLabelsFlipped = String(flipped);
   }
 
   hit(event) {

@@ -7,6 +7,7 @@ Screenshots of every check go to test-artifacts/dashboard/ at the repository roo
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -151,7 +152,7 @@ def test_quantile_labels_never_lie_on_each_other_or_past_the_edge(page: Page) ->
         assert edge is not None
         if not boxes:
             continue  # a row without durations has no quantiles
-        for a, b in zip(boxes, boxes[1:], strict=False):
+        for a, b in itertools.pairwise(boxes):
             assert a["x"] + a["width"] <= b["x"] + 0.5, (a, b)  # left to right, apart
         assert boxes[0]["x"] >= edge["x"] - 0.5
         assert boxes[-1]["x"] + boxes[-1]["width"] <= edge["x"] + edge["width"] + 0.5

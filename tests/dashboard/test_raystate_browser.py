@@ -48,8 +48,9 @@ def test_timeline_draws_a_100k_task_job_and_a_click_opens_the_task(page: Page) -
     page.screenshot(path=str(ARTIFACTS / "ray-timeline-100k.png"), full_page=False)
     # The job ends on a tick: its label is drawn inside the canvas, not cut at its edge.
     axis = page.evaluate("(() => { const c = document.querySelector('canvas.timeline-canvas');"
-                         " return [Number(c.dataset.axisLabelsEnd), c.clientWidth]; })()")
-    assert 0 < axis[0] <= axis[1], axis
+                         " return [Number(c.dataset.axisLabelsEnd), c.clientWidth,"
+                         " Number(c.dataset.axisLabelsFlipped)]; })()")
+    assert 0 < axis[0] <= axis[1] and axis[2] == 1, axis  # the last label, on its left
 
     canvas = page.locator("canvas.timeline-canvas")
     box = canvas.bounding_box()
