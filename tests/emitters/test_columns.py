@@ -3,7 +3,6 @@ predates them gets NDJSON from the same emitter, with nothing lost and one warni
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,15 +10,7 @@ from pathlib import Path
 import pytest
 
 from emitters import Emitter, wire
-from tests.emitters.fakeagent import FakeAgent, short_socket_path
-
-
-@pytest.fixture
-def sock_path() -> Iterator[Path]:
-    path = short_socket_path()
-    yield path
-    with contextlib.suppress(OSError):
-        path.parent.rmdir()
+from tests.emitters.fakeagent import FakeAgent
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import os
@@ -19,14 +18,6 @@ import pytest
 
 from emitters import Emitter, wire
 from tests.emitters.fakeagent import FakeAgent, frame_events, short_socket_path
-
-
-@pytest.fixture
-def sock_path() -> Iterator[Path]:
-    path = short_socket_path()
-    yield path
-    with contextlib.suppress(OSError):
-        path.parent.rmdir()
 
 
 @pytest.fixture

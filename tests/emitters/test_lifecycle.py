@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from emitters import Emitter, EmitterStats
-from tests.emitters.fakeagent import FakeAgent, short_socket_path
+from tests.emitters.fakeagent import FakeAgent
 
 # A guard against a hang, far beyond any timeout given to close() below: the tests check
 # that close() returns, not how fast.
 HANG_GUARD_S = 60.0
-
-
-@pytest.fixture
-def sock_path() -> Iterator[Path]:
-    path = short_socket_path()
-    yield path
-    with contextlib.suppress(OSError):
-        path.parent.rmdir()
 
 
 def accounted(stats: EmitterStats) -> int:

@@ -7,10 +7,8 @@ read in /metrics and `evagg status`.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,17 +16,9 @@ import pytest
 from emitters import Emitter
 from tests.agentproc import AgentProcess
 from tests.aggregator.test_end_to_end import producer_report, start_producer
-from tests.emitters.fakeagent import Batch, FakeAgent, short_socket_path
+from tests.emitters.fakeagent import Batch, FakeAgent
 
 COUNTED = "evagg_producer_dropped_events_total"
-
-
-@pytest.fixture
-def sock_path() -> Iterator[Path]:
-    path = short_socket_path()
-    yield path
-    with contextlib.suppress(OSError):
-        path.parent.rmdir()
 
 
 def reported(agent: FakeAgent) -> dict[str, float]:

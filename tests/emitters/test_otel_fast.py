@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +29,6 @@ VALUES: dict[str, Any] = {
     "inf": math.inf, "ninf": -math.inf, "ss": ["a", "b"], "bs": [True, False], "is": [1, 2],
     "fs": [1.5, math.nan, math.inf], "none_yet": (), "odd": "lone \ud800 surrogate",
 }
-
-
-@pytest.fixture
-def sock_path() -> Iterator[Path]:
-    path = short_socket_path()
-    yield path
-    with contextlib.suppress(OSError):
-        path.parent.rmdir()
 
 
 def _provider(resource: dict[str, Any], memory: InMemorySpanExporter) -> TracerProvider:
