@@ -11,6 +11,7 @@ losses before it (docs/wire-protocol.md, "Losses").
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -21,6 +22,9 @@ from emitters.ratelimit import RateLimitedLog
 from emitters.stats import EmitterStats
 
 log = logging.getLogger("evagg.emitter")
+MAX_REASONS = 20
+# "no event accepted: event 3: field 'step' ..." -> "field 'step' ..."
+_REFUSAL_PREFIX = re.compile(r"^(no event accepted: )?(event \d+: )?")
 
 
 class FlushWaiter:
@@ -48,6 +52,7 @@ class Ledger:
         self._waiters: list[FlushWaiter] = []
         self._problems_seen = 0
         self._reports: set[int] = set()  # seqs of the frames holding our `loss` reports
+        self.refused: Counter[str] = Counter()  # events the agent refused, by its reason
 
     def losses(self) -> Counter[str]:
         return self.outbox.lost + Counter({"buffer_full": self._caller_drops()})
@@ -82,6 +87,7 @@ class Ledger:
             emitted=taken + queued + caller_drops, sent=counts.pop("sent_events", 0),
             acked=counts.pop("acked_events", 0), rejected=counts.pop("rejected_events", 0),
             dropped={reason: n for reason, n in lost.items() if n},
+            refused=dict(self.refused),
             pending=queued + self.unacked_events(), connected=connected,
             counters={**counts, "unacked_frames": len(self.outbox.frames),
                       "buffered_bytes": self.outbox.bytes})
@@ -130,6 +136,7 @@ class Ledger:
             self.counts["acked_events"] += reply.accepted
             if reply.rejected:
                 self.counts["rejected_events"] += reply.rejected
+                self._count_refused(reply.note, reply.rejected)
                 self.log.log(logging.WARNING, "rejected", "evagg agent rejected %d event(s): %s",
                              reply.rejected, reply.note)
             return True
@@ -147,9 +154,19 @@ class Ledger:
         entry = self._settle(session, seq)
         if entry is not None and not self._is_report(seq):
             self.outbox.lost["nacked"] += entry[1]
+            self._count_refused(nack.reason, entry[1])
         self.counts["nacks"] += 1
         self.log.log(logging.WARNING, "nack", "evagg agent refused a frame: %s", nack.reason)
         return entry is not None
+
+    def _count_refused(self, note: str, events: int) -> None:
+        """The agent's reason, without the event's place in the frame, counts the frame's
+        refused events (it names only the first); past MAX_REASONS distinct reasons, the
+        rest count as "other", so a producer's texts cannot grow the counts."""
+        reason = _REFUSAL_PREFIX.sub("", note) or "no reason given"
+        if reason not in self.refused and len(self.refused) >= MAX_REASONS:
+            reason = "other"
+        self.refused[reason] += events
 
     def _is_report(self, seq: int) -> bool:
         """Whether a settled frame held loss reports (then forgotten)."""

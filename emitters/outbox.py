@@ -20,7 +20,7 @@ from emitters.columns_items import emit_columns
 from emitters.columns_read import read_rows
 from emitters.events import BUILT_LENGTH, Context, build_events
 from emitters.ids import new_session_id
-from emitters.values import scrub
+from emitters.values import scrub, values_left_to_agent
 
 BATCH_HEADER = 30  # version, type, session, seq, count: body bytes before the payload
 
@@ -271,8 +271,12 @@ class Outbox:
             columns = None
         if columns is not None:
             return list(self.add_columns(columns, len(items), context.base))
+        left_before = values_left_to_agent()
         rows = build_events(items, Context({}, context.attrs), self.lost)
-        trusted = BUILT_LENGTH not in map(len, items)  # built rows are checked
+        # Built rows, and rows holding a value left for the agent to refuse, are encoded
+        # with their types checked: such a row goes as NDJSON, where the agent says why.
+        trusted = (BUILT_LENGTH not in map(len, items)
+                   and values_left_to_agent() == left_before)
         return list(self.add_rows(rows, context.base, trusted))
 
     def close_frame(self) -> Iterator[int]:

@@ -22,6 +22,9 @@ class EmitterStats:
     dropped: events lost before the agent took them, by reason: buffer_full (queue or
         buffer full), too_large, unencodable, nacked, exit_deadline (undelivered when
         close() or exit gave up), closed (emitted after close()).
+    refused: the events of `rejected` and `dropped["nacked"]` again, by the agent's
+        reason (its words, e.g. "field 'duration_s' must be a number, got str"); a
+        frame's refused events count under the first reason the agent gave for it.
     pending: events emitted and not yet acked, rejected or dropped.
     connected: whether the sender holds a connection to the agent right now.
     closed: whether close() was called (at exit, it is for every emitter).
@@ -39,6 +42,7 @@ class EmitterStats:
     rejected: int = 0
     dropped: Mapping[str, int] = field(default_factory=dict)
     pending: int = 0
+    refused: Mapping[str, int] = field(default_factory=dict)
     connected: bool = False
     closed: bool = False
     counters: Mapping[str, int] = field(default_factory=dict)

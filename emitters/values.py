@@ -1,12 +1,17 @@
-"""One field of a caller's event into its column: coerced to the column's type, or into
-`attrs` as text when it does not fit (NaN and infinite metrics become `nonfinite` names).
-Nothing here raises for a caller's value: whatever has no JSON form is written as its
-str(), or its type name when even str() fails. Runs in the sender thread."""
+"""One field of a caller's event into its column: coerced to the column's type where the
+value has a faithful form there (numpy and torch scalars, integral values, aware
+datetimes, str() for text columns; NaN and infinite metrics become `nonfinite` names).
+A value with no such form (text for a number, a bool for a step) is sent as it is, so
+that the agent refuses the event with its one rule and wording (docs/event-schema.md,
+"Bad input"), and the emitter counts the refusal: it is never stored as NULL with the
+text in attrs. Nothing here raises for a caller's value: whatever has no JSON form is
+written as its str(), or its type name when even str() fails. Runs in the sender thread."""
 
 from __future__ import annotations
 
 import contextlib
 import math
+import threading
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -23,6 +28,23 @@ _STAMPED = "stamped by the agent"
 _COLUMNS = {name: _STAMPED if name in AGENT_STAMPED else column
             for name, column in EVENT_FIELDS.items()}
 _JSON_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+# Per sender thread: how many values were left for the agent to judge, so that the rows
+# that hold one are encoded with their types checked (emitters/outbox.py).
+_left_to_agent = threading.local()
+
+
+def values_left_to_agent() -> int:
+    """Values this thread has sent as they are for the agent to refuse, so far."""
+    return int(getattr(_left_to_agent, "count", 0))
+
+
+def _for_agent(value: Any) -> Any:
+    """A value that does not fit its column, as the agent will judge it: JSON's own
+    types as they are, anything else as its text (the agent says what it got)."""
+    _left_to_agent.count = values_left_to_agent() + 1
+    if type(value) in (str, bool, float) or (type(value) is int and -_INT64 <= value < _INT64):
+        return value
+    return text(value)
 
 
 def apply_fields(event: dict[str, Any], attrs: dict[str, str], fields: Mapping[Any, Any]) -> None:
@@ -48,14 +70,13 @@ def apply_fields(event: dict[str, Any], attrs: dict[str, str], fields: Mapping[A
 def _typed(event: dict[str, Any], attrs: dict[str, str], key: str, column: str, value: Any) -> None:
     if column in _INT_LIMITS:
         number = as_int(value, _INT_LIMITS[column])
-        if number is None:
-            attrs[key] = text(value)
-        else:
-            event[key] = number
+        event[key] = _for_agent(value) if number is None else number
     elif column == "float64":
         real = as_float(value)
-        if real is None or not math.isfinite(real):
-            attrs[key] = text(value)
+        if real is None:
+            event[key] = _for_agent(value)
+        elif not math.isfinite(real):
+            attrs[key] = text(value)  # a NaN duration is kept by name, as metrics are
         else:
             event[key] = real
     elif column == "timestamp_ns":
@@ -70,7 +91,7 @@ def _typed(event: dict[str, Any], attrs: dict[str, str], key: str, column: str, 
             if v is not None:
                 attrs[text(k)] = text(v)
     else:
-        attrs[key] = text(value)
+        event[key] = _for_agent(value)
 
 
 def _time(event: dict[str, Any], attrs: dict[str, str], key: str, value: Any) -> None:
@@ -84,22 +105,20 @@ def _time(event: dict[str, Any], attrs: dict[str, str], key: str, value: Any) ->
         event[key] = value  # RFC 3339: the agent parses it and says so when it cannot
     else:
         number = as_int(value, 2**63)
-        if number is None or number < 0:
-            attrs[key] = text(value)
-        else:
-            event[key] = number
+        event[key] = _for_agent(value) if number is None or number < 0 else number
 
 
 def add_metrics(event: dict[str, Any], attrs: dict[str, str], values: Mapping[Any, Any]) -> None:
-    """Finite numbers into `metrics`, NaN/inf names into `nonfinite`, the rest into attrs."""
-    metrics: dict[str, float] = event.get("metrics") or {}
+    """Finite numbers into `metrics`, NaN/inf names into `nonfinite`; anything else is
+    left for the agent to refuse (a metric must be a number)."""
+    metrics: dict[str, Any] = event.get("metrics") or {}
     nonfinite: set[str] = set(event.get("nonfinite") or ())
     for key, value in values.items():
         name = key if type(key) is str else text(key)
         real = as_float(value)
         if real is None:
             if value is not None:
-                attrs[name] = text(value)
+                metrics[name] = _for_agent(value)
         elif math.isfinite(real):
             metrics[name] = real
         else:

@@ -61,11 +61,11 @@ def test_events_arrive_with_typed_fields_context_and_unique_ids(sock_path: Path,
     assert "pid" not in first and "received" not in first
 
 
-def test_known_fields_of_the_wrong_type_move_to_attrs(sock_path: Path, make_emitter: Any) -> None:
+def test_known_fields_are_coerced_where_they_fit(sock_path: Path, make_emitter: Any) -> None:
     emitter = make_emitter()
     with FakeAgent(sock_path) as agent:
-        emitter.emit(kind=7, name=None, state="RUNNING", step="seven", attempt=2**40,
-                     duration_s=float("nan"), task_id=12, pid=99, metrics={"x": "high", "y": True},
+        emitter.emit(kind=7, name=None, state="RUNNING", duration_s=float("nan"), task_id=12,
+                     pid=99, metrics={"y": True},
                      attrs={"n": 1, "ok": False, "nested": {"b": [1, 2]}, "none": None},
                      nonfinite=("z",), time=5)
         assert emitter.flush(20)
@@ -73,8 +73,22 @@ def test_known_fields_of_the_wrong_type_move_to_attrs(sock_path: Path, make_emit
     assert event["kind"] == "7" and "name" not in event and event["task_id"] == "12"
     assert event["time"] == 5 and "pid" not in event
     assert event["metrics"] == {"y": 1.0} and event["nonfinite"] == ["z"]
-    assert event["attrs"] == {"step": "seven", "attempt": str(2**40), "duration_s": "nan",
-                              "x": "high", "n": "1", "ok": "false", "nested": '{"b":[1,2]}'}
+    assert event["attrs"] == {"duration_s": "nan", "n": "1", "ok": "false",
+                              "nested": '{"b":[1,2]}'}
+
+
+def test_a_value_that_does_not_fit_its_column_is_sent_for_the_agent_to_judge(
+        sock_path: Path, make_emitter: Any) -> None:
+    # Never moved to attrs with the column left NULL: the agent refuses such an event
+    # (tests/emitters/test_refused_events.py shows it with a real agent).
+    emitter = make_emitter()
+    with FakeAgent(sock_path) as agent:
+        emitter.emit(kind="task", step="seven", attempt=2**40, metrics={"x": "high"})
+        assert emitter.flush(20)
+        (event,) = agent.events()
+    assert (event["step"], event["attempt"], event["metrics"]) == ("seven", 2**40,
+                                                                  {"x": "high"})
+    assert "attrs" not in event
 
 
 class Unprintable:
