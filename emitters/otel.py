@@ -17,10 +17,20 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
+
 import emitters
 from emitters.emitter import Emitter
 from emitters.otel_fast import SpanRows
-from emitters.otel_rows import EXCEPTION_EVENT, readable_span_event, resource_text, span_event
+from emitters.otel_rows import (
+    CUT_KEY,
+    EXCEPTION_EVENT,
+    VALUE_LIMIT,
+    UnendedSpan,
+    readable_span_event,
+    resource_text,
+    span_event,
+)
 
 log = logging.getLogger("evagg.otel")
 
@@ -31,12 +41,16 @@ class EvaggSpanExporter:
     The emitter's background thread frames and sends them over the Unix socket, so the
     worker never encodes OTLP. SDK spans become finished rows in one pass (otel_fast) and
     enter the emitter's queue past its per-field checks; any other span takes the generic
-    path through emit(). It never raises: failures are counted in `errors`.
+    path through emit(). It never raises: failures are counted in `errors`, spans refused
+    for having no usable end time in `refused["unended"]`, attribute values cut to
+    VALUE_LIMIT characters in `cut_attributes` (the span is kept).
     """
 
     def __init__(self, emitter: Emitter | None = None) -> None:
         self.emitter = emitter or emitters.get_emitter()
         self.errors: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()
+        self.cut_attributes = 0
         self._resources: dict[int, tuple[Any, dict[str, str]]] = {}
         self._rows: SpanRows | None = None
         self._fast = True  # until the fast path fails once: then every span goes generic
@@ -50,6 +64,7 @@ class EvaggSpanExporter:
                 if self._rows is None:
                     self._rows = SpanRows()
                 rows, others = self._rows.convert(spans)
+                self._count_cuts(rows)
                 self.emitter.enqueue_built(rows)
             except Exception as exc:  # an SDK or emitter without what the fast path reads
                 self._count(exc)
@@ -58,10 +73,29 @@ class EvaggSpanExporter:
         emit = self.emitter.emit
         for span in others:
             try:
-                emit(**readable_span_event(span, self._resource_attrs(span.resource)))
+                row = readable_span_event(span, self._resource_attrs(span.resource))
+                self._count_cuts((row,))
+                emit(**row)
+            except UnendedSpan as exc:
+                self._refuse("unended", exc)
             except Exception as exc:
                 self._count(exc)
         return SpanExportResult.SUCCESS
+
+    def _count_cuts(self, rows: Sequence[dict[str, Any]]) -> None:
+        for row in rows:
+            cut = row.get("attrs", _NO_ATTRS).get(CUT_KEY)
+            if cut is not None:
+                if not self.cut_attributes:
+                    log.warning("span attribute values longer than %d characters are cut "
+                                "to that length, the span kept; attrs['%s'] names them "
+                                "(counted from now on)", VALUE_LIMIT, CUT_KEY)
+                self.cut_attributes += len(orjson.loads(cut))
+
+    def _refuse(self, reason: str, exc: Exception) -> None:
+        if not self.refused[reason]:
+            log.warning("evagg span export refused a span: %s (counted from now on)", exc)
+        self.refused[reason] += 1
 
     def _resource_attrs(self, resource: Any) -> dict[str, str]:
         # One provider has one Resource: convert its attributes once, not per span.
@@ -114,6 +148,7 @@ __all__ = [
     "resource_text", "shutdown_telemetry", "span_event", "urandom_id_generator",
 ]
 
+_NO_ATTRS: dict[str, str] = {}
 _provider: Any = None
 _exporter: EvaggSpanExporter | None = None
 _TRACEPARENT_KEYS = ("traceparent", "tracestate")

@@ -23,10 +23,12 @@ from emitters.otel_rows import (
     RUN_ID_KEYS,
     SPECIAL_KEYS,
     STEP_KEYS,
+    VALUE_LIMIT,
     VARIANT,
     add_error,
     add_special_columns,
     attr_text,
+    cut_values,
     link_texts,
     resource_text,
 )
@@ -38,7 +40,8 @@ _CACHE_LIMIT = 1024  # trace ids and parent ids kept, each (about 250 KB at most
 class _Base:
     """What every span of one Resource and one instrumentation scope shares."""
 
-    __slots__ = ("attrs", "columns", "resource", "resource_attrs", "scope", "scope_name")
+    __slots__ = ("attrs", "columns", "long_values", "resource", "resource_attrs", "scope",
+                 "scope_name")
 
     def __init__(self, resource: Any, scope: Any) -> None:
         # Held so that their id()s cannot be reused while cached.
@@ -47,6 +50,7 @@ class _Base:
         self.resource_attrs = resource_text(resource.attributes)
         if not all(type(k) is str for k in self.resource_attrs):
             raise TypeError("resource attribute keys must be strings")
+        self.long_values = any(len(v) > VALUE_LIMIT for v in self.resource_attrs.values())
         self.columns: dict[str, Any] = {}
         add_special_columns(self.columns, NOTHING, self.resource_attrs)
         name = scope.name if scope is not None else ""
@@ -112,9 +116,12 @@ class SpanRows:
         values = attributes._dict
         attrs: dict[str, Any] = base.attrs.copy()
         attrs.update(values)  # one resize; then only the values that are not text
+        long_values = base.long_values
         for key, value in values.items():
             kind = type(value)
             if kind is str:
+                if len(value) > VALUE_LIMIT:  # type: ignore[arg-type]
+                    long_values = True
                 continue
             if kind is int:
                 attrs[key] = str(value)
@@ -124,6 +131,9 @@ class SpanRows:
                 return None  # span_event keeps the resource's value: the generic path's case
             else:
                 attrs[key] = attr_text(value)
+                long_values = long_values or len(attrs[key]) > VALUE_LIMIT
+        if long_values:
+            cut_values(attrs)
         kind = span._kind
         if kind is not self._internal:
             attrs["otel.span_kind"] = kind.name
@@ -142,7 +152,9 @@ class SpanRows:
         if prefix[0] != ms:
             prefix = self._prefix(ms)
         failed = span._status.status_code is self._error
-        end = span._end_time or start
+        end = span._end_time
+        if type(end) is not int or end < start:
+            return None  # unended: the generic path refuses it and counts why
         parent = span._parent
         # Every column a span usually has in one literal: the dict is sized once.
         row: dict[str, Any] = {
@@ -157,8 +169,6 @@ class SpanRows:
         }
         if not attrs:
             del row["attrs"]
-        if end < start:
-            del row["duration_s"]
         if parent is None:
             del row["parent_span_id"]
         if base.columns:

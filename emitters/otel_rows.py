@@ -7,6 +7,7 @@ same rows faster for the common SDK spans and leans on the helpers here for the 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -19,6 +20,47 @@ EXCEPTION_EVENT = "exception"
 SPECIAL_KEYS = frozenset((*RUN_ID_KEYS, *JOB_ID_KEYS, *STEP_KEYS, "error.type"))
 NOTHING: Mapping[str, Any] = {}
 VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}  # UUID variant digit
+# The OTel SDK's attribute value length limit, applied by evagg on both span paths: an
+# attribute's stored text is cut to this many characters and its key listed in CUT_KEY.
+# 32 Ki characters keep a span with a few cut values under the socket's 1 MiB event cap.
+VALUE_LIMIT = 32_768
+CUT_KEY = "evagg.cut_attributes"
+# Ray colours its error texts for terminals; the escapes are noise in a table.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+class UnendedSpan(ValueError):
+    """A span without a usable end time: stored, it would read as finished in no time."""
+
+
+def end_problem(name: str, start_ns: int, end_ns: int | None) -> str:
+    """Why a span's times cannot make a row ("" when they can)."""
+    if not start_ns or start_ns < 0:
+        return f"span {name!r}: startTimeUnixNano is missing or zero"
+    if not end_ns:
+        return f"span {name!r}: endTimeUnixNano is missing or zero: send spans once they end"
+    if end_ns < start_ns:
+        return f"span {name!r}: endTimeUnixNano is before startTimeUnixNano"
+    return ""
+
+
+def cut_values(attrs: dict[str, Any]) -> int:
+    """Cut every text in `attrs` longer than VALUE_LIMIT; list the cut keys under CUT_KEY
+    (sorted JSON text); returns how many were cut."""
+    cut = [key for key, value in attrs.items()
+           if type(value) is str and len(value) > VALUE_LIMIT]
+    for key in cut:
+        attrs[key] = attrs[key][:VALUE_LIMIT]
+    if cut:
+        attrs[CUT_KEY] = orjson.dumps(sorted(cut)).decode()
+    return len(cut)
+
+
+def clean_error_text(text: str) -> str:
+    """An error message or stack trace as stored: terminal colours out, at most VALUE_LIMIT."""
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    return text[:VALUE_LIMIT]
 
 
 def attr_text(value: Any) -> str:
@@ -63,6 +105,7 @@ def span_event(
     for key, value in attributes.items():
         if value is not None:
             attrs[key] = value if type(value) is str else attr_text(value)
+    cut_values(attrs)
     if span_kind != "INTERNAL":  # the default; an export without it reads as INTERNAL
         attrs["otel.span_kind"] = span_kind
     if scope:
@@ -118,7 +161,7 @@ def add_error(row: dict[str, Any], failed: bool, status_message: str,
         else exc.get("exception.message"),
         "stack_trace": exc.get("exception.stacktrace"),
     }
-    row.update((k, attr_text(v)) for k, v in fields.items() if v)
+    row.update((k, clean_error_text(attr_text(v))) for k, v in fields.items() if v)
 
 
 def link_texts(links: Iterable[Any]) -> list[str]:
@@ -127,7 +170,8 @@ def link_texts(links: Iterable[Any]) -> list[str]:
 
 
 def readable_span_event(span: Any, resource: Mapping[str, str]) -> dict[str, Any]:
-    """The event row of a finished OTel SDK ReadableSpan (any span-like object)."""
+    """The event row of a finished OTel SDK ReadableSpan (any span-like object); raises
+    UnendedSpan for one without an end, or ending before it starts."""
     # The public properties copy (events, links) or wrap (attributes) on every access;
     # read the fields they wrap where present.
     events = getattr(span, "_events", None)
@@ -140,6 +184,9 @@ def readable_span_event(span: Any, resource: Mapping[str, str]) -> dict[str, Any
     parent = span.parent
     scope = span.instrumentation_scope
     start = span.start_time or 0
+    problem = end_problem(span.name, start, span.end_time)
+    if problem:
+        raise UnendedSpan(problem)
     context = span.context
     return span_event(
         name=span.name,
@@ -147,7 +194,7 @@ def readable_span_event(span: Any, resource: Mapping[str, str]) -> dict[str, Any
         span_id=f"{context.span_id:016x}",
         parent_span_id=f"{parent.span_id:016x}" if parent is not None else None,
         start_ns=start,
-        end_ns=span.end_time or start,
+        end_ns=span.end_time,
         failed=span.status.status_code.value == STATUS_ERROR,
         status_message=span.status.description or "",
         span_kind=span.kind.name,
