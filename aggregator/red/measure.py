@@ -1,8 +1,9 @@
 """One batch of events measured for the RED metrics: grouped, not yet added anywhere.
 
-`measure` groups a batch's five columns (`MEASURED_COLUMNS`) with Arrow and numpy by
-(kind, name), (kind, name, state), duration bucket and (kind, error type), so nothing
-costs Python work per event. The result holds batch-local label values and arrays over
+`measure` groups a batch's columns (`MEASURED_COLUMNS`) with Arrow and numpy by
+(kind, service, name) (the service is attrs['service.name'], "" without one), that and
+the state, duration bucket, and that and the error type, so nothing costs Python work
+per event. The result holds batch-local label values and arrays over
 the groups; aggregator/red/metrics.py adds them to its series. A duration counts only
 on events that end something; an event fails when its state is FAILED or it names an
 error type (none named: "unknown").
@@ -22,7 +23,9 @@ IN_PROGRESS_STATES: Final = frozenset({"PENDING", "SUBMITTED", "RUNNING", "START
                                        "ENQUEUED", "DEFINED", "SCHEDULED", "CREATED"})
 FAILED_STATES: Final = frozenset({"FAILED"})
 UNKNOWN_ERROR: Final = "unknown"
-MEASURED_COLUMNS: Final = ("kind", "name", "state", "duration_s", "error_type")
+MEASURED_COLUMNS: Final = ("kind", "name", "state", "duration_s", "error_type", "attrs",
+                           "event_id")
+SERVICE_KEY: Final = "service.name"
 _DENSE_LIMIT: Final = 1 << 16  # group keys up to this many: bincount, else sort (np.unique)
 
 Ints = np.ndarray[Any, np.dtype[np.int64]]
@@ -35,8 +38,10 @@ class BatchMeasure:
     kinds: list[str]
     names: list[str]
     states: list[str]
-    pair_kind: Ints  # per distinct (kind, name) in the batch: index into kinds
-    pair_name: Ints  # ... and into names
+    services: list[str]
+    pair_kind: Ints  # per distinct (kind, service, name) in the batch: index into kinds
+    pair_name: Ints  # ... into names
+    pair_service: Ints  # ... and into services
     count_pair: Ints  # per (pair, state) group: index into the pairs
     count_state: Ints  # ... into states
     count_events: Ints
@@ -44,7 +49,7 @@ class BatchMeasure:
     duration_buckets: Ints  # one row per duration_pair, events per bucket, +Inf last
     duration_sums: np.ndarray[Any, np.dtype[np.float64]]
     error_types: list[str]
-    error_kind: Ints  # per (kind, error type) group: index into kinds
+    error_pair: Ints  # per (pair, error type) group: index into the pairs
     error_type: Ints  # ... into error_types
     error_events: Ints
 
@@ -83,11 +88,15 @@ def _group(keys: Ints, space: int) -> tuple[Ints, Ints, Ints]:
 
 
 def measure(batch: pa.RecordBatch, bounds: np.ndarray[Any, np.dtype[np.float64]]) -> BatchMeasure:
-    """Group one batch by (kind, name), (kind, name, state), bucket and error type."""
+    """Group one batch by (kind, service, name), with the state, bucket and error type."""
     kind = _Codes(batch.column("kind"))
     name = _Codes(batch.column("name"))
     state = _Codes(batch.column("state"))
-    pair_keys, _, row_pair = _group(kind.codes * name.size + name.codes, kind.size * name.size)
+    service = _Codes(pc.map_lookup(batch.column("attrs"), SERVICE_KEY, "first"))
+    names_and_services = name.size * service.size
+    pair_keys, _, row_pair = _group(
+        kind.codes * names_and_services + service.codes * name.size + name.codes,
+        kind.size * names_and_services)
     count_keys, count_events, _ = _group(row_pair * state.size + state.codes,
                                          len(pair_keys) * state.size)
     width = len(bounds) + 1
@@ -106,16 +115,19 @@ def measure(batch: pa.RecordBatch, bounds: np.ndarray[Any, np.dtype[np.float64]]
             duration_pair = np.flatnonzero(np.bincount(pairs, minlength=len(pair_keys)))
             buckets = all_buckets.reshape(len(pair_keys), width)[duration_pair]
             sums = np.bincount(pairs, seconds, minlength=len(pair_keys))[duration_pair]
-    error_types, error_keys, error_events = _errors(batch, kind, state)
+    error_types, error_keys, error_events = _errors(batch, row_pair, len(pair_keys), state)
     return BatchMeasure(
-        kind.values, name.values, state.values, pair_keys // name.size, pair_keys % name.size,
+        kind.values, name.values, state.values, service.values,
+        pair_keys // names_and_services, pair_keys % name.size,
+        (pair_keys // name.size) % service.size,
         count_keys // state.size, count_keys % state.size, count_events, duration_pair,
         buckets.astype(np.int64), sums, error_types,
         error_keys // max(len(error_types), 1), error_keys % max(len(error_types), 1),
         error_events)
 
 
-def _errors(batch: pa.RecordBatch, kind: _Codes, state: _Codes) -> tuple[list[str], Ints, Ints]:
+def _errors(batch: pa.RecordBatch, row_pair: Ints, pairs: int,
+            state: _Codes) -> tuple[list[str], Ints, Ints]:
     column = batch.column("error_type")
     failed = state.lookup(FAILED_STATES)
     if column.null_count < len(column):
@@ -124,6 +136,5 @@ def _errors(batch: pa.RecordBatch, kind: _Codes, state: _Codes) -> tuple[list[st
     if not len(rows):
         return [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     error = _Codes(column.take(pa.array(rows)), null_as=UNKNOWN_ERROR)  # failures are few
-    keys, events, _ = _group(kind.codes[rows] * error.size + error.codes,
-                             kind.size * error.size)
+    keys, events, _ = _group(row_pair[rows] * error.size + error.codes, pairs * error.size)
     return error.values, keys, events

@@ -1,9 +1,11 @@
 """RED metrics (rate, errors, duration) derived from the events themselves, for /metrics.
 
 In the spirit of the OpenTelemetry Collector's span-metrics connector: every accepted
-batch adds to `evagg_events_total{kind,name,state}`, to the histogram
-`evagg_event_duration_seconds{kind,name}` (from `duration_s` on events that end
-something) and to `evagg_event_errors_total{kind,error_type}`.
+batch adds to `evagg_events_total{kind,name,service,state}`, to the histogram
+`evagg_event_duration_seconds{kind,name,service}` (from `duration_s` on events that end
+something) and to `evagg_event_errors_total{kind,name,service,error_type}`; `service` is
+the event's attrs['service.name'], left out where it has none. A span is counted once
+however often it arrives (aggregator/red/seen_spans.py).
 
 Batches are kept (five columns, no copy) once they are in the spool, so a refused or
 duplicate batch counts nothing, and measured together every `flush_rows` rows (in an
@@ -13,8 +15,8 @@ series ids and adds whole arrays at once (numpy `add.at`) under a lock. Nothing 
 Python work per event; only label interning costs it per distinct (kind, name) of a
 measured chunk.
 
-Label values come from producers, so each is capped: kinds and states keep the first
-values seen, names and error types the first per kind; later ones count as "other"
+Label values come from producers, so each is capped: kinds, states and services keep the
+first values seen, names and error types the first per kind; later ones count as "other"
 (a producer's own "other" is the same series).
 """
 
@@ -30,6 +32,7 @@ import pyarrow as pa
 
 from aggregator.metrics import escape_label
 from aggregator.red.measure import MEASURED_COLUMNS, BatchMeasure, Ints, measure
+from aggregator.red.seen_spans import SeenSpans
 
 log = logging.getLogger("evagg.red")
 
@@ -88,21 +91,26 @@ class RedMetrics:
     """Counters and histograms over every accepted event; thread-safe."""
 
     def __init__(self, *, max_names: int = 200, max_error_types: int = 50, max_kinds: int = 50,
-                 max_states: int = 32, buckets: Sequence[float] = DEFAULT_BUCKETS,
-                 flush_rows: int = 4096) -> None:
-        if min(max_names, max_error_types, max_kinds, max_states) < 1:
+                 max_states: int = 32, max_services: int = 50,
+                 buckets: Sequence[float] = DEFAULT_BUCKETS, flush_rows: int = 4096) -> None:
+        if min(max_names, max_error_types, max_kinds, max_states, max_services) < 1:
             raise ValueError("label caps must be at least 1")
         self.bounds = np.array(sorted(float(b) for b in buckets), dtype=np.float64)
         self._lock = threading.Lock()
         self._kinds = _Labels(max_kinds)
         self._states = _Labels(max_states)
+        self._services = _Labels(max_services)
         self._pairs = _Labels(max_names)  # scope: kind id
         self._error_labels = _Labels(max_error_types)  # scope: kind id
-        self._counts = np.zeros((64, max_states + 1), dtype=np.int64)  # pair id x state id
+        # A series is one (pair id, service id): its row in the arrays below.
+        self._series: dict[tuple[int, int], int] = {}
+        self._series_labels: list[tuple[int, int]] = []
+        self._counts = np.zeros((64, max_states + 1), dtype=np.int64)  # series x state id
         self._buckets = np.zeros((64, len(self.bounds) + 1), dtype=np.int64)
         self._sums = np.zeros(64, dtype=np.float64)
-        self._errors = np.zeros(64, dtype=np.int64)
-        self._capped = dict.fromkeys(("kind", "state", "name", "error_type"), 0)
+        self._errors: dict[tuple[int, int], int] = {}  # (series, error label id): failures
+        self._capped = dict.fromkeys(("kind", "state", "name", "service", "error_type"), 0)
+        self._seen = SeenSpans()
         self._failures: dict[str, int] = {}
         self.flush_rows = flush_rows
         self._pending: list[pa.RecordBatch] = []
@@ -134,9 +142,10 @@ class RedMetrics:
             if not sum(b.num_rows for b in pending):
                 return
             try:
-                part = measure(pending[0] if len(pending) == 1 else pa.concat_batches(pending),
-                               self.bounds)
-                self.add(part)
+                batch = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+                batch = self._seen.first_copies(batch)
+                if batch.num_rows:
+                    self.add(measure(batch, self.bounds))
             except Exception as exc:
                 self._failed(exc)
 
@@ -157,26 +166,47 @@ class RedMetrics:
         with self._lock:
             kind_ids, kind_folded = self._kinds.map([0] * len(part.kinds), part.kinds)
             state_ids, state_folded = self._states.map([0] * len(part.states), part.states)
+            service_ids, service_folded = self._services.map([0] * len(part.services),
+                                                              part.services)
             pair_ids, pair_folded = self._pairs.map(kind_ids[part.pair_kind].tolist(),
                                                     [part.names[m] for m in part.pair_name])
-            self._counts = _grown(self._counts, len(self._pairs.labels))
-            self._buckets = _grown(self._buckets, len(self._pairs.labels))
-            self._sums = _grown(self._sums, len(self._pairs.labels))
-            pairs = pair_ids[part.count_pair]
-            np.add.at(self._counts, (pairs, state_ids[part.count_state]), part.count_events)
-            np.add.at(self._buckets, pair_ids[part.duration_pair], part.duration_buckets)
-            np.add.at(self._sums, pair_ids[part.duration_pair], part.duration_sums)
+            series = self._series_ids(pair_ids, service_ids[part.pair_service])
+            self._counts = _grown(self._counts, len(self._series_labels))
+            self._buckets = _grown(self._buckets, len(self._series_labels))
+            self._sums = _grown(self._sums, len(self._series_labels))
+            np.add.at(self._counts, (series[part.count_pair], state_ids[part.count_state]),
+                      part.count_events)
+            np.add.at(self._buckets, series[part.duration_pair], part.duration_buckets)
+            np.add.at(self._sums, series[part.duration_pair], part.duration_sums)
             events = part.count_events
             self._capped["kind"] += int(events[kind_folded[part.pair_kind][part.count_pair]].sum())
             self._capped["name"] += int(events[pair_folded[part.count_pair]].sum())
+            self._capped["service"] += int(
+                events[service_folded[part.pair_service][part.count_pair]].sum())
             self._capped["state"] += int(events[state_folded[part.count_state]].sum())
             if len(part.error_events):
-                error_ids, error_folded = self._error_labels.map(
-                    kind_ids[part.error_kind].tolist(),
-                    [part.error_types[e] for e in part.error_type])
-                self._errors = _grown(self._errors, len(self._error_labels.labels))
-                np.add.at(self._errors, error_ids, part.error_events)
-                self._capped["error_type"] += int(part.error_events[error_folded].sum())
+                self._add_errors(part, kind_ids, series)
+
+    def _series_ids(self, pair_ids: Ints, service_ids: Ints) -> Ints:
+        """The series row of each (pair, service) of a batch, made on first sight."""
+        out = []
+        for key in zip(pair_ids.tolist(), service_ids.tolist(), strict=True):
+            row = self._series.get(key)
+            if row is None:
+                row = self._series[key] = len(self._series_labels)
+                self._series_labels.append(key)
+            out.append(row)
+        return np.array(out, dtype=np.int64)
+
+    def _add_errors(self, part: BatchMeasure, kind_ids: Ints, series: Ints) -> None:
+        # Failures are few: a dict per (series, error type) costs less than arrays would.
+        error_ids, error_folded = self._error_labels.map(
+            kind_ids[part.pair_kind[part.error_pair]].tolist(),
+            [part.error_types[e] for e in part.error_type])
+        for key in zip(series[part.error_pair].tolist(), error_ids.tolist(),
+                       part.error_events.tolist(), strict=True):
+            self._errors[key[:2]] = self._errors.get(key[:2], 0) + key[2]
+        self._capped["error_type"] += int(part.error_events[error_folded].sum())
 
     def render(self) -> str:
         """Prometheus text (exposition format 0.0.4) of every RED family."""
@@ -194,14 +224,18 @@ class RedMetrics:
                   for k, v in sorted(failures.items())]
         return "\n".join(lines) + "\n"
 
-    def _pair_labels(self, pair: int) -> str:
+    def _pair_labels(self, series: int) -> str:
+        pair, service = self._series_labels[series]
         kind_id, _ = self._pairs.labels[pair]
-        return f'kind="{self._kinds.escaped[kind_id]}",name="{self._pairs.escaped[pair]}"'
+        labels = f'kind="{self._kinds.escaped[kind_id]}",name="{self._pairs.escaped[pair]}"'
+        if self._services.labels[service][1]:  # no service.name: no label, as Prometheus reads ""
+            labels += f',service="{self._services.escaped[service]}"'
+        return labels
 
     def _count_lines(self) -> list[str]:
         lines = _header("evagg_events_total", "counter",
-                        "Events accepted, by kind, name and state (capped labels).")
-        used = self._counts[: len(self._pairs.labels)]
+                        "Events accepted, by kind, name, service and state (capped labels).")
+        used = self._counts[: len(self._series_labels)]
         pairs, states = np.nonzero(used)
         for pair, state, value in zip(pairs.tolist(), states.tolist(),
                                       used[pairs, states].tolist(), strict=True):
@@ -214,7 +248,7 @@ class RedMetrics:
         lines = _header(name, "histogram",
                         "Duration of events that end something, from duration_s.")
         bounds = [repr(b) for b in self.bounds.tolist()] + ["+Inf"]
-        used = self._buckets[: len(self._pairs.labels)]
+        used = self._buckets[: len(self._series_labels)]
         for pair in np.flatnonzero(used.any(axis=1)).tolist():
             labels = self._pair_labels(pair)
             cumulative = np.cumsum(used[pair]).tolist()
@@ -226,12 +260,10 @@ class RedMetrics:
 
     def _error_lines(self) -> list[str]:
         lines = _header("evagg_event_errors_total", "counter",
-                        "Failed events, by kind and error type (capped labels).")
-        used = self._errors[: len(self._error_labels.labels)]
-        for error in np.flatnonzero(used).tolist():
-            kind_id, _ = self._error_labels.labels[error]
-            lines.append(f'evagg_event_errors_total{{kind="{self._kinds.escaped[kind_id]}",'
-                         f'error_type="{self._error_labels.escaped[error]}"}} {used[error]}')
+                        "Failed events, by kind, name, service and error type (capped labels).")
+        for (series, error), count in sorted(self._errors.items()):
+            lines.append(f"evagg_event_errors_total{{{self._pair_labels(series)},"
+                         f'error_type="{self._error_labels.escaped[error]}"}} {count}')
         return lines
 
 
