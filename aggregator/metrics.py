@@ -149,6 +149,10 @@ class AgentMetrics:
         self.bad_input = r.counter(
             "evagg_bad_input_total", "Bad frames, bodies or connections, by route and reason."
         )
+        self.cut_values = r.counter(
+            "evagg_cut_attribute_values_total",
+            "Span attribute values cut to the documented length (the span kept), by route.",
+        )
         self.connections = r.counter("evagg_connections_total", "Producer connections accepted.")
         self.delivered_events = r.counter(
             "evagg_delivered_events_total", "Events durably delivered, by sink."
@@ -178,6 +182,7 @@ class AgentMetrics:
         )
         self.open_connections = r.gauge("evagg_open_connections", "Producer connections open now.")
         self.draining = r.gauge("evagg_draining", "1 while the agent drains before exit.")
+        self.draining.set(0)  # a sample from the start: a healthy agent is not "No data"
         self.sink_permanent_error = r.gauge(
             "evagg_sink_permanent_error",
             "1 while a sink's last failure was permanent (credentials, missing bucket).",

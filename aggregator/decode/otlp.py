@@ -4,8 +4,10 @@ Follows the OTLP/HTTP spec: protobuf (`application/x-protobuf`) or JSON
 (`application/json`, where trace and span ids are hex strings, not base64, and unknown
 fields are ignored), optionally gzip-encoded. A body that cannot be decoded at all raises
 `OtlpError` (400, or 415 for an unsupported content type or encoding) and nothing of it
-is stored. Spans with invalid ids are rejected one by one and reported through
-`partial_success`, the rest are kept. The rows go to `aggregator.decode.normalize.rows_to_batch`.
+is stored. Spans with invalid ids or without a usable end time are rejected one by one
+and reported through `partial_success`, the rest are kept; attribute values longer than
+`VALUE_LIMIT` characters are cut, as the socket exporter cuts them. The rows go to
+`aggregator.decode.normalize.rows_to_batch`.
 
 The opentelemetry-proto messages are imported lazily so the agent starts without them;
 then every OTLP request is answered 501.
@@ -21,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from emitters.otel import EXCEPTION_EVENT, resource_text, span_event
+from emitters.otel_rows import CUT_KEY, EXCEPTION_EVENT, end_problem, resource_text, span_event
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -51,8 +53,16 @@ class OtlpError(ValueError):
 @dataclass(slots=True)
 class OtlpDecoded:
     rows: list[dict[str, Any]] = field(default_factory=list)
-    rejected_spans: int = 0
-    error_message: str = ""
+    rejected: list[tuple[int, str]] = field(default_factory=list)  # (span index, reason)
+    cut_attributes: int = 0  # attribute values cut to VALUE_LIMIT characters
+
+    @property
+    def rejected_spans(self) -> int:
+        return len(self.rejected)
+
+    @property
+    def error_message(self) -> str:
+        return self.rejected[0][1] if self.rejected else ""
 
 
 def media_type(content_type: str | None) -> str:
@@ -74,12 +84,18 @@ def decode_otlp_traces(
     return _rows(request)
 
 
-def _decompress(body: bytes, encoding: str | None) -> bytes:
+def check_encoding(encoding: str | None) -> str:
+    """The Content-Encoding's name if OTLP/HTTP allows it (gzip or none), else OtlpError(415)."""
     name = (encoding or "identity").strip().lower()
-    if name == "identity":
+    if name not in ("identity", "gzip"):
+        raise OtlpError(f"unsupported Content-Encoding {(encoding or '')[:40]!r}: "
+                        "send gzip or no Content-Encoding", 415)
+    return name
+
+
+def _decompress(body: bytes, encoding: str | None) -> bytes:
+    if check_encoding(encoding) == "identity":
         return body
-    if name != "gzip":
-        raise OtlpError(f"unsupported Content-Encoding {encoding!r}: use gzip or none", 415)
     if not body.startswith(_GZIP_MAGIC):
         # Already inflated on the way (aiohttp does, by default). Neither OTLP protobuf
         # (0x1f is an invalid wire type) nor JSON can start with these two bytes.
@@ -177,12 +193,16 @@ def _rows(request: Any) -> OtlpDecoded:
         for scope_spans in resource_spans.scope_spans:
             scope = scope_spans.scope.name
             for span in scope_spans.spans:
-                reason = _invalid_ids(span)
+                reason = _invalid_ids(span) or end_problem(
+                    span.name or "(unnamed)", span.start_time_unix_nano, span.end_time_unix_nano)
                 if reason:
-                    out.rejected_spans += 1
-                    out.error_message = out.error_message or reason
+                    out.rejected.append((len(out.rows) + len(out.rejected), reason))
                     continue
-                out.rows.append(_span_row(span, resource, scope))
+                row = _span_row(span, resource, scope)
+                cut = row["attrs"].get(CUT_KEY)
+                if cut is not None:
+                    out.cut_attributes += len(orjson.loads(cut))
+                out.rows.append(row)
     return out
 
 
@@ -264,13 +284,13 @@ def otlp_response(content_type: str | None, rejected_spans: int, message: str) -
 
 
 def otlp_error_body(content_type: str | None, reason: str) -> tuple[bytes, str]:
-    """A google.rpc.Status body for a 4xx/5xx answer, in the request's encoding."""
+    """A google.rpc.Status body for a 4xx/5xx answer, in the request's encoding (JSON or
+    protobuf; protobuf when the request named neither)."""
     media = (content_type or "").split(";", 1)[0].strip().lower()
     if media == JSON:
         return orjson.dumps({"code": _INVALID_ARGUMENT, "message": reason}), JSON
-    if media == PROTOBUF:
-        return _status_protobuf(_INVALID_ARGUMENT, reason), PROTOBUF
-    return reason.encode(), "text/plain; charset=utf-8"
+    # Protobuf for any other type too: OTLP's default encoding, what its exporters parse.
+    return _status_protobuf(_INVALID_ARGUMENT, reason), PROTOBUF
 
 
 def _response_media(content_type: str | None) -> str:

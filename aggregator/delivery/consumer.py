@@ -56,6 +56,8 @@ class SinkConsumer:
         self._draining = False
         self._drain_ends: float | None = None  # monotonic deadline of the drain, if known
         self._said_down_while_draining = False
+        # A sample from the start, so a dashboard shows a healthy sink as 0, not "No data".
+        metrics.sink_permanent_error.set(0, sink=sink.name)
 
     @property
     def name(self) -> str:
