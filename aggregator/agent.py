@@ -9,6 +9,7 @@ SIGHUP re-reads the sinks from the config without touching the socket or the spo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import errno
 import logging
@@ -29,6 +30,7 @@ from aggregator.heartbeat import Heartbeat
 from aggregator.ingest.http_routes import HttpApi
 from aggregator.ingest.ingestor import Ingestor
 from aggregator.ingest.unix_socket import SocketIngest
+from aggregator.liveness import LivenessWatch
 from aggregator.losses import LossRecorder
 from aggregator.memory import (
     arrow_pool_name,
@@ -38,6 +40,7 @@ from aggregator.memory import (
 )
 from aggregator.metrics import AgentMetrics
 from aggregator.ray.recall import recall_ray_ids
+from aggregator.raylogs.wiring import build_follower
 from aggregator.red.metrics import RedMetrics
 from aggregator.shutdown import StopSignals, log_stopped, log_waiting_for
 from aggregator.spool import Spool
@@ -46,6 +49,7 @@ from sinks.base import Sink
 
 log = logging.getLogger("evagg.agent")
 UNUSED_POLL_S = 0.5  # how often an agent on demand checks whether any user is left
+RAY_LOGS_FINAL_S = 10.0  # the last shipping of Ray log files at a stop, at most
 
 
 class Agent:
@@ -80,6 +84,12 @@ class Agent:
         self.heartbeat = Heartbeat(self.ingestor, self.metrics, self.losses,
                                    node_id=config.node_id, spool_directory=self.spool.directory,
                                    interval_s=config.heartbeat_interval_s)
+        self.liveness = LivenessWatch(self.ingestor, self.metrics, spool=self.spool,
+                                      state_dir=config.state_dir, host=config.host,
+                                      grace_s=config.inferred_end_grace_s)
+        self.ray_logs = build_follower(config, self.metrics, self.losses)  # aggregator/raylogs/
+        if self.ray_logs is not None:
+            self.http.ray_rows_observers.append(self.ray_logs.note)
         self.sinks: SinkSet | None = None
         self._reload_lock = asyncio.Lock()  # a reload and the drain never overlap
         self._reload_task: asyncio.Task[None] | None = None
@@ -98,6 +108,9 @@ class Agent:
             log.warning("spool recovery: truncated %d bytes, %d corrupt records, quarantined %s",
                         report.truncated_bytes, report.corrupt_records, report.quarantined_files)
         self._recall_ray_ids()
+        if self.liveness.enabled:  # ends of what dead processes left open
+            self.liveness.restore()
+            self.ingestor.watcher = self.liveness
         self.sinks = SinkSet(self.spool, self.metrics, self._build_sinks(self.config))
         await self.socket.start(systemd.inherited_socket())
         try:
@@ -111,11 +124,18 @@ class Agent:
         systemd.notify("READY=1\nSTATUS=accepting events")
         self._announce()
         heartbeat = asyncio.create_task(self.heartbeat.run(), name="heartbeat")
+        liveness = (asyncio.create_task(self.liveness.run(), name="liveness")
+                    if self.liveness.enabled else None)
         watcher = (asyncio.create_task(self._exit_when_unused_loop(self._exit_when_unused),
                                        name="exit-when-unused")
                    if self._exit_when_unused is not None else None)
+        ray_logs = (asyncio.create_task(self.ray_logs.run(), name="ray-logs")
+                    if self.ray_logs is not None else None)
         await self._stop.wait()
         heartbeat.cancel()
+        await self._stop_ray_logs(ray_logs)
+        if liveness is not None:
+            liveness.cancel()
         if watcher is not None:
             watcher.cancel()
         return await self._drain()
@@ -254,6 +274,16 @@ class Agent:
         return self.sinks.consumers if self.sinks else {}
 
     # -- background workers ----------------------------------------------------------------
+
+    async def _stop_ray_logs(self, task: asyncio.Task[None] | None) -> None:
+        """What Ray's workers printed up to the stop is shipped too, for a few seconds."""
+        if task is None or self.ray_logs is None:
+            return
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(min(RAY_LOGS_FINAL_S, self.config.drain_timeout_s)):
+                await self.ray_logs.ship_all()
 
     async def _exit_when_unused_loop(self, users_path: Path) -> None:
         """Agent on demand: stop once no process holds a shared lock on `users_path`."""

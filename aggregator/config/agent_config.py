@@ -7,6 +7,7 @@ a spool under the user's state directory and one Parquet sink in a local directo
 
 from __future__ import annotations
 
+import dataclasses
 import grp
 import os
 import socket
@@ -20,6 +21,7 @@ from aggregator.config.sinks import SinkConfig, parse_sinks
 from aggregator.config.values import (
     check_keys,
     connection_cap,
+    grace,
     group,
     label_cap,
     listen,
@@ -38,6 +40,8 @@ from sinks.units import (
     parse_positive_size,
     parse_size,
 )
+
+DEFAULT_RAY_LOG_DIR = "/tmp/ray"  # Ray's own default --temp-dir
 
 
 class ConfigError(ValueError):
@@ -72,6 +76,8 @@ class AgentConfig:
     red_metrics: bool = True  # RED metrics derived from events on /metrics
     red_max_names: int = 200  # distinct names per kind before "other"
     max_connections: int = 1024  # producer connections served at once; the rest refused
+    ray_log_dir: str = DEFAULT_RAY_LOG_DIR  # Ray's temp root; "" collects no Ray logs
+    inferred_end_grace_s: float = 30.0  # 0: no inferred ends (aggregator/liveness/)
 
 
 _AGENT_KEYS = {
@@ -90,6 +96,7 @@ _AGENT_KEYS = {
     "red_metrics",
     "red_max_names",
     "max_connections",
+    "inferred_end_grace",
 }
 _SPOOL_KEYS = {"max_bytes", "when_full", "fsync", "segment_bytes"}
 DEFAULT_HTTP_LISTEN = "127.0.0.1:4040"
@@ -106,7 +113,7 @@ def load_config(
     if path is not None:
         raw = _read_toml(path)
     problems: list[str] = []
-    check_keys(raw, {"agent", "spool", "sinks"}, "", problems)
+    check_keys(raw, {"agent", "spool", "sinks", "ray"}, "", problems)
     agent = _table(raw, "agent", problems)
     spool = _table(raw, "spool", problems)
     check_keys(agent, _AGENT_KEYS, "agent.", problems)
@@ -115,6 +122,8 @@ def load_config(
     flags = {k: v for k, v in (overrides or {}).items() if v is not None}
     agent.update(flags)
     config = _build(agent, spool, raw.get("sinks"), problems, path)
+    if config is not None:
+        config = _with_ray(config, _table(raw, "ray", problems), problems)
     if problems or config is None:
         raise ConfigError(_name_variables(problems, {k: v for k, v in from_env.items()
                                                      if k not in flags}))
@@ -234,6 +243,7 @@ def _build(
         red_metrics=get(agent, "red_metrics", True, parse_bool, "agent."),
         red_max_names=get(agent, "red_max_names", 200, label_cap, "agent."),
         max_connections=get(agent, "max_connections", 1024, connection_cap, "agent."),
+        inferred_end_grace_s=get(agent, "inferred_end_grace", "30s", grace, "agent."),
     )
     # A frame's Arrow record can be larger than its NDJSON; the spool holds records of at
     # most a quarter of max_bytes and one segment, so leave a factor of two on top.
@@ -276,3 +286,16 @@ def check_host(config: AgentConfig) -> None:
                            "(create it, or remove the key)"]) from None
 
 
+def _with_ray(config: AgentConfig, ray: dict[str, Any], problems: list[str]) -> AgentConfig:
+    """[ray] log_dir: the root of Ray's files on this node (docs/ray-logs.md)."""
+    check_keys(ray, {"log_dir"}, "ray.", problems)
+    value = ray.get("log_dir", DEFAULT_RAY_LOG_DIR)
+    if not isinstance(value, str):
+        problems.append("ray.log_dir: must be a path (Ray's --temp-dir, default /tmp/ray), "
+                        'or "" to collect no Ray log files')
+        return config
+    if value and not Path(value).expanduser().is_absolute():
+        problems.append(f"ray.log_dir: {value!r} is not an absolute path; give Ray's "
+                        "--temp-dir as Ray prints it (default /tmp/ray)")
+        return config
+    return dataclasses.replace(config, ray_log_dir=value)

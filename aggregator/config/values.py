@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sinks.units import parse_int
+from sinks.units import parse_duration, parse_int
 
 
 def check_keys(
@@ -88,3 +88,13 @@ def one_of(*choices: str) -> Any:
         return str(value)
 
     return parse
+
+
+def grace(value: Any) -> float:
+    """`inferred_end_grace`: a duration, or "off" (the same as "0s": infer nothing)."""
+    if value == "off":
+        return 0.0
+    try:
+        return parse_duration(value)
+    except ValueError:
+        raise ValueError(f'{value!r} is not a duration such as "30s", or "off"') from None

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import orjson
+import pyarrow as pa
 from aiohttp import web
 
 from aggregator.decode import otlp
@@ -41,6 +42,8 @@ class HttpApi:
         self.token = token
         self.is_ready = is_ready
         self.ray: RayIntake[IngestResult] = RayIntake(ingestor.in_thread, self._store_ray)
+        # Who sees each spooled batch of Ray rows (the Ray log follower); must not block.
+        self.ray_rows_observers: list[Callable[[pa.RecordBatch], None]] = []
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes,
@@ -121,6 +124,9 @@ class HttpApi:
         except RayResendPending as exc:
             raise SpoolUnavailable(str(exc)) from None
         self._count_ray_paths(mapped)
+        if mapped.normalized.accepted:
+            for observe in self.ray_rows_observers:
+                observe(mapped.normalized.batch)
         duplicates = mapped.duplicates + mapped.held
         self.metrics.duplicate_frames.inc(duplicates, route="ray")
         return _ingest_answer(result, all_rejected_status=200, duplicates=duplicates)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
 
@@ -39,6 +39,15 @@ class IngestResult:
     too_large: bool = False  # the whole batch is more than one spool record can hold
 
 
+class BatchWatcher(Protocol):
+    """Sees every stored batch: `extract` in the worker thread that builds the spool
+    record, `apply` on the loop once the spool has it (aggregator/liveness/)."""
+
+    def extract(self, batch: pa.RecordBatch) -> Any: ...
+
+    def apply(self, found: Any) -> None: ...
+
+
 class SpoolUnavailable(RuntimeError):
     """The spool could not write (disk full, I/O error): answer nothing, let producers resend."""
 
@@ -53,6 +62,7 @@ class Ingestor:
         self.metrics = metrics
         self.node_id = node_id
         self.host = host
+        self.watcher: BatchWatcher | None = None  # set by the agent
         self._executor = ThreadPoolExecutor(decode_threads, thread_name_prefix="evagg-decode")
 
     def stamp(self, pid: int | None = None, uid: int | None = None) -> Stamp:
@@ -105,7 +115,8 @@ class Ingestor:
         if batch.num_rows == 0:
             return IngestResult(0, rejected, False, normalized.first_reason(), reasons)
         counts_losses = self.losses is not None and route != "agent"  # the agent's own: elsewhere
-        payload, producer_losses = await self.in_thread(_spool_bytes, batch, counts_losses)
+        payload, producer_losses, watched = await self.in_thread(
+            _spool_bytes, batch, counts_losses, self.watcher)
         try:
             result = await self.spool.append(payload, batch.num_rows,
                                              received_ns=stamp.received_ns, session=session,
@@ -123,6 +134,8 @@ class Ingestor:
         if result.duplicate:
             self.metrics.duplicate_frames.inc(route=route)
             return IngestResult(0, 0, True, "")
+        if self.watcher is not None:
+            self.watcher.apply(watched)
         if self.red is not None and self.red.add_batch(batch):  # RED metrics, see red_metrics.py
             with contextlib.suppress(RuntimeError):  # executor shut down: /metrics flushes
                 self._executor.submit(self.red.flush)  # off the event loop; never raises
@@ -137,9 +150,11 @@ class Ingestor:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _spool_bytes(batch: pa.RecordBatch, losses: bool) -> tuple[bytes, dict[str, int]]:
-    """In a worker thread: the spool record, and the losses its `loss` events report
-    (a compute over the batch that the event loop, which every connection shares,
-    should not do)."""
-    return batch_to_bytes(batch), reported_losses(batch) if losses else {}
+def _spool_bytes(batch: pa.RecordBatch, losses: bool,
+                 watcher: BatchWatcher | None) -> tuple[bytes, dict[str, int], Any]:
+    """In a worker thread: the spool record, the losses its `loss` events report and
+    what the watcher picks from it (computes over the batch that the event loop, which
+    every connection shares, should not do)."""
+    watched = watcher.extract(batch) if watcher is not None else None
+    return batch_to_bytes(batch), reported_losses(batch) if losses else {}, watched
 

@@ -1,0 +1,292 @@
+"""The open set: attempts, ops, jobs and actors that started on this node and have not
+ended, with the local process whose exit ends them.
+
+Fed with `Fact`s in any order (Ray's owner and executor events of one attempt arrive in
+any order and POST): an end closes a key for good (a late RUNNING after FINISHED opens
+nothing), and a start of a key only adds what it knows. Only a process the agent saw
+alive itself is tracked (`procs.identity_of` at first sighting, started no later than
+the event that names it), so a pid of another pid namespace or machine is never
+declared gone.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from aggregator.liveness import procs
+from aggregator.liveness.facts import Fact
+from aggregator.liveness.procs import Identity
+
+Key = tuple[str, str, str, int]  # kind, session, id, attempt
+TERMINAL = frozenset({"FINISHED", "FAILED"})
+CLOCK_SLACK_NS = 2_000_000_000  # boot time in /proc has whole seconds; clocks differ a little
+MAX_CLOSED = 100_000  # ends remembered, so that a late start does not reopen its key
+
+
+@dataclass(slots=True)
+class Attempt:
+    """An open task attempt or op, with what its inferred end repeats."""
+
+    kind: str  # "task" or "op"
+    ray: bool
+    session: str
+    key_id: str
+    attempt: int
+    state: str
+    job_id: str | None = None
+    run_id: str | None = None
+    node_id: str | None = None
+    worker_id: str | None = None
+    name: str | None = None
+    step: int | None = None
+    task_id: str | None = None
+    pid: int | None = None  # the process whose exit ends it
+
+
+@dataclass(slots=True)
+class Job:
+    session: str
+    job_id: str
+    driver_pid: int
+    ended: bool = False  # Ray exported its end: its open attempts still end with the driver
+
+
+@dataclass(slots=True)
+class Actor:
+    session: str
+    actor_id: str
+    job_id: str | None = None
+    pid: int | None = None
+    node_id: str | None = None
+    worker_id: str | None = None
+
+
+@dataclass(slots=True)
+class Process:
+    identity: Identity
+    gone_ns: int | None = None  # when the agent found it gone
+
+
+@dataclass
+class Untracked:
+    """Starts the open set did not take, by reason (evagg_liveness_untracked_total)."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, reason: str) -> None:
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+
+
+class OpenSet:
+    def __init__(self, max_processes: int = 10_000, max_attempts: int = 100_000) -> None:
+        self.max_processes = max_processes
+        self.max_attempts = max_attempts
+        self.attempts: dict[Key, Attempt] = {}
+        self.jobs: dict[tuple[str, str], Job] = {}
+        self.actors: dict[tuple[str, str], Actor] = {}
+        self.processes: dict[int, Process] = {}
+        self.closed: OrderedDict[Key, None] = OrderedDict()
+        self.untracked = Untracked()
+        self.own_pid = os.getpid()
+        self.known: dict[int, Identity] = {}  # seen by the last run (restart.read_seen)
+        self.on_new: Callable[[Identity], None] | None = None  # each first sighting
+        self.changed = False  # since the last snapshot
+
+    # -- facts -----------------------------------------------------------------------------
+
+    def apply(self, facts: list[Fact]) -> None:
+        for fact in facts:
+            if fact.kind in ("task", "op"):
+                self._attempt_fact(fact)
+            elif fact.source == "ray" and fact.kind == "job":
+                self._job_fact(fact)
+            elif fact.source == "ray" and fact.kind == "actor":
+                self._actor_fact(fact)
+
+    def _attempt_fact(self, fact: Fact) -> None:
+        key: Key = (fact.kind, fact.session, fact.key_id, fact.attempt)
+        if not fact.key_id:
+            return
+        if fact.state in TERMINAL:
+            self._close(key)
+            return
+        ray = fact.source == "ray" and fact.kind == "task"
+        if key in self.closed or fact.inferred:
+            return
+        if not ray and not self._producer_start(fact):
+            return
+        found = self.attempts.get(key)
+        if found is None:
+            if len(self.attempts) >= self.max_attempts:
+                self.untracked.add("too_many_attempts")
+                return
+            found = self.attempts[key] = Attempt(fact.kind, ray, fact.session, fact.key_id,
+                                                 fact.attempt, fact.state)
+        self._learn(found, fact)
+        self.changed = True
+
+    def _producer_start(self, fact: Fact) -> bool:
+        """An emitter's task RUNNING or op STARTED, from a process seen alive."""
+        started = "RUNNING" if fact.kind == "task" else "STARTED"
+        if fact.state != started or fact.pid is None or fact.pid == self.own_pid:
+            return False
+        return self.see(fact.pid, fact.time_ns)
+
+    def _learn(self, found: Attempt, fact: Fact) -> None:
+        for name in ("job_id", "run_id", "node_id", "worker_id", "name", "step", "task_id"):
+            value = getattr(fact, name)
+            if value is not None and value != "":
+                setattr(found, name, value)
+        if found.state != "RUNNING":
+            found.state = fact.state
+        if not found.ray:
+            found.pid = fact.pid
+        elif fact.state == "RUNNING" and fact.worker_pid and self.see(fact.worker_pid,
+                                                                      fact.time_ns):
+            found.pid = fact.worker_pid
+
+    def _close(self, key: Key) -> None:
+        if self.attempts.pop(key, None) is not None:
+            self.changed = True
+        self.closed[key] = None
+        if len(self.closed) > MAX_CLOSED:
+            self.closed.popitem(last=False)
+
+    def _job_fact(self, fact: Fact) -> None:
+        key = (fact.session, fact.key_id)
+        job = self.jobs.get(key)
+        if fact.state == "FINISHED" and job is not None:
+            job.ended = True
+            self.changed = True
+        elif (fact.state == "DEFINED" and job is None and fact.worker_pid
+              and self._local_driver(fact)):
+            self.jobs[key] = Job(fact.session, fact.key_id, fact.worker_pid)
+            self.changed = True
+
+    def _local_driver(self, fact: Fact) -> bool:
+        """The driver runs here: its pid is alive, started before the job, and its command
+        line is the entrypoint Ray recorded (Ray writes the driver's own argv there)."""
+        assert fact.worker_pid is not None
+        line = procs.command_line(fact.worker_pid)
+        name = (fact.name or "").removeprefix("(interactive_shell) ")
+        if not line or line != name:
+            return False
+        return self.see(fact.worker_pid, fact.time_ns)
+
+    def _actor_fact(self, fact: Fact) -> None:
+        key = (fact.session, fact.key_id)
+        if fact.state == "DEAD":
+            if self.actors.pop(key, None) is not None:
+                self.changed = True
+            self.closed[("actor", *key, 0)] = None
+            return
+        if ("actor", *key, 0) in self.closed or fact.inferred:
+            return
+        actor = self.actors.get(key)
+        if actor is None:
+            if len(self.actors) >= self.max_attempts:
+                self.untracked.add("too_many_attempts")
+                return
+            actor = self.actors[key] = Actor(fact.session, fact.key_id)
+        actor.job_id = fact.job_id or actor.job_id
+        actor.node_id = fact.node_id or actor.node_id
+        actor.worker_id = fact.worker_id or actor.worker_id
+        if fact.state == "ALIVE" and fact.worker_pid and self.see(fact.worker_pid, fact.time_ns):
+            actor.pid = fact.worker_pid
+        self.changed = True
+
+    # -- processes -------------------------------------------------------------------------
+
+    def see(self, pid: int, event_ns: int) -> bool:
+        """Track `pid` if it is alive here and was there at `event_ns`; False if not."""
+        if pid in self.processes:
+            return True
+        identity = self.known.pop(pid, None)  # the last run saw it alive: it may be gone now
+        if identity is None:
+            identity = procs.identity_of(pid)
+            if identity is None or procs.started_ns(identity) > event_ns + CLOCK_SLACK_NS:
+                self.untracked.add("not_visible")  # another namespace, host, or a reused pid
+                return False
+        if len(self.processes) >= self.max_processes:
+            self.untracked.add("too_many_processes")
+            return False
+        self.processes[pid] = Process(identity)
+        self.changed = True
+        if self.on_new is not None:
+            self.on_new(identity)
+        return True
+
+    def mark_gone(self, now_ns: int) -> int:
+        """Note every tracked process that has exited; how many were found now."""
+        found = 0
+        for process in self.processes.values():
+            if process.gone_ns is None and not procs.is_alive(process.identity):
+                process.gone_ns = now_ns
+                found += 1
+        self.changed |= found > 0
+        return found
+
+    def due(self, now_ns: int, grace_ns: int) -> list[Process]:
+        """Processes gone for longer than the grace, taken out of the set."""
+        out = [p for p in self.processes.values()
+               if p.gone_ns is not None and p.gone_ns + grace_ns <= now_ns]
+        for process in out:
+            del self.processes[process.identity.pid]
+        self.changed |= bool(out)
+        return out
+
+    # -- what ends with a process ----------------------------------------------------------
+
+    def take_attempts(self, pid: int) -> list[Attempt]:
+        keys = [key for key, a in self.attempts.items() if a.pid == pid]
+        return [self._take(key) for key in keys]
+
+    def take_job_attempts(self, job: Job) -> list[Attempt]:
+        keys = [key for key, a in self.attempts.items()
+                if a.ray and a.session == job.session and a.job_id == job.job_id]
+        return [self._take(key) for key in keys]
+
+    def take_actors(self, pid: int, job: Job | None = None) -> list[Actor]:
+        """The actors on `pid`; with `job`, also that job's actors with no live worker."""
+        keys = [key for key, a in self.actors.items()
+                if a.pid == pid or (job is not None and a.session == job.session
+                                    and a.job_id == job.job_id
+                                    and (a.pid is None or a.pid not in self.processes))]
+        return [self.actors.pop(key) for key in keys]
+
+    def take_jobs(self, pid: int) -> list[Job]:
+        keys = [key for key, job in self.jobs.items() if job.driver_pid == pid]
+        return [self.jobs.pop(key) for key in keys]
+
+    def _take(self, key: Key) -> Attempt:
+        self.closed[key] = None
+        return self.attempts.pop(key)
+
+    # -- snapshot --------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"attempts": [asdict(a) for a in self.attempts.values()],
+                "jobs": [asdict(j) for j in self.jobs.values()],
+                "actors": [asdict(a) for a in self.actors.values()],
+                "processes": [[p.identity.pid, p.identity.start_ticks, p.gone_ns]
+                              for p in self.processes.values()]}
+
+    def load(self, saved: dict[str, Any], same_boot: bool) -> None:
+        """What a snapshot held; from another boot, every process in it is gone."""
+        for pid, ticks, gone_ns in saved.get("processes", []):
+            self.processes[pid] = Process(Identity(pid, ticks), gone_ns)
+        for item in saved.get("attempts", []):
+            attempt = Attempt(**item)
+            self.attempts[(attempt.kind, attempt.session, attempt.key_id,
+                           attempt.attempt)] = attempt
+        for item in saved.get("jobs", []):
+            self.jobs[(item["session"], item["job_id"])] = Job(**item)
+        for item in saved.get("actors", []):
+            self.actors[(item["session"], item["actor_id"])] = Actor(**item)
+        if not same_boot:
+            for process in self.processes.values():
+                process.identity = Identity(process.identity.pid, -1)  # never alive again

@@ -1,0 +1,117 @@
+"""The open set across an agent restart: a snapshot file in the state directory, then
+the spool's newest records replayed over it.
+
+The snapshot (`liveness.json`, written atomically whenever the set changed, at most once
+a check) holds the open attempts and the identity of every tracked process, which no
+record holds: only with it can the next agent tell that a pid it finds gone, or taken by
+another process, is the worker it was. The replay adds what arrived after the last
+snapshot (the spool's last segment is never deleted), records of every route read
+newest first up to the same bounds as the Ray eventId recall, then applied oldest
+first. A snapshot from another boot (the machine restarted) says every process in it is
+gone.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from aggregator.liveness import procs
+from aggregator.liveness.facts import Fact, facts_of
+from aggregator.liveness.openset import OpenSet
+from aggregator.liveness.procs import Identity
+from aggregator.spool import Spool
+from sinks.durable import publish_file
+from sinks.schema import batch_from_bytes
+
+SNAPSHOT = "liveness.json"
+SEEN = "liveness.seen"
+REPLAY_BYTES = 64 * 2**20
+REPLAY_RECORDS = 10_000
+
+
+def save(open_set: OpenSet, state_dir: Path) -> None:
+    """Write the snapshot (in a worker thread: it syncs the file)."""
+    body = orjson.dumps({"boot_id": procs.boot_id(), **open_set.to_dict()})
+    staged = state_dir / f".{SNAPSHOT}.{os.getpid()}.tmp"
+    staged.write_bytes(body)
+    publish_file(staged, state_dir / SNAPSHOT)
+
+
+def load(open_set: OpenSet, state_dir: Path) -> bool:
+    """Read the snapshot into `open_set`; False when there is none. A damaged one raises."""
+    try:
+        saved: dict[str, Any] = orjson.loads((state_dir / SNAPSHOT).read_bytes())
+    except FileNotFoundError:
+        return False
+    open_set.load(saved, same_boot=saved.get("boot_id") == procs.boot_id())
+    return True
+
+
+class SeenLog:
+    """One line per process at its first sighting, appended at once (no fsync: a kill -9
+    of the agent keeps it; a power cut starts a new boot, in which every pid it names is
+    gone anyway). It closes the gap between two snapshots; each start reads it and then
+    begins it again after writing a snapshot that holds what it said."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / SEEN
+        self._handle: IO[str] | None = None
+
+    def read(self, open_set: OpenSet) -> None:
+        try:
+            lines = self.path.read_text(encoding="ascii", errors="replace").splitlines()
+        except FileNotFoundError:
+            return
+        same_boot = bool(lines) and lines[0] == f"boot {procs.boot_id()}"
+        for line in lines[1:]:
+            pid, _, ticks = line.partition(" ")
+            if pid.isdigit() and ticks.isdigit():
+                open_set.known[int(pid)] = Identity(int(pid), int(ticks) if same_boot else -1)
+
+    def begin(self) -> None:
+        self.close()
+        self._handle = self.path.open("w", encoding="ascii", buffering=1)
+        self._handle.write(f"boot {procs.boot_id()}\n")
+
+    def add(self, identity: Identity) -> None:
+        if self._handle is not None:
+            self._handle.write(f"{identity.pid} {identity.start_ticks}\n")
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+
+def replay(open_set: OpenSet, spool: Spool) -> int:
+    """Apply the facts of the spool's newest records, oldest first; records that cannot
+    be read are skipped and counted in the answer."""
+    found: list[list[Fact]] = []
+    unreadable = 0
+    for payload in _newest_payloads(spool):
+        try:
+            found.append(facts_of(batch_from_bytes(payload)))
+        except Exception:  # damaged, or of another schema: the rest still counts
+            unreadable += 1
+    for facts in reversed(found):
+        open_set.apply(facts)
+    return unreadable
+
+
+def _newest_payloads(spool: Spool) -> Iterator[bytes]:
+    read = 0
+    last = spool.next_offset - 1
+    first = max(spool.first_offset, last - REPLAY_RECORDS + 1)
+    for offset in range(last, first - 1, -1):
+        records = spool.read(offset, max_bytes=1, max_records=1)
+        if not records or records[0].offset != offset:
+            continue  # dropped by policy: a gap in the offsets
+        yield records[0].payload
+        read += records[0].size
+        if read >= REPLAY_BYTES:
+            return
