@@ -189,8 +189,9 @@ def _say(message: str, as_log: bool, level: int = logging.ERROR) -> None:
 
 def _add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from aggregator.cli import client as cli_client
+    from aggregator.cli import emit as cli_emit
 
-    cli_client.add_emit_parser(commands)
+    cli_emit.add_emit_parser(commands)
     cli_client.add_tail_parser(commands)
     cli_client.add_status_parser(commands)
 

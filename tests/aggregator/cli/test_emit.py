@@ -1,0 +1,101 @@
+"""`evagg emit` against a real agent: one rule for bad input, and what happened, in words.
+
+Every door refuses the same events with the same words (docs/event-schema.md, "Bad
+input"): `--field`, a `--file` line, `POST /v1/events` and the emitter library.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+
+from tests.agentproc import AgentProcess
+from tests.aggregator.cli.newcomer import evagg
+
+REFUSED_DURATION = "field 'duration_s' must be a number, got str"
+
+
+def test_a_file_sends_its_good_lines_and_names_each_bad_one(agent: AgentProcess,
+                                                            tmp_path: Path) -> None:
+    events = tmp_path / "events.ndjson"
+    events.write_text('{"kind": "task", "name": "good-1", "duration_s": 0.5}\n'
+                      '{"kind": "task", "name": "bad", "duration_s": "abc"}\n'
+                      '\n'
+                      '{"name": "no kind"}\n'
+                      '{"kind": "op", "name": "bad-step", "step": "x"}\n'
+                      'not json\n'
+                      '{"kind": "task", "name": "good-2"}\n')
+    result = evagg("emit", "--socket", str(agent.socket_path), "--file", str(events))
+    assert result.returncode == 2, result.stderr
+    assert f"line 2: {REFUSED_DURATION}" in result.stderr
+    assert "line 4: field 'kind' is required" in result.stderr
+    assert "line 5: field 'step' must be an integer, got str" in result.stderr
+    assert "line 6: invalid JSON" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout.strip() == "sent 2 events, 4 refused (named above)"
+    agent.stop()
+    rows = agent.query("SELECT name, duration_s FROM events WHERE kind IN ('task', 'op') "
+                       "ORDER BY name")
+    assert rows == [("good-1", 0.5), ("good-2", None)]
+
+
+def test_a_refused_field_reads_the_same_at_every_door(agent: AgentProcess,
+                                                      tmp_path: Path) -> None:
+    flag = evagg("emit", "--socket", str(agent.socket_path), "--name", "x",
+                 "--field", "duration_s=abc")
+    assert flag.returncode == 2
+    assert flag.stderr.strip() == f"evagg emit: --field duration_s=abc: {REFUSED_DURATION}"
+    line = tmp_path / "one.ndjson"
+    line.write_text('{"kind": "task", "duration_s": "abc"}\n')
+    from_file = evagg("emit", "--socket", str(agent.socket_path), "--file", str(line))
+    assert from_file.returncode == 2
+    assert f"line 1: {REFUSED_DURATION}" in from_file.stderr
+    assert "nothing sent: every event was refused" in from_file.stderr
+    request = urllib.request.Request(f"{agent.http_url}/v1/events", data=line.read_bytes(),
+                                     method="POST")
+    try:
+        urllib.request.urlopen(request, timeout=10)
+        raise AssertionError("the agent stored an event with duration_s text")
+    except urllib.error.HTTPError as answer:
+        assert answer.code == 400
+        assert orjson.loads(answer.read())["errors"] == [f"event 0: {REFUSED_DURATION}"]
+
+
+def test_an_event_too_large_is_named_with_its_limit_while_the_agent_runs(
+        agent: AgentProcess, tmp_path: Path) -> None:
+    big = tmp_path / "big.ndjson"
+    big.write_text('{"kind": "task", "name": "%s"}\n{"kind": "task", "name": "small"}\n'
+                   % ("x" * 5000))
+    result = evagg("emit", "--socket", str(agent.socket_path), "--file", str(big),
+                   "--max-frame-bytes", "4096")
+    assert result.returncode == 2, result.stderr
+    assert "1 event too large to send: each must fit in one frame of 4,096 bytes" in result.stderr
+    assert "--max-frame-bytes" in result.stderr and "max_frame" in result.stderr
+    assert "is it running" not in result.stderr and "did not acknowledge" not in result.stderr
+    assert result.stdout.strip() == "sent 1 event"
+    bigger = evagg("emit", "--socket", str(agent.socket_path), "--file", str(big))
+    assert bigger.returncode == 0 and bigger.stdout.strip() == "sent 2 events"
+
+
+def test_emit_help_lists_its_exit_codes() -> None:
+    result = evagg("emit", "--help")
+    assert result.returncode == 0
+    assert "exit codes:" in result.stdout
+    for code in ("0  every event was stored", "1  no agent", "2  bad input"):
+        assert code in result.stdout
+
+
+def test_a_frame_the_agent_refuses_is_reported_with_the_agents_reason(
+        agent_factory: Callable[..., AgentProcess], tmp_path: Path) -> None:
+    agent = agent_factory(agent_toml='max_frame = "64KiB"').start()
+    big = tmp_path / "big.ndjson"
+    big.write_text('{"kind": "task", "name": "%s"}\n' % ("x" * 100_000))
+    result = evagg("emit", "--socket", str(agent.socket_path), "--file", str(big))
+    assert result.returncode == 2, result.stderr
+    refused = [line for line in result.stderr.splitlines() if "the agent refused 1 event:" in line]
+    assert refused and "65536" in refused[0], result.stderr  # the agent's limit, in its words
+    assert "is it running" not in result.stderr
