@@ -76,7 +76,7 @@ class StatusReport:
     permanent_error: dict[str, float]
     spool_bytes: float
     spool_max_bytes: float
-    dropped: dict[str, float]
+    dropped: dict[str, float]  # by the agent itself (spool policy, damaged records)
     rejected: dict[str, float]
     bad_input: dict[str, float]
     errors: dict[str, float] = field(default_factory=dict)
@@ -86,6 +86,8 @@ class StatusReport:
     # batches a sink sent again itself (the HTTP sink retries a failed batch alone, which
     # the delivery loop's `errors` do not count while the endpoint answers others)
     retried: dict[str, float] = field(default_factory=dict)
+    # losses producers reported in their own `loss` events (evagg_producer_dropped_events_total)
+    producer_dropped: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -103,11 +105,26 @@ class StatusReport:
                          f"lag {self.lag_events.get(sink, 0):,.0f} events{self._file(sink)}  "
                          f"errors {self.errors.get(sink, 0):,.0f}{self._retried(sink)}  "
                          f"{state}")
-        lines.append("lost       " + (_pairs(self.dropped) or "none"))
+        lines += self._losses()
         lines.append("rejected   " + (_pairs(self.rejected) or "none"))
         lines.append("bad input  " + (_pairs(self.bad_input) or "none"))
         return "\n".join(lines)
 
+
+    def _losses(self) -> list[str]:
+        """Every loss /metrics counts, by whom and why: a producer's drops are as lost
+        as the agent's, and after an incident they are the ones to explain."""
+        total = sum(self.dropped.values()) + sum(self.producer_dropped.values())
+        if not total:
+            return ["lost       none"]
+        lines = [f"lost       {total:,.0f} events (each loss is also a `loss` row in the lake)"]
+        for who, losses in (("by producers", self.producer_dropped),
+                            ("by the agent", self.dropped)):
+            if any(losses.values()):
+                lines.append(f"  {who:<12} " + ", ".join(
+                    f"{reason}={count:,.0f} ({LOSS_REASONS.get(reason, 'reported by name')})"
+                    for reason, count in sorted(losses.items()) if count))
+        return lines
 
     def _retried(self, sink: str) -> str:
         count = self.retried.get(sink, 0.0)
@@ -118,6 +135,21 @@ class StatusReport:
         if sink not in self.file_closes_in_s:
             return ""
         return f" (not in a file yet: next file closes in {self.file_closes_in_s[sink]:.0f}s)"
+
+
+# Why each loss happened, in the words `evagg status` shows (docs/wire-protocol.md#losses,
+# docs/spool.md); a reason not here is shown by its name alone.
+LOSS_REASONS = {
+    "buffer_full": "the producer's queue or buffer was full: agent away or too slow",
+    "nacked": "the agent refused the producer's frame; its log says why",
+    "too_large": "one event larger than the producer's max_frame_bytes",
+    "unencodable": "the producer could not encode the event",
+    "exit_deadline": "still unsent when the producer exited",
+    "other": "a producer's own reason",
+    "drop_oldest": "the spool was full and drops its oldest records (overflow policy)",
+    "corrupt_record": "damaged spool records cut when the agent started",
+    "undecodable_record": "a spool record no sink can read",
+}
 
 
 def _pairs(values: dict[str, float]) -> str:
@@ -145,6 +177,7 @@ def format_status(first: dict[str, float], second: dict[str, float],
         health=sink_health(second, time.time() if now is None else now),
         file_closes_in_s=_open_files(second),
         retried=_by_label(second, "evagg_sink_retries_total", "sink"),
+        producer_dropped=_by_label(second, "evagg_producer_dropped_events_total", "reason"),
     )
 
 

@@ -1,0 +1,53 @@
+"""`evagg status` after a producer lost events: what was lost, by whom and why.
+
+The producer is the emitter library against a real agent: two events too large for its
+frames, and one the agent refused alone in its frame (a nack).
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from emitters import Emitter
+from tests.agentproc import AgentProcess
+from tests.aggregator.cli.newcomer import evagg
+from tests.waiting import wait_until
+
+COUNTED = "evagg_producer_dropped_events_total"
+
+
+def lose_three_events(agent: AgentProcess) -> None:
+    emitter = Emitter(socket=agent.socket_path, max_frame_bytes=4096)
+    try:
+        for _ in range(2):
+            emitter.emit(kind="task", name="x" * 10_000)  # larger than any frame: too_large
+        assert not emitter.flush(30)
+        emitter.emit(kind="task", name="refused", duration_s="abc")  # alone: nacked
+        assert not emitter.flush(30)
+        assert emitter.stats().dropped == {"too_large": 2, "nacked": 1}
+    finally:
+        emitter.close(5.0)
+    wait_until(lambda: agent.metric(COUNTED) == 3, 30,
+               lambda: f"the agent to count 3 producer losses:\n{agent.metrics()}")
+
+
+def test_status_says_what_producers_lost_and_why(agent: AgentProcess) -> None:
+    lose_three_events(agent)
+    result = evagg("status", "--url", agent.http_url, "--interval", "0.1")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "lost       3 events (each loss is also a `loss` row in the lake)" in lines
+    producers = next(line for line in lines if line.startswith("  by producers"))
+    assert "nacked=1 (the agent refused the producer's frame" in producers
+    assert "too_large=2 (one event larger than the producer's max_frame_bytes)" in producers
+    assert "lost       none" not in result.stdout
+    as_json = orjson.loads(evagg("status", "--url", agent.http_url, "--interval", "0.1",
+                                 "--json").stdout)
+    assert as_json["producer_dropped"] == {"nacked": 1, "too_large": 2}
+    assert as_json["dropped"] == {}
+
+
+def test_status_with_nothing_lost_says_none(agent: AgentProcess) -> None:
+    result = evagg("status", "--url", agent.http_url, "--interval", "0.1")
+    assert result.returncode == 0, result.stderr
+    assert "lost       none" in result.stdout.splitlines()
