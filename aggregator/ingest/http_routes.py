@@ -144,19 +144,24 @@ class HttpApi:
             self.metrics.ray_time_remaps.inc()
 
     async def post_traces(self, request: web.Request) -> web.Response:
-        body = await request.read()
         content_type = request.headers.get("Content-Type", "")
+        encoding = request.headers.get("Content-Encoding")
+        try:
+            otlp.check_encoding(encoding)  # before reading: aiohttp would try br itself
+        except otlp.OtlpError as exc:
+            return self._bad(request, "bad_encoding", str(exc), status=exc.status)
+        body = await request.read()
         try:
             decoded = await self.ingestor.in_thread(
-                otlp.decode_otlp_traces, body, content_type,
-                request.headers.get("Content-Encoding"))
+                otlp.decode_otlp_traces, body, content_type, encoding)
         except otlp.OtlpError as exc:
             return self._bad(request, "malformed", str(exc), status=exc.status)
+        # Spans refused by the decoder (bad ids, no end) count as rejected events too.
         result = await self.ingestor.ingest_rows(decoded.rows, self.ingestor.stamp(),
-                                                 route="otlp")
-        rejected = decoded.rejected_spans + result.rejected
-        message = decoded.error_message or result.note
-        answer, answer_type = otlp.otlp_response(content_type, rejected, message)
+                                                 route="otlp", extra_rejected=decoded.rejected)
+        if decoded.cut_attributes and result.accepted:
+            self.metrics.cut_values.inc(decoded.cut_attributes, route="otlp")
+        answer, answer_type = otlp.otlp_response(content_type, result.rejected, result.note)
         return web.Response(body=answer, content_type=answer_type)
 
     def _bad(self, request: web.Request, reason: str, text: str,
