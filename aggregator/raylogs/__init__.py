@@ -1,0 +1,1 @@
+"""Ray's log files shipped into the lake while they grow (docs/ray-logs.md)."""

@@ -1,0 +1,228 @@
+"""The Ray log follower: a background worker that ships the log files Ray's events name.
+
+Every `interval_s` (and again at once while a file has more than one piece waiting) it
+reads what grew, in a thread, writes each piece compressed to the store's staging path,
+writes the pieces' ranges down (state.py), then publishes them through the same store
+objects the Parquet sink uses, and only then counts them shipped. It never raises into
+the agent: a failed cycle is counted in `evagg_worker_errors_total{worker="ray_logs"}`
+and logged, and the next cycle starts where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import pyarrow as pa
+
+from aggregator.losses import LossRecorder
+from aggregator.metrics import AgentMetrics
+from aggregator.raylogs.named import NamedFile, inside, named_in, session_logs_dir
+from aggregator.raylogs.reading import APPEAR_WAIT_S, MAX_PIECE_BYTES, Lost, Piece, step
+from aggregator.raylogs.state import Followed, FollowState
+from emitters.ratelimit import RateLimitedLog
+from sinks.parquet.stores import LocalStore, ObjectStore, is_staging_name
+from sinks.raylogs.layout import LOGS_ROOT, compress_piece, piece_key
+
+log = logging.getLogger("evagg.raylogs")
+MAX_WAITING_BATCHES: Final = 10_000  # Ray bodies not yet looked at (about 10 minutes' worth)
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    followed: Followed
+    end: int
+    key: str
+    path: Path
+    size: int
+
+
+class RayLogFollower:
+    def __init__(self, log_dir: Path, store: ObjectStore, state_dir: Path,
+                 metrics: AgentMetrics, losses: LossRecorder, interval_s: float = 2.0) -> None:
+        self.log_dir = log_dir
+        self.store = store
+        self.state = FollowState(state_dir)
+        self.metrics = metrics
+        self.losses = losses
+        self.interval_s = interval_s
+        self._batches: deque[pa.RecordBatch] = deque()
+        self._workers: dict[tuple[str, int], tuple[NamedFile, float]] = {}
+        self._said = RateLimitedLog(log)
+        self._started = False  # the saved state is read: cycles may write it
+        registry = metrics.registry
+        self.shipped_bytes = registry.counter(
+            "evagg_ray_log_bytes_total", "Bytes of Ray log files written to the lake")
+        self.pieces = registry.counter(
+            "evagg_ray_log_pieces_total", "Pieces of Ray log files written to the lake")
+        self.lost_bytes = registry.counter(
+            "evagg_ray_log_lost_bytes_total", "Bytes of Ray log files that could not be read")
+        self.refused = registry.counter(
+            "evagg_ray_log_refused_total", "Files Ray named that the agent will not open")
+
+    # -- what the HTTP route hands over ------------------------------------------------------
+
+    def note(self, batch: pa.RecordBatch) -> None:
+        """A spooled batch of Ray rows; looked at in the next cycle, off the event loop."""
+        if len(self._batches) >= MAX_WAITING_BATCHES:
+            self.metrics.worker_errors.inc(worker="ray_logs", type="too_many_waiting")
+            self._said.log(logging.WARNING, "waiting", "Ray log follower is behind: a batch of "
+                           "Ray events was not looked at for log files")
+            return
+        self._batches.append(batch)
+
+    # -- the worker -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        await asyncio.to_thread(self._start)
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.ship_all()
+
+    async def ship_all(self) -> None:
+        """Cycles until nothing is left to read (one cycle ships one piece a file)."""
+        while self._started and await self._guarded_cycle():
+            pass
+
+    async def _guarded_cycle(self) -> bool:
+        try:
+            return await self.cycle()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the next cycle starts from the saved state
+            self.metrics.worker_errors.inc(worker="ray_logs", type=type(exc).__name__)
+            self._said.log(logging.ERROR, f"cycle-{type(exc).__name__}",
+                           "shipping Ray log files failed (%s: %s); trying again in %.0fs",
+                           type(exc).__name__, exc, self.interval_s)
+            return False
+
+    async def cycle(self) -> bool:
+        """Read and publish one piece of every file that grew; True if more is waiting."""
+        staged = await asyncio.to_thread(self._prepare)
+        more = False
+        for item in staged:
+            try:
+                await self.store.publish(item.path, item.key)
+            except Exception as exc:  # the range stays written down: the same key next time
+                self.metrics.worker_errors.inc(worker="ray_logs", type=type(exc).__name__)
+                self._said.log(logging.WARNING, f"publish-{type(exc).__name__}",
+                               "could not write a Ray log piece to %s (%s); it is sent again "
+                               "in the next cycle", self.store.describe(), exc)
+                with contextlib.suppress(OSError):
+                    item.path.unlink()
+                continue
+            more = more or item.size >= MAX_PIECE_BYTES
+            self._shipped(item)
+        await asyncio.to_thread(self.state.save)
+        return more
+
+    # -- in the thread -----------------------------------------------------------------------
+
+    def _start(self) -> None:
+        self.state.load()
+        removed = self._remove_staging()
+        if removed:
+            log.info("removed %d Ray log pieces a stopped agent left half written", removed)
+        self._started = True
+
+    def _remove_staging(self) -> int:
+        if not isinstance(self.store, LocalStore):
+            return self.store.cleanup_staging()  # S3: a staging directory of our own
+        removed = 0  # a local lake: only under _logs, never the Parquet sink's files
+        for directory, _, files in os.walk(self.store.root / LOGS_ROOT):
+            for name in files:
+                if is_staging_name(name):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(directory, name))
+                        removed += 1
+        return removed
+
+    def _prepare(self) -> list[Staged]:
+        now = time.time()
+        self._take_batches(now)
+        self._resolve_workers(now)
+        staged = []
+        for followed in self.state.files.values():
+            if followed.done:
+                continue
+            found = step(followed, self.log_dir, now)
+            if isinstance(found, Lost):
+                self._lost(found)
+            elif isinstance(found, Piece):
+                staged.append(self._stage(found))
+            self.state.dirty = True
+        self.state.save()  # the ranges about to be published, before they are
+        return staged
+
+    def _take_batches(self, now: float) -> None:
+        while self._batches:
+            for named in named_in(self._batches.popleft()):
+                if named.worker is not None:
+                    self._workers.setdefault(named.worker, (named, now))
+                else:
+                    self._follow(named.session, named.node, named.path, now)
+
+    def _resolve_workers(self, now: float) -> None:
+        """A worker's files are found by its id and pid in its session's logs directory."""
+        for worker, (named, since) in list(self._workers.items()):
+            folder = session_logs_dir(self.log_dir, named.session)
+            names: list[str] = []
+            if folder is not None:
+                with contextlib.suppress(OSError):
+                    names = [n for n in os.listdir(folder) if named.matches(n)]
+                for name in names:
+                    self._follow(named.session, named.node, str(folder / name), now)
+            if len(names) >= 2 or now - since > APPEAR_WAIT_S:
+                del self._workers[worker]
+
+    def _follow(self, session: str, node: str, path: str, now: float) -> None:
+        if path in self.state.files:
+            return
+        if not inside(self.log_dir, path):
+            self.refused.inc(reason="outside_log_dir")
+            self._said.log(logging.WARNING, "outside", "Ray named a log file outside "
+                           "[ray] log_dir %s (%s): not collected; set log_dir to Ray's "
+                           "--temp-dir on this node", self.log_dir, path)
+            return
+        self.state.files[path] = Followed(session=session, node=node, path=path, named_at=now)
+        self.state.dirty = True
+
+    def _stage(self, piece: Piece) -> Staged:
+        followed = piece.followed
+        key = piece_key(followed.log_file(), piece.start, piece.end)
+        path = self.store.staging_path(key)
+        body = compress_piece(piece.data)
+        path.write_bytes(body)
+        followed.intent_end = piece.end
+        return Staged(followed, piece.end, key, path, piece.end - piece.start)
+
+    def _shipped(self, item: Staged) -> None:
+        followed = item.followed
+        followed.offset, followed.intent_end = item.end, None
+        self.state.dirty = True
+        self.shipped_bytes.inc(item.size)
+        self.pieces.inc()
+
+    def _lost(self, lost: Lost) -> None:
+        if lost.reason == "ray_log_refused":
+            self.refused.inc(reason="not_a_file")
+            return
+        self.losses.record(lost.reason, 1)
+        self.lost_bytes.inc(lost.unread_bytes, reason=lost.reason)
+        self._said.log(logging.WARNING, lost.reason, "Ray log file %s: %s (%d bytes never "
+                       "read); counted as a loss", lost.followed.path,
+                       _WHY[lost.reason], lost.unread_bytes)
+
+
+_WHY: Final = {
+    "ray_log_deleted": "deleted or replaced before the agent read all of it",
+    "ray_log_missing": f"never appeared within {APPEAR_WAIT_S:.0f}s of the event naming it",
+    "ray_log_truncated": "truncated before the agent read all of it",
+}

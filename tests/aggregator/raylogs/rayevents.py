@@ -1,0 +1,48 @@
+"""Ray's own event shapes that name log files, as Ray 2.60 POSTs them (see the captured
+samples): an executor's RUNNING event with `taskLogInfo`, and a worker's definition."""
+
+from __future__ import annotations
+
+import base64
+import os
+import urllib.request
+from typing import Any
+
+import orjson
+
+SESSION = "session_2026-11-29_12-05-18_302995_6318"
+NODE_HEX = "f4808070" + "16fe4d5a882c2f517adf7db93ed5e2a1684bbee867f7fcca"
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+def running_event(task_hex: str, stdout: str, stderr: str, start: int = 0,
+                  attempt: int = 0, session: str = SESSION) -> dict[str, Any]:
+    return {
+        "eventId": _b64(os.urandom(28)), "sourceType": "CORE_WORKER",
+        "eventType": "TASK_LIFECYCLE_EVENT", "timestamp": "2026-11-29T12:05:23.095703647Z",
+        "severity": "INFO", "sessionName": session,
+        "taskLifecycleEvent": {
+            "taskId": _b64(bytes.fromhex(task_hex)),
+            "stateTransitions": [{"state": "RUNNING",
+                                  "timestamp": "2026-11-29T12:05:23.094021037Z"}],
+            "workerPid": 6525, "jobId": "AQAAAA==",
+            "taskLogInfo": {"stdoutFile": stdout, "stderrFile": stderr,
+                            "stdoutStart": str(start), "stdoutEnd": str(start),
+                            "stderrStart": str(start), "stderrEnd": str(start)},
+            "taskAttempt": attempt, "nodeId": "", "workerId": ""},
+        "nodeId": _b64(bytes.fromhex(NODE_HEX)), "message": "",
+    }
+
+
+def task_hex(n: int) -> str:
+    return f"{n:016x}" + "ffffffffffffffff" + "01000000"
+
+
+def post(agent_url: str, events: list[dict[str, Any]]) -> None:
+    request = urllib.request.Request(f"{agent_url}/ray/events", data=orjson.dumps(events),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert answer.status == 200, answer.read()
