@@ -36,7 +36,7 @@ from dashboard.listing import FileEntry, Listing
 from dashboard.views import micros
 
 log = logging.getLogger(__name__)
-FORMAT = "3"  # bump when the tables change shape
+FORMAT = "4"  # bump when the tables change shape
 # A batch this small folds on one thread: on a few cores, splitting ~50,000 rows over
 # threads cost more than it saved (each statement 2-3x slower on two threads).
 SMALL_BATCH_BYTES = 64 * 2**20
@@ -47,7 +47,8 @@ COLUMNS = {
     "event_id": "VARCHAR", "time": "TIMESTAMPTZ", "kind": "VARCHAR", "source": "VARCHAR",
     "name": "VARCHAR", "state": "VARCHAR", "task_id": "VARCHAR", "attempt": "INTEGER",
     "parent_id": "VARCHAR", "job_id": "VARCHAR", "node_id": "VARCHAR", "worker_id": "VARCHAR",
-    "actor_id": "VARCHAR", "pid": "INTEGER", "trace_id": "VARCHAR", "duration_s": "DOUBLE",
+    "actor_id": "VARCHAR", "host": "VARCHAR", "pid": "INTEGER", "trace_id": "VARCHAR",
+    "duration_s": "DOUBLE",
     "error_type": "VARCHAR", "error_message": "VARCHAR", "stack_trace": "VARCHAR",
     "attrs": "MAP(VARCHAR, VARCHAR)",
 }
@@ -56,8 +57,8 @@ SourceFor = Callable[[duckdb.DuckDBPyConnection, Listing], str]
 CoversOf = Callable[[duckdb.DuckDBPyConnection, FileEntry], set[Cover]]
 
 
-def sql_sections() -> dict[str, str]:
-    text = resources.files("dashboard").joinpath("sql", "fold.sql").read_text("utf-8")
+def sql_sections(name: str = "fold.sql") -> dict[str, str]:
+    text = resources.files("dashboard").joinpath("sql", name).read_text("utf-8")
     parts = re.split(r"^-- @(\w+)\s*$", text, flags=re.MULTILINE)
     return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
 
@@ -68,9 +69,12 @@ class TaskFold:
         self.key = key
         self.on_long_fold = on_long_fold
         self.sql = sql_sections()
-        self.version = hashlib.blake2b((FORMAT + "".join(self.sql.values())).encode(),
-                                       digest_size=8).hexdigest()
+        self.ends_sql = sql_sections("ends.sql")
+        self.version = hashlib.blake2b(
+            (FORMAT + "".join(self.sql.values()) + self.ends_sql["macros"]).encode(),
+            digest_size=8).hexdigest()
         self.path, self.note = attach_cache(con, key, cache_dir)
+        con.execute(self.ends_sql["macros"])  # shared by every cursor: the views use them
         self.generation = 0
         self.rebuilds = 0
         self.folded_files = 0  # read and folded by this process
@@ -116,7 +120,10 @@ class TaskFold:
                     {"v": self.version, "l": self.key, "g": str(self.generation)})
 
     def create_views(self, con: duckdb.DuckDBPyConnection) -> None:
+        """task_attempts over the fold, ends.sql's `tasks` over it, then what reads that."""
         con.execute(self.sql["views"])
+        con.execute(self.ends_sql["overlay"])
+        con.execute(self.sql["counts"])
 
     # -- folding ---------------------------------------------------------------------
 
@@ -206,6 +213,7 @@ class TaskFold:
                 with _threads(cur, self.scan_threads):  # scans `seen`: every thread helps
                     cur.execute(self.sql["counted"])
             cur.execute(self.sql["batch"])
+            cur.execute(self.sql["facts"])
             self._fold_tasks(cur, tasks)
             cur.execute(self.sql["bins"])
             _insert(cur, "fold.files", [(f.path, f.size) for f in batch.files])
@@ -238,7 +246,11 @@ class TaskFold:
     def summary_table(self, cur: duckdb.DuckDBPyConnection) -> str:
         """The name of a table holding task_summary's rows for the current fold."""
         found = cur.execute("SELECT value FROM fold.meta WHERE key = 'summary'").fetchone()
-        if found is None or found[0] != str(self.generation):
+        # ends.sql's ends change with the clock too (an agent falls silent), not only
+        # with new files: the kept summary is for one generation and one set of ends.
+        ends = cur.execute("SELECT count(*), max(end_at) FROM task_ends").fetchone()
+        key = f"{self.generation}:{ends}"
+        if found is None or found[0] != key:
             self._prepare(cur)
             cur.execute(self.sql["summary"])
             bins = [int(b) for b, in cur.execute("SELECT DISTINCT bin FROM fold_wanted"
@@ -247,10 +259,10 @@ class TaskFold:
             cur.execute(self.sql["summary_table"].replace(
                 "@bins", ", ".join(map(str, bins)) or "NULL"))
             cur.execute("DROP TABLE IF EXISTS fold_wanted; DROP VIEW IF EXISTS fold_bins_now; "
-                        "DROP TABLE IF EXISTS fold_renamed")
+                        "DROP TABLE IF EXISTS fold_renamed; "
+                        "DROP VIEW IF EXISTS fold_ended_signed; DROP TABLE IF EXISTS fold_ended")
             cur.execute("DELETE FROM fold.meta WHERE key = 'summary'")
-            cur.execute("INSERT INTO fold.meta VALUES ('summary', $g)",
-                        {"g": str(self.generation)})
+            cur.execute("INSERT INTO fold.meta VALUES ('summary', $g)", {"g": key})
         return "fold.summary"
 
     def close(self, con: duckdb.DuckDBPyConnection) -> None:

@@ -18,6 +18,7 @@ from dashboard.errors import StoreUnavailable
 ORDER = (
     "events.sql",
     "tasks.sql",
+    "ends.sql",
     "ops.sql",
     "steps.sql",
     "spans.sql",

@@ -21,6 +21,11 @@ CREATE TABLE IF NOT EXISTS fold.task_fold AS
 SELECT * FROM fold_finish_of('fold_empty_partial') LIMIT 0;
 CREATE TABLE IF NOT EXISTS fold.summary_bins AS
 SELECT * FROM fold_bins_of('fold_empty_signed') LIMIT 0;
+-- The facts that end open attempts (dashboard/sql/ends.sql), kept as they merge.
+CREATE TABLE IF NOT EXISTS fold.ends_facts AS SELECT * FROM ends_facts_of('fold_empty') LIMIT 0;
+CREATE TABLE IF NOT EXISTS fold.ends_agents AS SELECT * FROM ends_agents_of('fold_empty') LIMIT 0;
+CREATE TABLE IF NOT EXISTS fold.ends_session_hosts AS
+SELECT * FROM ends_session_hosts_of('fold_empty') LIMIT 0;
 
 -- @drop
 DROP TABLE IF EXISTS fold.meta;
@@ -31,6 +36,9 @@ DROP TABLE IF EXISTS fold.timeline;
 DROP TABLE IF EXISTS fold.task_fold;
 DROP TABLE IF EXISTS fold.summary;
 DROP TABLE IF EXISTS fold.summary_bins;
+DROP TABLE IF EXISTS fold.ends_facts;
+DROP TABLE IF EXISTS fold.ends_agents;
+DROP TABLE IF EXISTS fold.ends_session_hosts;
 
 -- @macros
 -- The partial fold of task rows: tasks.sql's `folded` CTE with each arg_max's key kept.
@@ -39,20 +47,30 @@ DROP TABLE IF EXISTS fold.summary_bins;
 -- aggregation takes one pass over its input rather than one filtered pass per
 -- aggregate (40,000 task rows: 50 ms -> 40 ms).
 -- `events` counts rows with an event_id; @batch takes away copies and rows counted before.
+-- tasks.sql's task_state_rank: an end evagg inferred (attrs evagg_inferred) ranks below
+-- every end a producer reported, so a real end that arrives later wins.
+CREATE OR REPLACE TEMP MACRO fold_state_rank(state, inferred) AS
+    CASE state
+        WHEN 'DEFINED' THEN 0
+        WHEN 'PENDING' THEN 2
+        WHEN 'SUBMITTED' THEN 4
+        WHEN 'RUNNING' THEN 6
+        WHEN 'FINISHED' THEN CASE WHEN inferred IS NULL THEN 8 ELSE 7 END
+        WHEN 'FAILED' THEN CASE WHEN inferred IS NULL THEN 8 ELSE 7 END
+    END;
+-- Whether a row's error is shown: an inferred end's error is not, once a real end won.
+-- (error_key's top bit says the error came from a real event; final_key // 2^56 is the
+-- winning state's rank, 7 for an inferred end.)
+CREATE OR REPLACE TEMP MACRO fold_error_shown(error_key, final_key) AS
+    coalesce(error_key >= 36028797018963968 OR final_key // 72057594037927936 = 7, true);
 CREATE OR REPLACE TEMP MACRO fold_partial_of(rows) AS TABLE
 WITH task_events AS (
     SELECT
         * REPLACE (coalesce(nullif(task_id, ''), event_id) AS task_id),
         coalesce(attempt, 0) AS attempt_no,
         coalesce(attrs['ray_session'], '') AS session,
-        CASE state
-            WHEN 'DEFINED' THEN 0
-            WHEN 'PENDING' THEN 1
-            WHEN 'SUBMITTED' THEN 2
-            WHEN 'RUNNING' THEN 3
-            WHEN 'FINISHED' THEN 4
-            WHEN 'FAILED' THEN 4
-        END AS state_rank,
+        fold_state_rank(state, attrs['evagg_inferred']) AS state_rank,
+        attrs['evagg_inferred'] IS NOT NULL AS inferred_event,
         -- time as 55 bits that sort like tasks.sql's struct keys sort it (NULL last)
         coalesce(greatest(0, least(epoch_us(time) + 18014398509481984,
                                    36028797018963966)), 36028797018963967) AS time_bits
@@ -67,10 +85,12 @@ ranked AS (
             * 36028797018963968 + time_bits AS name_rank,
         (state_rank * 36028797018963968 + time_bits) * 2
             + CAST(state = 'FAILED' AS BIGINT) AS final_rank,
-        CASE WHEN state = 'RUNNING' THEN 2 WHEN state_rank = 4 THEN 1 ELSE 0 END
+        CASE WHEN state = 'RUNNING' THEN 2 WHEN state_rank = 8 THEN 1 ELSE 0 END
             * 36028797018963968 + time_bits AS node_rank,
-        CASE WHEN state_rank = 4 THEN 2 WHEN state = 'RUNNING' THEN 1 ELSE 0 END
-            * 36028797018963968 + time_bits AS worker_rank
+        CASE WHEN state_rank = 8 THEN 2 WHEN state = 'RUNNING' THEN 1 ELSE 0 END
+            * 36028797018963968 + time_bits AS worker_rank,
+        CASE WHEN inferred_event THEN 0 ELSE 1 END
+            * 36028797018963968 + time_bits AS error_rank
     FROM task_events
 )
 SELECT
@@ -84,14 +104,19 @@ SELECT
     min(CASE WHEN state = 'PENDING' THEN time END) AS pending_at,
     min(CASE WHEN state = 'SUBMITTED' THEN time END) AS submitted_at,
     min(CASE WHEN state = 'RUNNING' THEN time END) AS running_at,
-    min(CASE WHEN state = 'FINISHED' THEN time END) AS finished_at,
-    min(CASE WHEN state = 'FAILED' THEN time END) AS failed_at,
-    arg_max(duration_s, CASE WHEN state_rank = 4 AND duration_s IS NOT NULL THEN time END)
+    min(CASE WHEN state = 'FINISHED' AND NOT inferred_event THEN time END) AS finished_at,
+    min(CASE WHEN state = 'FAILED' AND NOT inferred_event THEN time END) AS failed_at,
+    min(CASE WHEN state_rank = 7 THEN time END) AS inferred_at,
+    arg_min(attrs['evagg_inferred'], CASE WHEN state_rank = 7 THEN time_bits END) AS inferred,
+    min(CASE WHEN state_rank = 7 THEN time_bits END) AS inferred_key,
+    arg_max(duration_s, CASE WHEN state_rank = 8 AND duration_s IS NOT NULL THEN time END)
         AS reported_s,
-    max(CASE WHEN state_rank = 4 AND duration_s IS NOT NULL THEN time END) AS reported_key,
+    max(CASE WHEN state_rank = 8 AND duration_s IS NOT NULL THEN time END) AS reported_key,
     max(CASE WHEN job_id <> '' THEN job_id END) AS job_id,
     arg_max(node_id, CASE WHEN node_id <> '' THEN node_rank END) AS node_id,
     max(CASE WHEN node_id <> '' THEN node_rank END) AS node_key,
+    arg_max(host, CASE WHEN host <> '' THEN node_rank END) AS host,
+    max(CASE WHEN host <> '' THEN node_rank END) AS host_key,
     arg_max(worker_id, CASE WHEN worker_id <> '' THEN worker_rank END) AS worker_id,
     max(CASE WHEN worker_id <> '' THEN worker_rank END) AS worker_key,
     max(TRY_CAST(attrs['worker_pid'] AS INTEGER)) AS pid_attr,
@@ -106,9 +131,9 @@ SELECT
     max(coalesce(state, '') <> '') AS has_state,
     arg_max({'error_type': error_type, 'exception_class': attrs['exception_class'],
              'error_message': error_message, 'stack_trace': stack_trace},
-            CASE WHEN error_type IS NOT NULL OR error_message IS NOT NULL THEN time END)
+            CASE WHEN error_type IS NOT NULL OR error_message IS NOT NULL THEN error_rank END)
         AS error,
-    max(CASE WHEN error_type IS NOT NULL OR error_message IS NOT NULL THEN time END)
+    max(CASE WHEN error_type IS NOT NULL OR error_message IS NOT NULL THEN error_rank END)
         AS error_key,
     max(source) AS source,
     min(time) AS first_seen,
@@ -147,7 +172,8 @@ SELECT * EXCLUDE (d), d AS duration_s, fold_bin(d) AS bin,
 FROM (
     SELECT *, coalesce(
         reported_s,
-        (epoch_us(CASE final_state WHEN 'FAILED' THEN failed_at ELSE finished_at END)
+        (epoch_us(CASE final_state WHEN 'FAILED' THEN coalesce(failed_at, inferred_at)
+                  ELSE coalesce(finished_at, inferred_at) END)
             - epoch_us(running_at)) / 1e6) AS d
     FROM query_table(rows));
 
@@ -160,7 +186,9 @@ FROM (
 CREATE OR REPLACE TEMP MACRO fold_bins_of(rows) AS TABLE
 WITH t AS (
     SELECT sign, coalesce(final_state, 'UNKNOWN') AS state, coalesce(name, actor_repr) AS name,
-           error.error_type AS error_type, job_id, node_id, duration_s, bin
+           CASE WHEN fold_error_shown(error_key, final_key) THEN error.error_type END
+               AS error_type,
+           job_id, node_id, duration_s, bin
     FROM query_table(rows)
     WHERE has_state OR name IS NOT NULL
 ),
@@ -192,9 +220,12 @@ SELECT
     min(pending_at) AS pending_at, min(submitted_at) AS submitted_at,
     min(running_at) AS running_at, min(finished_at) AS finished_at,
     min(failed_at) AS failed_at,
+    min(inferred_at) AS inferred_at,
+    arg_min(inferred, inferred_key) AS inferred, min(inferred_key) AS inferred_key,
     arg_max(reported_s, reported_key) AS reported_s, max(reported_key) AS reported_key,
     max(job_id) AS job_id,
     arg_max(node_id, node_key) AS node_id, max(node_key) AS node_key,
+    arg_max(host, host_key) AS host, max(host_key) AS host_key,
     arg_max(worker_id, worker_key) AS worker_id, max(worker_key) AS worker_key,
     max(pid_attr) AS pid_attr, max(pid_running) AS pid_running, max(pid_any) AS pid_any,
     max(actor_id) AS actor_id, max(parent_id) AS parent_id, max(trace_id) AS trace_id,
@@ -259,6 +290,32 @@ SELECT p.* REPLACE (p.events - coalesce(c.surplus, 0) AS events)
 FROM fold_partial_of('fold_rows') AS p
 LEFT JOIN fold_recount AS c USING (task_id, attempt, session);
 
+-- @facts
+-- The batch's facts of ends.sql merged into the kept ones: the keys the batch names are
+-- taken out and put back merged (a batch names few: jobs, workers, nodes, agents).
+CREATE OR REPLACE TEMP TABLE fold_fact_rows AS
+SELECT * FROM fold_rows WHERE kind IN ('job', 'worker', 'node', 'agent');
+CREATE OR REPLACE TEMP TABLE fold_new_facts AS SELECT * FROM ends_facts_of('fold_fact_rows');
+CREATE OR REPLACE TEMP VIEW fold_facts_parts AS
+SELECT f.* FROM fold.ends_facts AS f SEMI JOIN fold_new_facts AS n USING (session, kind, id)
+UNION ALL BY NAME SELECT * FROM fold_new_facts;
+CREATE OR REPLACE TEMP TABLE fold_facts_merged AS
+SELECT * FROM ends_facts_merge_of('fold_facts_parts');
+DELETE FROM fold.ends_facts AS f USING fold_new_facts AS n
+WHERE f.session = n.session AND f.kind = n.kind AND f.id = n.id;
+INSERT INTO fold.ends_facts BY NAME SELECT * FROM fold_facts_merged;
+CREATE OR REPLACE TEMP TABLE fold_new_agents AS SELECT * FROM ends_agents_of('fold_fact_rows');
+CREATE OR REPLACE TEMP VIEW fold_agents_parts AS
+SELECT a.* FROM fold.ends_agents AS a SEMI JOIN fold_new_agents AS n USING (host)
+UNION ALL BY NAME SELECT * FROM fold_new_agents;
+CREATE OR REPLACE TEMP TABLE fold_agents_merged AS
+SELECT * FROM ends_agents_merge_of('fold_agents_parts');
+DELETE FROM fold.ends_agents AS a USING fold_new_agents AS n WHERE a.host = n.host;
+INSERT INTO fold.ends_agents BY NAME SELECT * FROM fold_agents_merged;
+INSERT INTO fold.ends_session_hosts BY NAME
+SELECT n.* FROM ends_session_hosts_of('fold_rows') AS n
+ANTI JOIN fold.ends_session_hosts AS k USING (session, host);
+
 -- @merge_batch
 CREATE OR REPLACE TEMP TABLE fold_batch AS SELECT * FROM fold_finish_of('fold_batch_partial');
 
@@ -320,6 +377,13 @@ SELECT dimension, value, bin, tasks, finished, failed, durations FROM fold_bins
 WHERE tasks <> 0;
 
 -- @cleanup
+DROP VIEW IF EXISTS fold_facts_parts;
+DROP VIEW IF EXISTS fold_agents_parts;
+DROP TABLE IF EXISTS fold_fact_rows;
+DROP TABLE IF EXISTS fold_new_facts;
+DROP TABLE IF EXISTS fold_facts_merged;
+DROP TABLE IF EXISTS fold_new_agents;
+DROP TABLE IF EXISTS fold_agents_merged;
 DROP TABLE IF EXISTS fold_ids;
 DROP TABLE IF EXISTS fold_recount;
 DROP TABLE IF EXISTS fold_timeline;
@@ -336,12 +400,15 @@ DROP TABLE IF EXISTS fold_bins;
 DROP TABLE IF EXISTS fold_wanted;
 DROP VIEW IF EXISTS fold_bins_now;
 DROP TABLE IF EXISTS fold_renamed;
+DROP VIEW IF EXISTS fold_ended_signed;
+DROP TABLE IF EXISTS fold_ended;
 
 -- @views
--- tasks over the fold: tasks.sql's final SELECT, reading the kept aggregates. The other
--- attempts' names are looked up only for tasks with a nameless attempt (a window over
--- every row, as tasks.sql has, would stop filters reaching the scan of task_fold).
-CREATE OR REPLACE VIEW tasks AS
+-- task_attempts over the fold: tasks.sql's final SELECT, reading the kept aggregates
+-- (ends.sql's `tasks` adds the ends evagg infers). The other attempts' names are looked
+-- up only for tasks with a nameless attempt (a window over every row, as tasks.sql has,
+-- would stop filters reaching the scan of task_fold).
+CREATE OR REPLACE VIEW task_attempts AS
 WITH nameless AS (
     SELECT DISTINCT task_id, session FROM fold.task_fold WHERE name IS NULL
 ),
@@ -358,8 +425,10 @@ SELECT
     pending_at,
     submitted_at,
     running_at,
-    finished_at,
-    failed_at,
+    CASE WHEN final_state = 'FINISHED' THEN coalesce(finished_at, inferred_at)
+         ELSE finished_at END AS finished_at,
+    CASE WHEN final_state = 'FAILED' THEN coalesce(failed_at, inferred_at)
+         ELSE failed_at END AS failed_at,
     duration_s,
     job_id,
     node_id,
@@ -368,25 +437,47 @@ SELECT
     actor_id,
     parent_id,
     trace_id,
-    error.error_type AS error_type,
-    error.exception_class AS exception_class,
-    error.error_message AS error_message,
-    error.stack_trace AS stack_trace,
+    CASE WHEN shown THEN error.error_type END AS error_type,
+    CASE WHEN shown THEN error.exception_class END AS exception_class,
+    CASE WHEN shown THEN error.error_message END AS error_message,
+    CASE WHEN shown THEN error.stack_trace END AS stack_trace,
     source,
     task_type,
     f.function AS function,
     nullif(session, '') AS ray_session,
     first_seen,
     last_seen,
-    events
-FROM fold.task_fold AS f
+    events,
+    CASE WHEN final_key // 72057594037927936 = 7 THEN f.inferred END AS inferred,
+    host,
+    session
+FROM (SELECT *, coalesce(error_key >= 36028797018963968
+                          OR final_key // 72057594037927936 = 7, true) AS shown
+      FROM fold.task_fold) AS f
 LEFT JOIN siblings AS o USING (task_id, session)
 WHERE has_state OR f.name IS NOT NULL;
 
--- Tasks by final state, from the summary counts (a few rows, not every task).
+-- ends.sql's facts, from the fold's tables.
+CREATE OR REPLACE VIEW ends_facts AS SELECT * FROM fold.ends_facts;
+CREATE OR REPLACE VIEW ends_agents AS SELECT * FROM fold.ends_agents;
+CREATE OR REPLACE VIEW ends_session_hosts AS SELECT * FROM fold.ends_session_hosts;
+
+-- @counts
+-- (After ends.sql's overlay, which these read.)
+-- Tasks by final state, from the summary counts (a few rows, not every task), with the
+-- attempts ends.sql ends moved from the state they were counted in to FAILED.
 CREATE OR REPLACE VIEW task_state_counts AS
-SELECT value AS state, CAST(sum(tasks) AS BIGINT) AS tasks
-FROM fold.summary_bins WHERE dimension = 'state' GROUP BY value;
+SELECT state, CAST(sum(tasks) AS BIGINT) AS tasks
+FROM (
+    SELECT value AS state, tasks FROM fold.summary_bins WHERE dimension = 'state'
+    UNION ALL
+    SELECT a.final_state, -1 FROM task_ends AS e JOIN task_attempts AS a
+        ON e.task_id = a.task_id AND e.attempt = a.attempt AND e.session = a.session
+    UNION ALL
+    SELECT 'FAILED', count(*) FROM task_ends
+)
+GROUP BY state
+HAVING sum(tasks) <> 0;
 
 -- Events over time by kind, per second (distinct events, as the `events` view counts).
 CREATE OR REPLACE VIEW event_timeline AS
@@ -418,6 +509,22 @@ siblings AS (
 SELECT n.*, o.sibling_name
 FROM nameless AS n JOIN siblings AS o USING (task_id, session)
 WHERE o.sibling_name IS NOT NULL;
+-- The attempts ends.sql ends, as counted (-1) and as the tasks view shows them (+1).
+CREATE OR REPLACE TEMP TABLE fold_ended AS
+SELECT f.*, e.end_at, e.error_type AS end_error_type, e.error_message AS end_error_message,
+       (epoch_us(e.end_at) - epoch_us(f.running_at)) / 1e6 AS end_duration_s
+FROM fold.task_fold AS f JOIN task_ends AS e
+    ON e.task_id = f.task_id AND e.attempt = f.attempt AND e.session = f.session;
+CREATE OR REPLACE TEMP VIEW fold_ended_signed AS
+SELECT -1 AS sign, * EXCLUDE (end_at, end_error_type, end_error_message, end_duration_s)
+FROM fold_ended
+UNION ALL BY NAME
+SELECT 1 AS sign, * EXCLUDE (end_at, end_error_type, end_error_message, end_duration_s)
+    REPLACE ('FAILED' AS final_state,
+             {'error_type': end_error_type, 'exception_class': error.exception_class,
+              'error_message': end_error_message, 'stack_trace': error.stack_trace} AS error,
+             end_duration_s AS duration_s, fold_bin(end_duration_s) AS bin)
+FROM fold_ended;
 CREATE OR REPLACE TEMP VIEW fold_bins_now AS
 WITH moves AS (
     SELECT -1 AS sign, actor_repr AS value, * EXCLUDE (actor_repr, sibling_name)
@@ -435,6 +542,9 @@ FROM (
            sign * CAST(final_state = 'FAILED' AS BIGINT),
            sign * CAST(duration_s IS NOT NULL AS BIGINT)
     FROM moves
+    UNION ALL
+    SELECT dimension, value, bin, tasks, finished, failed, durations
+    FROM fold_bins_of('fold_ended_signed')
 )
 GROUP BY ALL
 HAVING sum(tasks) <> 0;
@@ -497,9 +607,18 @@ wanted AS (SELECT * FROM fold_wanted),
 near AS (
     SELECT coalesce(f.final_state, 'UNKNOWN') AS state,
            coalesce(f.name, r.sibling_name, f.actor_repr) AS name,
-           f.error.error_type AS error_type, f.job_id, f.node_id, f.duration_s, f.bin
+           CASE WHEN fold_error_shown(f.error_key, f.final_key) THEN f.error.error_type END
+               AS error_type,
+           f.job_id, f.node_id, f.duration_s, f.bin
     FROM fold.task_fold AS f LEFT JOIN fold_renamed AS r USING (task_id, attempt, session)
+    ANTI JOIN fold_ended AS x
+        ON x.task_id = f.task_id AND x.attempt = f.attempt AND x.session = f.session
     WHERE f.bin IN (@bins) AND (f.has_state OR f.name IS NOT NULL)
+    UNION ALL
+    SELECT 'FAILED', coalesce(f.name, r.sibling_name, f.actor_repr), f.end_error_type,
+           f.job_id, f.node_id, f.end_duration_s, fold_bin(f.end_duration_s)
+    FROM fold_ended AS f LEFT JOIN fold_renamed AS r USING (task_id, attempt, session)
+    WHERE fold_bin(f.end_duration_s) IN (@bins)
 ),
 near_dims AS (
     SELECT 'all' AS dimension, CAST(NULL AS VARCHAR) AS value, duration_s, bin FROM near

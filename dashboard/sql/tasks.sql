@@ -30,20 +30,23 @@
 -- Every aggregate ignores duplicate rows (count is DISTINCT), so resent events change
 -- nothing. Ray tasks are also keyed by attrs['ray_session']: a new Ray cluster starts
 -- its job and task ids again from the same values.
-CREATE OR REPLACE VIEW tasks AS
+CREATE OR REPLACE MACRO task_state_rank(state, inferred) AS
+    CASE state
+        WHEN 'DEFINED' THEN 0
+        WHEN 'PENDING' THEN 2
+        WHEN 'SUBMITTED' THEN 4
+        WHEN 'RUNNING' THEN 6
+        WHEN 'FINISHED' THEN CASE WHEN inferred IS NULL THEN 8 ELSE 7 END
+        WHEN 'FAILED' THEN CASE WHEN inferred IS NULL THEN 8 ELSE 7 END
+    END;
+CREATE OR REPLACE VIEW task_attempts AS
 WITH task_events AS (
     SELECT
         * REPLACE (coalesce(nullif(task_id, ''), event_id) AS task_id),
         coalesce(attempt, 0) AS attempt_no,
         coalesce(attrs['ray_session'], '') AS session,
-        CASE state
-            WHEN 'DEFINED' THEN 0
-            WHEN 'PENDING' THEN 1
-            WHEN 'SUBMITTED' THEN 2
-            WHEN 'RUNNING' THEN 3
-            WHEN 'FINISHED' THEN 4
-            WHEN 'FAILED' THEN 4
-        END AS state_rank
+        task_state_rank(state, attrs['evagg_inferred']) AS state_rank,
+        attrs['evagg_inferred'] IS NOT NULL AS inferred_event
     FROM events_raw
     WHERE kind = 'task' AND coalesce(nullif(task_id, ''), event_id) IS NOT NULL
 ),
@@ -56,18 +59,24 @@ folded AS (
             FILTER (WHERE coalesce(name, '') <> '') AS name,
         arg_max(state, {'rank': state_rank, 'time': time, 'failed': state = 'FAILED'})
             FILTER (WHERE state_rank IS NOT NULL) AS final_state,
+        max(state_rank) AS final_rank,
         min(time) FILTER (WHERE state = 'PENDING') AS pending_at,
         min(time) FILTER (WHERE state = 'SUBMITTED') AS submitted_at,
         min(time) FILTER (WHERE state = 'RUNNING') AS running_at,
-        min(time) FILTER (WHERE state = 'FINISHED') AS finished_at,
-        min(time) FILTER (WHERE state = 'FAILED') AS failed_at,
+        min(time) FILTER (WHERE state = 'FINISHED' AND NOT inferred_event) AS finished_at,
+        min(time) FILTER (WHERE state = 'FAILED' AND NOT inferred_event) AS failed_at,
+        min(time) FILTER (WHERE state_rank = 7) AS inferred_at,
+        arg_min(attrs['evagg_inferred'], time) FILTER (WHERE state_rank = 7) AS inferred,
         arg_max(duration_s, time)
-            FILTER (WHERE state_rank = 4 AND duration_s IS NOT NULL) AS reported_s,
+            FILTER (WHERE state_rank = 8 AND duration_s IS NOT NULL) AS reported_s,
         max(job_id) FILTER (WHERE job_id <> '') AS job_id,
-        arg_max(node_id, {'pref': CASE WHEN state = 'RUNNING' THEN 2 WHEN state_rank = 4
+        arg_max(node_id, {'pref': CASE WHEN state = 'RUNNING' THEN 2 WHEN state_rank = 8
                                        THEN 1 ELSE 0 END, 'time': time})
             FILTER (WHERE node_id <> '') AS node_id,
-        arg_max(worker_id, {'pref': CASE WHEN state_rank = 4 THEN 2 WHEN state = 'RUNNING'
+        arg_max(host, {'pref': CASE WHEN state = 'RUNNING' THEN 2 WHEN state_rank = 8
+                                    THEN 1 ELSE 0 END, 'time': time})
+            FILTER (WHERE host <> '') AS host,
+        arg_max(worker_id, {'pref': CASE WHEN state_rank = 8 THEN 2 WHEN state = 'RUNNING'
                                          THEN 1 ELSE 0 END, 'time': time})
             FILTER (WHERE worker_id <> '') AS worker_id,
         coalesce(max(TRY_CAST(attrs['worker_pid'] AS INTEGER)),
@@ -80,8 +89,11 @@ folded AS (
         max(attrs['ray_actor_repr_name']) AS actor_repr,
         bool_or(coalesce(state, '') <> '') AS has_state,
         arg_max({'error_type': error_type, 'exception_class': attrs['exception_class'],
-                 'error_message': error_message, 'stack_trace': stack_trace}, time)
+                 'error_message': error_message, 'stack_trace': stack_trace},
+                {'real': NOT inferred_event, 'time': time})
             FILTER (WHERE error_type IS NOT NULL OR error_message IS NOT NULL) AS error,
+        bool_and(inferred_event)
+            FILTER (WHERE error_type IS NOT NULL OR error_message IS NOT NULL) AS error_inferred,
         max(source) AS source,
         min(time) AS first_seen,
         max(time) AS last_seen,
@@ -89,7 +101,12 @@ folded AS (
     FROM task_events
     GROUP BY task_id, attempt_no, session
 ),
-said AS (SELECT * FROM folded WHERE has_state OR name IS NOT NULL)
+said AS (
+    SELECT *, coalesce(final_rank = 7, false) AS final_inferred,
+           -- an inferred end's error is not shown once a real end won
+           NOT coalesce(error_inferred AND final_rank <> 7, false) AS shown
+    FROM folded WHERE has_state OR name IS NOT NULL
+)
 SELECT
     task_id,
     attempt,
@@ -98,11 +115,15 @@ SELECT
     pending_at,
     submitted_at,
     running_at,
-    finished_at,
-    failed_at,
+    CASE WHEN final_state = 'FINISHED' THEN coalesce(finished_at, inferred_at)
+         ELSE finished_at END AS finished_at,
+    CASE WHEN final_state = 'FAILED' THEN coalesce(failed_at, inferred_at)
+         ELSE failed_at END AS failed_at,
     coalesce(
         reported_s,
-        (epoch_us(CASE final_state WHEN 'FAILED' THEN failed_at ELSE finished_at END)
+        (epoch_us(CASE final_state
+                      WHEN 'FAILED' THEN coalesce(failed_at, inferred_at)
+                      ELSE coalesce(finished_at, inferred_at) END)
             - epoch_us(running_at)) / 1e6
     ) AS duration_s,
     job_id,
@@ -112,16 +133,19 @@ SELECT
     actor_id,
     parent_id,
     trace_id,
-    error.error_type AS error_type,
-    error.exception_class AS exception_class,
-    error.error_message AS error_message,
-    error.stack_trace AS stack_trace,
+    CASE WHEN shown THEN error.error_type END AS error_type,
+    CASE WHEN shown THEN error.exception_class END AS exception_class,
+    CASE WHEN shown THEN error.error_message END AS error_message,
+    CASE WHEN shown THEN error.stack_trace END AS stack_trace,
     source,
     task_type,
     function,
     nullif(session, '') AS ray_session,
     first_seen,
     last_seen,
-    events
+    events,
+    CASE WHEN final_inferred THEN inferred END AS inferred,
+    host,
+    session
 FROM said
 WINDOW task AS (PARTITION BY task_id, session);
