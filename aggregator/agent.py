@@ -26,7 +26,7 @@ from aggregator.config.sinks import SinkConfig
 from aggregator.delivery.consumer import SinkConsumer
 from aggregator.delivery.sink_set import SinkSet, build_sinks
 from aggregator.gauges import AgentGauges
-from aggregator.heartbeat import Heartbeat
+from aggregator.heartbeat import Heartbeat, silent_after_s
 from aggregator.ingest.http_routes import HttpApi
 from aggregator.ingest.ingestor import Ingestor
 from aggregator.ingest.unix_socket import SocketIngest
@@ -83,7 +83,8 @@ class Agent:
                             token=config.http_token, is_ready=self.is_ready)
         self.heartbeat = Heartbeat(self.ingestor, self.metrics, self.losses,
                                    node_id=config.node_id, spool_directory=self.spool.directory,
-                                   interval_s=config.heartbeat_interval_s)
+                                   interval_s=config.heartbeat_interval_s,
+                                   silent_after_s=silent_after_s(config))
         self.liveness = LivenessWatch(self.ingestor, self.metrics, spool=self.spool,
                                       state_dir=config.state_dir, host=config.host,
                                       grace_s=config.inferred_end_grace_s)

@@ -3,7 +3,11 @@
 last one (aggregator/losses.py).
 
 Heartbeats go through the ingestor like any producer's events (route "agent"), so every
-sink gets them and the dashboard's node view works after the cluster is gone.
+sink gets them and the dashboard's node view works after the cluster is gone. Each says
+how long readers may go without one before they take the node for dead (attrs
+`silent_after_s`: three beats plus the slowest roll of the agent's Parquet sinks, the
+time a heartbeat may wait before a reader can see it); readers then end the attempts
+left open on it (dashboard/sql/ends.sql).
 """
 
 from __future__ import annotations
@@ -14,24 +18,29 @@ import os
 from pathlib import Path
 from typing import Any
 
+from aggregator.config import AgentConfig
 from aggregator.ingest.ingestor import Ingestor, SpoolUnavailable
 from aggregator.losses import LossRecorder
 from aggregator.metrics import AgentMetrics
 from emitters.ids import new_event_id
 
 log = logging.getLogger("evagg.agent")
+SILENT_BEATS = 3  # heartbeats a reader may miss before it takes the node for dead
 FINAL_TIMEOUT_S = 2.0  # the last heartbeat must not hold the exit (a full spool, `block`)
 
 
 class Heartbeat:
     def __init__(self, ingestor: Ingestor, metrics: AgentMetrics, losses: LossRecorder, *,
-                 node_id: str, spool_directory: Path, interval_s: float) -> None:
+                 node_id: str, spool_directory: Path, interval_s: float,
+                 silent_after_s: float | None = None) -> None:
         self.ingestor = ingestor
         self.metrics = metrics
         self.losses = losses
         self.node_id = node_id
         self.spool_directory = spool_directory
         self.interval_s = interval_s
+        self.silent_after_s = (silent_after_s if silent_after_s is not None
+                               else SILENT_BEATS * interval_s)
 
     async def run(self) -> None:
         """Write one every `interval_s` until cancelled; a failure is counted and logged."""
@@ -71,8 +80,26 @@ class Heartbeat:
             "event_id": new_event_id(), "kind": "agent", "source": "evagg",
             "name": "heartbeat", "state": "STOPPING" if final else "RUNNING",
             "node_id": self.node_id, "metrics": self.metrics.registry.snapshot(),
-            "attrs": {"version": _version(), "spool": str(self.spool_directory)},
+            "attrs": {"version": _version(), "spool": str(self.spool_directory),
+                      "heartbeat_interval_s": f"{self.interval_s:g}",
+                      "silent_after_s": f"{self.silent_after_s:g}"},
         }
+
+
+def silent_after_s(config: AgentConfig) -> float:
+    """How long readers may see no heartbeat of this agent before they take its node for
+    dead: SILENT_BEATS beats, plus the slowest roll of its Parquet sinks (a heartbeat
+    waits in the open file until the file rolls)."""
+    from sinks.parquet.options import ParquetOptions
+
+    rolls = [0.0]
+    for sink in config.sinks:
+        if sink.type == "parquet":
+            try:
+                rolls.append(ParquetOptions.from_table(sink.options, sink.url).roll_interval_s)
+            except ValueError:  # refused when the sink is built, with its reason
+                continue
+    return SILENT_BEATS * config.heartbeat_interval_s + max(rolls)
 
 
 def loss_row(reason: str, events: int, total: int, node_id: str) -> dict[str, Any]:
