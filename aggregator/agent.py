@@ -193,8 +193,9 @@ class Agent:
             return
         host, _, port = self.config.http_listen.rpartition(":")
         # A short shutdown_timeout: an open `evagg tail` must not hold the exit for minutes.
+        # auto_decompress off: the routes inflate bodies themselves (ingest/bodies.py).
         self._runner = web.AppRunner(self.http.app(), access_log=None, handle_signals=False,
-                                     shutdown_timeout=2.0)
+                                     shutdown_timeout=2.0, auto_decompress=False)
         await self._runner.setup()
         try:
             await web.TCPSite(self._runner, host.strip("[]"), int(port)).start()

@@ -9,6 +9,7 @@ driver/worker program: `python -m tests.test_otel_end_to_end driver|worker ...`.
 from __future__ import annotations
 
 import base64
+import contextlib
 import gzip
 import os
 import subprocess
@@ -182,6 +183,130 @@ def test_bad_otlp_bodies_are_refused_and_nothing_of_them_is_spooled(agent: Agent
     rows = wait_rows(agent, SPAN_SQL, 1)
     assert [row[0] for row in rows] == ["good"]
     assert rows[0][1:3] == ("07" * 16, "08" * 8)
+
+
+# -- what an engineer sees with both exporters, big attributes and unended spans ------------
+
+class RayTaskError(Exception):
+    """Stands in for Ray's exception class: its name is what the span's event carries."""
+
+
+def red_samples(agent: AgentProcess, metric: str) -> dict[tuple[tuple[str, str], ...], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {tuple(sorted(s.labels.items())): s.value
+            for family in text_string_to_metric_families(agent.metrics())
+            for s in family.samples if s.name == metric}
+
+
+def both_ways_provider(agent: AgentProcess) -> tuple[Any, Any]:
+    """One provider with the socket exporter and the OTLP exporter, as docs/opentelemetry.md
+    offers both; its spans reach the agent twice."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    import emitters
+    from emitters import otel
+
+    socket_exporter = otel.EvaggSpanExporter(emitters.Emitter(socket=str(agent.socket_path)))
+    provider = TracerProvider(resource=Resource.create({"service.name": "learner"}))
+    provider.add_span_processor(BatchSpanProcessor(socket_exporter))
+    provider.add_span_processor(BatchSpanProcessor(
+        OTLPSpanExporter(endpoint=f"{agent.http_url}/v1/traces")))
+    return provider, socket_exporter
+
+
+def test_a_span_sent_both_ways_is_stored_under_one_id_and_counted_once(
+        agent: AgentProcess) -> None:
+    provider, socket_exporter = both_ways_provider(agent)
+    tracer = provider.get_tracer("rl")
+    for step in range(3):
+        with tracer.start_as_current_span("rl_iteration", attributes={"step": step}):
+            pass
+    with (contextlib.suppress(RayTaskError), tracer.start_as_current_span("validate")):
+        raise RayTaskError("\x1b[36mray::validate()\x1b[39m (pid=7) failed: ValueError")
+    provider.shutdown()
+    assert socket_exporter.emitter.flush(30)
+    rows = wait_rows(agent, "SELECT event_id, name, error_message FROM events "
+                            "WHERE kind = 'span'", 8)
+    assert len({row[0] for row in rows}) == 4  # each span's two copies share one id
+    assert agent.query("SELECT count(DISTINCT event_id) FROM events WHERE kind = 'span'") == [(4,)]
+    assert {row[2] for row in rows if row[1] == "validate"} == {
+        "RayTaskError: ray::validate() (pid=7) failed: ValueError"}  # no terminal colours
+    events = red_samples(agent, "evagg_events_total")
+    service = ("service", "learner")
+    assert events[(("kind", "span"), ("name", "rl_iteration"), service,
+                   ("state", "FINISHED"))] == 3
+    assert events[(("kind", "span"), ("name", "validate"), service, ("state", "FAILED"))] == 1
+    errors = red_samples(agent, "evagg_event_errors_total")
+    error_type = f"{__name__}.RayTaskError"
+    assert errors == {(("error_type", error_type), ("kind", "span"), ("name", "validate"),
+                       service): 1}
+    durations = red_samples(agent, "evagg_event_duration_seconds_count")
+    assert durations[(("kind", "span"), ("name", "rl_iteration"), service)] == 3
+
+
+def test_a_span_with_a_huge_attribute_is_kept_with_the_value_cut_on_both_paths(
+        agent: AgentProcess, tmp_path: Path) -> None:
+    from aggregator.cli.export_traces import export_traces
+    from emitters.otel_rows import VALUE_LIMIT
+
+    provider, socket_exporter = both_ways_provider(agent)
+    with provider.get_tracer("rl").start_as_current_span(
+            "rollout", attributes={"prompt": "p" * (20 << 20), "small": "kept"}) as span:
+        trace_id = f"{span.get_span_context().trace_id:032x}"
+    provider.shutdown()
+    assert socket_exporter.emitter.flush(30)
+    rows = wait_rows(agent, "SELECT length(attrs['prompt']), attrs['evagg.cut_attributes'], "
+                            "attrs['small'] FROM events WHERE name = 'rollout'", 2)
+    assert rows == [(VALUE_LIMIT, '["prompt"]', "kept")] * 2  # socket and OTLP alike
+    assert socket_exporter.cut_attributes == 1
+    assert agent.metric('evagg_cut_attribute_values_total{route="otlp"}') == 1
+    out = tmp_path / "trace.json"
+    assert export_traces(str(agent.lake_dir), trace_id=trace_id, since=None, out=out) == 1
+    assert out.stat().st_size < 4 * VALUE_LIMIT
+
+
+def test_spans_that_never_ended_are_refused_with_the_reason_and_counted(
+        agent: AgentProcess) -> None:
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+    request = trace_service_pb2.ExportTraceServiceRequest()
+    scope = request.resource_spans.add().scope_spans.add()
+    start = time.time_ns()
+    for index, (name, end) in enumerate((("no-end", None), ("end-zero", 0),
+                                         ("ends-before-start", start - 1),
+                                         ("finished", start + 10**6))):
+        span = scope.spans.add(name=name, trace_id=b"\x01" * 16,
+                               span_id=bytes([index + 1]) * 8, start_time_unix_nano=start)
+        if end is not None:
+            span.end_time_unix_nano = end
+    scope.spans.add(name="bad-id", trace_id=bytes(16), span_id=b"\x09" * 8,
+                    start_time_unix_nano=start, end_time_unix_nano=start + 1)
+    status, body = post(agent, request.SerializeToString(), PB)
+    assert status == 200
+    partial = trace_service_pb2.ExportTraceServiceResponse.FromString(body).partial_success
+    assert partial.rejected_spans == 4
+    assert "span 'no-end': endTimeUnixNano is missing" in partial.error_message
+    assert agent.metric('evagg_rejected_events_total{route="otlp"}') == 4
+    rows = wait_rows(agent, "SELECT name, duration_s FROM events WHERE kind = 'span'", 1)
+    assert rows == [("finished", 0.001)]
+
+
+def test_a_brotli_body_gets_415_with_a_status_saying_what_to_send(agent: AgentProcess) -> None:
+    from google.rpc import status_pb2
+
+    good = request_with([("kept", b"\x01" * 16, b"\x02" * 8)])
+    status, body = post(agent, good, PB, "br")
+    assert status == 415
+    refusal = status_pb2.Status.FromString(body)
+    assert "unsupported Content-Encoding 'br'" in refusal.message
+    assert "gzip" in refusal.message
+    status, body = post(agent, good, "text/plain")
+    assert status == 415 and "unsupported Content-Type" in status_pb2.Status.FromString(
+        body).message
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from aggregator.decode import otlp
 from aggregator.decode.normalize import Normalized, Stamp
+from aggregator.ingest.bodies import BodyRefused, encoding_name, inflate
 from aggregator.ingest.ingestor import Ingestor, IngestResult, SpoolUnavailable
 from aggregator.ingest.tail import stream_tail
 from aggregator.metrics import AgentMetrics
@@ -30,7 +31,7 @@ log = logging.getLogger("evagg.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 INGEST_PATHS = frozenset({"/v1/events", "/ray/events", "/v1/traces"})
-READABLE_ENCODINGS = frozenset({"identity", "gzip", "deflate"})  # aiohttp inflates these
+READABLE_ENCODINGS = frozenset({"identity", "gzip", "deflate"})  # bodies.py inflates these
 
 
 class HttpApi:
@@ -69,9 +70,12 @@ class HttpApi:
                                 content_type="application/json", headers={"Retry-After": "5"})
         try:
             return await handler(request)
-        except web.RequestPayloadError as exc:  # e.g. a broken gzip body aiohttp could not unpack
+        except web.RequestPayloadError as exc:  # e.g. a body cut off on the way
             self.metrics.bad_input.inc(route=request.path, reason="bad_encoding")
             return _refusal(request, 400, f"cannot read the body: {exc}")
+        except BodyRefused as exc:
+            self.metrics.bad_input.inc(route=request.path, reason=exc.reason)
+            return _refusal(request, exc.status, str(exc))
         except web.HTTPException as exc:
             if exc.status == 413:
                 self.metrics.bad_input.inc(route=request.path, reason="too_large")
@@ -98,12 +102,19 @@ class HttpApi:
                                        self.token.encode())
         return False
 
-    async def post_events(self, request: web.Request) -> web.Response:
-        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding not in READABLE_ENCODINGS:  # aiohttp would hand over the bytes as is
-            return _error(415, f"Content-Encoding {encoding[:40]!r} is not supported "
-                               "(gzip, deflate or none)")
+    async def _read(self, request: web.Request) -> bytes:
+        """The body, inflated here: the server's own decompression is off (bodies.py)."""
+        encoding = encoding_name(request.headers.get("Content-Encoding"))
+        if encoding not in READABLE_ENCODINGS:
+            raise BodyRefused(f"Content-Encoding {encoding[:40]!r} is not supported "
+                              "(gzip, deflate or none)", 415, "bad_encoding")
         body = await request.read()
+        if encoding == "identity":
+            return body
+        return await self.ingestor.in_thread(inflate, body, encoding, self.max_body_bytes)
+
+    async def post_events(self, request: web.Request) -> web.Response:
+        body = await self._read(request)
         if not body.strip():
             return self._bad(request, "empty_body", "the body is empty")
         result = await self.ingestor.ingest_ndjson(body, self.ingestor.stamp(), route="http")
@@ -112,7 +123,7 @@ class HttpApi:
     async def post_ray_events(self, request: web.Request) -> web.Response:
         """Ray's Event Export: each event stored once (aggregator/ray/intake.py); a resend
         that meets events another request failed to store gets a 503, so Ray sends again."""
-        body = await request.read()
+        body = await self._read(request)
         # node_id holds Ray's own node ids on Ray's rows: a row Ray sent without one (the
         # executor's RUNNING event before Ray 2.56) stays empty rather than taking the
         # agent's node name, which the tasks view would then prefer over the hex id.
@@ -147,7 +158,7 @@ class HttpApi:
         content_type = request.headers.get("Content-Type", "")
         encoding = request.headers.get("Content-Encoding")
         try:
-            otlp.check_encoding(encoding)  # before reading: aiohttp would try br itself
+            otlp.check_encoding(encoding)  # gzip is inflated by the decoder, with its cap
         except otlp.OtlpError as exc:
             return self._bad(request, "bad_encoding", str(exc), status=exc.status)
         body = await request.read()
