@@ -30,10 +30,12 @@ if TYPE_CHECKING:
 
 # A task's final_state is one of these (dashboard/sql/tasks.sql ranks them).
 FINAL_STATES = ("PENDING", "SUBMITTED", "RUNNING", "FINISHED", "FAILED", "DEFINED", "UNKNOWN")
-# What fits a terminal: the table's default; --wide, --json and --csv have every column.
+# What fits a terminal: the table's default; --wide, --json and --csv have every column
+# of the tasks view, read off the view itself, so a column added to it shows up here.
 SHORT_TASK_COLUMNS = ("task_id", "attempt", "name", "final_state", "node_id", "duration_s",
                       "error_type")
 NO_RUN_ID = "(no run_id)"
+NO_JOB_ID = "(no job id)"  # a summary's job row for tasks sent without a job_id
 
 
 def default_data() -> str:
@@ -71,8 +73,12 @@ def _store_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
                         help="how to read S3: httpfs, pyarrow, or auto (httpfs, else pyarrow)")
     add_cache_flags(parser, default)
     shape = parser.add_mutually_exclusive_group()
-    shape.add_argument("--json", dest="fmt", action="store_const", const="json", default=default)
-    shape.add_argument("--csv", dest="fmt", action="store_const", const="csv", default=default)
+    shape.add_argument("--json", dest="fmt", action="store_const", const="json", default=default,
+                       help="print an array of JSON objects, every column (times in UTC, "
+                            "ISO 8601), for programs")
+    shape.add_argument("--csv", dest="fmt", action="store_const", const="csv", default=default,
+                       help="print CSV with a header row, every column (maps and lists as "
+                            "JSON text)")
 
 
 def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
@@ -108,7 +114,8 @@ def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
                        help="every column (the table shows a short set by default; --json "
                             "and --csv always have every column)")
     shown.add_argument("--columns", metavar="A,B,...",
-                       help=f"these columns, of: {', '.join(queries.TASK_COLUMNS)}")
+                       help="these columns, any of the tasks view's (`--wide` shows them "
+                            "all; docs/queries.md lists them)")
     steps = add("steps", "a training run's steps: ops, failures, seconds, metric spread", _steps)
     steps.add_argument("--run", required=True,
                        help=f"run id ('' or '{NO_RUN_ID}' for ops sent without one)")
@@ -163,7 +170,14 @@ def run_query(args: argparse.Namespace) -> int:
 
 
 def _summary(store: Store, _args: argparse.Namespace) -> Result:
-    return queries.summary(store)
+    """Tasks sent without a job id are one job row; it says so instead of reading empty."""
+    result = queries.summary(store)
+    if {"dimension", "value"} <= set(result.columns):
+        dimension, value = result.columns.index("dimension"), result.columns.index("value")
+        for row in result.rows:
+            if row[dimension] == "job" and not row[value]:
+                row[value] = NO_JOB_ID
+    return result
 
 
 def _tasks(store: Store, args: argparse.Namespace) -> Result:
@@ -172,8 +186,9 @@ def _tasks(store: Store, args: argparse.Namespace) -> Result:
         "error_type": args.error_type, "since": args.since, "until": args.until})
     if not 1 <= args.limit <= 100_000 or args.offset < 0:
         raise BadInput("--limit must be 1..100000 and --offset not negative")
+    columns = _task_columns(args, store.columns("tasks"))
     return queries.tasks(store, flt, sort=args.sort, order="asc" if args.asc else "desc",
-                         limit=args.limit, offset=args.offset, columns=_task_columns(args))
+                         limit=args.limit, offset=args.offset, columns=columns)
 
 
 def _check_task_args(args: argparse.Namespace) -> None:
@@ -182,21 +197,28 @@ def _check_task_args(args: argparse.Namespace) -> None:
     if state.isidentifier() and state not in FINAL_STATES:  # malformed: TaskFilter says so
         raise BadInput(f"--state {args.state}: not a task state; a task's final state is "
                        f"one of {', '.join(FINAL_STATES)}")
-    if args.columns:
-        _task_columns(args)
+    if args.columns is not None and not _chosen_columns(args):
+        raise BadInput("--columns: none given: name one or more columns, e.g. "
+                       "--columns task_id,name,final_state")
 
 
-def _task_columns(args: argparse.Namespace) -> tuple[str, ...]:
-    if args.columns:
-        chosen = tuple(c.strip() for c in args.columns.split(",") if c.strip())
-        unknown = [c for c in chosen if c not in queries.TASK_COLUMNS]
-        if unknown or not chosen:
-            raise BadInput(f"--columns: {', '.join(unknown) or 'none given'}: choose from "
-                           f"{', '.join(queries.TASK_COLUMNS)}")
+def _chosen_columns(args: argparse.Namespace) -> tuple[str, ...]:
+    return tuple(c.strip() for c in (args.columns or "").split(",") if c.strip())
+
+
+def _task_columns(args: argparse.Namespace, available: list[str]) -> tuple[str, ...]:
+    """The columns to show: --columns, every column of the view (--wide, --json, --csv),
+    else the short set that fits a terminal."""
+    if args.columns is not None:
+        chosen = _chosen_columns(args)
+        unknown = [c for c in chosen if c not in available]
+        if unknown:
+            raise BadInput(f"--columns: {', '.join(unknown)}: not a column of the tasks "
+                           f"view; choose from {', '.join(available)}")
         return chosen
     if args.wide or (args.fmt or "table") != "table":
-        return queries.TASK_COLUMNS
-    return SHORT_TASK_COLUMNS
+        return tuple(available)
+    return tuple(c for c in SHORT_TASK_COLUMNS if c in available)
 
 
 def _runs(store: Store, _args: argparse.Namespace) -> Result:

@@ -74,7 +74,8 @@ def add_dashboard_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_cache_flags(parser, None)
     parser.add_argument("--refresh", type=float, default=None, metavar="SECONDS",
                         help=f"how often to look for new files (default {LOCAL_REFRESH_S:g} on "
-                             f"a local directory, {S3_REFRESH_S:g} on s3://, where a LIST costs)")
+                             f"a local directory, {S3_REFRESH_S:g} on s3://, where a LIST costs); "
+                             "0 lists the store again for every request")
     parser.add_argument("--query-timeout", type=float, default=60.0, metavar="SECONDS",
                         help="stop a page's query after this long (default 60)")
     parser.set_defaults(command=run_dashboard)
