@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from dashboard.raystate.inferred import add_inferred_ends
 from dashboard.raystate.options import ListOptions, list_response, matches
 from dashboard.raystate.rows import b64_to_hex, camel_to_snake, json_or, ms_floor, to_int
 from dashboard.raystate.schema import shape
@@ -24,7 +25,8 @@ ENTITY_ROWS = """
 SELECT DISTINCT ON (event_id) event_id, kind, name, state, epoch_us(time) AS us, job_id,
        node_id, worker_id, actor_id, error_type, error_message, attrs
 FROM events_raw
-WHERE source = 'ray' AND coalesce(attrs['ray_session'], '') = $session
+WHERE (source = 'ray' OR attrs['evagg_inferred'] IS NOT NULL)
+  AND coalesce(attrs['ray_session'], '') = $session
   AND (kind IN ('actor', 'job', 'node', 'worker')
        OR (kind = 'ray' AND attrs['ray_event_type'] LIKE 'PLACEMENT_GROUP_%'))
 """
@@ -58,6 +60,18 @@ def _parts(rows: list[Row]) -> tuple[Row, dict[str, str], list[Row]]:
     return definition, attrs, [r for r in rows if r["state"] not in (None, "DEFINED")]
 
 
+def _real_first(moves: list[Row], state: str) -> Row | None:
+    """The first move to `state` Ray exported, else the first an agent inferred
+    (attrs evagg_inferred): a real end wins whenever it arrives."""
+    found = [r for r in moves if r["state"] == state]
+    real = [r for r in found if not _inferred_text(r)]
+    return (real or found)[0] if found else None
+
+
+def _inferred_text(row: Row) -> str | None:
+    return (row["attrs"] or {}).get("evagg_inferred")
+
+
 def _last(rows: list[Row], pick: Callable[[Row], Any]) -> Any:
     return next((pick(r) for r in reversed(rows) if pick(r) not in (None, "")), None)
 
@@ -65,12 +79,15 @@ def _last(rows: list[Row], pick: Callable[[Row], Any]) -> Any:
 def actor(rows: list[Row]) -> Row:
     definition, attrs, moves = _parts(rows)
     class_name = attrs.get("ray_class_name") or definition["name"] or ""
-    dead = next((r for r in reversed(moves) if r["state"] == "DEAD"), None)
+    dead = _real_first(moves, "DEAD")
     death = json_or((dead["attrs"] or {}).get("ray_death"), None) if dead else None
+    if dead and death is None and _inferred_text(dead):
+        death = {"actorDiedErrorContext": {"reason": dead["error_type"] or "WORKER_DIED",
+                                           "errorMessage": _inferred_text(dead)}}
     restarts = sum(r["state"] == "RESTARTING" for r in moves)
     return {
         "actor_id": definition["actor_id"], "class_name": class_name,
-        "state": moves[-1]["state"] if moves else "DEPENDENCIES_UNREADY",
+        "state": "DEAD" if dead else (moves[-1]["state"] if moves else "DEPENDENCIES_UNREADY"),
         "job_id": definition["job_id"] or _last(rows, lambda r: r["job_id"]),
         "name": "" if definition["name"] == class_name else (definition["name"] or ""),
         "node_id": _last(moves, lambda r: r["node_id"]),
@@ -151,7 +168,7 @@ def worker(rows: list[Row], node_ips: dict[str, str]) -> Row:
 def job(rows: list[Row], node_ips: dict[str, str]) -> Row:
     definition, attrs, moves = _parts(rows)
     created = next((r for r in moves if r["state"] == "CREATED"), None)
-    finished = next((r for r in moves if r["state"] == "FINISHED"), None)
+    finished = _real_first(moves, "FINISHED")
     return {
         "type": "DRIVER", "job_id": definition["job_id"], "submission_id": None,
         "driver_info": {"id": definition["job_id"],
@@ -160,7 +177,8 @@ def job(rows: list[Row], node_ips: dict[str, str]) -> Row:
         # A driver job's end is exported by `ray start` clusters only: without it the
         # job still reads RUNNING, as Ray said last.
         "status": "SUCCEEDED" if finished else "RUNNING",
-        "entrypoint": definition["name"] or "", "message": None, "error_type": None,
+        "entrypoint": definition["name"] or "",
+        "message": _inferred_text(finished) if finished else None, "error_type": None,
         # Ray's job table stamps its start a moment before the GCS exports the job, and
         # the export carries no start time of its own: the earliest exported stamp is
         # the closest (the same millisecond, or one or two after).
@@ -192,6 +210,7 @@ def placement_group(rows: list[Row]) -> Row:
 
 def list_entities(store: Store, session: str, resource: str, options: ListOptions) -> Row:
     grouped = entity_rows(store, session)
+    add_inferred_ends(store, session, grouped)
     ips = {node_id: node(rows)["node_ip"] for node_id, rows in grouped["node"].items()}
     build: dict[str, tuple[str, Callable[[list[Row]], Row], str]] = {
         "actors": ("actor", actor, "actor_id"),

@@ -107,7 +107,7 @@ def list_tasks(store: Store, session: str, options: ListOptions) -> dict[str, An
     page = _page(store, scope, flt, params, options.limit, skip, options.exclude_driver)
     later = [f for f in options.filters if f.column.name not in COLUMN_SQL]
     if options.detail or later or any(r["state"] not in ("FINISHED", "FAILED", "RUNNING")
-                                       for r in page):
+                                       or r["inferred"] for r in page):
         page = _with_raw_details(store, session, page, detail=options.detail or bool(later))
     if later:
         page = [r for r in page if matches(r, tuple(later))]
@@ -127,7 +127,9 @@ def _page(store: Store, scope: str, flt: str, params: dict[str, Any], limit: int
     if not keys:
         return []
     selected = ", ".join(f"{sql} AS {name}" for name, sql in COLUMN_SQL.items())
-    selected += ", epoch_us(first_seen) AS first_us, epoch_us(last_seen) AS last_us"
+    selected += (", epoch_us(first_seen) AS first_us, epoch_us(last_seen) AS last_us, "
+                 "epoch_us(coalesce(finished_at, failed_at)) AS end_us, inferred, "
+                 "error_message AS view_error_message")
     driver = f"AND NOT {IS_DRIVER}" if exclude_driver else ""
     return store.execute(
         f"SELECT {selected} {scope} AND {flt} AND task_id BETWEEN $first AND $last {driver} "
@@ -250,7 +252,21 @@ def _details(row: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, Any
     }
     if transitions:
         out["state"] = transitions[-1]["state"]
+    if row.get("inferred"):
+        _put_inferred_end(row, out)
     return out
+
+
+def _put_inferred_end(row: dict[str, Any], out: dict[str, Any]) -> None:
+    """An end evagg inferred (dashboard/sql/ends.sql) has no Ray event of its own: it
+    becomes the last transition, and its error message says how evagg knows."""
+    end_ms = _ms(row.get("end_us"))
+    if end_ms is not None and row["state"] in ("FAILED", "FINISHED"):
+        out["events"] = [*out["events"], {"state": row["state"], "created_ms": float(end_ms)}]
+        out["end_time_ms"] = end_ms
+        out["state"] = row["state"]
+    message = row.get("view_error_message") or out.get("error_message") or ""
+    out["error_message"] = f"{message} ({row['inferred']})".strip()
 
 
 def _ms(us: int | None) -> int | None:

@@ -4,7 +4,8 @@
 -- the node's end, never those failures. A node that died with its agent exports nothing.
 -- So `tasks` is `task_attempts` (tasks.sql, or the fold's) with an end put on every
 -- attempt still open when one of these facts says it cannot be running any more:
---   * its driver job ended (Ray's FINISHED: Ray's tools call it SUCCEEDED);
+--   * its driver job ended (Ray's FINISHED: Ray's tools call it SUCCEEDED); the job's
+--     driver task itself reads FINISHED then;
 --   * the worker it ran on died (matched by worker id, or by node and pid: the
 --     executor's RUNNING event carries the pid, not the worker id);
 --   * its node died (Ray's node DEAD);
@@ -74,13 +75,23 @@ CREATE OR REPLACE VIEW ends_agents AS SELECT * FROM ends_agents_of('events_raw')
 CREATE OR REPLACE VIEW ends_session_hosts AS SELECT * FROM ends_session_hosts_of('events_raw');
 
 -- @overlay
+-- Each agent's last word and whether it has been silent too long; each session (Ray's,
+-- or '' for evagg's own tasks) ended when every agent that received its tasks is silent.
+CREATE OR REPLACE VIEW agent_liveness AS
+SELECT host, last_at, silent_after_s, state,
+       last_at < now() - to_microseconds(CAST(silent_after_s * 1e6 AS BIGINT)) AS silent
+FROM ends_agents;
+CREATE OR REPLACE VIEW session_liveness AS
+SELECT s.session, bool_and(a.silent) AS ended, max(a.last_at) AS last_heard_at
+FROM ends_session_hosts AS s JOIN agent_liveness AS a USING (host)
+GROUP BY s.session;
 -- Ray's export takes a few seconds after the fact it follows (Ray flushes every second,
 -- its aggregator posts in batches): an end is put on only once that long has passed, so
 -- an attempt whose real end is on its way does not flicker to FAILED in between.
 CREATE OR REPLACE VIEW task_ends AS
 WITH open AS (
     SELECT task_id, attempt, session, job_id, node_id, worker_id, pid, host, running_at,
-           first_seen
+           first_seen, coalesce(task_type, '') = 'DRIVER_TASK' AS driver
     FROM task_attempts
     WHERE final_state NOT IN ('FINISHED', 'FAILED')
 ),
@@ -90,17 +101,13 @@ facts AS (
     FROM ends_facts
     WHERE coalesce(real_end_at, inferred_end_at) < now() - INTERVAL 5 SECOND
 ),
-silent AS (
-    SELECT host, last_at, silent_after_s FROM ends_agents
-    WHERE last_at < now() - to_microseconds(CAST(silent_after_s * 1e6 AS BIGINT))
-),
-live_sessions AS (
-    SELECT DISTINCT s.session FROM ends_session_hosts AS s JOIN ends_agents AS a USING (host)
-    WHERE a.last_at >= now() - to_microseconds(CAST(a.silent_after_s * 1e6 AS BIGINT))
-),
+silent AS (SELECT host, last_at, silent_after_s FROM agent_liveness WHERE silent),
+live_sessions AS (SELECT session FROM session_liveness WHERE NOT ended),
 candidates AS (
-    SELECT o.task_id, o.attempt, o.session, f.end_at, 'WORKER_DIED' AS error_type,
-           CASE WHEN o.running_at IS NULL
+    SELECT o.task_id, o.attempt, o.session, f.end_at,
+           CASE WHEN o.driver THEN 'FINISHED' ELSE 'FAILED' END AS final_state,
+           CASE WHEN NOT o.driver THEN 'WORKER_DIED' END AS error_type,
+           CASE WHEN o.driver THEN NULL WHEN o.running_at IS NULL
                 THEN 'Job finishes (' || o.job_id || ') as driver exits. '
                      || 'Marking all non-terminal tasks as failed.'
                 ELSE 'The worker running the task was ended with its job ' || o.job_id
@@ -112,7 +119,7 @@ candidates AS (
     FROM open AS o JOIN facts AS f
         ON f.kind = 'job' AND f.session = o.session AND f.id = o.job_id
     UNION ALL
-    SELECT o.task_id, o.attempt, o.session, f.end_at, 'WORKER_DIED',
+    SELECT o.task_id, o.attempt, o.session, f.end_at, 'FAILED', 'WORKER_DIED',
            'The worker running the task died (worker ' || f.id || coalesce(', pid ' || f.pid, '')
                || ').',
            'evagg inferred this end: the worker ' || f.id || ' died at '
@@ -123,7 +130,7 @@ candidates AS (
         ON f.kind = 'worker' AND f.session = o.session AND f.id = o.worker_id
     WHERE o.running_at IS NOT NULL
     UNION ALL
-    SELECT o.task_id, o.attempt, o.session, f.end_at, 'WORKER_DIED',
+    SELECT o.task_id, o.attempt, o.session, f.end_at, 'FAILED', 'WORKER_DIED',
            'The worker running the task died (worker ' || f.id || ', pid ' || f.pid || ').',
            'evagg inferred this end: the worker ' || f.id || ' (pid ' || f.pid || ') died at '
                || strftime(f.end_at, '%Y-%m-%dT%H:%M:%S.%gZ')
@@ -134,7 +141,7 @@ candidates AS (
         AND f.pid = o.pid
     WHERE o.running_at IS NOT NULL AND coalesce(o.worker_id, '') = ''
     UNION ALL
-    SELECT o.task_id, o.attempt, o.session, f.end_at, 'NODE_DIED',
+    SELECT o.task_id, o.attempt, o.session, f.end_at, 'FAILED', 'NODE_DIED',
            'The node running the task died (node ' || f.id || ').',
            'evagg inferred this end: the node ' || f.id || ' died at '
                || strftime(f.end_at, '%Y-%m-%dT%H:%M:%S.%gZ')
@@ -143,7 +150,7 @@ candidates AS (
     FROM open AS o JOIN facts AS f
         ON f.kind = 'node' AND f.session = o.session AND f.id = o.node_id
     UNION ALL
-    SELECT o.task_id, o.attempt, o.session, s.last_at, 'NODE_DIED',
+    SELECT o.task_id, o.attempt, o.session, s.last_at, 'FAILED', 'NODE_DIED',
            'The node running the task stopped reporting (its evagg agent on ' || o.host
                || ' fell silent).',
            'evagg inferred this end: the agent on ' || o.host || ' last reported at '
@@ -156,7 +163,7 @@ candidates AS (
 SELECT DISTINCT ON (c.task_id, c.attempt, c.session)
     c.task_id, c.attempt, c.session,
     greatest(c.end_at, coalesce(o.running_at, o.first_seen)) AS end_at,
-    c.error_type, c.error_message, c.inferred
+    c.final_state, c.error_type, c.error_message, c.inferred
 FROM candidates AS c JOIN open AS o USING (task_id, attempt, session)
 ORDER BY c.task_id, c.attempt, c.session, c.end_at;
 
@@ -164,8 +171,9 @@ ORDER BY c.task_id, c.attempt, c.session, c.end_at;
 -- evagg knows of an end nobody reported; NULL for every reported end).
 CREATE OR REPLACE VIEW tasks AS
 SELECT a.* EXCLUDE (session) REPLACE (
-    CASE WHEN e.end_at IS NULL THEN a.final_state ELSE 'FAILED' END AS final_state,
-    CASE WHEN e.end_at IS NULL THEN a.failed_at ELSE e.end_at END AS failed_at,
+    coalesce(e.final_state, a.final_state) AS final_state,
+    CASE WHEN e.final_state = 'FINISHED' THEN e.end_at ELSE a.finished_at END AS finished_at,
+    CASE WHEN e.final_state = 'FAILED' THEN e.end_at ELSE a.failed_at END AS failed_at,
     CASE WHEN e.end_at IS NULL THEN a.duration_s
          ELSE (epoch_us(e.end_at) - epoch_us(a.running_at)) / 1e6 END AS duration_s,
     coalesce(e.error_type, a.error_type) AS error_type,

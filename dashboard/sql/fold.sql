@@ -474,7 +474,7 @@ FROM (
     SELECT a.final_state, -1 FROM task_ends AS e JOIN task_attempts AS a
         ON e.task_id = a.task_id AND e.attempt = a.attempt AND e.session = a.session
     UNION ALL
-    SELECT 'FAILED', count(*) FROM task_ends
+    SELECT final_state, count(*) FROM task_ends GROUP BY final_state
 )
 GROUP BY state
 HAVING sum(tasks) <> 0;
@@ -511,16 +511,19 @@ FROM nameless AS n JOIN siblings AS o USING (task_id, session)
 WHERE o.sibling_name IS NOT NULL;
 -- The attempts ends.sql ends, as counted (-1) and as the tasks view shows them (+1).
 CREATE OR REPLACE TEMP TABLE fold_ended AS
-SELECT f.*, e.end_at, e.error_type AS end_error_type, e.error_message AS end_error_message,
+SELECT f.*, e.end_at, e.final_state AS end_state, e.error_type AS end_error_type,
+       e.error_message AS end_error_message,
        (epoch_us(e.end_at) - epoch_us(f.running_at)) / 1e6 AS end_duration_s
 FROM fold.task_fold AS f JOIN task_ends AS e
     ON e.task_id = f.task_id AND e.attempt = f.attempt AND e.session = f.session;
 CREATE OR REPLACE TEMP VIEW fold_ended_signed AS
-SELECT -1 AS sign, * EXCLUDE (end_at, end_error_type, end_error_message, end_duration_s)
+SELECT -1 AS sign,
+       * EXCLUDE (end_at, end_state, end_error_type, end_error_message, end_duration_s)
 FROM fold_ended
 UNION ALL BY NAME
-SELECT 1 AS sign, * EXCLUDE (end_at, end_error_type, end_error_message, end_duration_s)
-    REPLACE ('FAILED' AS final_state,
+SELECT 1 AS sign,
+       * EXCLUDE (end_at, end_state, end_error_type, end_error_message, end_duration_s)
+    REPLACE (end_state AS final_state,
              {'error_type': end_error_type, 'exception_class': error.exception_class,
               'error_message': end_error_message, 'stack_trace': error.stack_trace} AS error,
              end_duration_s AS duration_s, fold_bin(end_duration_s) AS bin)
@@ -615,7 +618,7 @@ near AS (
         ON x.task_id = f.task_id AND x.attempt = f.attempt AND x.session = f.session
     WHERE f.bin IN (@bins) AND (f.has_state OR f.name IS NOT NULL)
     UNION ALL
-    SELECT 'FAILED', coalesce(f.name, r.sibling_name, f.actor_repr), f.end_error_type,
+    SELECT f.end_state, coalesce(f.name, r.sibling_name, f.actor_repr), f.end_error_type,
            f.job_id, f.node_id, f.end_duration_s, fold_bin(f.end_duration_s)
     FROM fold_ended AS f LEFT JOIN fold_renamed AS r USING (task_id, attempt, session)
     WHERE fold_bin(f.end_duration_s) IN (@bins)
