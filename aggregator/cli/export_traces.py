@@ -6,12 +6,19 @@ span: OTel spans, and evagg ops or tasks that carried trace context. A span seen
 (a resent batch) is written once. Resources are grouped by `service.name`, falling back
 to the event's source. DuckDB reads the Parquet; s3:// goes through `dashboard.s3`
 (httpfs from its pip package, credentials from boto3's chain).
+
+What comes back differs from what was sent in two ways, both from how evagg stores a
+span: attribute values are strings (evagg keeps attributes as text; `process.pid` and
+`evagg.step`, which have columns, are ints), and start and end times are whole
+microseconds (DuckDB reads the time column at that precision; the end is the start plus
+the duration, rounded alike, so a span never ends before it starts).
 """
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +36,20 @@ _COLUMN_ATTRS = (("run_id", "evagg.run_id"), ("job_id", "evagg.job_id"),
                  ("node_id", "evagg.node_id"), ("host", "host.name"),
                  ("kind", "evagg.kind"), ("source", "evagg.source"))
 _STATUS_ERROR = 2
+_TRACE_ID = re.compile(r"^[0-9a-fA-F]{32}$")
+
+
+class NothingToExport(ValueError):
+    """No span matched: nothing is written (an empty file would look like a success)."""
+
+
+def checked_trace_id(text: str) -> str:
+    """A trace id as stored (32 lower-case hex digits), or ValueError saying what one is."""
+    value = text.strip()
+    if not _TRACE_ID.match(value) or not value.strip("0"):
+        raise ValueError(f"{text[:80]!r} is not a trace id: one is 32 hex digits, not all "
+                         "zero, as in the trace_id column or a traceparent's second part")
+    return value.lower()
 
 
 def export_traces(
@@ -39,8 +60,13 @@ def export_traces(
     out: Path,
     max_spans: int = 1_000_000,
 ) -> int:
-    """Write the spans under `data` (a local directory or s3:// URL) to `out`; returns the count."""
+    """Write the spans under `data` (a local directory or s3:// URL) to `out`; returns the
+    count. NothingToExport (and no file) when no span matches."""
+    if trace_id is not None:
+        trace_id = checked_trace_id(trace_id)
     rows = read_spans(data, trace_id=trace_id, since=since, max_spans=max_spans)
+    if not rows:
+        raise NothingToExport(_nothing(data, trace_id, since))
     document = otlp_json(rows)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
@@ -62,7 +88,7 @@ def read_spans(
         params.append(trace_id.lower())
     if since is not None:
         where.append("time >= ?")
-        params.append(since)
+        params.append(since if since.tzinfo else since.replace(tzinfo=UTC))
     sql = f"""
         SELECT {", ".join(_COLUMNS)}, epoch_ns(time) AS time_ns
         FROM read_parquet(?, hive_partitioning = true, union_by_name = true)
@@ -78,6 +104,13 @@ def read_spans(
     except duckdb.Error as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ValueError(f"cannot read spans from {data}: {reason}") from None
+
+
+def _nothing(data: str, trace_id: str | None, since: datetime | None) -> str:
+    wanted = "".join((f" of trace {trace_id}" if trace_id else "",
+                      f" since {since.isoformat(timespec='seconds')}" if since else ""))
+    return (f"no span{wanted} under {data}, so nothing was written: check the id "
+            "(evagg query sql \"SELECT DISTINCT trace_id FROM events\") or the time")
 
 
 def _glob(data: str) -> str:
@@ -112,8 +145,8 @@ def otlp_json(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _span(row: dict[str, Any]) -> dict[str, Any]:
     attrs = dict(row["attrs"] or {})
-    start = int(row["time_ns"])
-    end = start + round((row["duration_s"] or 0.0) * 1e9)
+    start = int(row["time_ns"])  # whole microseconds: DuckDB's precision for the column
+    end = start + round((row["duration_s"] or 0.0) * 1e6) * 1000
     span: dict[str, Any] = {
         "traceId": row["trace_id"],
         "spanId": row["span_id"],

@@ -156,23 +156,48 @@ def _replay_options(sink: SinkConfig, url: str) -> dict[str, Any]:
 def _add_export_traces(commands: Parsers) -> None:
     export = commands.add_parser("export-traces",
                                  help="write spans from Parquet as OTLP JSON for Jaeger")
-    export.add_argument("--data", required=True, help="local directory or s3://bucket/prefix/")
-    export.add_argument("--trace-id")
-    export.add_argument("--since", type=datetime.fromisoformat,
-                        help="ISO time, e.g. 2026-11-29T12:00")
+    export.add_argument("--data", help="local directory or s3://bucket/prefix/ (default: "
+                                       "$EVAGG_DATA, else the user's data directory, as "
+                                       "`evagg query`)")
+    export.add_argument("--trace-id", type=_trace_id, help="32 hex digits")
+    export.add_argument("--since", type=_since,
+                        help="ISO time (2026-11-29T12:00, UTC unless it says) or an age "
+                             "such as 30m, 2h, 3d")
     export.add_argument("--out", type=Path, default=Path("traces.json"))
     export.set_defaults(command=_export_traces)
 
 
+def _trace_id(text: str) -> str:
+    from aggregator.cli.export_traces import checked_trace_id
+
+    try:
+        return checked_trace_id(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _since(text: str) -> datetime:
+    from dashboard.errors import BadInput
+    from dashboard.filters import parse_time
+
+    try:
+        return parse_time(text)
+    except BadInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _export_traces(args: argparse.Namespace) -> int:
     from aggregator.cli.export_traces import export_traces
+    from dashboard.query import default_data
 
     if not args.trace_id and not args.since:
-        print("evagg export-traces: give --trace-id or --since", file=sys.stderr)
+        print("evagg export-traces: give --trace-id or --since (e.g. --since 30m)",
+              file=sys.stderr)
         return 2
+    data = args.data or default_data()
     try:
-        spans = export_traces(args.data, trace_id=args.trace_id, since=args.since, out=args.out)
-    except (ValueError, OSError) as exc:
+        spans = export_traces(data, trace_id=args.trace_id, since=args.since, out=args.out)
+    except (ValueError, OSError) as exc:  # NothingToExport too: no file, exit 1
         print(f"evagg export-traces: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {spans} spans to {args.out}")

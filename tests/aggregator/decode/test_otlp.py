@@ -310,7 +310,7 @@ def test_export_writes_each_span_once_with_links_errors_and_columns(tmp_path: An
 def test_export_filters_by_trace_and_time(tmp_path: Any) -> None:
     from datetime import UTC, datetime
 
-    from aggregator.cli.export_traces import export_traces
+    from aggregator.cli.export_traces import NothingToExport, export_traces
 
     first = otlp.decode_otlp_traces(protobuf_body(recorded_spans()), PB, None).rows
     second = otlp.decode_otlp_traces(protobuf_body(recorded_spans()), PB, None).rows
@@ -319,8 +319,10 @@ def test_export_filters_by_trace_and_time(tmp_path: Any) -> None:
     assert export_traces(str(tmp_path), trace_id=second[0]["trace_id"].upper(), out=out) == 3
     assert {r["trace_id"] for r in exported(out).rows} == {second[0]["trace_id"]}
     later = datetime.fromtimestamp(max(r["time"] for r in first + second) / 1e9 + 1, UTC)
-    assert export_traces(str(tmp_path), since=later, out=out) == 0
-    assert orjson.loads(out.read_bytes()) == {"resourceSpans": []}
+    out.unlink()
+    with pytest.raises(NothingToExport, match="no span since .* nothing was written"):
+        export_traces(str(tmp_path), since=later, out=out)
+    assert not out.exists()
 
 
 def test_export_of_a_place_without_parquet_says_so(tmp_path: Any) -> None:
