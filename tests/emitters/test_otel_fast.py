@@ -21,6 +21,7 @@ from opentelemetry.trace import SpanContext, Status, StatusCode
 from aggregator.decode import otlp
 from emitters import Emitter, otel, otel_fast
 from emitters.otel_fast import SpanRows
+from emitters.otel_rows import CUT_KEY, VALUE_LIMIT
 from tests.emitters.fakeagent import FakeAgent, short_socket_path
 
 CONTEXT = {"job_id": "ctx-job", "node_id": "n7", "attrs": {"team": "ml", "service.name": "ctx"}}
@@ -184,6 +185,65 @@ def test_fast_rows_equal_the_agents_otlp_rows() -> None:
 
 def _event_id(row: dict[str, Any]) -> str:
     return str(row["event_id"])
+
+
+def _long_valued_spans() -> list[Any]:
+    """Spans with values over the cut: a text, a list that reads long as text, and a
+    resource value; one span with nothing to cut beside them."""
+    memory = InMemorySpanExporter()
+    provider = _provider({"service.name": "long", "note": "n" * (VALUE_LIMIT + 1)}, memory)
+    tracer = provider.get_tracer("long")
+    with tracer.start_as_current_span("prompt", attributes={
+            "prompt": "p" * (3 * VALUE_LIMIT), "tokens": list(range(VALUE_LIMIT)),
+            "short": "s", "n": 3}):
+        pass
+    provider.shutdown()
+    return list(memory.get_finished_spans())
+
+
+def test_long_values_are_cut_alike_on_every_path_and_the_span_kept() -> None:
+    spans = _long_valued_spans()
+    fast, others = SpanRows().convert(spans)
+    assert not others
+    generic = [otel.readable_span_event(s, otel.resource_text(s.resource.attributes))
+               for s in spans]
+    from_otlp = otlp.decode_otlp_traces(encode_spans(spans).SerializeToString(),
+                                        otlp.PROTOBUF, None)
+    assert fast == generic == from_otlp.rows
+    (attrs,) = [row["attrs"] for row in fast]
+    assert attrs["prompt"] == "p" * VALUE_LIMIT and attrs["tokens"].startswith("[0,1,2,")
+    assert len(attrs["tokens"]) == VALUE_LIMIT and len(attrs["note"]) == VALUE_LIMIT
+    assert attrs[CUT_KEY] == '["note","prompt","tokens"]'
+    assert (attrs["short"], attrs["n"]) == ("s", "3")
+    assert from_otlp.cut_attributes == 3
+    delivered: list[Any] = []
+
+    def send(emitter: Emitter) -> None:
+        exporter = otel.EvaggSpanExporter(emitter)
+        exporter.export(spans)
+        delivered.append(exporter.cut_attributes)
+
+    assert [e["attrs"][CUT_KEY] for e in _delivered(send)] == ['["note","prompt","tokens"]']
+    assert delivered == [3]
+
+
+def test_spans_without_a_usable_end_are_refused_counted_and_the_rest_sent() -> None:
+    resource = _varied_spans()[0].resource
+    context = SpanContext(trace_id=0xABC, span_id=0x1, is_remote=False)
+    start = 10**18
+    odd = [ReadableSpan(name, context=context, resource=resource, start_time=begin,
+                        end_time=end)
+           for name, begin, end in (("open", start, None), ("backwards", start, start - 1),
+                                    ("no-start", None, start), ("fine", start, start + 5))]
+    refused: list[Any] = []
+
+    def send(emitter: Emitter) -> None:
+        exporter = otel.EvaggSpanExporter(emitter)
+        exporter.export(odd)
+        refused.append((dict(exporter.refused), dict(exporter.errors)))
+
+    assert [e["name"] for e in _delivered(send)] == ["fine"]
+    assert refused == [({"unended": 3}, {})]
 
 
 def test_caches_stay_bounded_and_right(monkeypatch: pytest.MonkeyPatch) -> None:
