@@ -320,7 +320,7 @@ def test_export_filters_by_trace_and_time(tmp_path: Any) -> None:
     assert {r["trace_id"] for r in exported(out).rows} == {second[0]["trace_id"]}
     later = datetime.fromtimestamp(max(r["time"] for r in first + second) / 1e9 + 1, UTC)
     out.unlink()
-    with pytest.raises(NothingToExport, match="no span since .* nothing was written"):
+    with pytest.raises(NothingToExport, match=r"no span since .* nothing was written"):
         export_traces(str(tmp_path), since=later, out=out)
     assert not out.exists()
 
