@@ -21,6 +21,7 @@ from dashboard import ledger, queries
 from dashboard.errors import BadInput, DashboardError, NotFound
 from dashboard.filters import TASK_SORTS, TaskFilter
 from dashboard.output import render
+from dashboard.query_logs import add_logs_parser
 from dashboard.results import Result
 from dashboard.store import ENGINES, Store, StoreOptions
 from sinks.units import parse_duration
@@ -139,6 +140,7 @@ def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
     trace.add_argument("--session", help="Ray session name or a unique prefix of it "
                                          "(default: the newest)")
     trace.add_argument("--out", required=True, help="the trace file to write (JSON)")
+    add_logs_parser(add)
     sql = add("sql", "run your own SQL over the views", _sql)
     sql.add_argument("statement")
     return query
@@ -148,7 +150,7 @@ def run_query(args: argparse.Namespace) -> int:
     func = getattr(args, "query_command", None)
     if func is None:
         print("evagg query: choose a query: summary, tasks, steps, runs, agents, ledger, "
-              "search, timeline, sql", file=sys.stderr)
+              "search, timeline, logs, sql", file=sys.stderr)
         return 2
     try:
         if func is _tasks:
@@ -165,6 +167,10 @@ def run_query(args: argparse.Namespace) -> int:
     except DashboardError as exc:
         print(f"evagg query: {exc.message}", file=sys.stderr)
         return 2 if isinstance(exc, BadInput) else 1
+    if "raw" in result.extra:  # bytes as stored (evagg query logs)
+        sys.stdout.flush()
+        sys.stdout.buffer.write(result.extra["raw"])
+        return 0
     sys.stdout.write(render(result, args.fmt or "table"))
     return 0
 

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from dashboard.errors import DashboardError
 from dashboard.raystate import entities, sessions, tasks, timeline
+from dashboard.raystate.logs import RayLogRoutes
 from dashboard.raystate.options import (
     ListOptions,
     RayApiError,
@@ -52,9 +53,6 @@ SUMMARIES: dict[str, Compute] = {"tasks": tasks.summarize_tasks,
 # Ray's routes the store cannot answer: what they need lived in the cluster's memory or
 # on its disks, and is not in the events Ray exports.
 NOT_SERVED = {
-    "logs": "logs are not collected: Ray's log files stayed on the cluster's nodes",
-    "logs/{media_type}": "logs are not collected: Ray's log files stayed on the cluster's "
-                         "nodes",
     "objects": "objects are not exported by Ray: they lived in the cluster's object stores",
     "objects/summarize": "objects are not exported by Ray: they lived in the cluster's "
                          "object stores",
@@ -82,7 +80,7 @@ class RayStateApi:
                                      self._handler(name, LISTS[name], list_options)))
             for name, why in NOT_SERVED.items():
                 found.append(web.get(f"{prefix}/api/v0/{name}", self._not_served(why)))
-        return found
+        return [*found, *RayLogRoutes(self.store, self.runner).routes()]  # logs.py
 
     @staticmethod
     def _not_served(why: str) -> Callable[[web.Request], Awaitable[web.Response]]:

@@ -36,8 +36,8 @@ class LogFile:
 
     def prefix(self) -> str:
         """The directory (key prefix) of this generation's pieces, ending in "/"."""
-        return (f"{LOGS_ROOT}/session={_safe(self.session)}/node={_safe(self.node)}/"
-                f"{_safe(self.name)}/gen={self.generation:04d}/")
+        return (f"{LOGS_ROOT}/session={key_part(self.session)}/node={key_part(self.node)}/"
+                f"{key_part(self.name)}/gen={self.generation:04d}/")
 
 
 def piece_key(log_file: LogFile, start: int, end: int) -> str:
@@ -71,7 +71,7 @@ def decompress_piece(body: bytes) -> bytes:
     return gzip.decompress(body)
 
 
-def _safe(value: str) -> str:
+def key_part(value: str) -> str:
     """Escaped so that no value can add a key level or climb out of one."""
     text = quote(value, safe="-_.")
     if text in (".", ".."):

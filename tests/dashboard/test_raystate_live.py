@@ -264,9 +264,9 @@ def test_what_is_not_served_says_why(live: Live) -> None:
     assert done.returncode != 0
     assert "objects are not exported by Ray" in done.stdout + done.stderr
     with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(f"{live.url}/api/v0/logs?node_id=x", timeout=30)
+        urllib.request.urlopen(f"{live.url}/api/v0/runtime_envs", timeout=30)
     assert refused.value.code == 404
-    assert "logs are not collected" in json.loads(refused.value.read())["msg"]
+    assert "runtime environments are not exported" in json.loads(refused.value.read())["msg"]
 
 
 def test_placement_groups_are_ray_s_where_ray_exported_them(live: Live) -> None:

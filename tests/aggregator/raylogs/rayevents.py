@@ -19,19 +19,26 @@ def _b64(raw: bytes) -> str:
 
 
 def running_event(task_hex: str, stdout: str, stderr: str, start: int = 0,
-                  attempt: int = 0, session: str = SESSION) -> dict[str, Any]:
+                  attempt: int = 0, session: str = SESSION,
+                  ends: tuple[int, int] | None = None,
+                  err_start: int | None = None) -> dict[str, Any]:
+    """The executor's RUNNING event (its ends equal its starts); with `ends`, the event
+    the executor sends when the attempt is over: no transition, the ends known."""
+    err_start = start if err_start is None else err_start
+    out_end, err_end = ends or (start, err_start)
+    transitions = [] if ends else [{"state": "RUNNING",
+                                    "timestamp": "2026-11-29T12:05:23.094021037Z"}]
     return {
         "eventId": _b64(os.urandom(28)), "sourceType": "CORE_WORKER",
         "eventType": "TASK_LIFECYCLE_EVENT", "timestamp": "2026-11-29T12:05:23.095703647Z",
         "severity": "INFO", "sessionName": session,
         "taskLifecycleEvent": {
             "taskId": _b64(bytes.fromhex(task_hex)),
-            "stateTransitions": [{"state": "RUNNING",
-                                  "timestamp": "2026-11-29T12:05:23.094021037Z"}],
+            "stateTransitions": transitions,
             "workerPid": 6525, "jobId": "AQAAAA==",
             "taskLogInfo": {"stdoutFile": stdout, "stderrFile": stderr,
-                            "stdoutStart": str(start), "stdoutEnd": str(start),
-                            "stderrStart": str(start), "stderrEnd": str(start)},
+                            "stdoutStart": str(start), "stdoutEnd": str(out_end),
+                            "stderrStart": str(err_start), "stderrEnd": str(err_end)},
             "taskAttempt": attempt, "nodeId": "", "workerId": ""},
         "nodeId": _b64(bytes.fromhex(NODE_HEX)), "message": "",
     }

@@ -1,0 +1,163 @@
+"""Ray's log questions answered from the lake after the files are gone: `evagg query
+logs`, Ray's own log client against `evagg dashboard`, and `ray logs` through the
+documented one-liner."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dashboard.store import Store, StoreOptions
+from tests.agentproc import REPO, AgentProcess
+from tests.aggregator.raylogs.lakefiles import shipped
+from tests.aggregator.raylogs.rayevents import (
+    NODE_HEX,
+    SESSION,
+    post,
+    running_event,
+    task_hex,
+)
+from tests.dashboard.serve import serving
+from tests.waiting import wait_until
+
+BIG = [f"line {i}: ünïcødé ✓ {'.' * (i % 7)}\n" for i in range(2000)]
+SMALL = ["second task 1\n", "second task 2\n", "no newline at the end"]
+ERR = ["Traceback (most recent call last):\n", "ValueError: boom\n"]
+PREAMBLE = ("--- Log has been truncated to last {} lines. Use `--tail` flag to toggle. Set "
+            "to -1 for getting the entire file. ---\n\n")
+ONE_LINER = ("import sys, ray.util.state.api as api, ray.util.state.state_cli as cli; "
+             "url = sys.argv.pop(1); api.ray_address_to_api_server_url = lambda _: url; "
+             "cli._get_head_node_ip = lambda _: None; "
+             "from ray.scripts.scripts import main; sys.argv[0] = 'ray'; main()")
+
+
+@dataclass
+class Lake:
+    root: Path
+    big: str  # the task that printed 2,000 lines
+    small: str
+    worker_file: str
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lake]:
+    """One worker's files: a task printing 2,000 lines, then one printing three; shipped
+    by a real agent, then the files deleted as a dead cluster's are."""
+    work = tmp_path_factory.mktemp("raylogs")
+    ray_root = work / "ray"
+    logs = ray_root / SESSION / "logs"
+    logs.mkdir(parents=True)
+    out = logs / f"worker-{1:056x}-01000000-6001.out"
+    err = out.with_suffix(".err")
+    agent_dir = work / "agent"
+    agent_dir.mkdir()
+    agent = AgentProcess(agent_dir, extra_toml=f'[ray]\nlog_dir = "{ray_root}"\n').start()
+    try:
+        big, small = task_hex(1), task_hex(2)
+        out.write_text("".join(BIG))
+        err.write_text("".join(ERR))
+        x, e = out.stat().st_size, err.stat().st_size
+        with out.open("a") as handle:
+            handle.write("".join(SMALL))
+        y = out.stat().st_size
+        post(agent.http_url, [
+            running_event(big, str(out), str(err)),
+            running_event(big, str(out), str(err), ends=(x, e)),
+            running_event(small, str(out), str(err), start=x, err_start=e),
+            running_event(small, str(out), str(err), start=x, err_start=e, ends=(y, e))])
+        wait_until(lambda: shipped(agent.lake_dir, out.name) == out.read_bytes(), 60,
+                   "the worker's stdout in the lake")
+        wait_until(lambda: shipped(agent.lake_dir, err.name) == err.read_bytes(), 60,
+                   "the worker's stderr in the lake")
+        assert agent.stop() == 0
+    finally:
+        if agent.running:
+            agent.kill()
+    shutil.rmtree(ray_root)  # the cluster is gone, and its files with it
+    yield Lake(agent.lake_dir, big, small, out.name)
+
+
+def evagg(*args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "aggregator", *args], capture_output=True,
+                          cwd=REPO, timeout=120, check=False)
+
+
+def test_query_logs_prints_what_ray_logs_task_prints(lake: Lake) -> None:
+    done = evagg("query", "logs", "--data", str(lake.root), "--task", lake.big)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode() == PREAMBLE.format(1000) + "".join(BIG[-1000:])
+    whole = evagg("query", "logs", "--data", str(lake.root), "--task", lake.big, "--tail", "-1")
+    assert whole.stdout.decode() == "".join(BIG)
+    last = evagg("query", "logs", "--data", str(lake.root), "--task", lake.small, "--tail", "2")
+    assert last.stdout.decode() == PREAMBLE.format(2) + "".join(SMALL[-2:])
+    stderr = evagg("query", "logs", "--data", str(lake.root), "--task", lake.big, "--err",
+                   "--tail", "-1")
+    assert stderr.stdout.decode() == "".join(ERR)
+
+
+def test_query_logs_says_what_is_missing(lake: Lake) -> None:
+    done = evagg("query", "logs", "--data", str(lake.root), "--task", task_hex(9))
+    assert done.returncode == 1
+    assert b"Could not find log file for task" in done.stderr
+    bad = evagg("query", "logs", "--data", str(lake.root), "--task", lake.big, "--tail", "0")
+    assert bad.returncode == 2 and b"--tail" in bad.stderr
+
+
+@pytest.fixture(scope="module")
+def dashboard_url(lake: Lake) -> Iterator[str]:
+    store = Store(StoreOptions(location=str(lake.root)))
+    with serving(store) as url:
+        yield url
+    store.close()
+
+
+def ray_get_log(url: str, **options: object) -> str:
+    """Ray's own client code, given the dashboard's URL."""
+    code = ("import json, sys, ray.util.state.api as api; api.ray_address_to_api_server_url"
+            " = lambda a: a; from ray.util.state import get_log; "
+            "print(json.dumps(''.join(get_log(**json.loads(sys.argv[1])))))")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps({"address": url, **options})],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return str(json.loads(done.stdout))
+
+
+def test_ray_get_log_reads_the_same_lines(lake: Lake, dashboard_url: str) -> None:
+    assert ray_get_log(dashboard_url, task_id=lake.big) == "".join(BIG)  # tail -1: all
+    assert ray_get_log(dashboard_url, task_id=lake.big, tail=1000) == "".join(BIG[-1000:])
+    assert ray_get_log(dashboard_url, task_id=lake.small) == "".join(SMALL)
+    assert ray_get_log(dashboard_url, task_id=lake.big, suffix="err") == "".join(ERR)
+    everything = "".join(BIG + SMALL)
+    assert ray_get_log(dashboard_url, node_id=NODE_HEX, filename=lake.worker_file) == everything
+    assert ray_get_log(dashboard_url, node_id=NODE_HEX, pid=6001, tail=2) == "".join(SMALL[-2:])
+
+
+def test_ray_logs_cli_through_the_documented_one_liner(lake: Lake, dashboard_url: str) -> None:
+    done = subprocess.run([sys.executable, "-c", ONE_LINER, dashboard_url, "logs", "task",
+                           "--id", lake.small], capture_output=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ours = evagg("query", "logs", "--data", str(lake.root), "--task", lake.small)
+    assert done.stdout == ours.stdout
+
+
+def test_the_list_of_a_node_s_files_and_an_unknown_task(lake: Lake, dashboard_url: str) -> None:
+    with urllib.request.urlopen(f"{dashboard_url}/api/v0/logs?node_id={NODE_HEX}&glob=*.out",
+                                timeout=30) as answer:
+        listed = json.loads(answer.read())
+    assert listed["data"]["result"] == {"worker_out": [lake.worker_file]}
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        urllib.request.urlopen(f"{dashboard_url}/api/v0/logs/file?task_id={task_hex(9)}",
+                               timeout=30)
+    assert missing.value.code == 404
+    assert b"Could not find log file for task" in missing.value.read()
+
+
