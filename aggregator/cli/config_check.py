@@ -11,31 +11,82 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pwd
 import re
+import tempfile
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
-from aggregator.config import AgentConfig, ConfigError, check_host, load_config
+from aggregator.config import AgentConfig, ConfigError, check_host, config_warnings, load_config
 from aggregator.config.sinks import SinkConfig, parse_sinks
 from aggregator.delivery.registry import build_sink, sink_problem
 
 
 def load_checked(path: Path | None, overrides: dict[str, object]) -> AgentConfig:
-    """The config, or ConfigError listing every problem found."""
+    """The config, or ConfigError listing every problem found (its `partial` config, when
+    there is one, gives `check-config` the warnings to show beside them)."""
     try:
         config = load_config(path, overrides=overrides)
     except ConfigError as exc:
         more = sink_option_problems(_sinks_of(path), Path("."))
-        raise ConfigError([*exc.problems, *_not_said(more, exc.problems)]) from None
-    problems = sink_option_problems(config.sinks, config.state_dir)
+        if exc.partial is not None and not _names_key(exc.problems, "agent.state_dir"):
+            more = [*state_dir_problems(exc.partial.state_dir), *more]
+        raise ConfigError([*exc.problems, *_not_said(more, exc.problems)],
+                          exc.partial) from None
+    problems = [*state_dir_problems(config.state_dir),
+                *sink_option_problems(config.sinks, config.state_dir)]
     try:
         check_host(config)
     except ConfigError as exc:
         problems = [*exc.problems, *problems]
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(problems, config)
     return config
+
+
+def warnings_beside(problems: Sequence[str], config: AgentConfig | None) -> list[str]:
+    """`config_warnings` of a config that also has problems, less those about a key a
+    problem already names (a token file that cannot be read is not "no token")."""
+    if config is None:
+        return []
+    keys = {problem.partition(":")[0].split(".")[-1] for problem in problems}
+    return [warning for warning in config_warnings(config)
+            if not any(key and key in warning for key in keys)]
+
+
+def state_dir_problems(state_dir: Path) -> list[str]:
+    """Whether the agent can write its state_dir (or create it), found by trying as the
+    agent would, so a directory it may not write is named before `evagg run` fails."""
+    existing = state_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return [f"agent.state_dir: {state_dir}: {existing} is not a directory; point "
+                "state_dir (or --state-dir) at a directory the agent can write"]
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".evagg-check-", dir=existing)
+    except OSError as exc:
+        where = "" if existing == state_dir else f" (nor create it in {existing})"
+        return [f"agent.state_dir: the agent cannot write {state_dir}{where}: "
+                f"{exc.strerror}; make it writable by the user that runs evagg "
+                f"({_user()}), or point state_dir (or --state-dir) at a directory it can "
+                "write"]
+    os.close(handle)
+    os.unlink(probe)
+    return []
+
+
+def _user() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return f"uid {os.getuid()}"
+
+
+def _names_key(problems: Sequence[str], key: str) -> bool:
+    return any(problem.startswith(f"{key}:") or problem.startswith(f"{key} ")
+               for problem in problems)
 
 
 def sink_option_problems(configs: Sequence[SinkConfig], state_dir: Path) -> list[str]:
@@ -76,6 +127,10 @@ def _not_said(problems: list[str], said: list[str]) -> list[str]:
 
 def _problem_key(problem: str) -> str:
     """`sinks[0].roll_intervall` for `sinks[0] (lake).roll_intervall: ...`: the same key,
-    whichever check named it."""
-    key = problem.partition(":")[0]
-    return re.sub(r"^(sinks\[\d+\]) \([^)]*\)", r"\1", key)
+    whichever check named it; a sink's own words about its url (`sinks[0] (c): url must
+    be ...`) are about `sinks[0].url`."""
+    key, _, said = problem.partition(":")
+    key = re.sub(r"^(sinks\[\d+\]) \([^)]*\)", r"\1", key)
+    if "." not in key and key.startswith("sinks[") and said.strip().startswith("url "):
+        key += ".url"
+    return key

@@ -158,12 +158,15 @@ def _add_check_config(commands: argparse._SubParsersAction[argparse.ArgumentPars
 
 
 def _check_config(args: argparse.Namespace) -> int:
+    from aggregator.cli.config_check import warnings_beside
     from aggregator.config import ConfigError, config_warnings
 
     as_log = args.log_format == "json"
     try:
         config = load_from_args(args)
     except ConfigError as exc:
+        for warning in warnings_beside(exc.problems, exc.partial):  # warnings always
+            _say(f"config warning: {warning}", as_log, logging.WARNING)
         return _print_problems(exc, as_log)
     for warning in config_warnings(config):
         _say(f"config warning: {warning}", as_log, logging.WARNING)

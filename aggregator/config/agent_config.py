@@ -47,9 +47,12 @@ DEFAULT_RAY_LOG_DIR = "/tmp/ray"  # Ray's own default --temp-dir
 class ConfigError(ValueError):
     """One or more configuration problems, each naming its key."""
 
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(self, problems: list[str], partial: AgentConfig | None = None) -> None:
         super().__init__("; ".join(problems))
         self.problems = problems
+        # The config as read, defaults standing in for the values refused: what
+        # `check-config` still checks (warnings, the host) so that it says every problem.
+        self.partial = partial
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,7 @@ def load_config(
         config = _with_ray(config, _table(raw, "ray", problems), problems)
     if problems or config is None:
         raise ConfigError(_name_variables(problems, {k: v for k, v in from_env.items()
-                                                     if k not in flags}))
+                                                     if k not in flags}), config)
     return config
 
 

@@ -63,9 +63,10 @@ def read_token(value: Any) -> str:
     try:
         token = Path(str(value)).read_text().strip()
     except OSError as exc:
-        raise ValueError(f"cannot read token file: {exc.strerror}") from None
+        raise ValueError(f"cannot read the token file {value}: {exc.strerror}; create it "
+                         "(the token on one line) or remove the key") from None
     if not token:
-        raise ValueError("the token file is empty")
+        raise ValueError(f"the token file {value} is empty; write the token in it")
     return token
 
 

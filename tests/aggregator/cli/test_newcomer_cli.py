@@ -66,7 +66,8 @@ def test_emit_refuses_a_number_field_that_is_no_number(tmp_path: Path) -> None:
     done = evagg("emit", "--socket", str(tmp_path / "s.sock"), "--name", "x",
                  "--field", "duration_s=abc")
     assert done.returncode == 2
-    assert "--field duration_s=abc: duration_s takes a number" in done.stderr
+    # the agent's rule and words (docs/event-schema.md, "Bad input")
+    assert "--field duration_s=abc: field 'duration_s' must be a number, got str" in done.stderr
 
 
 def test_emit_takes_a_text_field_without_quotes(agent: AgentProcess) -> None:

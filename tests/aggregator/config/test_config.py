@@ -67,7 +67,8 @@ BAD = {
                            "sinks[0].kinds: must be a list of strings"),
     "not TOML": ("[agent\n", "is not valid TOML"),
     "unreadable token file": ("[agent]\nhttp_token_file = '/nonexistent/token'\n",
-                              "agent.http_token_file: cannot read token file"),
+                              "agent.http_token_file: cannot read the token file "
+                              "/nonexistent/token"),
     "zero heartbeat interval": ("[agent]\nheartbeat_interval = '0s'\n",
                                 "agent.heartbeat_interval: '0s' must be longer than zero"),
     "zero frame timeout": ("[agent]\nframe_timeout = 0\n",
