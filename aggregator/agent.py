@@ -42,7 +42,7 @@ from aggregator.metrics import AgentMetrics
 from aggregator.ray.recall import recall_ray_ids
 from aggregator.raylogs.wiring import build_follower
 from aggregator.red.metrics import RedMetrics
-from aggregator.shutdown import StopSignals, log_stopped, log_waiting_for
+from aggregator.shutdown import StopSignals, log_drain_progress, log_stopped, log_waiting_for
 from aggregator.spool import Spool
 from emitters import autostart
 from sinks.base import Sink
@@ -219,8 +219,11 @@ class Agent:
         systemd.notify("STOPPING=1\nSTATUS=draining")
         delivering = asyncio.create_task(self._deliver_and_close_sinks(), name="drain")
         hurry = asyncio.create_task(self._stop_signals.hurry.wait(), name="hurry")
+        progress = asyncio.create_task(log_drain_progress(
+            self.sinks, self.config.drain_timeout_s, self.metrics), name="drain progress")
         await asyncio.wait({delivering, hurry}, return_when=asyncio.FIRST_COMPLETED)
         hurry.cancel()
+        progress.cancel()
         if not delivering.done():
             delivering.cancel()
             await asyncio.gather(delivering, return_exceptions=True)

@@ -1,7 +1,8 @@
 """How the agent stops: the first SIGINT or SIGTERM drains, a second one stops at once.
 
 The first signal starts the drain and logs what it waits for: each sink that still has
-events to deliver, where it delivers, how many events, and the drain's deadline. A second
+events to deliver, where it delivers, how many events, and the drain's deadline; while it
+waits, every 10 s, what is left per sink. A second
 signal during the drain ends it at once; what is not delivered stays in the spool for the
 next start, and the agent exits with 128 + the signal's number (130 for SIGINT, 143 for
 SIGTERM), the code a shell gives a process that a signal ended. A drain that runs to its
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from aggregator.delivery.consumer import SinkConsumer
 from aggregator.delivery.sink_set import SinkSet
+from aggregator.metrics import AgentMetrics
 
 log = logging.getLogger("evagg.agent")
 
@@ -65,6 +67,34 @@ def log_waiting_for(signum: int, sinks: SinkSet | None, deadline_s: float,
     for name, consumer in behind.items():
         log.info("waiting for sink %s (%s): %s to deliver", name, consumer.sink.describe(),
                  _events(consumer.spool.lag(name)[1]))
+
+
+DRAIN_PROGRESS_S = 10.0  # a line this often while a drain waits: a long drain is not a hang
+
+
+async def log_drain_progress(sinks: SinkSet | None, deadline_s: float,
+                             metrics: AgentMetrics) -> None:
+    """Every DRAIN_PROGRESS_S until the drain ends (the caller cancels this): what is left
+    to deliver, per sink, and how long the drain may still wait. A failure here is
+    counted and logged once; the drain goes on without these lines."""
+    started = time.monotonic()
+    try:
+        while True:
+            await asyncio.sleep(DRAIN_PROGRESS_S)
+            left = {name: consumer.spool.lag(name)[1]
+                    for name, consumer in _consumers(sinks).items()}
+            left = {name: events for name, events in left.items() if events}
+            if left:
+                waited = time.monotonic() - started
+                per_sink = ", ".join(f"sink {name}: {_events(events)}"
+                                     for name, events in left.items())
+                log.info("still delivering what is spooled (%.0fs of %gs): %s left",
+                         waited, deadline_s, per_sink)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        metrics.worker_errors.inc(worker="drain_progress", type=type(exc).__name__)
+        log.warning("cannot report the drain's progress (%r); the drain goes on", exc)
 
 
 def log_stopped(sinks: SinkSet | None, spool_dir: Path, signals: StopSignals) -> None:
