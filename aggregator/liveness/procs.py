@@ -55,7 +55,9 @@ def command_line(pid: int) -> str:
             raw = handle.read()
     except OSError:
         return ""
-    return subprocess.list2cmdline([a.decode(errors="replace") for a in raw.split(b"\0") if a])
+    if raw.endswith(b"\0"):  # as psutil reads it, which Ray uses for the entrypoint
+        raw = raw[:-1]
+    return subprocess.list2cmdline([a.decode(errors="replace") for a in raw.split(b"\0")])
 
 
 def _stat_fields(pid: int) -> list[str] | None:

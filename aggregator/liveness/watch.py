@@ -115,8 +115,11 @@ class LivenessWatch:
     async def check(self) -> None:
         now = time.time_ns()
         self.open.mark_gone(now)
-        for process in self.open.due(now, self.grace_ns):
-            self._unwritten += self._ends_of(process)
+        due = self.open.due(now, self.grace_ns)
+        for process in due:  # workers first: their attempts end in their own words
+            self._unwritten += self._worker_ends(process)
+        for process in due:
+            self._unwritten += self._driver_ends(process)
         if self._unwritten:
             rows, self._unwritten = self._unwritten, []
             try:
@@ -130,7 +133,8 @@ class LivenessWatch:
             self.open.changed = False
             await self.ingestor.in_thread(restart.save, self.open, self.state_dir)
 
-    def _ends_of(self, process: Process) -> list[dict[str, Any]]:
+    def _worker_ends(self, process: Process) -> list[dict[str, Any]]:
+        """The attempts, ops and actors that ran in `process`."""
         pid, gone = process.identity.pid, process.gone_ns or time.time_ns()
         rows = []
         for attempt in self.open.take_attempts(pid):
@@ -138,6 +142,12 @@ class LivenessWatch:
             rows.append(attempt_end(attempt, host=self.host, what=what, pid=pid, gone_ns=gone))
         rows += [actor_end(a, host=self.host, what="worker", pid=pid, gone_ns=gone)
                  for a in self.open.take_actors(pid)]
+        return rows
+
+    def _driver_ends(self, process: Process) -> list[dict[str, Any]]:
+        """The jobs `process` drove, with what is still open of them."""
+        pid, gone = process.identity.pid, process.gone_ns or time.time_ns()
+        rows = []
         for job in self.open.take_jobs(pid):
             if not job.ended:
                 rows.append(job_end(job, host=self.host, gone_ns=gone))
@@ -155,10 +165,10 @@ class LivenessWatch:
             self.inferred.inc(kind=row["kind"], reason=reason)
             kinds[row["kind"]] += 1
             pids.add(row["attrs"]["evagg_inferred"].split(" pid ")[1].split()[0])
-        said = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
-        log.info("inferred ends (%s) for processes that exited without a terminal event "
-                 "(pids %s): each is marked attrs evagg_inferred, and a real end arriving "
-                 "later wins", said, ", ".join(sorted(pids, key=int)))
+        said = ", ".join(f"{n} {kind}{'s' if n != 1 else ''}" for kind, n in sorted(kinds.items()))
+        log.info("inferred the end of %s left open by processes that exited without a "
+                 "terminal event (pids %s): each is marked attrs evagg_inferred, and a real "
+                 "end arriving later wins", said, ", ".join(sorted(pids, key=int)))
 
     def _gauges(self) -> list[tuple[str, str, dict[str, str], float]]:
         out = [("evagg_liveness_open", "Open attempts, jobs and actors the agent watches, "

@@ -58,7 +58,7 @@ def test_a_producer_killed_mid_task_and_mid_op_reads_failed_inferred(
     assert len(inferred_texts(agent, "op", "name", "epoch-t-killed")) == 1
     assert agent.metric('evagg_inferred_ends_total{kind="task",reason="process_exited"}') == 1
     assert agent.metric('evagg_inferred_ends_total{kind="op",reason="process_exited"}') == 1
-    assert "inferred ends (1 op, 1 task)" in agent.log()
+    assert "inferred the end of 1 op, 1 task left open by processes" in agent.log()
 
 
 def test_ended_work_and_a_live_idle_producer_are_never_inferred(
