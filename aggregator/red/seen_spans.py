@@ -7,15 +7,16 @@ dedupes frames and Ray events, not events by id; readers dedupe on event_id), an
 `SeenSpans` keeps the RED counts to one: it remembers the ids of the last `capacity`
 spans measured and drops a span row whose id it holds. A copy that arrives after that
 many other spans is counted again; 65,536 spans cover two exporters' 5 s batch delays
-at over 10,000 spans a second, in about 6 MB.
+at over 10,000 spans a second, in under 10 MB.
 
-Only `span` rows are looked at, one set lookup each; other kinds get fresh random ids
-that never repeat, and cost nothing here.
+Only `span` rows are looked at, with set algebra over each measured chunk's ids (no
+Python step per span unless some id repeats); other kinds get fresh random ids that
+never repeat, and cost nothing here.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from typing import Final
 
 import numpy as np
@@ -34,7 +35,8 @@ class SeenSpans:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self.capacity = capacity
-        self._ids: OrderedDict[int, None] = OrderedDict()  # hash of the id, oldest first
+        self._ids: set[str] = set()
+        self._order: deque[str] = deque()  # the same ids, oldest first
         self.skipped = 0  # span rows dropped as already counted, since start
 
     def first_copies(self, batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -43,23 +45,31 @@ class SeenSpans:
         span_rows = np.flatnonzero(is_span.to_numpy(zero_copy_only=False))
         if not len(span_rows):
             return batch
+        ids = [i for i in batch.column("event_id").take(pa.array(span_rows)).to_pylist() if i]
+        fresh = set(ids).difference(self._ids)  # set algebra: C speed, no Python per id
+        self._remember(fresh)
+        if len(fresh) == len(ids):
+            return batch  # the common case: every span new, none twice in the batch
+        return self._drop_repeats(batch, span_rows, fresh)
+
+    def _drop_repeats(self, batch: pa.RecordBatch, span_rows: np.ndarray,
+                      fresh: set[str]) -> pa.RecordBatch:
+        # Rare: some copy met before, or twice in this batch. Keep each fresh id's first row.
         ids = batch.column("event_id").take(pa.array(span_rows)).to_pylist()
-        repeated = [row for row, event_id in zip(span_rows.tolist(), ids, strict=True)
-                    if event_id is not None and self._seen(event_id)]
-        if not repeated:
-            return batch
-        self.skipped += len(repeated)
         keep = np.ones(batch.num_rows, dtype=bool)
-        keep[repeated] = False
+        for row, event_id in zip(span_rows.tolist(), ids, strict=True):
+            if event_id is None:
+                continue
+            if event_id in fresh:
+                fresh.discard(event_id)
+            else:
+                keep[row] = False
+        self.skipped += int((~keep).sum())
         return batch.filter(pa.array(keep))
 
-    def _seen(self, event_id: str) -> bool:
-        # A 64-bit hash instead of the 36-character text: a third of the memory, and a
-        # false match between two of 65,536 live ids is about one in 10^10.
-        key = hash(event_id)
-        if key in self._ids:
-            return True
-        self._ids[key] = None
-        if len(self._ids) > self.capacity:
-            self._ids.popitem(last=False)
-        return False
+    def _remember(self, fresh: set[str]) -> None:
+        self._ids.update(fresh)
+        self._order.extend(fresh)
+        over = len(self._order) - self.capacity
+        if over > 0:
+            self._ids.difference_update([self._order.popleft() for _ in range(over)])

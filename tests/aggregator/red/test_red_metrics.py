@@ -96,6 +96,28 @@ def test_errors_by_type_and_unknown_for_a_failure_without_one() -> None:
     assert sum(v for n, _, v in samples(text) if n == "evagg_event_errors_total") == 4
 
 
+def test_a_span_counts_once_however_often_it_arrives_and_other_kinds_always() -> None:
+    red = RedMetrics()
+    span = {"kind": "span", "name": "rl_iteration", "state": "FINISHED", "duration_s": 0.5,
+            "attrs": {"service.name": "learner"}}
+    failed = {**span, "name": "validate", "state": "FAILED", "error_type": "RayTaskError"}
+    ops = [{"kind": "op", "name": "step", "state": "FINISHED", "event_id": "same-id"}] * 2
+    first = [{**span, "event_id": f"s{i}"} for i in range(3)] + [{**failed, "event_id": "f"}]
+    red.observe(batch([*first, first[0], *ops]))  # a copy within the batch
+    red.observe(batch(first))  # the other exporter's copies, later
+    text = red.render()
+    service = {"service": "learner"}
+    assert value(text, "evagg_events_total", kind="span", name="rl_iteration",
+                 state="FINISHED", **service) == 3
+    assert value(text, "evagg_events_total", kind="span", name="validate", state="FAILED",
+                 **service) == 1
+    assert value(text, "evagg_event_errors_total", kind="span", name="validate",
+                 error_type="RayTaskError", **service) == 1
+    assert value(text, "evagg_event_duration_seconds_count", kind="span", name="rl_iteration",
+                 **service) == 3
+    assert value(text, "evagg_events_total", kind="op", name="step", state="FINISHED") == 2
+
+
 def test_label_values_are_escaped_and_read_back_exactly() -> None:
     names = ['quote"d', "back\\slash", "new\nline", "ünïcode ✓", "", "{braces}=,"]
     red = RedMetrics()
