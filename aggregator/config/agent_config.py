@@ -103,6 +103,7 @@ _AGENT_KEYS = {
 }
 _SPOOL_KEYS = {"max_bytes", "when_full", "fsync", "segment_bytes"}
 DEFAULT_HTTP_LISTEN = "127.0.0.1:4040"
+RAY_EXPORT_DELAY_S = 10.0  # a grace under this may race Ray's own ends (docs/ray.md)
 def load_config(
     path: Path | None = None,
     env: Mapping[str, str] | None = None,
@@ -262,6 +263,11 @@ def config_warnings(config: AgentConfig) -> list[str]:
     warnings = [f"sinks[{index}] ({sink.name}).tls_verify: false: the endpoint's certificate "
                 "is not checked, so whoever is on the path can read and change the events"
                 for index, sink in enumerate(config.sinks) if _unverified(sink.options)]
+    if 0 < config.inferred_end_grace_s < RAY_EXPORT_DELAY_S:
+        warnings.append(f"agent.inferred_end_grace: {config.inferred_end_grace_s:g}s is shorter "
+                        f"than Ray takes to export a dead driver's ends (about 5 s): keep it "
+                        f"at {RAY_EXPORT_DELAY_S:g}s or more, or Ray's own end may come after "
+                        "evagg inferred one")
     host = config.http_listen.rpartition(":")[0].strip("[]")
     if not host or config.http_token is not None or is_loopback_host(host):
         return warnings

@@ -51,7 +51,8 @@ class LivenessWatch:
             "evagg_inferred_ends_total",
             "Ends evagg wrote for attempts, ops, jobs and actors whose process died without "
             "a terminal event, by kind and reason.")
-        metrics.registry.add_gauge_source(self._gauges)
+        if self.enabled:
+            metrics.registry.add_gauge_source(self._gauges)
 
     @property
     def enabled(self) -> bool:
