@@ -38,56 +38,53 @@ class Fact(NamedTuple):
     inferred: bool
 
 
-_COLUMNS = ("kind", "state", "source", "task_id", "event_id", "span_id", "job_id",
-            "actor_id", "attempt", "run_id", "node_id", "worker_id", "name", "step", "pid")
-
-
 def facts_of(batch: pa.RecordBatch) -> list[Fact]:
     """The facts of one batch, in row order; [] for a batch with none."""
     if batch.num_rows == 0:
         return []
-    mask = pc.and_(pc.is_in(batch.column("kind"), value_set=WATCHED_KINDS),
-                   pc.is_valid(batch.column("state")))
+    kind, state = batch.column("kind"), batch.column("state")
+    # A task's definition opens nothing its lifecycle rows do not (a fifth of Ray's rows).
+    mask = pc.and_(pc.and_(pc.is_in(kind, value_set=WATCHED_KINDS), pc.is_valid(state)),
+                   pc.invert(pc.and_(pc.equal(kind, "task"), pc.equal(state, "DEFINED"))))
     if not pc.any(mask).as_py():
         return []
-    picked = batch.filter(mask)
-    cols = {name: picked.column(name).to_pylist() for name in _COLUMNS}
-    times = pc.cast(picked.column("time"), pa.int64()).to_pylist()
-    attrs = picked.column("attrs")
-    session = _attr(attrs, "ray_session")
-    worker_pid = _attr(attrs, "worker_pid")
-    driver_pid = _attr(attrs, "ray_driver_pid")
-    inferred = _attr(attrs, INFERRED)
-    out = []
-    for i, kind in enumerate(cols["kind"]):
-        out.append(Fact(
-            kind, cols["state"][i], cols["source"][i] or "", session[i] or "",
-            _key_id(kind, cols, i) or "", cols["attempt"][i] or 0, cols["job_id"][i],
-            cols["run_id"][i], cols["node_id"][i], cols["worker_id"][i], cols["name"][i],
-            cols["step"][i], cols["task_id"][i], cols["pid"][i],
-            _pid(worker_pid[i] or driver_pid[i]), times[i] or 0, bool(inferred[i])))
-    return out
+    rows = batch.filter(mask)
+    attrs = rows.column("attrs")
+    kind = rows.column("kind")
+    columns = [
+        kind, rows.column("state"), pc.fill_null(rows.column("source"), ""),
+        pc.fill_null(_attr(attrs, "ray_session"), ""), _key_ids(rows, kind),
+        pc.fill_null(rows.column("attempt"), 0), rows.column("job_id"), rows.column("run_id"),
+        rows.column("node_id"), rows.column("worker_id"), rows.column("name"),
+        rows.column("step"), rows.column("task_id"), rows.column("pid"),
+        _pids(pc.coalesce(_attr(attrs, "worker_pid"), _attr(attrs, "ray_driver_pid"))),
+        pc.fill_null(pc.cast(rows.column("time"), pa.int64()), 0),
+        pc.is_valid(_attr(attrs, INFERRED)),
+    ]
+    return list(map(Fact._make, zip(*(column.to_pylist() for column in columns),
+                                    strict=True)))
 
 
-def _key_id(kind: str, cols: dict[str, list[object]], i: int) -> str | None:
-    """What the readers key the row on (dashboard/sql/tasks.sql, ops.sql, raystate)."""
-    if kind == "task":
-        return str(cols["task_id"][i] or cols["event_id"][i] or "") or None
-    column = {"op": "span_id", "job": "job_id", "actor": "actor_id"}[kind]
-    value = cols[column][i]
-    return str(value) if value else None
+def _key_ids(rows: pa.RecordBatch, kind: pa.Array) -> pa.Array:
+    """What the readers key the row on (dashboard/sql/tasks.sql, ops.sql, raystate): a
+    task's task_id (its event_id without one), an op's span_id, a job's or actor's id."""
+    task = pc.coalesce(_nonempty(rows.column("task_id")), rows.column("event_id"))
+    other = pc.if_else(pc.equal(kind, "op"), rows.column("span_id"),
+                       pc.if_else(pc.equal(kind, "job"), rows.column("job_id"),
+                                  rows.column("actor_id")))
+    return pc.fill_null(pc.if_else(pc.equal(kind, "task"), task, _nonempty(other)), "")
 
 
-def _attr(attrs: pa.Array, key: str) -> list[str | None]:
-    found: list[str | None] = pc.map_lookup(attrs, key, "first").to_pylist()
-    return found
+def _nonempty(column: pa.Array) -> pa.Array:
+    return pc.if_else(pc.equal(column, ""), pa.scalar(None, pa.string()), column)
 
 
-def _pid(text: str | None) -> int | None:
-    if not text:
-        return None
-    try:
-        pid = int(text)
-    except ValueError:
-        return None
-    return pid if pid > 0 else None
+def _attr(attrs: pa.Array, key: str) -> pa.Array:
+    return pc.map_lookup(attrs, key, "first")
+
+
+def _pids(text: pa.Array) -> pa.Array:
+    """Positive pids from their text; anything else is null."""
+    digits = pc.and_(pc.utf8_is_digit(text), pc.less_equal(pc.utf8_length(text), 9))
+    numbers = pc.cast(pc.if_else(digits, text, pa.scalar(None, pa.string())), pa.int64())
+    return pc.if_else(pc.greater(numbers, 0), numbers, pa.scalar(None, pa.int64()))
