@@ -124,6 +124,8 @@ class StatusReport:
                 lines.append(f"  {who:<12} " + ", ".join(
                     f"{reason}={count:,.0f} ({LOSS_REASONS.get(reason, 'reported by name')})"
                     for reason, count in sorted(losses.items()) if count))
+        if any(self.producer_dropped.values()):
+            lines.append(f"  which ones   evagg query sql \"{WHICH_PRODUCERS}\"")
         return lines
 
     def _retried(self, sink: str) -> str:
@@ -150,6 +152,12 @@ LOSS_REASONS = {
     "corrupt_record": "damaged spool records cut when the agent started",
     "undecodable_record": "a spool record no sink can read",
 }
+
+
+# Which producers lost events: each `loss` row carries the producer's host and pid,
+# stamped by the agent from the socket's peer.
+WHICH_PRODUCERS = ("SELECT host, pid, name AS reason, sum(metrics['events']) AS events "
+                   "FROM events WHERE kind = 'loss' GROUP BY ALL ORDER BY events DESC")
 
 
 def _pairs(values: dict[str, float]) -> str:

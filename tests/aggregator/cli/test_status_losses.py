@@ -6,6 +6,8 @@ frames, and one the agent refused alone in its frame (a nack).
 
 from __future__ import annotations
 
+import os
+
 import orjson
 
 from emitters import Emitter
@@ -51,3 +53,16 @@ def test_status_with_nothing_lost_says_none(agent: AgentProcess) -> None:
     result = evagg("status", "--url", agent.http_url, "--interval", "0.1")
     assert result.returncode == 0, result.stderr
     assert "lost       none" in result.stdout.splitlines()
+
+
+def test_the_query_status_gives_names_the_producer_that_lost_them(agent: AgentProcess) -> None:
+    lose_three_events(agent)
+    text = evagg("status", "--url", agent.http_url, "--interval", "0.1").stdout
+    which = next(line for line in text.splitlines() if line.startswith("  which ones"))
+    sql = which.split("evagg query sql ", 1)[1].strip().strip('"')
+    agent.stop()
+    answer = evagg("query", "--data", str(agent.lake_dir), "--no-cache", "sql", sql, "--json")
+    assert answer.returncode == 0, answer.stderr
+    rows = orjson.loads(answer.stdout)
+    assert {(row["pid"], row["reason"], row["events"]) for row in rows} == {
+        (os.getpid(), "nacked", 1.0), (os.getpid(), "too_large", 2.0)}
