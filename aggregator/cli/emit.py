@@ -20,6 +20,7 @@ from typing import IO, Any, TypeAlias
 import orjson
 
 from emitters.fields import EVENT_FIELDS, KINDS, OP_STATES, TASK_STATES
+from emitters.stats import EmitterStats
 
 Parsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 DEFAULT_MAX_FRAME = 2**20  # the emitter's own default (docs/emitters.md)
@@ -88,27 +89,36 @@ def run_emit(args: argparse.Namespace) -> int:
         if events.refused:
             print("evagg emit: nothing sent: every event was refused", file=sys.stderr)
         return 2
+    code = _send(events.good, len(events.refused), args)
+    return 2 if events.refused and code == 0 else code
+
+
+def _send(events: list[dict[str, Any]], refused: int, args: argparse.Namespace) -> int:
+    """Emit the events (`refused` others were not sent), wait for their acks and say
+    what happened; the exit code."""
+    import emitters
+
     socket_path = emitters.get_emitter().socket_path
     missing = no_agent_there(socket_path)
     if missing:
         print(f"evagg emit: {missing}", file=sys.stderr)
         return 1
-    for note in sorted({n for n in map(_unknown_state, events.good) if n is not None}):
+    for note in sorted({n for n in map(_unknown_state, events) if n is not None}):
         print(f"evagg emit: note: {note}", file=sys.stderr)
-    for event in events.good:
+    for event in events:
         emitters.emit(**event)
     acked = emitters.flush(args.timeout)
-    problems, code = _what_happened(emitters.stats(), args, socket_path, acked)
+    stats = emitters.stats()
+    problems, code = _what_happened(stats, args, socket_path, acked)
     for problem in problems:
         print(f"evagg emit: {problem}", file=sys.stderr)
-    stored = emitters.stats().acked
-    if stored or code != 1:
-        refused = f", {len(events.refused)} refused (named above)" if events.refused else ""
-        print(f"sent {stored} events{refused}")  # as scripts read it, plural or not
-    return 2 if events.refused and code == 0 else code
+    if stats.acked or code != 1:
+        also = f", {refused} refused (named above)" if refused else ""
+        print(f"sent {stats.acked} events{also}")  # as scripts read it, plural or not
+    return code
 
 
-def _what_happened(stats: Any, args: argparse.Namespace, socket_path: str,
+def _what_happened(stats: EmitterStats, args: argparse.Namespace, socket_path: str,
                    acked: bool) -> tuple[list[str], int]:
     """What went wrong after sending, in words, and the exit code it means."""
     problems: list[str] = []
