@@ -73,7 +73,12 @@ SELECT
     END AS delivered_per_s,
     coalesce(l.lost_events, 0) AS lost_events,
     coalesce(l.loss_reports, 0) AS loss_reports,
-    l.last_loss_at
+    l.last_loss_at,
+    -- silent: no heartbeat for longer than the agent said it may miss (ends.sql), so
+    -- readers take its node for dead and end what was open there
+    coalesce(v.silent, false) AS silent,
+    v.silent_after_s
 FROM ordered o
 LEFT JOIN lost l ON l.node_id IS NOT DISTINCT FROM o.node_id
+LEFT JOIN agent_liveness v ON v.host = o.host
 WHERE o.newest = 1;

@@ -1,5 +1,5 @@
--- Ends evagg infers for task attempts that were left open (docs/ray.md, "When a cluster
--- dies"). Ray's GCS fails the unfinished tasks of a job whose driver exited, and of a
+-- Ends evagg infers for task attempts that were left open (docs/ray.md, "Ends readers
+-- infer"). Ray's GCS fails the unfinished tasks of a job whose driver exited, and of a
 -- worker or node that died, in its own table only: it exports the job's, the worker's and
 -- the node's end, never those failures. A node that died with its agent exports nothing.
 -- So `tasks` is `task_attempts` (tasks.sql, or the fold's) with an end put on every

@@ -1,4 +1,5 @@
--- tasks: one row per task attempt, folded from every kind = 'task' event in `events_raw`
+-- task_attempts: one row per task attempt, folded from every kind = 'task' event in
+-- `events_raw` (ends.sql's `tasks` is this with the ends evagg infers put on)
 -- (evagg's own task events and Ray's). Needs a view or table `events_raw` with the evagg
 -- columns. It reads the raw rows, not the deduplicated `events`, because every aggregate
 -- below is already duplicate-proof and skipping the dedupe makes the view ~4x faster.
@@ -10,9 +11,10 @@
 -- attrs['worker_pid']). So every column is an order-free aggregate:
 --   * the time of a state is the earliest event in it;
 --   * final_state is the state of highest rank (DEFINED < PENDING < SUBMITTED <
---     RUNNING < FINISHED = FAILED), then the latest, then FAILED over FINISHED: a
---     RUNNING that arrives after FINISHED changes nothing; a task whose RUNNING never
---     arrived still has its row;
+--     RUNNING < an end an agent inferred < FINISHED = FAILED), then the latest, then
+--     FAILED over FINISHED: a RUNNING that arrives after FINISHED changes nothing; a
+--     real end that arrives after an inferred one (attrs evagg_inferred) wins; a task
+--     whose RUNNING never arrived still has its row;
 --   * node_id prefers the RUNNING event (reported by the executor on its node), then
 --     the terminal one; worker_id prefers the terminal event (the executor's RUNNING
 --     event carries none);
@@ -149,3 +151,7 @@ SELECT
     session
 FROM said
 WINDOW task AS (PARTITION BY task_id, session);
+
+-- tasks as folded; ends.sql (run after this file by the views) replaces it with the
+-- ends evagg infers put on. A reader that loads only this file gets every reported end.
+CREATE OR REPLACE VIEW tasks AS SELECT * EXCLUDE (session) FROM task_attempts;

@@ -130,7 +130,7 @@ export async function tasks(params) {
   const filtered = [...FILTER_KEYS, "q"].some((k) => query[k]);
   const grid = data.rows.length ? table(columns, data.rows, (row, c) => {
     if (c.key === "task_id") return hashLink("task", { task_id: row.task_id, attempt: row.attempt }, row.task_id, { class: "mono", title: row.task_id });
-    if (c.key === "final_state") return stateBadge(row.final_state);
+    if (c.key === "final_state") return inferredBadge(row);
     if (c.key === "time") { const t = firstTime(row); return t ? h("span", { title: fmtTime(t) }, fmtClock(t, newest)) : ""; }
     if (c.key === "duration_s") return fmtDur(row.duration_s);
     if (c.key === "error_type") {
@@ -152,6 +152,14 @@ function pager(query, data) {
     end < data.total ? hashLink("tasks", { ...query, offset: offset + limit }, "next ›") : null);
 }
 
+// An end nobody reported, which evagg inferred (docs/ray.md, "Ends readers infer"):
+// the badge says so, and hovering it says how evagg knows.
+function inferredBadge(row) {
+  if (!row.inferred) return stateBadge(row.final_state);
+  return h("span", { class: "inferred-state", title: row.inferred }, stateBadge(row.final_state),
+    h("span", { class: "muted" }, " inferred"));
+}
+
 // -- task detail ---------------------------------------------------------------------
 
 export async function task(params) {
@@ -161,9 +169,11 @@ export async function task(params) {
       "pid", "actor_id", "parent_id", "trace_id", "source", "ray_session", "events", "duration_s", "pending_at",
       "submitted_at", "running_at", "finished_at", "failed_at", "exception_class"]
       .filter((k) => a[k] !== undefined && a[k] !== null)
-      .map((k) => [h("dt", null, k), h("dd", null, k === "final_state" ? stateBadge(a[k]) : k.endsWith("_at") ? fmtTime(a[k]) : k === "duration_s" ? fmtDur(a[k]) : String(a[k]))]);
+      .map((k) => [h("dt", null, k), h("dd", null, k === "final_state" ? inferredBadge(a) : k.endsWith("_at") ? fmtTime(a[k]) : k === "duration_s" ? fmtDur(a[k]) : String(a[k]))]);
     return h("div", { class: "attempt" }, h("h2", null, `${a.name || "task"} — attempt ${a.attempt}`),
-      h("dl", { class: "meta" }, meta), section("State timeline", stateTimeline(a)),
+      h("dl", { class: "meta" }, meta),
+      a.inferred ? section("How this end is known", h("p", { class: "inferred" }, a.inferred)) : null,
+      section("State timeline", stateTimeline(a)),
       a.error_type || a.error_message ? section("Error", h("p", { class: "error-text" }, errorText(a.error_type, a.error_message))) : null,
       a.stack_trace ? section("Stack trace", h("pre", { class: "stack" }, a.stack_trace)) : null);
   });
@@ -286,6 +296,15 @@ export async function trace(params) {
 
 // -- agents --------------------------------------------------------------------------
 
+// An agent silent for longer than it said it may be: readers take its node for dead
+// and end what was open there (docs/ray.md, "Ends readers infer").
+function agentState(row) {
+  if (!row.silent) return row.state ?? "";
+  const said = row.state === "STOPPING" ? "stopped" : "silent: taken for dead";
+  return h("span", { class: "error-text", title: `no heartbeat for over ${fmtDur(row.silent_after_s)}; `
+    + "tasks left open on this node read as ended with it" }, said);
+}
+
 export async function agents() {
   const data = await getJSON("/api/agents");
   const now = Date.now();
@@ -295,6 +314,7 @@ export async function agents() {
     { key: "delivered_per_s", label: "deliv/s", num: true }, { key: "dropped_total", label: "dropped", num: true },
     { key: "lost_events", label: "lost", num: true }, { key: "spool_bytes", label: "spool", num: true }], data.agents.rows,
   (row, c) => c.key === "last_seen" ? `${fmtTime(row.last_seen)} (${fmtDur((now - Date.parse(row.last_seen)) / 1000)} ago)`
+    : c.key === "state" ? agentState(row)
     : c.key === "spool_bytes" ? fmtBytes(row.spool_bytes) : c.key === "lost_events" && row.lost_events ? h("span", { class: "error-text" }, fmtNum(row.lost_events))
       : typeof row[c.key] === "number" ? fmtNum(row[c.key]) : row[c.key] ?? "")
     : noAgents();
