@@ -78,12 +78,18 @@ def state_of(agent: AgentProcess, task_id: str) -> str | None:
     return None if row is None else str(row["final_state"])
 
 
-def inferred_texts(agent: AgentProcess, kind: str, key: str, value: str) -> list[str]:
-    """The evagg_inferred marker of every stored `kind` event whose `key` is `value`."""
-    rows = sql(agent, f"SELECT attrs['evagg_inferred'] AS said FROM events "
+def inferred_ends(agent: AgentProcess, kind: str, key: str, value: str) -> list[dict[str, Any]]:
+    """The stored `kind` events marked evagg_inferred whose `key` is `value`, as `evagg
+    query sql` prints them (`said` is the marker)."""
+    return sql(agent, f"SELECT state, source, error_type, error_message, attempt, run_id, "
+                      f"job_id, attrs['evagg_inferred'] AS said FROM events "
                       f"WHERE kind = '{kind}' AND {key} = '{value}' "
                       "AND attrs['evagg_inferred'] IS NOT NULL")
-    return [str(row["said"]) for row in rows]
+
+
+def inferred_texts(agent: AgentProcess, kind: str, key: str, value: str) -> list[str]:
+    """The evagg_inferred marker of every stored `kind` event whose `key` is `value`."""
+    return [str(row["said"]) for row in inferred_ends(agent, kind, key, value)]
 
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from tests.agentproc import AgentProcess
 from tests.aggregator.liveness.lake import (
     failed_task,
+    inferred_ends,
     inferred_texts,
     kill,
     sql,
@@ -47,9 +48,12 @@ def test_a_producer_killed_mid_task_and_mid_op_reads_failed_inferred(
     assert row is not None
     assert row["error_type"] == "PROCESS_EXITED"
     assert f"pid {producer.pid}" in row["error_message"]
-    said = inferred_texts(agent, "task", "task_id", "t-killed")
-    assert len(said) == 1 and said[0].startswith("inferred by evagg on ")
-    assert f"pid {producer.pid} gone at " in said[0] and "no terminal event" in said[0]
+    [end] = inferred_ends(agent, "task", "task_id", "t-killed")
+    assert (end["state"], end["source"], end["error_type"]) == ("FAILED", "evagg",
+                                                                "PROCESS_EXITED")
+    assert (end["run_id"], end["job_id"], end["attempt"]) == ("run-t-killed", "job-live", 0)
+    assert end["said"].startswith("inferred by evagg on ")
+    assert f"pid {producer.pid} gone at " in end["said"] and "no terminal event" in end["said"]
 
     op = wait_for(lambda: failed_op(agent, "epoch-t-killed"), 60, "the op FAILED in ops")
     assert op is not None
@@ -97,8 +101,8 @@ def test_a_producer_that_dies_while_the_agent_is_down_is_ended_after_the_restart
     row = wait_for(lambda: failed_task(agent, "t-restart"), 60,
                    lambda: f"the task FAILED after the restart\n{agent.log()}")
     assert row is not None
-    assert row["error_type"] == "PROCESS_EXITED"
-    said = inferred_texts(agent, "task", "task_id", "t-restart")
-    assert len(said) == 1 and f"pid {producer.pid} gone at " in said[0]
+    [end] = inferred_ends(agent, "task", "task_id", "t-restart")
+    assert (end["state"], end["error_type"]) == ("FAILED", "PROCESS_EXITED")
+    assert f"pid {producer.pid} gone at " in end["said"]
     wait_until(lambda: failed_op(agent, "epoch-t-restart") is not None, 60,
                "the op FAILED after the restart")
