@@ -25,7 +25,7 @@ _ANSI = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")  # what Ray's filter_ansi_code rem
 _WORKER_FILE = re.compile(r"worker-([0-9a-f]+)-([0-9a-f]+)-(\d+)\.(out|err)")
 
 TASK_LOG_ROWS = """
-SELECT node_id, actor_id, attrs['ray_task_log_info'] AS info
+SELECT node_id, actor_id, state, attrs['ray_task_log_info'] AS info
 FROM events_raw
 WHERE source = 'ray' AND kind = 'task' AND task_id = $task AND coalesce(attempt, 0) = $attempt
   AND attrs['ray_session'] = $session
@@ -127,12 +127,13 @@ def _task(store: Store, archive: LogArchive, session: str, ask: LogAsk) -> Found
                        f"{ask.attempt_number}) with suffix: {ask.suffix}")
     info: dict[str, Any] = {}
     node = ""
-    sent = 0
-    for row in rows:  # the executor sends the starts, a later event the ends
+    ends: list[int] = []
+    for row in rows:  # the executor sends the starts, and the ends once it knows them
         if row["info"]:
-            info.update(_snake(orjson.loads(row["info"])))
+            found = _snake(orjson.loads(row["info"]))
+            info.update(found)
             node = row["node_id"] or node
-            sent += 1
+            ends.append(int(found.get(f"std{ask.suffix}_end", 0)))
     actor = next((r["actor_id"] for r in rows if r["actor_id"]), None)
     if not info and actor:
         raise NotFound(f"For actor task, please query actor log for actor({actor}): e.g. "
@@ -144,10 +145,13 @@ def _task(store: Store, archive: LogArchive, session: str, ask: LogAsk) -> Found
                        f"({ask.attempt_number}): Ray named no log file for it")
     start = int(info.get(f"std{ask.suffix}_start", 0))
     name = str(path).rsplit("/", 1)[-1]
-    # The RUNNING event's end equals its start; only a later event knows the end. A task
-    # whose end never came (its node died) runs to the next task's start, or the file end.
-    end_at = (int(info[f"std{ask.suffix}_end"]) if sent > 1 and f"std{ask.suffix}_end" in info
-              else _next_start(store, session, name, ask.suffix, start))
+    # An end not past the start is not known yet (a RUNNING event flushed mid-task), unless
+    # the attempt finished: it printed nothing. One whose end never came (its node died)
+    # runs to the next task's start in the file, or to the file's end.
+    end_at: int | None = max(ends, default=start)
+    if end_at is not None and end_at <= start and not any(
+            r["state"] == "FINISHED" for r in rows):
+        end_at = _next_start(store, session, name, ask.suffix, start)
     candidates = {f: p for f, p in archive.files(session, node or "_").items() if f.name == name}
     return _choose(candidates, start, end_at, name)
 
