@@ -23,8 +23,10 @@ from emitters.stats import EmitterStats
 
 log = logging.getLogger("evagg.emitter")
 MAX_REASONS = 20
-# "no event accepted: event 3: field 'step' ..." -> "field 'step' ..."
-_REFUSAL_PREFIX = re.compile(r"^(no event accepted: )?(event \d+: )?")
+# An agent's note: "event 1: field 'step' ...; event 3: field 'kind' is required", after
+# "no event accepted: " in a NACK (aggregator/ingest/unix_socket.py).
+_NONE_ACCEPTED = "no event accepted: "
+_EVENT_PLACE = re.compile(r"(?:^|; )event \d+: ")
 
 
 class FlushWaiter:
@@ -160,13 +162,17 @@ class Ledger:
         return entry is not None
 
     def _count_refused(self, note: str, events: int) -> None:
-        """The agent's reason, without the event's place in the frame, counts the frame's
-        refused events (it names only the first); past MAX_REASONS distinct reasons, the
-        rest count as "other", so a producer's texts cannot grow the counts."""
-        reason = _REFUSAL_PREFIX.sub("", note) or "no reason given"
-        if reason not in self.refused and len(self.refused) >= MAX_REASONS:
-            reason = "other"
-        self.refused[reason] += events
+        """Count a frame's refused events by the agent's reasons: its note names up to
+        ten, `event 3: field 'step' ...` joined by "; "; events beyond those count under
+        the first. Past MAX_REASONS distinct reasons, the rest count as "other", so a
+        producer's texts cannot grow the counts."""
+        named = [r for r in _EVENT_PLACE.split(note.removeprefix(_NONE_ACCEPTED)) if r]
+        named = (named or ["no reason given"])[:events]
+        beyond = [named[0]] * (events - len(named))  # refused, their reasons not sent
+        for reason in named + beyond:
+            if reason not in self.refused and len(self.refused) >= MAX_REASONS:
+                reason = "other"
+            self.refused[reason] += 1
 
     def _is_report(self, seq: int) -> bool:
         """Whether a settled frame held loss reports (then forgotten)."""

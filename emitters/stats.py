@@ -24,7 +24,8 @@ class EmitterStats:
         close() or exit gave up), closed (emitted after close()).
     refused: the events of `rejected` and `dropped["nacked"]` again, by the agent's
         reason (its words, e.g. "field 'duration_s' must be a number, got str"); a
-        frame's refused events count under the first reason the agent gave for it.
+        frame's refused events count each under its own reason (the agent names up to ten
+        a frame; more count under the first).
     pending: events emitted and not yet acked, rejected or dropped.
     connected: whether the sender holds a connection to the agent right now.
     closed: whether close() was called (at exit, it is for every emitter).

@@ -158,14 +158,17 @@ class SocketIngest:
         else:
             result = await self.ingestor.ingest_frame(frame.payload, stamp,
                                                       session=frame.session, seq=frame.seq)
+        # Each refused event's reason (up to ten), so that the producer counts every
+        # refusal by its own reason, not all of a frame's by the first.
+        note = "; ".join(result.reasons) or result.note
         if result.accepted == 0 and result.rejected > 0:
             self.metrics.bad_input.inc(route="socket", reason="all_events_rejected")
-            self._refuse(transport, None, f"no event accepted: {result.note}",
+            self._refuse(transport, None, f"no event accepted: {note}",
                          frame.session, frame.seq)
             return False
         if not transport.is_closing():
             transport.write(wire.encode_ack(frame.session, frame.seq, result.accepted,
-                                            result.rejected, result.note))
+                                            result.rejected, note))
         return True
 
     def _refuse(self, transport: asyncio.Transport, reason: str | None, text: str,

@@ -24,7 +24,9 @@ def test_a_bad_value_is_refused_by_the_agent_and_counted_by_its_reason(
         stats = emitter.stats()
     finally:
         emitter.close(5.0)
-    assert stats.acked == 1 and stats.rejected == 1
+    # refused in a frame with the good event (rejected) or alone in one (nacked): the
+    # sender thread decides how the events share frames
+    assert stats.acked == 1 and stats.rejected + stats.dropped.get("nacked", 0) == 1
     assert stats.refused == {"field 'duration_s' must be a number, got str": 1}
     agent.stop()
     rows = agent.query("SELECT name, duration_s, attrs FROM events WHERE kind = 'task'")
@@ -43,3 +45,21 @@ def test_an_event_refused_alone_is_counted_as_nacked_with_the_reason(
     assert stats.dropped == {"nacked": 1}
     assert stats.refused == {"field 'step' must be an integer, got str": 1}
     assert agent.metric('evagg_rejected_events_total{route="socket"}') == 1
+
+
+def test_each_refused_event_of_a_frame_counts_under_its_own_reason(
+        agent: AgentProcess) -> None:
+    emitter = Emitter(socket=agent.socket_path)
+    try:
+        emitter.emit(kind="task", name="good")
+        emitter.emit(kind="task", name="bad-duration", duration_s="abc")
+        emitter.emit(kind="task", name="bad-step", step=True)
+        emitter.emit(kind="task", name="bad-metric", metrics={"loss": "high"})
+        assert not emitter.flush(30)
+        stats = emitter.stats()
+    finally:
+        emitter.close(5.0)
+    assert stats.acked == 1 and stats.rejected + stats.dropped.get("nacked", 0) == 3
+    assert stats.refused == {"field 'duration_s' must be a number, got str": 1,
+                             "field 'step' must be an integer, got bool": 1,
+                             "metric 'loss' must be a number, got str": 1}
