@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -75,7 +75,8 @@ class Process:
 class Untracked:
     """Starts the open set did not take, by reason (evagg_liveness_untracked_total)."""
 
-    counts: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("not_visible", "too_many_processes", "too_many_attempts"), 0))  # 0s on /metrics
 
     def add(self, reason: str) -> None:
         self.counts[reason] = self.counts.get(reason, 0) + 1
@@ -220,15 +221,16 @@ class OpenSet:
             self.on_new(identity)
         return True
 
-    def mark_gone(self, now_ns: int) -> int:
-        """Note every tracked process that has exited; how many were found now."""
-        found = 0
-        for process in self.processes.values():
-            if process.gone_ns is None and not procs.is_alive(process.identity):
+    def living(self) -> list[Identity]:
+        """The tracked processes not found gone yet, for `procs.gone_of` off the loop."""
+        return [p.identity for p in self.processes.values() if p.gone_ns is None]
+
+    def mark_gone(self, gone: Iterable[Identity], now_ns: int) -> None:
+        for identity in gone:
+            process = self.processes.get(identity.pid)
+            if process is not None and process.identity == identity and process.gone_ns is None:
                 process.gone_ns = now_ns
-                found += 1
-        self.changed |= found > 0
-        return found
+                self.changed = True
 
     def due(self, now_ns: int, grace_ns: int) -> list[Process]:
         """Processes gone for longer than the grace, taken out of the set."""
@@ -241,9 +243,13 @@ class OpenSet:
 
     # -- what ends with a process ----------------------------------------------------------
 
-    def take_attempts(self, pid: int) -> list[Attempt]:
-        keys = [key for key, a in self.attempts.items() if a.pid == pid]
-        return [self._take(key) for key in keys]
+    def take_attempts(self, pids: set[int]) -> dict[int, list[Attempt]]:
+        """The open attempts and ops that ran in `pids`, by pid (one pass over the set)."""
+        found: dict[int, list[Attempt]] = {}
+        for key in [key for key, a in self.attempts.items() if a.pid in pids]:
+            attempt = self._take(key)
+            found.setdefault(attempt.pid or 0, []).append(attempt)
+        return found
 
     def take_job_attempts(self, job: Job) -> list[Attempt]:
         keys = [key for key, a in self.attempts.items()

@@ -42,6 +42,11 @@ def is_alive(identity: Identity) -> bool:
     return identity_of(identity.pid) == identity
 
 
+def gone_of(identities: list[Identity]) -> list[Identity]:
+    """Those of `identities` that are no longer alive (one stat read each)."""
+    return [identity for identity in identities if not is_alive(identity)]
+
+
 def started_ns(identity: Identity) -> int:
     """When the process started, in ns since the epoch (for "was it there at that event")."""
     ticks_per_s = os.sysconf("SC_CLK_TCK")

@@ -24,10 +24,10 @@ from typing import Any
 import pyarrow as pa
 
 from aggregator.ingest.ingestor import Ingestor
-from aggregator.liveness import restart
+from aggregator.liveness import procs, restart
 from aggregator.liveness.ends import actor_end, attempt_end, job_end
 from aggregator.liveness.facts import Fact, facts_of
-from aggregator.liveness.openset import OpenSet, Process
+from aggregator.liveness.openset import Attempt, OpenSet, Process
 from aggregator.metrics import AgentMetrics
 from aggregator.spool import Spool
 
@@ -114,11 +114,13 @@ class LivenessWatch:
                     log.exception("liveness check failed (counted; it is tried every second)")
 
     async def check(self) -> None:
+        gone = await self.ingestor.in_thread(procs.gone_of, self.open.living())
         now = time.time_ns()
-        self.open.mark_gone(now)
+        self.open.mark_gone(gone, now)
         due = self.open.due(now, self.grace_ns)
+        ran = self.open.take_attempts({process.identity.pid for process in due})
         for process in due:  # workers first: their attempts end in their own words
-            self._unwritten += self._worker_ends(process)
+            self._unwritten += self._worker_ends(process, ran.get(process.identity.pid, []))
         for process in due:
             self._unwritten += self._driver_ends(process)
         if self._unwritten:
@@ -134,11 +136,11 @@ class LivenessWatch:
             self.open.changed = False
             await self.ingestor.in_thread(restart.save, self.open, self.state_dir)
 
-    def _worker_ends(self, process: Process) -> list[dict[str, Any]]:
-        """The attempts, ops and actors that ran in `process`."""
+    def _worker_ends(self, process: Process, ran: list[Attempt]) -> list[dict[str, Any]]:
+        """The attempts and ops that ran in `process`, and its actors."""
         pid, gone = process.identity.pid, process.gone_ns or time.time_ns()
         rows = []
-        for attempt in self.open.take_attempts(pid):
+        for attempt in ran:
             what = "worker" if attempt.ray else "process"
             rows.append(attempt_end(attempt, host=self.host, what=what, pid=pid, gone_ns=gone))
         rows += [actor_end(a, host=self.host, what="worker", pid=pid, gone_ns=gone)
