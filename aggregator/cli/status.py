@@ -88,6 +88,8 @@ class StatusReport:
     retried: dict[str, float] = field(default_factory=dict)
     # losses producers reported in their own `loss` events (evagg_producer_dropped_events_total)
     producer_dropped: dict[str, float] = field(default_factory=dict)
+    # events an HTTP endpoint refused for good: not delivered, kept for `evagg dlq replay`
+    dead_lettered: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -104,7 +106,7 @@ class StatusReport:
             lines.append(f"sink {sink:<12} {self.delivered_per_s.get(sink, 0):,.0f} events/s  "
                          f"lag {self.lag_events.get(sink, 0):,.0f} events{self._file(sink)}  "
                          f"errors {self.errors.get(sink, 0):,.0f}{self._retried(sink)}  "
-                         f"{state}")
+                         f"{state}{self._dead_letters(sink)}")
         lines += self._losses()
         lines.append("rejected   " + (_pairs(self.rejected) or "none"))
         lines.append("bad input  " + (_pairs(self.bad_input) or "none"))
@@ -127,6 +129,12 @@ class StatusReport:
         if any(self.producer_dropped.values()):
             lines.append(f"  which ones   evagg query sql \"{WHICH_PRODUCERS}\"")
         return lines
+
+    def _dead_letters(self, sink: str) -> str:
+        """Events the endpoint refused for good: not lost, but not delivered either."""
+        count = self.dead_lettered.get(sink, 0.0)
+        return (f"  dead-lettered {count:,.0f} events (evagg dlq list --sink {sink})"
+                if count else "")
 
     def _retried(self, sink: str) -> str:
         count = self.retried.get(sink, 0.0)
@@ -186,6 +194,7 @@ def format_status(first: dict[str, float], second: dict[str, float],
         file_closes_in_s=_open_files(second),
         retried=_by_label(second, "evagg_sink_retries_total", "sink"),
         producer_dropped=_by_label(second, "evagg_producer_dropped_events_total", "reason"),
+        dead_lettered=_by_label(second, "evagg_sink_dead_lettered_events_total", "sink"),
     )
 
 

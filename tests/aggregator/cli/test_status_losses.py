@@ -7,15 +7,18 @@ frames, and one the agent refused alone in its frame (a nack).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import orjson
 
 from emitters import Emitter
 from tests.agentproc import AgentProcess
 from tests.aggregator.cli.newcomer import evagg
+from tests.test_http_end_to_end import ServerThread, http_sink, servers
 from tests.waiting import wait_until
 
 COUNTED = "evagg_producer_dropped_events_total"
+__all__ = ["servers"]  # the fixture: an HTTP endpoint in a thread of its own
 
 
 def lose_three_events(agent: AgentProcess) -> None:
@@ -66,3 +69,18 @@ def test_the_query_status_gives_names_the_producer_that_lost_them(agent: AgentPr
     rows = orjson.loads(answer.stdout)
     assert {(row["pid"], row["reason"], row["events"]) for row in rows} == {
         (os.getpid(), "nacked", 1.0), (os.getpid(), "too_large", 2.0)}
+
+
+def test_a_sink_whose_endpoint_refused_events_for_good_says_so(
+        agent_factory: Callable[..., AgentProcess],
+        servers: Callable[..., ServerThread]) -> None:
+    endpoint = servers()
+    endpoint.do(lambda: endpoint.server.answer(400, times=None, text="schema mismatch"))
+    agent = agent_factory(sinks_toml=http_sink("collector", endpoint.server.url)).start()
+    sent = evagg("emit", "--socket", str(agent.socket_path), "--name", "refused-downstream")
+    assert sent.returncode == 0, sent.stderr
+    wait_until(lambda: agent.metric('evagg_sink_dead_lettered_events_total{sink="collector",')
+               >= 1, 60, "the endpoint's refusal to be dead-lettered")
+    text = evagg("status", "--url", agent.http_url, "--interval", "0.1").stdout
+    line = next(line for line in text.splitlines() if line.startswith("sink collector"))
+    assert "dead-lettered " in line and "(evagg dlq list --sink collector)" in line
