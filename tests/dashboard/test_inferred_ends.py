@@ -195,3 +195,41 @@ def test_a_ray_session_no_live_agent_reports_ends_with_its_silent_nodes(
     row = tasks_of(open_store(lake))["ray_open"]
     assert (row["final_state"], row["error_type"]) == ("FAILED", "NODE_DIED")
     assert row["failed_us"] == ago(500) // 1000  # the node's last heartbeat
+
+
+def test_a_task_left_running_on_an_agent_that_died_reads_ended_with_its_node(
+        agent_factory: Any, tmp_path: Path) -> None:
+    """As a user meets it: a task RUNNING on a node whose agent was SIGKILLed (the node
+    died with it) reads FAILED, NODE_DIED, inferred, once the agent is silent for
+    longer than its heartbeats said it may be; `evagg status`-free, from the lake alone."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.waiting import wait_for
+
+    # The agent's own inference waits its grace (an hour here): only readers end it.
+    agent = agent_factory(agent_toml='inferred_end_grace = "1h"').start()
+    evagg = str(Path(sys.executable).with_name("evagg"))
+    env = {**os.environ, "EVAGG_SOCKET": str(agent.socket_path),
+           "EVAGG_CACHE_DIR": str(tmp_path / "cache")}
+    sent = subprocess.run([evagg, "emit", "--kind", "task", "--name", "train_epoch",
+                           "--state", "RUNNING", "--field", "task_id=t-node-died"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert sent.returncode == 0, sent.stderr
+    agent.wait_rows("SELECT * FROM events WHERE task_id = 't-node-died'", 1)
+    agent.wait_rows("SELECT * FROM events WHERE kind = 'agent'", 1)
+    agent.kill()
+
+    def ended() -> dict[str, Any] | None:
+        done = subprocess.run([evagg, "query", "tasks", "--data", str(agent.lake_dir),
+                               "--json", "--name", "train_epoch"], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        rows = json.loads(done.stdout)
+        return rows[0] if rows and rows[0]["final_state"] == "FAILED" else None
+
+    row = wait_for(ended, 60, "the task to read ended with its silent node", interval=1.0)
+    assert row["error_type"] == "NODE_DIED"
+    assert "last reported at" in row["inferred"]
