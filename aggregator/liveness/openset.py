@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from aggregator.liveness import procs
@@ -275,9 +275,9 @@ class OpenSet:
     # -- snapshot --------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return {"attempts": [asdict(a) for a in self.attempts.values()],
-                "jobs": [asdict(j) for j in self.jobs.values()],
-                "actors": [asdict(a) for a in self.actors.values()],
+        """Shallow copies, taken on the loop; orjson writes the dataclasses in a thread."""
+        return {"attempts": list(self.attempts.values()), "jobs": list(self.jobs.values()),
+                "actors": list(self.actors.values()),
                 "processes": [[p.identity.pid, p.identity.start_ticks, p.gone_ns]
                               for p in self.processes.values()]}
 

@@ -1,8 +1,8 @@
 """The open set across an agent restart: a snapshot file in the state directory, then
 the spool's newest records replayed over it.
 
-The snapshot (`liveness.json`, written atomically whenever the set changed, at most once
-a check) holds the open attempts and the identity of every tracked process, which no
+The snapshot (`liveness.json`, written atomically when the set changed, at most every
+five seconds) holds the open attempts and the identity of every tracked process, which no
 record holds: only with it can the next agent tell that a pid it finds gone, or taken by
 another process, is the worker it was. The replay adds what arrived after the last
 snapshot (the spool's last segment is never deleted), records of every route read
@@ -34,9 +34,9 @@ REPLAY_BYTES = 64 * 2**20
 REPLAY_RECORDS = 10_000
 
 
-def save(open_set: OpenSet, state_dir: Path) -> None:
-    """Write the snapshot (in a worker thread: it syncs the file)."""
-    body = orjson.dumps({"boot_id": procs.boot_id(), **open_set.to_dict()})
+def save(parts: dict[str, Any], state_dir: Path) -> None:
+    """Write the snapshot of `OpenSet.to_dict()` (in a worker thread: it syncs the file)."""
+    body = orjson.dumps({"boot_id": procs.boot_id(), **parts})
     staged = state_dir / f".{SNAPSHOT}.{os.getpid()}.tmp"
     staged.write_bytes(body)
     publish_file(staged, state_dir / SNAPSHOT)

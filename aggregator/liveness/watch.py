@@ -33,6 +33,7 @@ from aggregator.spool import Spool
 
 log = logging.getLogger("evagg.agent")
 CHECK_INTERVAL_S = 1.0
+SNAPSHOT_INTERVAL_S = 5.0  # the seen log and the spool replay cover the time between
 
 
 class LivenessWatch:
@@ -47,6 +48,7 @@ class LivenessWatch:
         self.open = OpenSet()
         self.seen = restart.SeenLog(state_dir)
         self._unwritten: list[dict[str, Any]] = []  # ends whose write failed: next check
+        self._next_snapshot = 0.0  # time.monotonic() of the next snapshot write
         self.inferred = metrics.registry.counter(
             "evagg_inferred_ends_total",
             "Ends evagg wrote for attempts, ops, jobs and actors whose process died without "
@@ -82,7 +84,7 @@ class LivenessWatch:
             self.seen.read(self.open)
             unreadable = restart.replay(self.open, self.spool)
             self.open.known.clear()
-            restart.save(self.open, self.state_dir)  # holds what the seen log said
+            restart.save(self.open.to_dict(), self.state_dir)  # holds what the seen log said
             self.seen.begin()
             self.open.on_new = self.seen.add
         except Exception as exc:  # a damaged snapshot: start with what was read
@@ -132,9 +134,10 @@ class LivenessWatch:
                 self._unwritten = rows + self._unwritten
                 raise
             self._count(rows)
-        if self.open.changed:
+        if self.open.changed and time.monotonic() >= self._next_snapshot:
             self.open.changed = False
-            await self.ingestor.in_thread(restart.save, self.open, self.state_dir)
+            self._next_snapshot = time.monotonic() + SNAPSHOT_INTERVAL_S
+            await self.ingestor.in_thread(restart.save, self.open.to_dict(), self.state_dir)
 
     def _worker_ends(self, process: Process, ran: list[Attempt]) -> list[dict[str, Any]]:
         """The attempts and ops that ran in `process`, and its actors."""
