@@ -3,6 +3,7 @@ import { getJSON } from "./api.js";
 import { h, hashLink, routeHref, fmtTime, fmtDur, fmtNum, fmtBytes, stateBadge, table, section, errorText,
   fmtClock } from "./dom.js";
 import { noAgents, noRuns, noTasks, noTraces } from "./empty.js";
+import { attemptLogs } from "./logs.js";
 import { timelineChart, histogram, histRange, metricChart, waterfall, stateTimeline, STATE_COLORS } from "./charts.js";
 
 const STATES = ["PENDING", "SUBMITTED", "RUNNING", "FINISHED", "FAILED"];
@@ -134,8 +135,9 @@ export async function tasks(params) {
     if (c.key === "time") { const t = firstTime(row); return t ? h("span", { title: fmtTime(t) }, fmtClock(t, newest)) : ""; }
     if (c.key === "duration_s") return fmtDur(row.duration_s);
     if (c.key === "error_type") {
-      return row.error_type || row.error_message
-        ? clipped(errorText(row.error_type, row.error_message), { class: "error-text" }) : "";
+      return row.error_type || row.error_message  // one click to the attempt: its error and logs
+        ? hashLink("task", { task_id: row.task_id, attempt: row.attempt },
+          clipped(errorText(row.error_type, row.error_message), { class: "error-text" }), { class: "error-link" }) : "";
     }
     if (c.cls && c.cls.startsWith("clip")) return clipped(row[c.key] ?? "");
     return row[c.key] ?? "";
@@ -175,7 +177,8 @@ export async function task(params) {
       a.inferred ? section("How this end is known", h("p", { class: "inferred" }, a.inferred)) : null,
       section("State timeline", stateTimeline(a)),
       a.error_type || a.error_message ? section("Error", h("p", { class: "error-text" }, errorText(a.error_type, a.error_message))) : null,
-      a.stack_trace ? section("Stack trace", h("pre", { class: "stack" }, a.stack_trace)) : null);
+      a.stack_trace ? section("Stack trace", h("pre", { class: "stack" }, a.stack_trace)) : null,
+      attemptLogs(a));
   });
   const events = table([{ key: "time", label: "time" }, { key: "state", label: "state" }, { key: "attempt", label: "try", num: true },
     { key: "node_id", label: "node", cls: "clip id" }, { key: "worker_id", label: "worker", cls: "clip id" },

@@ -229,3 +229,33 @@ def test_evagg_query_logs_prints_what_ray_printed(recorded: Recorded) -> None:
         if ask.get("tail", -1) > 0:
             text = text.split("---\n\n", 1)[1]
         assert text == theirs, ask
+
+
+def test_a_failed_task_leads_to_its_page_with_the_error_beside_its_output(
+        recorded: Recorded) -> None:
+    from playwright.sync_api import expect
+
+    from tests.dashboard.chromium import ARTIFACTS, chromium, tab
+
+    store = Store(StoreOptions(location=str(recorded.lake)))
+    try:
+        with serving(store) as url, chromium() as browser, \
+                tab(browser, url, width=1400, height=2000) as page:
+            page.goto("/#/tasks?state=FAILED&name=boom")
+            page.locator("a.error-link").first.click()  # one click from the table
+            expect(page.locator(".attempt p.error-text")).to_contain_text("boom at the end")
+            expect(page.locator("pre.stack")).to_contain_text('raise ValueError("boom at')
+            out = page.locator('pre.log[data-stream="out"]')
+            expect(out).to_contain_text("about to fail")
+            expect(page.locator(".task-logs")).to_contain_text("Nothing on stderr.")
+            page.screenshot(path=str(ARTIFACTS / "ray-task-logs.png"), full_page=True)
+
+            page.goto(f"/#/task?task_id={recorded.names['chatty']}&attempt=0")
+            expect(page.locator(".log-note").first).to_contain_text("The last 200 lines")
+            expect(page.locator('pre.log[data-stream="out"]')).to_contain_text("chatty line 1999")
+            href = page.locator("a.log-all").first.get_attribute("href")
+            assert href is not None
+            whole = page.request.get(href).text()
+            assert whole.count("chatty line") == 2000
+    finally:
+        store.close()
