@@ -15,7 +15,6 @@ import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from aggregator.liveness import procs
 from aggregator.liveness.facts import Fact
@@ -153,6 +152,9 @@ class OpenSet:
     def _close(self, key: Key) -> None:
         if self.attempts.pop(key, None) is not None:
             self.changed = True
+        self._remember_end(key)
+
+    def _remember_end(self, key: Key) -> None:
         self.closed[key] = None
         if len(self.closed) > MAX_CLOSED:
             self.closed.popitem(last=False)
@@ -183,7 +185,7 @@ class OpenSet:
         if fact.state == "DEAD":
             if self.actors.pop(key, None) is not None:
                 self.changed = True
-            self.closed[("actor", *key, 0)] = None
+            self._remember_end(("actor", *key, 0))
             return
         if ("actor", *key, 0) in self.closed or fact.inferred:
             return
@@ -269,30 +271,5 @@ class OpenSet:
         return [self.jobs.pop(key) for key in keys]
 
     def _take(self, key: Key) -> Attempt:
-        self.closed[key] = None
+        self._remember_end(key)
         return self.attempts.pop(key)
-
-    # -- snapshot --------------------------------------------------------------------------
-
-    def to_dict(self) -> dict[str, Any]:
-        """Shallow copies, taken on the loop; orjson writes the dataclasses in a thread."""
-        return {"attempts": list(self.attempts.values()), "jobs": list(self.jobs.values()),
-                "actors": list(self.actors.values()),
-                "processes": [[p.identity.pid, p.identity.start_ticks, p.gone_ns]
-                              for p in self.processes.values()]}
-
-    def load(self, saved: dict[str, Any], same_boot: bool) -> None:
-        """What a snapshot held; from another boot, every process in it is gone."""
-        for pid, ticks, gone_ns in saved.get("processes", []):
-            self.processes[pid] = Process(Identity(pid, ticks), gone_ns)
-        for item in saved.get("attempts", []):
-            attempt = Attempt(**item)
-            self.attempts[(attempt.kind, attempt.session, attempt.key_id,
-                           attempt.attempt)] = attempt
-        for item in saved.get("jobs", []):
-            self.jobs[(item["session"], item["job_id"])] = Job(**item)
-        for item in saved.get("actors", []):
-            self.actors[(item["session"], item["actor_id"])] = Actor(**item)
-        if not same_boot:
-            for process in self.processes.values():
-                process.identity = Identity(process.identity.pid, -1)  # never alive again

@@ -22,7 +22,7 @@ import orjson
 
 from aggregator.liveness import procs
 from aggregator.liveness.facts import Fact, facts_of
-from aggregator.liveness.openset import OpenSet
+from aggregator.liveness.openset import Actor, Attempt, Job, OpenSet, Process
 from aggregator.liveness.procs import Identity
 from aggregator.spool import Spool
 from sinks.durable import publish_file
@@ -34,8 +34,16 @@ REPLAY_BYTES = 64 * 2**20
 REPLAY_RECORDS = 10_000
 
 
+def parts_of(open_set: OpenSet) -> dict[str, Any]:
+    """Shallow copies, taken on the loop; orjson writes the dataclasses in a thread."""
+    return {"attempts": list(open_set.attempts.values()), "jobs": list(open_set.jobs.values()),
+            "actors": list(open_set.actors.values()),
+            "processes": [[p.identity.pid, p.identity.start_ticks, p.gone_ns]
+                          for p in open_set.processes.values()]}
+
+
 def save(parts: dict[str, Any], state_dir: Path) -> None:
-    """Write the snapshot of `OpenSet.to_dict()` (in a worker thread: it syncs the file)."""
+    """Write the snapshot of `parts_of` (in a worker thread: it syncs the file)."""
     body = orjson.dumps({"boot_id": procs.boot_id(), **parts})
     staged = state_dir / f".{SNAPSHOT}.{os.getpid()}.tmp"
     staged.write_bytes(body)
@@ -48,8 +56,22 @@ def load(open_set: OpenSet, state_dir: Path) -> bool:
         saved: dict[str, Any] = orjson.loads((state_dir / SNAPSHOT).read_bytes())
     except FileNotFoundError:
         return False
-    open_set.load(saved, same_boot=saved.get("boot_id") == procs.boot_id())
+    _load_parts(open_set, saved, same_boot=saved.get("boot_id") == procs.boot_id())
     return True
+
+
+def _load_parts(open_set: OpenSet, saved: dict[str, Any], same_boot: bool) -> None:
+    """What a snapshot held; from another boot, every process in it is gone."""
+    for pid, ticks, gone_ns in saved.get("processes", []):
+        open_set.processes[pid] = Process(Identity(pid, ticks if same_boot else -1), gone_ns)
+    for item in saved.get("attempts", []):
+        attempt = Attempt(**item)
+        open_set.attempts[(attempt.kind, attempt.session, attempt.key_id,
+                           attempt.attempt)] = attempt
+    for item in saved.get("jobs", []):
+        open_set.jobs[(item["session"], item["job_id"])] = Job(**item)
+    for item in saved.get("actors", []):
+        open_set.actors[(item["session"], item["actor_id"])] = Actor(**item)
 
 
 class SeenLog:

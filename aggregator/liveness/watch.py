@@ -33,6 +33,7 @@ from aggregator.spool import Spool
 
 log = logging.getLogger("evagg.agent")
 CHECK_INTERVAL_S = 1.0
+ENDS_PER_RECORD = 2_000  # rows per spool record of inferred ends
 SNAPSHOT_INTERVAL_S = 5.0  # the seen log and the spool replay cover the time between
 
 
@@ -84,7 +85,8 @@ class LivenessWatch:
             self.seen.read(self.open)
             unreadable = restart.replay(self.open, self.spool)
             self.open.known.clear()
-            restart.save(self.open.to_dict(), self.state_dir)  # holds what the seen log said
+            # the snapshot now holds what the seen log said: the log begins again
+            restart.save(restart.parts_of(self.open), self.state_dir)
             self.seen.begin()
             self.open.on_new = self.seen.add
         except Exception as exc:  # a damaged snapshot: start with what was read
@@ -126,18 +128,27 @@ class LivenessWatch:
         for process in due:
             self._unwritten += self._driver_ends(process)
         if self._unwritten:
-            rows, self._unwritten = self._unwritten, []
-            try:
-                await self.ingestor.ingest_rows(
-                    rows, self.ingestor.stamp(os.getpid(), os.getuid()), route="agent")
-            except BaseException:
-                self._unwritten = rows + self._unwritten
-                raise
-            self._count(rows)
+            await self._write_ends()
         if self.open.changed and time.monotonic() >= self._next_snapshot:
             self.open.changed = False
             self._next_snapshot = time.monotonic() + SNAPSHOT_INTERVAL_S
-            await self.ingestor.in_thread(restart.save, self.open.to_dict(), self.state_dir)
+            await self.ingestor.in_thread(restart.save, restart.parts_of(self.open),
+                                          self.state_dir)
+
+    async def _write_ends(self) -> None:
+        """Write the ends in spool records of a bounded size; what fails waits for the
+        next check."""
+        written: list[dict[str, Any]] = []
+        try:
+            while self._unwritten:
+                rows = self._unwritten[:ENDS_PER_RECORD]
+                await self.ingestor.ingest_rows(
+                    rows, self.ingestor.stamp(os.getpid(), os.getuid()), route="agent")
+                del self._unwritten[:len(rows)]
+                written += rows
+        finally:
+            if written:
+                self._count(written)
 
     def _worker_ends(self, process: Process, ran: list[Attempt]) -> list[dict[str, Any]]:
         """The attempts and ops that ran in `process`, and its actors."""
