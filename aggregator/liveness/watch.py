@@ -81,7 +81,7 @@ class LivenessWatch:
     def restore(self) -> None:
         """The open set the last agent left: its snapshot, then the spool's newest records."""
         try:
-            had = restart.load(self.open, self.state_dir)
+            restart.load(self.open, self.state_dir)
             self.seen.read(self.open)
             unreadable = restart.replay(self.open, self.spool)
             self.open.known.clear()
@@ -97,7 +97,7 @@ class LivenessWatch:
         if unreadable:
             self.metrics.worker_errors.inc(unreadable, worker="liveness",
                                            type="unreadable_record")
-        if had or self.open.attempts:
+        if self.open.attempts or self.open.jobs or self.open.actors:
             log.info("watching %d open attempts, %d jobs and %d actors from before this start "
                      "(%d processes)", len(self.open.attempts), len(self.open.jobs),
                      len(self.open.actors), len(self.open.processes))
