@@ -21,6 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from aggregator import systemd
+from aggregator.artifacts.wiring import build_shipper, stop_shipper
 from aggregator.config import AgentConfig, ConfigError, config_warnings, load_config
 from aggregator.config.sinks import SinkConfig
 from aggregator.delivery.consumer import SinkConsumer
@@ -91,6 +92,7 @@ class Agent:
         self.ray_logs = build_follower(config, self.metrics, self.losses)  # aggregator/raylogs/
         if self.ray_logs is not None:
             self.http.ray_rows_observers.append(self.ray_logs.note)
+        self.artifacts = build_shipper(config, self.ingestor, self.metrics)  # [[files]]
         self.sinks: SinkSet | None = None
         self._reload_lock = asyncio.Lock()  # a reload and the drain never overlap
         self._reload_task: asyncio.Task[None] | None = None
@@ -132,9 +134,12 @@ class Agent:
                    if self._exit_when_unused is not None else None)
         ray_logs = (asyncio.create_task(self.ray_logs.run(), name="ray-logs")
                     if self.ray_logs is not None else None)
+        artifacts = (asyncio.create_task(self.artifacts.run(), name="artifacts")
+                     if self.artifacts is not None else None)
         await self._stop.wait()
         heartbeat.cancel()
         await self._stop_ray_logs(ray_logs)
+        await stop_shipper(self.artifacts, artifacts, self.config.drain_timeout_s)
         if liveness is not None:
             liveness.cancel()
         if watcher is not None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from aggregator.config.files import WatchedFiles, parse_files
 from aggregator.config.sinks import SinkConfig, parse_sinks
 from aggregator.config.values import (
     check_keys,
@@ -81,6 +82,7 @@ class AgentConfig:
     max_connections: int = 1024  # producer connections served at once; the rest refused
     ray_log_dir: str = DEFAULT_RAY_LOG_DIR  # Ray's temp root; "" collects no Ray logs
     inferred_end_grace_s: float = 30.0  # 0: no inferred ends (aggregator/liveness/)
+    files: tuple[WatchedFiles, ...] = ()  # [[files]]: directories shipped as artifacts
 
 
 _AGENT_KEYS = {
@@ -117,7 +119,7 @@ def load_config(
     if path is not None:
         raw = _read_toml(path)
     problems: list[str] = []
-    check_keys(raw, {"agent", "spool", "sinks", "ray"}, "", problems)
+    check_keys(raw, {"agent", "spool", "sinks", "ray", "files"}, "", problems)
     agent = _table(raw, "agent", problems)
     spool = _table(raw, "spool", problems)
     check_keys(agent, _AGENT_KEYS, "agent.", problems)
@@ -128,6 +130,7 @@ def load_config(
     config = _build(agent, spool, raw.get("sinks"), problems, path)
     if config is not None:
         config = _with_ray(config, _table(raw, "ray", problems), problems)
+        config = dataclasses.replace(config, files=parse_files(raw.get("files"), problems))
     if problems or config is None:
         raise ConfigError(_name_variables(problems, {k: v for k, v in from_env.items()
                                                      if k not in flags}), config)

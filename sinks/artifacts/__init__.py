@@ -1,0 +1,1 @@
+"""Finished files kept in the lake beside the events: the key layout (docs/parquet-layout.md)."""
