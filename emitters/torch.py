@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import emitters
 from emitters.emitter import Emitter
 from emitters.events import event_ids
+from emitters.torch_trace import trace_handler as trace_handler
 from emitters.values import text
 
 log = logging.getLogger("evagg.torch")
