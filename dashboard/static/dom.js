@@ -79,7 +79,8 @@ export function fmtBytes(n) {
 }
 
 export function stateBadge(state) {
-  return h("span", { class: `badge state-${String(state || "none").toLowerCase()}` }, state || "—");
+  const name = String(state || "none").toLowerCase().replace(/\*$/, "");
+  return h("span", { class: `badge state-${name}` }, state || "—");
 }
 
 export function table(columns, rows, render, options = {}) {

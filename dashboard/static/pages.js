@@ -154,12 +154,14 @@ function pager(query, data) {
     end < data.total ? hashLink("tasks", { ...query, offset: offset + limit }, "next ›") : null);
 }
 
-// An end nobody reported, which evagg inferred (docs/ray.md, "Ends readers infer"):
-// the badge says so, and hovering it says how evagg knows.
-function inferredBadge(row) {
+// An end nobody reported, which evagg inferred (docs/ray.md, "Ends readers infer"): a
+// dashed badge ending in "*" in tables, the word on the task page; hovering says how.
+function inferredBadge(row, { word = false } = {}) {
   if (!row.inferred) return stateBadge(row.final_state);
-  return h("span", { class: "inferred-state", title: row.inferred }, stateBadge(row.final_state),
-    h("span", { class: "muted" }, " inferred"));
+  const badge = stateBadge(`${row.final_state}${word ? "" : "*"}`);
+  badge.classList.add("inferred");
+  badge.title = row.inferred;
+  return word ? h("span", null, badge, h("span", { class: "muted" }, " inferred by evagg")) : badge;
 }
 
 // -- task detail ---------------------------------------------------------------------
@@ -171,7 +173,7 @@ export async function task(params) {
       "pid", "actor_id", "parent_id", "trace_id", "source", "ray_session", "events", "duration_s", "pending_at",
       "submitted_at", "running_at", "finished_at", "failed_at", "exception_class"]
       .filter((k) => a[k] !== undefined && a[k] !== null)
-      .map((k) => [h("dt", null, k), h("dd", null, k === "final_state" ? inferredBadge(a) : k.endsWith("_at") ? fmtTime(a[k]) : k === "duration_s" ? fmtDur(a[k]) : String(a[k]))]);
+      .map((k) => [h("dt", null, k), h("dd", null, k === "final_state" ? inferredBadge(a, { word: true }) : k.endsWith("_at") ? fmtTime(a[k]) : k === "duration_s" ? fmtDur(a[k]) : String(a[k]))]);
     return h("div", { class: "attempt" }, h("h2", null, `${a.name || "task"} — attempt ${a.attempt}`),
       h("dl", { class: "meta" }, meta),
       a.inferred ? section("How this end is known", h("p", { class: "inferred" }, a.inferred)) : null,

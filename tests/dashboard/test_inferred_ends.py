@@ -233,3 +233,40 @@ def test_a_task_left_running_on_an_agent_that_died_reads_ended_with_its_node(
     row = wait_for(ended, 60, "the task to read ended with its silent node", interval=1.0)
     assert row["error_type"] == "NODE_DIED"
     assert "last reported at" in row["inferred"]
+
+
+def test_the_dashboard_marks_inferred_ends_and_silent_agents(tmp_path: Path) -> None:
+    """At 1280 px: the tasks table marks an inferred end (hovering says how evagg knows),
+    a real end is not marked, the task page says how the end is known, and the Agents
+    page says which agent fell silent."""
+    from tests.dashboard.chromium import chromium, tab
+    from tests.dashboard.serve import serving
+
+    lake = tmp_path / "lake"
+    rows = [dict(r, host="gone") for r in attempt("lost_one", "01000000", running=True,
+                                                  pid=12)]
+    rows += [dict(r, host="gone") for r in attempt("kept_one", "01000000", running=True,
+                                                   pid=13)]
+    rows += [dict(finished("kept_one", "01000000", at_s=590), host="gone"),
+             heartbeat("gone", 500, 90)]
+    write_rows(local_put(lake), rows, "part-a.parquet")
+    store = Store(StoreOptions(str(lake), refresh_s=0.0, cache_dir=str(tmp_path / "cache")))
+    try:
+        with serving(store) as url, chromium() as browser, \
+                tab(browser, url, width=1280, height=900) as page:
+            page.goto("/#/tasks")
+            lost = page.locator("tr", has=page.locator("a", has_text="lost_one"))
+            badge = lost.locator("td[data-col=final_state] .badge")
+            assert badge.inner_text() == "FAILED*"
+            assert "the agent on gone last reported at" in (badge.get_attribute("title") or "")
+            kept = page.locator("tr", has=page.locator("a", has_text="kept_one"))
+            assert kept.locator("td[data-col=final_state] .badge").inner_text() == "FINISHED"
+            lost.locator("td[data-col=task_id] a").click()
+            known = page.locator("h3, h2", has_text="How this end is known")
+            known.wait_for()
+            assert "inferred by evagg" in page.locator("dl.meta").inner_text()
+            page.goto("/#/agents")
+            state = page.locator("td[data-col=state]", has_text="silent")
+            assert state.inner_text() == "silent: taken for dead"
+    finally:
+        store.close()
