@@ -21,6 +21,7 @@ from dashboard import ledger, queries
 from dashboard.errors import BadInput, DashboardError, NotFound
 from dashboard.filters import TASK_SORTS, TaskFilter
 from dashboard.output import render
+from dashboard.query_artifacts import add_artifacts_parser
 from dashboard.query_logs import add_logs_parser
 from dashboard.results import Result
 from dashboard.store import ENGINES, Store, StoreOptions
@@ -141,6 +142,7 @@ def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
                                          "(default: the newest)")
     trace.add_argument("--out", required=True, help="the trace file to write (JSON)")
     add_logs_parser(add)
+    add_artifacts_parser(add)
     sql = add("sql", "run your own SQL over the views", _sql)
     sql.add_argument("statement")
     return query
@@ -150,7 +152,7 @@ def run_query(args: argparse.Namespace) -> int:
     func = getattr(args, "query_command", None)
     if func is None:
         print("evagg query: choose a query: summary, tasks, steps, runs, agents, ledger, "
-              "search, timeline, logs, sql", file=sys.stderr)
+              "search, timeline, logs, artifacts, artifact, sql", file=sys.stderr)
         return 2
     try:
         if func is _tasks:
