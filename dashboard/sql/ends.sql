@@ -23,11 +23,11 @@
 -- it ended, as Ray exported it (real_end_at) or as an agent inferred it (inferred_end_at).
 -- Every column merges by min/max/arg_min, so the fold keeps it file by file.
 CREATE OR REPLACE MACRO ends_facts_of(rows) AS TABLE
-SELECT session, kind, id, max(node_id) AS node_id, max(pid) AS pid,
+SELECT session, kind, id, max(node_id) AS node_id, max(pid) AS pid, min(time) AS first_at,
        min(real_end) AS real_end_at, min(inferred_end) AS inferred_end_at,
        arg_min(inferred, inferred_end) AS inferred
 FROM (
-    SELECT coalesce(attrs['ray_session'], '') AS session, kind,
+    SELECT coalesce(attrs['ray_session'], '') AS session, kind, time,
            CASE kind WHEN 'job' THEN job_id WHEN 'worker' THEN worker_id ELSE node_id END AS id,
            nullif(node_id, '') AS node_id,
            TRY_CAST(attrs['worker_pid'] AS INTEGER) AS pid,
@@ -43,7 +43,7 @@ WHERE coalesce(id, '') <> ''
 GROUP BY ALL;
 CREATE OR REPLACE MACRO ends_facts_merge_of(parts) AS TABLE
 SELECT session, kind, id, max(node_id) AS node_id, max(pid) AS pid,
-       min(real_end_at) AS real_end_at, min(inferred_end_at) AS inferred_end_at,
+       min(first_at) AS first_at, min(real_end_at) AS real_end_at, min(inferred_end_at) AS inferred_end_at,
        arg_min(inferred, inferred_end_at) AS inferred
 FROM query_table(parts)
 GROUP BY ALL;
@@ -183,3 +183,21 @@ SELECT a.* EXCLUDE (session) REPLACE (
 FROM task_attempts AS a
 LEFT JOIN task_ends AS e
     ON e.task_id = a.task_id AND e.attempt = a.attempt AND e.session = a.session;
+
+-- Ray's driver jobs: when each started and ended, and how evagg knows of the end (Ray
+-- exported it; an agent inferred it; or no agent of its session reports any more).
+-- `evagg query jobs` prints it; Ray's `ray list jobs` against the dashboard says the same.
+CREATE OR REPLACE VIEW jobs AS
+SELECT f.id AS job_id, nullif(f.session, '') AS ray_session, f.first_at AS started_at,
+       coalesce(f.real_end_at, f.inferred_end_at, CASE WHEN s.ended THEN s.last_heard_at END)
+           AS ended_at,
+       CASE WHEN coalesce(f.real_end_at, f.inferred_end_at) IS NOT NULL OR s.ended
+            THEN 'SUCCEEDED' ELSE 'RUNNING' END AS status,
+       CASE WHEN f.real_end_at IS NOT NULL THEN 'exported by Ray'
+            WHEN f.inferred_end_at IS NOT NULL THEN f.inferred
+            WHEN s.ended THEN 'evagg inferred this end: no agent of this Ray session has '
+                              || 'reported since ' || strftime(s.last_heard_at,
+                                                               '%Y-%m-%dT%H:%M:%SZ')
+       END AS how_known
+FROM ends_facts AS f LEFT JOIN session_liveness AS s USING (session)
+WHERE f.kind = 'job';

@@ -100,6 +100,9 @@ def test_a_driver_job_end_fails_its_open_attempts_as_rays_gcs_does(tmp_path: Pat
                            if store.fold else
                            "SELECT final_state AS state, count(*) AS tasks FROM tasks GROUP BY 1")
     assert {r["state"]: r["tasks"] for r in counts.records()} == states(store)
+    jobs = {r["job_id"]: r for r in store.execute("SELECT * FROM jobs").records()}
+    assert (jobs["01000000"]["status"], jobs["01000000"]["how_known"]) == ("SUCCEEDED",
+                                                                         "exported by Ray")
 
 
 def test_a_worker_or_node_death_fails_what_ran_there(tmp_path: Path, open_store: Any) -> None:
@@ -190,9 +193,14 @@ def test_a_ray_session_no_live_agent_reports_ends_with_its_silent_nodes(
         tmp_path: Path, open_store: Any) -> None:
     lake = tmp_path / "lake"
     rows = [dict(r, host="gone") for r in attempt("ray_open", "01000000", running=True, pid=12)]
-    rows += [heartbeat("gone", 500, 90)]
+    rows += [heartbeat("gone", 500, 90),
+             ray_row(kind="job", job_id="01000000", state="DEFINED", time=ago(610))]
     write_rows(local_put(lake), rows, "part-a.parquet")
-    row = tasks_of(open_store(lake))["ray_open"]
+    store = open_store(lake)
+    row = tasks_of(store)["ray_open"]
+    job = store.execute("SELECT * FROM jobs").records()[0]
+    assert job["status"] == "SUCCEEDED"
+    assert job["how_known"].startswith("evagg inferred this end: no agent of this Ray session")
     assert (row["final_state"], row["error_type"]) == ("FAILED", "NODE_DIED")
     assert row["failed_us"] == ago(500) // 1000  # the node's last heartbeat
 
