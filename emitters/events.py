@@ -164,6 +164,9 @@ def _op_event(item: tuple[Any, ...], context: Context) -> dict[str, Any]:
     event["span_id"] = op.task_id  # what the ops view pairs STARTED and the end by
     if op.parent is not None:
         event["parent_id"] = op.parent.task_id
+    if op.span is not None:  # a span of the trace that was current (fields may say else)
+        event["trace_id"] = op.span.trace_id
+        event["parent_span_id"] = op.span.span_id
     attrs: dict[str, str] = {}
     if op.fields:
         apply_fields(event, attrs, op.fields)

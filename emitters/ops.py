@@ -3,6 +3,10 @@
 The caller pays for two clock reads and two queue appends. The task id that pairs the
 events, the parent op's id and the event dicts are made later in the sender thread; only a
 failure's traceback is formatted here, while the frames it names still exist.
+
+An op entered while a span is current (an OpenTelemetry span, in a process that imported
+OpenTelemetry already, or one of emitters.tracecontext's) is a span of that trace: its
+events carry the trace id, the op's own id as span id, and the current span as parent.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from typing import Any
 
 from emitters.ids import new_span_id
 from emitters.snapshot import snapshot_fields
+from emitters.tracecontext import TraceContext
+from emitters.tracecontext import current as current_span
 
 STARTED = "STARTED"
 FINISHED = "FINISHED"
@@ -36,7 +42,7 @@ class Op:
     """One operation. Queued items are `(time_ns, op, state, duration_ns, outcome)`."""
 
     __slots__ = ("_ids", "_metrics", "_perf_start", "_put", "_token", "_updates",
-                 "fields", "name", "parent")
+                 "fields", "name", "parent", "span")
 
     def __init__(self, put: Put, name: str, step: int | None, fields: dict[str, Any]) -> None:
         if step is not None:
@@ -45,6 +51,7 @@ class Op:
         self.name = name
         self.fields = snapshot_fields(fields)
         self.parent: Op | None = None
+        self.span: TraceContext | None = None  # the span current when the op began
         self._metrics: dict[str, Any] | None = None
         self._updates: dict[str, Any] | None = None
         # A list so that the caller and the sender thread agree on the first id appended.
@@ -76,6 +83,9 @@ class Op:
 
     def __enter__(self) -> Op:
         self.parent = _CURRENT.get()
+        # Read here, in the caller's context: the sender thread has another one. Without
+        # OpenTelemetry imported this is a contextvar read and a sys.modules lookup.
+        self.span = current_span()
         self._token = _CURRENT.set(self)
         self._perf_start = _perf_ns()
         self._put((_time_ns(), self, STARTED, None, None))

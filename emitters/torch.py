@@ -14,45 +14,33 @@ wait, the metrics and, on CUDA, peak memory. A step ends at the first forward or
 `next()` after an optimizer step, or at `tracker.step()`. On CUDA, durations are timed
 with CUDA events and metric tensors copied without blocking; a step is emitted once its
 last event has completed (polled with `query()` at later step boundaries), so the hot path
-never synchronizes. Nothing here raises into the training loop: failures are counted in
-`tracker.errors`. torch is imported when a tracker is made.
+never synchronizes. A step that raises (the tracker's `with` block, or `close(error=exc)`)
+is emitted FAILED with the exception, and so is the op in flight when it raised. When a
+span is current as the step's first op starts (OpenTelemetry's, or emitters.tracecontext's)
+the step's events carry its trace id and the span as their parent. Nothing here raises into
+the training loop: failures are counted in `tracker.errors`. torch is imported when a
+tracker is made.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import emitters
+from emitters import tracecontext
 from emitters.emitter import Emitter
-from emitters.events import event_ids
+from emitters.ops import error_fields
+from emitters.torch_steps import PHASES, Mark, step_events
+from emitters.torch_steps import Step as _Step
 from emitters.torch_trace import trace_handler as trace_handler
 from emitters.values import text
 
 log = logging.getLogger("evagg.torch")
 T = TypeVar("T")
-PHASES = ("forward", "backward", "optimizer_step")
-Mark = tuple[int, Any]  # (wall-clock ns, CUDA event or None)
-
-
-@dataclass(slots=True)
-class _Step:
-    step: int
-    start: Mark
-    phases: dict[str, list[tuple[Mark, Mark]]] = field(default_factory=dict)
-    data_wait_s: float = 0.0
-    metrics: dict[str, float] = field(default_factory=dict)
-    deferred: dict[str, Any] = field(default_factory=dict)  # name -> CPU tensor being filled
-    end: Mark | None = None
-    peak_memory_bytes: int | None = None
-
-    def active(self) -> bool:
-        return bool(self.phases or self.metrics or self.deferred or self.data_wait_s)
 
 
 class TrainingTracker:
@@ -128,8 +116,13 @@ class TrainingTracker:
         """End the current step now (loops without an optimizer, or to be explicit)."""
         self._guard(self._close_step)
 
-    def close(self, timeout_s: float = 10.0) -> None:
-        """End the last step, wait (bounded) for its CUDA work, emit all, remove the hooks."""
+    def close(self, timeout_s: float = 10.0, error: BaseException | None = None) -> None:
+        """End the last step, wait (bounded) for its CUDA work, emit all, remove the hooks.
+
+        `error`: the exception that stopped the loop (the `with` block passes it), so the
+        last step and the op in flight read FAILED with its type and message."""
+        if error is not None:
+            self._guard(self._fail_step, error)
         self._guard(self._close_step)
         self._guard(self._drain, time.monotonic() + timeout_s)
         if self._pending:  # their GPU work outlived the deadline: counted, not emitted
@@ -142,8 +135,9 @@ class TrainingTracker:
     def __enter__(self) -> TrainingTracker:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> None:
+        self.close(error=exc)
 
     # ---- hooks (each guarded: never raise into the loop) ----------------------------
 
@@ -195,7 +189,17 @@ class TrainingTracker:
         return (time.time_ns(), event)
 
     def _begin(self, phase: str) -> None:
+        if self._step.trace is False:  # once a step, in the loop's own context
+            self._step.trace = tracecontext.current()
         self._open[phase] = self._mark()
+
+    def _fail_step(self, error: BaseException) -> None:
+        """The step raised: it and the phases open now (in flight) end FAILED."""
+        current = self._step
+        current.error = error_fields(type(error), error, error.__traceback__)
+        current.failed = tuple(phase for phase in PHASES if phase in self._open)
+        for phase in current.failed:
+            self._finish(phase)
 
     def _finish(self, phase: str) -> None:
         start = self._open.pop(phase, None)
@@ -244,31 +248,7 @@ class TrainingTracker:
             self._guard(self._emit, self._pending.popleft())
 
     def _emit(self, done: _Step) -> None:
-        """The step's events, built as emit() would build them (typed, an id each)."""
-        events: list[dict[str, Any]] = []
-        for phase in PHASES:
-            spans = done.phases.get(phase)
-            if spans:
-                event = {"kind": "op", "source": "torch", "name": phase, "state": "FINISHED",
-                         "time": spans[0][0][0], "step": done.step,
-                         "duration_s": float(sum(_elapsed_s(a, b) for a, b in spans)),
-                         **self._ids}
-                if len(spans) > 1:
-                    event["attrs"] = {"calls": str(len(spans))}
-                events.append(event)
-        metrics, nonfinite = _split_finite(_step_metrics(done))
-        end = done.end or done.start
-        step_event = {"kind": "op", "source": "torch", "name": self.name, "state": "FINISHED",
-                      "time": done.start[0], "step": done.step,
-                      "duration_s": (end[0] - done.start[0]) / 1e9, **self._ids}
-        if metrics:
-            step_event["metrics"] = metrics
-        if nonfinite:
-            step_event["nonfinite"] = nonfinite
-        events.append(step_event)
-        for event, event_id in zip(events, event_ids([e["time"] for e in events]), strict=True):
-            event["event_id"] = event_id
-        self._send(events)
+        self._send(step_events(done, self.name, self._ids))
 
 
 def _cuda_device(model: Any) -> Any:
@@ -289,25 +269,3 @@ def _first_grad_tensor(output: Any) -> Any:
             if getattr(item, "requires_grad", False):
                 return item
     return None
-
-
-def _elapsed_s(start: Mark, end: Mark) -> float:
-    if start[1] is not None and end[1] is not None:
-        return float(start[1].elapsed_time(end[1])) / 1e3
-    return (end[0] - start[0]) / 1e9
-
-
-def _step_metrics(done: _Step) -> dict[str, float]:
-    values = dict(done.metrics)
-    for name, host_tensor in done.deferred.items():
-        values[name] = float(host_tensor.item())
-    values["data_wait_s"] = done.data_wait_s
-    if done.peak_memory_bytes is not None:
-        values["peak_memory_bytes"] = float(done.peak_memory_bytes)
-    return values
-
-
-def _split_finite(values: dict[str, float]) -> tuple[dict[str, float], list[str]]:
-    """NaN and infinities are named in `nonfinite`, never stored as numbers."""
-    finite = {k: v for k, v in values.items() if math.isfinite(v)}
-    return finite, sorted(k for k in values if k not in finite)

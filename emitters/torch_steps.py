@@ -1,0 +1,112 @@
+"""A finished training step as op events: what TrainingTracker hands the emitter.
+
+Kept apart from the hooks in emitters/torch.py: these functions need no torch, only the
+marks (wall-clock ns, and a CUDA event pair's elapsed time where there is one).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from emitters import tracecontext
+from emitters.events import event_ids
+from emitters.ids import new_span_id
+
+PHASES = ("forward", "backward", "optimizer_step")
+Mark = tuple[int, Any]  # (wall-clock ns, CUDA event or None)
+
+
+@dataclass(slots=True)
+class Step:
+    step: int
+    start: Mark
+    phases: dict[str, list[tuple[Mark, Mark]]] = field(default_factory=dict)
+    data_wait_s: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+    deferred: dict[str, Any] = field(default_factory=dict)  # name -> CPU tensor being filled
+    end: Mark | None = None
+    peak_memory_bytes: int | None = None
+    # The span current when the step's first op began (None: none was); False: not looked.
+    trace: tracecontext.TraceContext | bool | None = False
+    error: dict[str, str] | None = None  # the exception the step raised
+    failed: tuple[str, ...] = ()  # the phases in flight when it raised
+
+    def active(self) -> bool:
+        return bool(self.phases or self.metrics or self.deferred or self.data_wait_s
+                    or self.error)
+
+
+def step_events(done: Step, name: str, ids: dict[str, str]) -> list[dict[str, Any]]:
+    """The step's events, built as emit() would build them (typed, an id each)."""
+    events = [_phase_event(done, phase, spans, ids) for phase in PHASES
+              if (spans := done.phases.get(phase))]
+    events.append(_step_event(done, name, ids))
+    _join_trace(events, done.trace)
+    for event, event_id in zip(events, event_ids([e["time"] for e in events]), strict=True):
+        event["event_id"] = event_id
+    return events
+
+
+def _phase_event(done: Step, phase: str, spans: list[tuple[Mark, Mark]],
+                 ids: dict[str, str]) -> dict[str, Any]:
+    failed = phase in done.failed  # in flight when the step raised
+    event: dict[str, Any] = {
+        "kind": "op", "source": "torch", "name": phase,
+        "state": "FAILED" if failed else "FINISHED", "time": spans[0][0][0],
+        "step": done.step, "duration_s": float(sum(_elapsed_s(a, b) for a, b in spans)),
+        **ids}
+    if len(spans) > 1:
+        event["attrs"] = {"calls": str(len(spans))}
+    if failed and done.error:
+        event.update(done.error)
+    return event
+
+
+def _step_event(done: Step, name: str, ids: dict[str, str]) -> dict[str, Any]:
+    metrics, nonfinite = _split_finite(_step_metrics(done))
+    end = done.end or done.start
+    event: dict[str, Any] = {
+        "kind": "op", "source": "torch", "name": name,
+        "state": "FAILED" if done.error else "FINISHED", "time": done.start[0],
+        "step": done.step, "duration_s": (end[0] - done.start[0]) / 1e9, **ids}
+    if metrics:
+        event["metrics"] = metrics
+    if nonfinite:
+        event["nonfinite"] = nonfinite
+    if done.error:
+        event.update(done.error)
+    return event
+
+
+def _join_trace(events: list[dict[str, Any]], context: object) -> None:
+    """Each op a span of its own, a child of the span that was current in the step."""
+    if not isinstance(context, tracecontext.TraceContext):
+        return
+    for event in events:
+        event["trace_id"] = context.trace_id
+        event["span_id"] = new_span_id()
+        event["parent_span_id"] = context.span_id
+
+
+def _elapsed_s(start: Mark, end: Mark) -> float:
+    if start[1] is not None and end[1] is not None:
+        return float(start[1].elapsed_time(end[1])) / 1e3
+    return (end[0] - start[0]) / 1e9
+
+
+def _step_metrics(done: Step) -> dict[str, float]:
+    values = dict(done.metrics)
+    for name, host_tensor in done.deferred.items():
+        values[name] = float(host_tensor.item())
+    values["data_wait_s"] = done.data_wait_s
+    if done.peak_memory_bytes is not None:
+        values["peak_memory_bytes"] = float(done.peak_memory_bytes)
+    return values
+
+
+def _split_finite(values: dict[str, float]) -> tuple[dict[str, float], list[str]]:
+    """NaN and infinities are named in `nonfinite`, never stored as numbers."""
+    finite = {k: v for k, v in values.items() if math.isfinite(v)}
+    return finite, sorted(k for k in values if k not in finite)
