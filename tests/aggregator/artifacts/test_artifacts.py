@@ -41,7 +41,7 @@ def listed(agent: AgentProcess, *flags: str) -> list[dict[str, Any]]:
 
 
 def wait_listed(agent: AgentProcess, count: int, what: str) -> list[dict[str, Any]]:
-    return wait_for(lambda: (rows if len(rows := listed(agent)) >= count else None), 90,
+    return wait_for(lambda: (rows if len(rows := listed(agent)) >= count else []), 90,
                     lambda: f"{what}: {listed(agent)}\n{agent.log()}", interval=0.5)
 
 
