@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from aggregator.config.files import WatchedFiles, parse_files
+from aggregator.config.files import WatchedFiles, files_warnings, parse_files
 from aggregator.config.sinks import SinkConfig, parse_sinks
 from aggregator.config.values import (
     check_keys,
@@ -271,6 +271,7 @@ def config_warnings(config: AgentConfig) -> list[str]:
                         f"than Ray takes to export a dead driver's ends (about 5 s): keep it "
                         f"at {RAY_EXPORT_DELAY_S:g}s or more, or Ray's own end may come after "
                         "evagg inferred one")
+    warnings.extend(files_warnings(config.files, [sink.type for sink in config.sinks]))
     host = config.http_listen.rpartition(":")[0].strip("[]")
     if not host or config.http_token is not None or is_loopback_host(host):
         return warnings

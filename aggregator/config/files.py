@@ -82,3 +82,12 @@ def _no_overlap(watched: list[WatchedFiles], problems: list[str]) -> None:
                     or other.path in one.path.parents:
                 problems.append(f"files: {one.path} and {other.path} overlap; a file would "
                                 "be shipped twice: watch each directory in one table only")
+
+
+def files_warnings(watched: tuple[WatchedFiles, ...], sink_types: list[str]) -> list[str]:
+    """What `check-config` says of `[[files]]` tables that will ship nothing (yet)."""
+    if watched and "parquet" not in sink_types:
+        return ["files: no Parquet sink to keep the watched files in, so none is shipped; "
+                "add a [[sinks]] table of type \"parquet\" (a directory or s3://)"]
+    return [f"files[{index}].path: {one.path} does not exist yet; its files are shipped "
+            "once it does" for index, one in enumerate(watched) if not one.path.is_dir()]
