@@ -15,6 +15,7 @@ from pathlib import Path
 from aiohttp import web
 
 from dashboard.api import Api, Handler
+from dashboard.artifact_routes import ArtifactApi
 from dashboard.errors import DashboardError
 from dashboard.raystate.routes import RayStateApi
 from dashboard.runner import QueryRunner
@@ -61,6 +62,7 @@ def create_app(store: Store, *, timeout_s: float = 60.0) -> web.Application:
     runner = QueryRunner(store, timeout_s=timeout_s)
     app = web.Application(middlewares=[errors_as_json])
     app.add_routes(Api(store, runner).routes())
+    app.add_routes(ArtifactApi(store, runner).routes())  # shipped files, docs/dashboard.md
     app.add_routes(RayStateApi(store, runner).routes())  # Ray's State API, docs/ray.md
     app.router.add_get("/", index)
     app.router.add_static("/static/", STATIC, show_index=False, follow_symlinks=False)

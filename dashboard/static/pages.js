@@ -4,6 +4,7 @@ import { h, hashLink, routeHref, fmtTime, fmtDur, fmtNum, fmtBytes, stateBadge, 
   fmtClock } from "./dom.js";
 import { noAgents, noRuns, noTasks, noTraces } from "./empty.js";
 import { attemptLogs } from "./logs.js";
+import { runArtifacts } from "./artifacts.js";
 import { timelineChart, histogram, histRange, metricChart, waterfall, stateTimeline, STATE_COLORS } from "./charts.js";
 
 const STATES = ["PENDING", "SUBMITTED", "RUNNING", "FINISHED", "FAILED"];
@@ -247,6 +248,7 @@ export async function run(params) {
     ["step", "ops", "failures", "op time", "metric spread (min … max)"].map((t) => h("th", null, t)))), h("tbody", null, rows));
   return h("div", null, h("h1", null, `Run ${runId || "(no run id)"}`),
     await requestLedger(runId),
+    await runArtifacts(runId),
     section("Metrics over steps", byMetric.size ? charts : h("p", { class: "muted" }, "No metrics.")),
     section("Steps", grid));
 }
