@@ -112,7 +112,7 @@ class TaskFilter:
                 continue
             if column not in columns:
                 raise BadInput(f"the tasks view has no column {column!r} to filter {key} on")
-            parts.append(f"{column} = ${key}")
+            parts.append(_equals(key, column, columns))
             params[key] = value
         if self.since is not None:
             parts.append(f"{TASK_TIME} >= CAST($since AS TIMESTAMPTZ)")
@@ -125,6 +125,14 @@ class TaskFilter:
             parts.append("(" + " OR ".join(f"contains(lower({c}), $text)" for c in searched) + ")")
             params["text"] = self.text.lower()
         return (" WHERE " + " AND ".join(parts)) if parts else "", params
+
+
+def _equals(key: str, column: str, columns: list[str]) -> str:
+    # A Ray failure is grouped by its exception class (summaries.sql), so its group's
+    # link asks for the class; Ray's own error type (TASK_EXECUTION_EXCEPTION) still finds it.
+    if key == "error_type" and "exception_class" in columns:
+        return f"({column} = ${key} OR exception_class = ${key})"
+    return f"{column} = ${key}"
 
 
 def task_order(sort: str | None, order: str | None, columns: list[str]) -> str:

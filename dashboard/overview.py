@@ -28,7 +28,13 @@ def bucket_width_s(first_us: int, last_us: int) -> int:
     return WIDTHS_S[-1]
 
 
-STATES_FROM_TASKS = "(SELECT final_state AS state, count(*) AS tasks FROM tasks GROUP BY 1)"
+# Tasks as Ray counts them: every attempt but Ray's driver task, which is counted apart
+# (DRIVERS_*) so the page can say where it went.
+STATES_FROM_TASKS = ("(SELECT final_state AS state, count(*) AS tasks FROM tasks "
+                     "WHERE coalesce(task_type, '') <> 'DRIVER_TASK' GROUP BY 1)")
+DRIVERS_SQL = "SELECT count(*) AS n FROM tasks WHERE task_type = 'DRIVER_TASK'"
+FOLDED_DRIVERS_SQL = ("SELECT coalesce(sum(tasks), 0) AS n FROM fold.summary_bins "
+                      "WHERE dimension = 'driver'")
 SPAN_SQL = "SELECT epoch_us(min(time)) AS first, epoch_us(max(time)) AS last FROM events_raw"
 COUNTS_SQL = ("SELECT epoch_us(time) // $width_us AS bucket, kind, count(*) AS events "
               "FROM events GROUP BY ALL ORDER BY bucket, kind")
@@ -65,6 +71,7 @@ def overview(store: Store) -> dict[str, Any]:
     states = store.execute(
         f"SELECT * FROM {'task_state_counts' if folded else STATES_FROM_TASKS} ORDER BY 2 DESC, 1",
         views=not folded)
+    drivers = store.execute(FOLDED_DRIVERS_SQL if folded else DRIVERS_SQL, views=not folded)
     span = store.execute(FOLDED_SPAN_SQL, views=False) if folded else store.execute(SPAN_SQL)
     first, last = span.rows[0] if span.rows else (None, None)
     timeline: list[dict[str, Any]] = []
@@ -82,6 +89,7 @@ def overview(store: Store) -> dict[str, Any]:
     return {
         "states": states.records(),
         "tasks": sum(r["tasks"] for r in states.records()),
+        "drivers": int(drivers.rows[0][0]) if drivers.rows else 0,
         "kinds": [{"kind": k, "events": n} for k, n in sorted(kinds.items(), key=lambda x: -x[1])],
         "events": sum(kinds.values()),
         "bucket_s": width,

@@ -25,7 +25,8 @@ MAX_PAGE = 1000
 def summary(store: Store) -> Result:
     return store.execute(
         f"SELECT * FROM {store.summary_relation()} ORDER BY "
-        "list_position(['all', 'state', 'name', 'error_type', 'job', 'node'], dimension), "
+        "list_position(['all', 'state', 'name', 'error_type', 'job', 'node', 'driver'], "
+        "dimension), "
         "tasks DESC, value", views=store.fold is None)
 
 

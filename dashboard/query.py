@@ -38,6 +38,10 @@ SHORT_TASK_COLUMNS = ("task_id", "attempt", "name", "final_state", "node_id", "d
                       "error_type")
 NO_RUN_ID = "(no run_id)"
 NO_JOB_ID = "(no job id)"  # a summary's job row for tasks sent without a job_id
+SUMMARY_NOTE = ("tasks counts task attempts, as Ray's own summary does: a task Ray ran "
+                "twice (a retry) counts 2")
+DRIVERS_NOTE = ("; Ray's driver tasks ({n}) are counted only in the driver rows, as Ray "
+                "leaves them out (evagg query tasks lists them)")
 
 
 def default_data() -> str:
@@ -174,17 +178,25 @@ def run_query(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(result.extra["raw"])
         return 0
     sys.stdout.write(render(result, args.fmt or "table"))
+    if "note" in result.extra and (args.fmt or "table") == "table":
+        print(result.extra["note"], file=sys.stderr)  # for people: stdout stays the table
     return 0
 
 
 def _summary(store: Store, _args: argparse.Namespace) -> Result:
-    """Tasks sent without a job id are one job row; it says so instead of reading empty."""
+    """Tasks sent without a job id are one job row; it says so instead of reading empty.
+    Under the table, a line says what `tasks` counts and where Ray's drivers went."""
     result = queries.summary(store)
-    if {"dimension", "value"} <= set(result.columns):
-        dimension, value = result.columns.index("dimension"), result.columns.index("value")
-        for row in result.rows:
-            if row[dimension] == "job" and not row[value]:
-                row[value] = NO_JOB_ID
+    if not {"dimension", "value", "tasks"} <= set(result.columns):
+        return result
+    dimension, value = result.columns.index("dimension"), result.columns.index("value")
+    drivers = 0
+    for row in result.rows:
+        if row[dimension] in ("job", "driver") and not row[value]:
+            row[value] = NO_JOB_ID
+        if row[dimension] == "driver":
+            drivers += int(row[result.columns.index("tasks")])
+    result.extra["note"] = SUMMARY_NOTE + (DRIVERS_NOTE.format(n=drivers) if drivers else "")
     return result
 
 

@@ -183,24 +183,29 @@ FROM (
 -- actor's repr, as the view names it when no other attempt has a name (the view's
 -- name from another attempt is not seen here: such an attempt counts under that repr,
 -- or no name, until it has one of its own).
+-- Ray's driver task counts only under `driver` (by job), as Ray's own summary leaves it
+-- out; a failure counts under its exception class where Ray parsed one (summaries.sql).
+CREATE OR REPLACE TEMP MACRO fold_is_driver(task_type) AS coalesce(task_type, '') = 'DRIVER_TASK';
 CREATE OR REPLACE TEMP MACRO fold_bins_of(rows) AS TABLE
 WITH t AS (
     SELECT sign, coalesce(final_state, 'UNKNOWN') AS state, coalesce(name, actor_repr) AS name,
-           CASE WHEN fold_error_shown(error_key, final_key) THEN error.error_type END
-               AS error_type,
-           job_id, node_id, duration_s, bin
+           CASE WHEN fold_error_shown(error_key, final_key)
+                THEN coalesce(error.exception_class, error.error_type) END AS error,
+           job_id, node_id, duration_s, bin, fold_is_driver(task_type) AS driver
     FROM query_table(rows)
     WHERE has_state OR name IS NOT NULL
 ),
+counted AS (SELECT * FROM t WHERE NOT driver),
 d AS (
     SELECT sign, 'all' AS dimension, CAST(NULL AS VARCHAR) AS value, state, duration_s, bin
-    FROM t
-    UNION ALL SELECT sign, 'state', state, state, duration_s, bin FROM t
-    UNION ALL SELECT sign, 'name', name, state, duration_s, bin FROM t
-    UNION ALL SELECT sign, 'error_type', error_type, state, duration_s, bin FROM t
-        WHERE error_type IS NOT NULL
-    UNION ALL SELECT sign, 'job', job_id, state, duration_s, bin FROM t
-    UNION ALL SELECT sign, 'node', node_id, state, duration_s, bin FROM t
+    FROM counted
+    UNION ALL SELECT sign, 'state', state, state, duration_s, bin FROM counted
+    UNION ALL SELECT sign, 'name', name, state, duration_s, bin FROM counted
+    UNION ALL SELECT sign, 'error_type', error, state, duration_s, bin FROM counted
+        WHERE error IS NOT NULL
+    UNION ALL SELECT sign, 'job', job_id, state, duration_s, bin FROM counted
+    UNION ALL SELECT sign, 'node', node_id, state, duration_s, bin FROM counted
+    UNION ALL SELECT sign, 'driver', job_id, state, duration_s, bin FROM t WHERE driver
 )
 SELECT dimension, value, bin,
     CAST(sum(sign) AS BIGINT) AS tasks,
@@ -471,10 +476,10 @@ SELECT state, CAST(sum(tasks) AS BIGINT) AS tasks
 FROM (
     SELECT value AS state, tasks FROM fold.summary_bins WHERE dimension = 'state'
     UNION ALL
-    SELECT a.final_state, -1 FROM task_ends AS e JOIN task_attempts AS a
+    SELECT unnest([a.final_state, e.final_state]), unnest([-1, 1])
+    FROM task_ends AS e JOIN task_attempts AS a
         ON e.task_id = a.task_id AND e.attempt = a.attempt AND e.session = a.session
-    UNION ALL
-    SELECT final_state, count(*) FROM task_ends GROUP BY final_state
+    WHERE coalesce(a.task_type, '') <> 'DRIVER_TASK'  -- counted under `driver` only
 )
 GROUP BY state
 HAVING sum(tasks) <> 0;
@@ -499,7 +504,7 @@ SELECT second, kind, events, first_us, last_us FROM fold.timeline;
 CREATE OR REPLACE TEMP TABLE fold_renamed AS
 WITH nameless AS (
     SELECT task_id, attempt, session, actor_repr, final_state, duration_s, bin
-    FROM fold.task_fold WHERE name IS NULL AND has_state
+    FROM fold.task_fold WHERE name IS NULL AND has_state AND NOT fold_is_driver(task_type)
 ),
 siblings AS (
     SELECT task_id, session, coalesce(max(name), max(function)) AS sibling_name
@@ -610,27 +615,32 @@ wanted AS (SELECT * FROM fold_wanted),
 near AS (
     SELECT coalesce(f.final_state, 'UNKNOWN') AS state,
            coalesce(f.name, r.sibling_name, f.actor_repr) AS name,
-           CASE WHEN fold_error_shown(f.error_key, f.final_key) THEN f.error.error_type END
-               AS error_type,
-           f.job_id, f.node_id, f.duration_s, f.bin
+           CASE WHEN fold_error_shown(f.error_key, f.final_key)
+                THEN coalesce(f.error.exception_class, f.error.error_type) END AS error,
+           f.job_id, f.node_id, f.duration_s, f.bin, fold_is_driver(f.task_type) AS driver
     FROM fold.task_fold AS f LEFT JOIN fold_renamed AS r USING (task_id, attempt, session)
     ANTI JOIN fold_ended AS x
         ON x.task_id = f.task_id AND x.attempt = f.attempt AND x.session = f.session
     WHERE f.bin IN (@bins) AND (f.has_state OR f.name IS NOT NULL)
     UNION ALL
-    SELECT f.end_state, coalesce(f.name, r.sibling_name, f.actor_repr), f.end_error_type,
-           f.job_id, f.node_id, f.end_duration_s, fold_bin(f.end_duration_s)
+    SELECT f.end_state, coalesce(f.name, r.sibling_name, f.actor_repr),
+           coalesce(CASE WHEN fold_error_shown(f.error_key, f.final_key)
+                         THEN f.error.exception_class END, f.end_error_type),
+           f.job_id, f.node_id, f.end_duration_s, fold_bin(f.end_duration_s),
+           fold_is_driver(f.task_type)
     FROM fold_ended AS f LEFT JOIN fold_renamed AS r USING (task_id, attempt, session)
     WHERE fold_bin(f.end_duration_s) IN (@bins)
 ),
+counted AS (SELECT * FROM near WHERE NOT driver),
 near_dims AS (
-    SELECT 'all' AS dimension, CAST(NULL AS VARCHAR) AS value, duration_s, bin FROM near
-    UNION ALL SELECT 'state', state, duration_s, bin FROM near
-    UNION ALL SELECT 'name', name, duration_s, bin FROM near
-    UNION ALL SELECT 'error_type', error_type, duration_s, bin FROM near
-        WHERE error_type IS NOT NULL
-    UNION ALL SELECT 'job', job_id, duration_s, bin FROM near
-    UNION ALL SELECT 'node', node_id, duration_s, bin FROM near
+    SELECT 'all' AS dimension, CAST(NULL AS VARCHAR) AS value, duration_s, bin FROM counted
+    UNION ALL SELECT 'state', state, duration_s, bin FROM counted
+    UNION ALL SELECT 'name', name, duration_s, bin FROM counted
+    UNION ALL SELECT 'error_type', error, duration_s, bin FROM counted
+        WHERE error IS NOT NULL
+    UNION ALL SELECT 'job', job_id, duration_s, bin FROM counted
+    UNION ALL SELECT 'node', node_id, duration_s, bin FROM counted
+    UNION ALL SELECT 'driver', job_id, duration_s, bin FROM near WHERE driver
 ),
 ordered AS (
     SELECT dimension, value, bin, duration_s,

@@ -6,6 +6,14 @@
 CREATE OR REPLACE MACRO duration_bin(d) AS
     CAST(greatest(0, least(39, floor((log10(greatest(d, 1e-6)) + 6) * 4))) AS INTEGER);
 
+-- What the summaries count, as Ray's own summary counts: every attempt but Ray's driver
+-- task (the `driver` dimension of task_summary holds those, by job); a failure's error is
+-- its exception class where Ray parsed one from its traceback (ValueError, not Ray's
+-- TASK_EXECUTION_EXCEPTION, which stays in the tasks view's error_type).
+CREATE OR REPLACE VIEW counted_tasks AS
+SELECT *, coalesce(exception_class, error_type) AS error FROM tasks
+WHERE coalesce(task_type, '') <> 'DRIVER_TASK';
+
 -- Quantiles are exact (quantile_cont, interpolated); asking for the three in one list
 -- sorts each group once instead of three times. max_s, mean_s and duration_bins leave
 -- `*` and come back after the quantiles, so each column appears once.
@@ -26,7 +34,7 @@ FROM (
         avg(duration_s) AS mean_s,
         histogram(duration_bin(duration_s)) FILTER (WHERE duration_s IS NOT NULL)
             AS duration_bins
-    FROM tasks
+    FROM counted_tasks
     GROUP BY dim
 );
 
@@ -35,7 +43,7 @@ CREATE OR REPLACE VIEW summary_by_name AS SELECT * FROM task_stats_by(name);
 CREATE OR REPLACE VIEW summary_by_job AS SELECT * FROM task_stats_by(job_id);
 CREATE OR REPLACE VIEW summary_by_node AS SELECT * FROM task_stats_by(node_id);
 CREATE OR REPLACE VIEW summary_by_error AS
-SELECT * FROM task_stats_by(error_type) WHERE value IS NOT NULL;
+SELECT * FROM task_stats_by(error) WHERE value IS NOT NULL;
 
 -- All dimensions in one pass over `tasks` (what `evagg query summary` prints): the
 -- fold of task events runs once instead of once per dimension.
@@ -45,19 +53,27 @@ SELECT
     CASE
         WHEN grouping(final_state) = 0 THEN 'state'
         WHEN grouping(name) = 0 THEN 'name'
-        WHEN grouping(error_type) = 0 THEN 'error_type'
+        WHEN grouping(error) = 0 THEN 'error_type'
         WHEN grouping(job_id) = 0 THEN 'job'
         WHEN grouping(node_id) = 0 THEN 'node'
         ELSE 'all'
     END AS dimension,
-    coalesce(final_state, name, error_type, job_id, node_id) AS value,
+    coalesce(final_state, name, error, job_id, node_id) AS value,
     count(*) AS tasks,
     count(*) FILTER (WHERE final_state = 'FINISHED') AS finished,
     count(*) FILTER (WHERE final_state = 'FAILED') AS failed,
     count(*) FILTER (WHERE final_state NOT IN ('FINISHED', 'FAILED')) AS unfinished,
     quantile_cont(duration_s, [0.5, 0.9, 0.99]) AS q,
     max(duration_s) AS max_s
-FROM tasks
-GROUP BY GROUPING SETS ((), (final_state), (name), (error_type), (job_id), (node_id))
-HAVING grouping(error_type) = 1 OR error_type IS NOT NULL
+FROM counted_tasks
+GROUP BY GROUPING SETS ((), (final_state), (name), (error), (job_id), (node_id))
+HAVING grouping(error) = 1 OR error IS NOT NULL
+UNION ALL
+SELECT 'driver', job_id, count(*),
+    count(*) FILTER (WHERE final_state = 'FINISHED'),
+    count(*) FILTER (WHERE final_state = 'FAILED'),
+    count(*) FILTER (WHERE final_state NOT IN ('FINISHED', 'FAILED')),
+    quantile_cont(duration_s, [0.5, 0.9, 0.99]), max(duration_s)
+FROM tasks WHERE task_type = 'DRIVER_TASK'
+GROUP BY job_id
 );

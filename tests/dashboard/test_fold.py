@@ -48,9 +48,15 @@ def random_attempts(rng: random.Random, count: int, prefix: str) -> list[Row]:
                              run_s=rng.choice([None, rng.uniform(0, 90)]), end_state=end,
                              node=rng.choice(["nodeA", "nodeB"]), job=f"job{i % 3}",
                              error=error, pid=rng.randint(1, 999))
+        exception_class = rng.choice(["ValueError", "KeyError", None])
         for piece in pieces:
             if i % 7 == 0:
                 piece["attrs"] = {**(piece.get("attrs") or {}), "ray_session": "s2"}
+            if i % 11 == 0:  # Ray's driver task: counted apart, as Ray counts
+                piece["attrs"] = {**(piece.get("attrs") or {}), "ray_task_type": "DRIVER_TASK"}
+            if piece.get("error_type") and exception_class:  # Ray's failure, class parsed
+                piece["error_type"] = "TASK_EXECUTION_EXCEPTION"
+                piece["attrs"] = {**(piece.get("attrs") or {}), "exception_class": exception_class}
             if rng.random() < 0.1:
                 piece["received"] += 10**9  # a later copy of the same event
                 rows.append(dict(piece, received=piece["received"] + 1))
