@@ -50,6 +50,7 @@ from aggregator.ray.values import (
     Keys,
     RayValueError,
     b64_hex,
+    creation_actor_id,
     extra_attrs,
     ids,
     keys_of,
@@ -177,12 +178,15 @@ def map_task_definition(p: dict[str, Any], k: Keys, event_type: str) -> list[Row
     env = runtime_env(p.get(k["serialized_runtime_env"]))
     if env:
         attrs["ray_runtime_env"] = env
+    found = ids(p, k, "task_id", "job_id", "actor_id")
+    found["actor_id"] = found["actor_id"] or creation_actor_id(attrs["ray_task_type"],
+                                                               found["task_id"])
     return [{
         "kind": "task",
         "state": "DEFINED",
         "name": p.get(k["task_name"]) or p.get(k["actor_task_name"]) or function,
         "attempt": to_int(p.get(k["task_attempt"], 0), k["task_attempt"]),
-        **ids(p, k, "task_id", "job_id", "actor_id"),
+        **found,
         "parent_id": b64_hex(p.get(k["parent_task_id"]), k["parent_task_id"]),
         "attrs": attrs,
     }]

@@ -50,6 +50,7 @@ from aggregator.ray.values import (
     MAX_CACHED_KEY,
     Keys,
     b64_hex,
+    creation_actor_id,
     extra_attrs,
     keep,
     runtime_env,
@@ -205,10 +206,12 @@ def _definition(p: dict[str, Any], k: Keys, env: _Envelope) -> list[RowTuple]:
     # ROW_COLUMNS: event_id, time, kind, source, name, state, task_id, attempt, parent_id,
     # job_id, run_id, node_id, worker_id, actor_id, host, trace_id, span_id, parent_span_id,
     # step, duration_s, error_type, error_message, stack_trace, metrics, nonfinite, attrs
+    task_id = _hex(p, k["task_id"])
+    actor_id = _hex(p, k["actor_id"]) or creation_actor_id(attrs["ray_task_type"], task_id)
     return [(env.event_hex, env.time(), "task", "ray", name, "DEFINED",
-             _hex(p, k["task_id"]), _attempt(p, k["task_attempt"]),
+             task_id, _attempt(p, k["task_attempt"]),
              _hex(p, k["parent_task_id"]), _hex(p, k["job_id"]), None, env.node_hex, None,
-             _hex(p, k["actor_id"]), env.host, None, None, None, None, None, None, None, None,
+             actor_id, env.host, None, None, None, None, None, None, None, None,
              None, None, attrs)]
 
 

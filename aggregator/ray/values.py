@@ -165,6 +165,14 @@ def b64_hex(value: Any, field: str, cache: bool = True) -> str | None:
     return found
 
 
+def creation_actor_id(task_type: Any, task_id: str | None) -> str | None:
+    """The actor of an actor creation task, which its definition does not name: Ray makes
+    such a task's id from 8 bytes of 0xff and the actor's id (TaskID::ForActorCreationTask)."""
+    if task_type != "ACTOR_CREATION_TASK" or not task_id or len(task_id) != 48:
+        return None
+    return task_id[16:] if task_id[:16] == "f" * 16 else None
+
+
 def ids(p: dict[str, Any], k: Keys, *columns: str) -> dict[str, str | None]:
     """{column: hex} for payload fields named like the columns (task_id, job_id, ...)."""
     return {c: b64_hex(p.get(k[c]), k[c]) for c in columns}

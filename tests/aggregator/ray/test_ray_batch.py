@@ -596,3 +596,20 @@ def _to_snake(value: Any, key: str = "") -> Any:
     if isinstance(value, list):
         return [_to_snake(v) for v in value]
     return value
+
+
+def test_an_actor_creation_task_is_stamped_with_its_actor_on_both_paths() -> None:
+    """Ray's definition of an actor creation task names no actor: both paths take it
+    from the task id (8 bytes of 0xff, then the actor's id), as Ray's State API shows it."""
+    actor = bytes.fromhex("a5bb2facdd9ef499094add5801000000")
+    (definition,) = [copy.deepcopy(e) for e in all_samples()
+                     if e.get("eventType") == "TASK_DEFINITION_EVENT"][:1]
+    normal = copy.deepcopy(definition)  # a normal task's id has no actor in it
+    normal["eventId"] = base64.b64encode(b"another event").decode()
+    definition["taskDefinitionEvent"].update(
+        taskType="ACTOR_CREATION_TASK", taskId=base64.b64encode(b"\xff" * 8 + actor).decode())
+    items = [definition, normal, _to_snake(definition)]
+    items[2]["event_id"] = base64.b64encode(b"a third event").decode()
+    assert assert_same_as_reference(items) == 0
+    rows, _ = ray_events_to_rows(items)
+    assert [r.get("actor_id") for r in rows] == [actor.hex(), None, actor.hex()]
