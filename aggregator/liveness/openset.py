@@ -24,6 +24,9 @@ Key = tuple[str, str, str, int]  # kind, session, id, attempt
 TERMINAL = frozenset({"FINISHED", "FAILED"})
 CLOCK_SLACK_NS = 2_000_000_000  # boot time in /proc has whole seconds; clocks differ a little
 MAX_CLOSED = 100_000  # ends remembered, so that a late start does not reopen its key
+# pids known to run `evagg emit` or not; a pid reused later keeps its first answer, which
+# at worst leaves a task unwatched (nothing inferred), never ends one wrongly
+MAX_MESSENGERS = 10_000
 
 
 @dataclass(slots=True)
@@ -95,6 +98,7 @@ class OpenSet:
         self.known: dict[int, Identity] = {}  # seen by the last run (restart.read_seen)
         self.on_new: Callable[[Identity], None] | None = None  # each first sighting
         self.changed = False  # since the last snapshot
+        self._messengers: dict[int, bool] = {}  # pid -> runs `evagg emit` (_messenger)
 
     # -- facts -----------------------------------------------------------------------------
 
@@ -134,7 +138,19 @@ class OpenSet:
         started = "RUNNING" if fact.kind == "task" else "STARTED"
         if fact.state != started or fact.pid is None or fact.pid == self.own_pid:
             return False
+        if fact.pid not in self.processes and self._messenger(fact.pid):
+            return False
         return self.see(fact.pid, fact.time_ns)
+
+    def _messenger(self, pid: int) -> bool:
+        """`evagg emit` sends for a task run elsewhere (a shell script's RUNNING, its end
+        sent later by another `evagg emit`): its exit ends nothing. Asked once per pid."""
+        found = self._messengers.get(pid)
+        if found is None:
+            if len(self._messengers) >= MAX_MESSENGERS:
+                self._messengers.clear()
+            found = self._messengers[pid] = procs.is_evagg_emit(pid)
+        return found
 
     def _learn(self, found: Attempt, fact: Fact) -> None:
         for name in ("job_id", "run_id", "node_id", "worker_id", "name", "step", "task_id"):

@@ -65,6 +65,18 @@ def command_line(pid: int) -> str:
     return subprocess.list2cmdline([a.decode(errors="replace") for a in raw.split(b"\0")])
 
 
+def is_evagg_emit(pid: int) -> bool:
+    """Whether `pid` runs `evagg emit` (or `python -m aggregator emit`): a messenger that
+    exits as soon as its events are acked, so its exit says nothing of the task."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            argv = handle.read().split(b"\0")
+    except OSError:
+        return False
+    return any(os.path.basename(arg) in (b"evagg", b"aggregator") and argv[i + 1:i + 2] == [b"emit"]
+               for i, arg in enumerate(argv))
+
+
 def _stat_fields(pid: int) -> list[str] | None:
     """The fields after the command name (which may hold spaces and parentheses)."""
     if pid <= 0:
