@@ -36,7 +36,7 @@ from aggregator.ingest.ingestor import Ingestor
 from aggregator.metrics import AgentMetrics
 from emitters.ratelimit import RateLimitedLog
 from sinks.artifacts.layout import ARTIFACT_KIND, artifact_event_id, artifact_key
-from sinks.parquet.stores import ObjectStore
+from sinks.parquet.stores import LocalStore, ObjectStore
 
 log = logging.getLogger("evagg.artifacts")
 CHUNK: Final = 1024 * 1024
@@ -81,8 +81,13 @@ class ArtifactShipper:
             await self._guarded(self.cycle)
 
     async def _start_in_thread(self) -> None:
-        await asyncio.to_thread(self.state.load)
+        await asyncio.to_thread(self._start)
         self._started = True
+
+    def _start(self) -> None:
+        self.state.load()
+        if not isinstance(self.store, LocalStore):  # S3: a staging directory of our own;
+            self.store.cleanup_staging()  # a local lake's are the Parquet sink's to sweep
 
     async def _guarded(self, step: Any) -> None:
         try:
