@@ -14,11 +14,14 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
 
 import pyarrow as pa
 
@@ -33,6 +36,8 @@ from sinks.raylogs.layout import LOGS_ROOT, compress_piece, piece_key
 
 log = logging.getLogger("evagg.raylogs")
 MAX_WAITING_BATCHES: Final = 10_000  # Ray bodies not yet looked at (about 10 minutes' worth)
+LOGS_NICENESS: Final = 10  # added to the follower thread's nice value
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +62,9 @@ class RayLogFollower:
         self._workers: dict[tuple[str, int], tuple[NamedFile, float]] = {}
         self._said = RateLimitedLog(log)
         self._started = False  # the saved state is read: cycles may write it
+        # One thread of its own, at a lower CPU priority: compressing logs yields the
+        # cores to the event path (the acks) when both want them.
+        self._thread = ThreadPoolExecutor(1, "ray-logs", initializer=_lower_priority)
         registry = metrics.registry
         self.shipped_bytes = registry.counter(
             "evagg_ray_log_bytes_total", "Bytes of Ray log files written to the lake")
@@ -81,7 +89,7 @@ class RayLogFollower:
     # -- the worker -------------------------------------------------------------------------
 
     async def run(self) -> None:
-        await asyncio.to_thread(self._start)
+        await self._in_thread(self._start)
         while True:
             await asyncio.sleep(self.interval_s)
             await self.ship_all()
@@ -105,7 +113,7 @@ class RayLogFollower:
 
     async def cycle(self) -> bool:
         """Read and publish one piece of every file that grew; True if more is waiting."""
-        staged = await asyncio.to_thread(self._prepare)
+        staged = await self._in_thread(self._prepare)
         more = False
         for item in staged:
             try:
@@ -120,8 +128,11 @@ class RayLogFollower:
                 continue
             more = more or item.size >= MAX_PIECE_BYTES
             self._shipped(item)
-        await asyncio.to_thread(self.state.save)
+        await self._in_thread(self.state.save)
         return more
+
+    async def _in_thread(self, work: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, work)
 
     # -- in the thread -----------------------------------------------------------------------
 
@@ -219,6 +230,14 @@ class RayLogFollower:
         self._said.log(logging.WARNING, lost.reason, "Ray log file %s: %s (%d bytes never "
                        "read); counted as a loss", lost.followed.path,
                        _WHY[lost.reason], lost.unread_bytes)
+
+
+def _lower_priority() -> None:
+    """Linux sets a nice value per thread; elsewhere the thread keeps the process's."""
+    with contextlib.suppress(OSError, AttributeError):
+        thread = threading.get_native_id()
+        nice = os.getpriority(os.PRIO_PROCESS, thread)
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, nice + LOGS_NICENESS))
 
 
 _WHY: Final = {

@@ -83,7 +83,7 @@ class LogArchive:
                 continue
             if piece.start > at:
                 break  # a gap: nothing after it can be placed
-            body = self._body(piece.where)
+            body = self._body(piece)
             stop = len(body) if end is None else min(len(body), end - piece.start)
             out += body[at - piece.start:stop]
             at = piece.start + stop
@@ -99,11 +99,12 @@ class LogArchive:
             at = max(at, piece.end)
         return at
 
-    def _body(self, where: str) -> bytes:
+    def _body(self, piece: StoredPiece) -> bytes:
+        size = piece.end - piece.start
         if self._s3 is None:
-            return decompress_piece(Path(where).read_bytes())
-        answer = self._client.get_object(Bucket=self._s3.bucket, Key=where)
-        return decompress_piece(answer["Body"].read())
+            return decompress_piece(Path(piece.where).read_bytes(), size)
+        answer = self._client.get_object(Bucket=self._s3.bucket, Key=piece.where)
+        return decompress_piece(answer["Body"].read(), size)
 
     def _walk(self, prefix: str) -> Iterator[tuple[str, str]]:
         """(key relative to the lake, where to read it) of everything under `prefix`."""

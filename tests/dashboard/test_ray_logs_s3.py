@@ -3,7 +3,6 @@ kills, then `evagg query logs` and Ray's own client read the task's lines from S
 
 from __future__ import annotations
 
-import gzip
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import boto3
 import pytest
 
 from dashboard.store import Store, StoreOptions
+from sinks.raylogs.layout import decompress_piece
 from tests.agentproc import REPO, AgentProcess
 from tests.aggregator.raylogs.rayevents import SESSION, post, running_event, task_hex
 from tests.dashboard.raylogclient import get_logs
@@ -36,15 +36,16 @@ def moto() -> Iterator[MotoS3]:
 
 def s3_file(client: Any, bucket: str, name: str) -> bytes:
     """A file's first generation read back from S3 as docs/ray-logs.md says: its pieces
-    in name order, unzipped and joined; fails on an overlap or a gap."""
+    in name order, decompressed and joined; fails on an overlap or a gap."""
     data = b""
     pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="lake/_logs/")
     keys = sorted(item["Key"] for page in pages for item in page.get("Contents", ())
                   if f"/{name}/gen=0000/" in item["Key"])
     for key in keys:
-        start, end = (int(part) for part in key.rsplit("/", 1)[1][:-3].split("-"))
+        start, end = (int(part) for part in key.rsplit("/", 1)[1].removesuffix(".zst").split("-"))
         assert start == len(data), f"{key}: starts at {start}, expected {len(data)}"
-        body = gzip.decompress(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+        body = decompress_piece(client.get_object(Bucket=bucket, Key=key)["Body"].read(),
+                                end - start)
         assert len(body) == end - start
         data += body
     return data

@@ -1,11 +1,11 @@
 """Ray log pieces read back from a local lake as docs/ray-logs.md tells a user to: the
-pieces of one generation in offset order, unzipped and joined."""
+pieces of one generation in offset order, decompressed and joined."""
 
 from __future__ import annotations
 
-import gzip
 from pathlib import Path
 
+from sinks.raylogs.layout import decompress_piece
 from tests.aggregator.raylogs.rayevents import NODE_HEX, SESSION
 
 
@@ -18,10 +18,10 @@ def generations(lake: Path, name: str, session: str = SESSION,
         return out
     for gen_dir in sorted(folder.iterdir()):
         data = b""
-        for piece in sorted(gen_dir.glob("*.gz")):
-            start, end = (int(part) for part in piece.name[:-3].split("-"))
+        for piece in sorted(gen_dir.glob("*.zst")):
+            start, end = (int(part) for part in piece.name.removesuffix(".zst").split("-"))
             assert start == len(data), f"{piece}: starts at {start}, expected {len(data)}"
-            body = gzip.decompress(piece.read_bytes())
+            body = decompress_piece(piece.read_bytes(), end - start)
             assert len(body) == end - start, piece
             data += body
         out[int(gen_dir.name.removeprefix("gen="))] = data
