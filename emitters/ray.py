@@ -169,6 +169,7 @@ def traced_remote(func: F | None = None, *, name: str | None = None,
                     return f(*args, **kwargs)
             wrapper = run
         functools.update_wrapper(wrapper, f)
+        wrapper.__module__ = _module_ray_names(f)
         # Ray checks .remote() arguments against inspect.signature(), which reads
         # __signature__; for actor methods it first unwraps __wrapped__, so drop that.
         del wrapper.__wrapped__  # type: ignore[attr-defined]
@@ -176,6 +177,21 @@ def traced_remote(func: F | None = None, *, name: str | None = None,
         return cast(F, wrapper)
 
     return decorate(func) if func is not None else decorate
+
+
+def _module_ray_names(f: Callable[..., Any]) -> str:
+    """The module Ray names `f`'s task after. For a function of the script Ray runs
+    (`__main__`), Ray takes the file name of the function's code, which for the wrapper
+    is this file ("ray.work" for ray_job.py's work): the script's module name is given
+    instead, as Ray would find it for `f`. cloudpickle still sends such a function by
+    value, as no imported module of that name holds it."""
+    module = getattr(f, "__module__", None) or "__main__"
+    if module != "__main__":
+        return module
+    try:
+        return inspect.getmodulename(inspect.getfile(f)) or module
+    except TypeError:  # no source file (a builtin, a function made in a REPL's exec)
+        return module
 
 
 def _with_trace_parameter(signature: inspect.Signature) -> inspect.Signature:

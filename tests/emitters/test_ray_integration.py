@@ -14,6 +14,10 @@ import contextvars
 import inspect
 import itertools
 import logging
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +36,7 @@ from emitters.tracecontext import (
     parse_traceparent,
     span,
 )
-from tests.agentproc import AgentProcess
+from tests.agentproc import REPO, AgentProcess
 from tests.raylocal import local_ray
 from tests.test_ray_end_to_end import lake_query
 from tests.waiting import wait_for
@@ -281,3 +285,30 @@ def test_ray_ids_in_the_driver(agent: AgentProcess, tmp_path: Path) -> None:
     assert ids["job_id"] == ray.get_runtime_context().get_job_id()
     assert ids["node_id"] == ray.get_runtime_context().get_node_id()
     assert "task_id" not in ids and "actor_id" not in ids
+
+
+RAY_JOB = textwrap.dedent("""
+    import ray
+    from emitters.ray import traced_remote
+    from tests.raylocal import local_ray
+
+    @ray.remote
+    @traced_remote
+    def work() -> str:
+        return ray.get_runtime_context().get_task_function_name()
+
+    with local_ray({}, dashboard=False, num_cpus=1):
+        print("ray names it", ray.get(work.remote()))
+""")
+
+
+def test_a_traced_function_of_a_script_keeps_the_name_ray_gives_it(tmp_path: Path) -> None:
+    """Ray names a script's function after the script's file (ray_job.work): the
+    wrapper's own file (emitters/ray.py) must not rename it ray.work."""
+    script = tmp_path / "ray_job.py"
+    script.write_text(RAY_JOB)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ray names it ray_job.work" in done.stdout.splitlines()
