@@ -1,0 +1,180 @@
+"""The training half tells the truth, as a user meets it: a training script (real CPU torch
+under TrainingTracker, the real OpenTelemetry SDK, an `emitters.op` beside it) sends to a
+real agent, and the `evagg query sql` command reads the steps and spans views back.
+
+- A step that raised reads FAILED with the exception's type and message, so does the op
+  in flight when it raised, and the step counts the failure; ops finished before stay
+  FINISHED.
+- A step's seconds count each moment of wall time once: the train step spans forward,
+  backward and optimizer_step, so the step takes the train step's time, not their sum.
+- Ops that ran while an OpenTelemetry span was current are spans of its trace, children
+  of that span: forward and backward appear under `trainer.train`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.agentproc import REPO, AgentProcess
+
+# The user's script. Run "raise-after-forward": steps 0 and 1 train (1 with a NaN loss,
+# its update skipped), step 2 raises after forward. Run "raise-in-backward": step 0
+# trains, step 1 raises inside loss.backward(). All under the span `trainer.train`.
+SCRIPT = r"""
+import math, sys
+import orjson, torch
+import emitters
+from emitters import otel
+from emitters.torch import TrainingTracker
+
+torch.set_num_threads(1)
+otel.init_telemetry("trainer")
+tracer = otel.get_tracer("rl")
+
+def loop(run_id, fail_step, where):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    try:
+        with TrainingTracker(model, optimizer, run_id=run_id) as tracker:
+            for i in range(4):
+                x = torch.randn(32, 8)
+                if i == 1 and where == "after-forward":
+                    x[0, 0] = math.nan
+                loss = torch.nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
+                if i == fail_step and where == "after-forward":
+                    raise RuntimeError("reward model timed out")
+                if i == fail_step and where == "in-backward":
+                    def boom(grad):
+                        raise ValueError("gradient hook refused the batch")
+                    model[0].weight.register_hook(boom)
+                if not torch.isfinite(loss):
+                    tracker.metric(loss=loss)
+                    tracker.step()
+                    continue
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                tracker.metric(loss=loss)
+    except (RuntimeError, ValueError) as exc:
+        print(f"{run_id}: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+with tracer.start_as_current_span("trainer.train") as span:
+    with emitters.op("rollout", run_id="rollout-run") as op:
+        op.metric(episodes=4)
+    loop("raise-after-forward", 2, "after-forward")
+    loop("raise-in-backward", 1, "in-backward")
+    ids = span.get_span_context()
+assert emitters.flush(30)
+assert otel.shutdown_telemetry(timeout_s=30)
+print(orjson.dumps({"trace_id": f"{ids.trace_id:032x}", "span_id": f"{ids.span_id:016x}"}).decode())
+"""
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The script run once against its own agent; every test here reads its lake."""
+    with AgentProcess(tmp_path_factory.mktemp("agent")) as agent:
+        yield run_script(agent)
+
+
+def run_script(agent: AgentProcess) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "EVAGG_SOCKET": str(agent.socket_path)}
+    env.pop("EVAGG_START_AGENT", None)
+    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    # the loop's exceptions reached the user's code unchanged
+    assert "raise-after-forward: RuntimeError: reward model timed out" in done.stderr
+    assert "raise-in-backward: ValueError: gradient hook refused the batch" in done.stderr
+    ids: dict[str, Any] = orjson.loads(done.stdout.splitlines()[-1])
+    # 4 + 2 + 2 (after forward) and 4 + 3 (in backward) op events, the rollout's two,
+    # the span
+    agent.wait_rows("SELECT 1 FROM events WHERE kind IN ('op', 'span')", 18, timeout=120)
+    ids["query"] = evagg_sql(agent.lake_dir)
+    return ids
+
+
+def evagg_sql(lake: Path) -> Callable[[str], list[dict[str, Any]]]:
+    def run(sql: str) -> list[dict[str, Any]]:
+        done = subprocess.run(
+            [sys.executable, "-m", "aggregator", "query", "sql", "--data", str(lake),
+             "--cache", str(lake.parent / "cache"), "--json", sql],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+            env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert done.returncode == 0, done.stderr
+        rows: list[dict[str, Any]] = orjson.loads(done.stdout)
+        return rows
+    return run
+
+
+def test_a_step_that_raised_reads_failed_and_counts_its_failure(
+        trained: dict[str, Any]) -> None:
+    query = trained["query"]
+    ops = query("SELECT name, state, error_type, error_message FROM ops "
+                "WHERE run_id = 'raise-after-forward' AND step = 2 ORDER BY name")
+    assert ops == [
+        {"name": "forward", "state": "FINISHED", "error_type": None, "error_message": None},
+        {"name": "train_step", "state": "FAILED", "error_type": "RuntimeError",
+         "error_message": "reward model timed out"}]
+    steps = query("SELECT step, failures FROM steps WHERE run_id = 'raise-after-forward' "
+                  "ORDER BY step")
+    assert steps == [{"step": 0, "failures": 0}, {"step": 1, "failures": 0},
+                     {"step": 2, "failures": 1}]
+    nan_step = query("SELECT nonfinite FROM ops WHERE run_id = 'raise-after-forward' "
+                     "AND step = 1 AND name = 'train_step'")
+    assert nan_step == [{"nonfinite": ["loss"]}]
+
+
+def test_the_op_in_flight_when_the_step_raised_reads_failed(trained: dict[str, Any]) -> None:
+    query = trained["query"]
+    ops = query("SELECT name, state, error_type, error_message FROM ops "
+                "WHERE run_id = 'raise-in-backward' AND step = 1 ORDER BY name")
+    assert ops == [
+        {"name": "backward", "state": "FAILED", "error_type": "ValueError",
+         "error_message": "gradient hook refused the batch"},
+        {"name": "forward", "state": "FINISHED", "error_type": None, "error_message": None},
+        {"name": "train_step", "state": "FAILED", "error_type": "ValueError",
+         "error_message": "gradient hook refused the batch"}]
+    assert query("SELECT failures FROM steps WHERE run_id = 'raise-in-backward' "
+                 "AND step = 1") == [{"failures": 2}]
+
+
+def test_step_seconds_count_nested_ops_once(trained: dict[str, Any]) -> None:
+    query = trained["query"]
+    rows = query(
+        "SELECT s.step, s.seconds, o.duration_s AS train_step_s, "
+        "       (SELECT sum(duration_s) FROM ops a WHERE a.run_id = s.run_id "
+        "        AND a.step = s.step) AS summed "
+        "FROM steps s JOIN ops o ON o.run_id = s.run_id AND o.step = s.step "
+        "AND o.name = 'train_step' WHERE s.run_id = 'raise-after-forward' ORDER BY s.step")
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for row in rows:
+        # the train step spans its phases: the union of their intervals is the train step
+        assert row["seconds"] == pytest.approx(row["train_step_s"], rel=1e-6, abs=1e-6)
+        assert row["summed"] > row["seconds"]
+
+
+def test_ops_join_the_span_that_ran_them(trained: dict[str, Any]) -> None:
+    query = trained["query"]
+    trace, parent = trained["trace_id"], trained["span_id"]
+    spans = query(f"SELECT name, parent_span_id, state FROM spans WHERE trace_id = '{trace}' "
+                  "ORDER BY name")
+    names = [s["name"] for s in spans]
+    assert names.count("trainer.train") == 1
+    assert {"rollout", "forward", "backward", "optimizer_step", "train_step"} <= set(names)
+    for span in spans:
+        if span["name"] != "trainer.train":
+            assert span["parent_span_id"] == parent, span
+    # each op a span of its own, and the ops view still pairs the rollout's two events
+    assert query("SELECT count(*) AS n FROM ops WHERE run_id = 'rollout-run'") == [{"n": 1}]
+    assert query(f"SELECT count(DISTINCT span_id) AS n FROM spans WHERE trace_id = '{trace}' "
+                 "AND name = 'forward'") == [{"n": 5}]
