@@ -100,7 +100,8 @@ def steps(store: Store, run_id: str) -> Result:
     # nonfinite: the metrics an op of the step reported as NaN or infinite (the emitters
     # keep them out of `metrics`, so a NaN loss would otherwise vanish from its step)
     result = store.execute(
-        "SELECT s.run_id, s.step, ops, failures, seconds, started_at, ended_at, op_names, "
+        "SELECT s.run_id, s.step, ops, failures, seconds, queue_s, started_at, ended_at, "
+        "op_names, "
         "metrics, n.nonfinite FROM steps s LEFT JOIN ("
         "  SELECT step_group AS step, list_sort(list_distinct(flatten(list(nonfinite)))) "
         "    AS nonfinite FROM op_steps WHERE run_id = $run AND len(nonfinite) > 0 "

@@ -1,6 +1,9 @@
 -- spans: one row per (trace_id, span_id). OpenTelemetry spans arrive as one event at
 -- the start time with duration_s; an evagg-native span may send STARTED and then a
--- terminal event, which fold into the same row.
+-- terminal event, which fold into the same row. Ops that ran while a span was current
+-- (emitters.op, the torch tracker) carry its trace id and it as their parent: they are
+-- spans of that trace here too, so a trace shows a step's forward and backward inside
+-- the span that ran them.
 CREATE OR REPLACE VIEW spans AS
 SELECT
     trace_id,
@@ -27,7 +30,7 @@ SELECT
     max(task_id) AS task_id,
     max(source) AS source
 FROM events
-WHERE kind = 'span' AND trace_id IS NOT NULL AND span_id IS NOT NULL
+WHERE kind IN ('span', 'op') AND trace_id IS NOT NULL AND span_id IS NOT NULL
 GROUP BY trace_id, span_id;
 
 -- traces: one row per trace; the root is the span without a parent inside the trace

@@ -57,19 +57,57 @@ FROM (SELECT run_id, step_group, unnest(map_entries(metrics)) AS entry
       FROM op_steps WHERE metrics IS NOT NULL)
 GROUP BY run_id, step_group, entry.key;
 
+-- A step's seconds: the wall time its ops cover, each moment counted once (the union of
+-- their intervals), so forward, backward and optimizer_step inside train_step, or an op
+-- nested in another, add nothing to the step that spans them. An op's interval runs from
+-- its start to its end, or to start + duration_s when its only event is stamped at its
+-- start (the torch tracker's, OpenTelemetry's). Intervals that touch or overlap merge.
+-- queue_s: the time the step's work waited in a queue before it started (the ops'
+-- metrics.queue_s from emitters.queueing.start_work, summed); NULL when none was queued.
+CREATE OR REPLACE VIEW step_intervals AS
+WITH bounds AS (
+    SELECT run_id, step_group, epoch_ns(started_at) AS lo,
+           greatest(epoch_ns(coalesce(time, started_at)),
+                    epoch_ns(started_at) + CAST(coalesce(duration_s, 0) * 1e9 AS BIGINT)) AS hi
+    FROM op_steps
+    WHERE started_at IS NOT NULL
+),
+reach AS (
+    SELECT *, max(hi) OVER (PARTITION BY run_id, step_group ORDER BY lo, hi
+                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reached
+    FROM bounds
+),
+islands AS (
+    SELECT *, sum(CASE WHEN reached IS NULL OR lo > reached THEN 1 ELSE 0 END)
+                  OVER (PARTITION BY run_id, step_group ORDER BY lo, hi
+                        ROWS UNBOUNDED PRECEDING) AS island
+    FROM reach
+)
+SELECT run_id, step_group, sum(hi - lo) / 1e9 AS seconds
+FROM (SELECT run_id, step_group, island, min(lo) AS lo, max(hi) AS hi
+      FROM islands GROUP BY run_id, step_group, island)
+GROUP BY run_id, step_group;
+
 CREATE OR REPLACE VIEW steps AS
-WITH grouped AS (
+WITH counted AS (
     SELECT
         run_id,
         step_group AS step,
         count(*) AS ops,
         count(*) FILTER (WHERE state = 'FAILED') AS failures,
-        coalesce(sum(duration_s), 0) AS seconds,
+        sum(metrics['queue_s']) AS queue_s,
         min(started_at) AS started_at,
         max(coalesce(time, started_at)) AS ended_at,
         list_sort(list_distinct(list(name))) AS op_names
     FROM op_steps
     GROUP BY run_id, step_group
+),
+grouped AS (
+    SELECT c.run_id, c.step, c.ops, c.failures, coalesce(w.seconds, 0) AS seconds,
+           c.queue_s, c.started_at, c.ended_at, c.op_names
+    FROM counted c
+    LEFT JOIN step_intervals w
+        ON w.run_id = c.run_id AND w.step_group IS NOT DISTINCT FROM c.step
 ),
 spread AS (
     SELECT run_id, step,
@@ -90,6 +128,7 @@ SELECT
     sum(ops) AS ops,
     sum(failures) AS failures,
     sum(seconds) AS seconds,
+    sum(queue_s) AS queue_s,
     min(step) AS first_step,
     max(step) AS last_step,
     min(started_at) AS started_at,
