@@ -1,0 +1,52 @@
+"""A run's page in real headless Chromium lists the files the agent shipped for the run,
+and its link downloads the very bytes (docs/dashboard.md, "Files")."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+from playwright.sync_api import expect
+
+from dashboard.store import Store, StoreOptions
+from tests.agentproc import AgentProcess
+from tests.dashboard.chromium import ARTIFACTS, chromium, tab
+from tests.dashboard.serve import serving
+
+
+def post_op(agent: AgentProcess, run_id: str) -> None:
+    body = orjson.dumps([{"kind": "op", "name": "train_step", "state": "FINISHED",
+                          "run_id": run_id, "step": 1, "duration_s": 0.5}])
+    request = urllib.request.Request(f"{agent.http_url}/v1/events", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert answer.status in (200, 202)
+
+
+def test_the_run_page_links_the_run_s_files(agent_factory: Callable[..., AgentProcess],
+                                            tmp_path: Path) -> None:
+    traces = tmp_path / "traces"
+    (traces / "exp-42").mkdir(parents=True)
+    agent = agent_factory(extra_toml=f'[[files]]\npath = "{traces}"\nkind = "torch_trace"\n'
+                                     'settle = "1s"\n').start()
+    post_op(agent, "exp-42")
+    trace = traces / "exp-42" / "host_1.1.pt.trace.json"
+    trace.write_bytes(b'{"traceEvents": [{"name": "aten::mm", "ph": "X"}]}')
+    agent.wait_rows("SELECT kind FROM events WHERE kind IN ('artifact', 'op')", 2, 90)
+    assert agent.stop() == 0
+
+    store = Store(StoreOptions(str(agent.lake_dir), refresh_s=0.2, cache_dir=None))
+    with serving(store) as url, chromium() as browser, \
+            tab(browser, url, width=1400, height=900) as page:
+        page.goto("/#/run?run=exp-42")
+        link = page.locator("a.artifact-link")
+        expect(link).to_have_text("exp-42/host_1.1.pt.trace.json")
+        expect(page.locator("table.artifacts tbody tr")).to_contain_text("torch_trace")
+        with page.expect_download() as downloading:
+            link.click()
+        download = downloading.value
+        assert download.suggested_filename == "host_1.1.pt.trace.json"
+        assert Path(download.path()).read_bytes() == trace.read_bytes()
+        page.screenshot(path=str(ARTIFACTS / "run-files.png"), full_page=True)
