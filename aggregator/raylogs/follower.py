@@ -163,12 +163,14 @@ class RayLogFollower:
         for followed in self.state.files.values():
             if followed.done:
                 continue
+            before = _where(followed)
             found = step(followed, self.log_dir, now)
             if isinstance(found, Lost):
                 self._lost(found)
             elif isinstance(found, Piece):
                 staged.append(self._stage(found))
-            self.state.dirty = True
+            if _where(followed) != before:  # an idle file costs no write of the state
+                self.state.dirty = True
         self.state.save()  # the ranges about to be published, before they are
         return staged
 
@@ -230,6 +232,11 @@ class RayLogFollower:
         self._said.log(logging.WARNING, lost.reason, "Ray log file %s: %s (%d bytes never "
                        "read); counted as a loss", lost.followed.path,
                        _WHY[lost.reason], lost.unread_bytes)
+
+
+def _where(followed: Followed) -> tuple[object, ...]:
+    return (followed.generation, followed.inode, followed.offset, followed.seen_size,
+            followed.intent_end, followed.done)
 
 
 def _lower_priority() -> None:
