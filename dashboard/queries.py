@@ -18,7 +18,8 @@ DIMENSIONS = {  # dimension -> summary view
 }
 TASK_COLUMNS = ("task_id", "attempt", "name", "final_state", "job_id", "node_id", "worker_id",
                 "pid", "source", "pending_at", "submitted_at", "running_at", "finished_at",
-                "failed_at", "duration_s", "error_type", "error_message", "inferred")
+                "failed_at", "duration_s", "error_type", "error_message", "inferred",
+                "exception_class")
 MAX_PAGE = 1000
 
 

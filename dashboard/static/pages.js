@@ -8,7 +8,9 @@ import { runArtifacts } from "./artifacts.js";
 import { timelineChart, histogram, histRange, metricChart, waterfall, stateTimeline, STATE_COLORS } from "./charts.js";
 
 const STATES = ["PENDING", "SUBMITTED", "RUNNING", "FINISHED", "FAILED"];
-const DIMENSIONS = { name: "Function name", error_type: "Error type", job: "Job", node: "Node", state: "State" };
+// `error_type` groups by the exception class where Ray parsed one (ValueError), else by
+// the error type (docs/dashboard.md); the dimension keeps its name for old links.
+const DIMENSIONS = { name: "Function name", error_type: "Error", job: "Job", node: "Node", state: "State" };
 const FILTER_OF = { name: "name", error_type: "error_type", job: "job", node: "node", state: "state" };
 
 function countLink(filters, n, label) {
@@ -34,7 +36,7 @@ export async function overview() {
     ofOps.replaceChildren(ops.ops ? hashLink("runs", {}, `of ${fmtNum(ops.ops)} ops`) : "no training ops");
   }).catch((err) => { ofOps.textContent = err.message; });
   const cards = h("div", { class: "cards" },
-    card("Tasks", fmtNum(data.tasks), hashLink("tasks", {}, "all tasks")),
+    card("Tasks", fmtNum(data.tasks), h("span", null, hashLink("tasks", {}, "all tasks"), driversNote(data.drivers))),
     card("Failed", fmtNum(failed), countLink({ state: "FAILED" }, failed, "failed tasks")),
     card("Failed ops", failedOps, ofOps),
     card("Events", fmtNum(data.events), `${data.kinds.length} kinds`));
@@ -45,8 +47,15 @@ export async function overview() {
   return h("div", null, cards,
     section("Tasks by state", states),
     section(`Events over time (${fmtDur(data.bucket_s)} buckets, log scale)`, timelineChart(data.timeline, data.bucket_s), kinds),
-    section("Failures by error type", errors.rows.length ? groupTable("error_type", errors.rows)
+    section("Failures by error", errors.rows.length ? groupTable("error_type", errors.rows)
       : h("p", { class: "muted" }, data.tasks ? "No failed tasks." : "No tasks yet.")));
+}
+
+// Counted as Ray counts, Ray's driver tasks are left out of the numbers; say where they are.
+function driversNote(drivers) {
+  if (!drivers) return null;
+  return h("span", { class: "drivers-note", title: "Ray's summary leaves its driver tasks out too; the task table lists them" },
+    ` · ${fmtNum(drivers)} Ray driver${drivers === 1 ? "" : "s"} not counted`);
 }
 
 function card(title, value, foot) {
@@ -85,7 +94,10 @@ function groupTable(by, rows) {
     if (c.key === "value") return none ? h("span", { class: "muted" }, "(none)") : h("span", { title: row.value }, row.value);
     if (c.key === "tasks") return count(base, row.tasks);
     if (c.state) return count({ ...base, state: c.state }, row[c.key], `${c.state} tasks`);
-    if (c.key === "hist") return histogram(row.duration_bins, row, range);
+    if (c.key === "hist") {
+      return Object.values(row.duration_bins || {}).some((n) => Number(n) > 0) ? histogram(row.duration_bins, row, range)
+        : h("span", { class: "muted no-durations" }, "no durations: none of these reported a start and an end");
+    }
     return fmtDur(row[c.key]);
   });
 }
@@ -136,9 +148,13 @@ export async function tasks(params) {
     if (c.key === "time") { const t = firstTime(row); return t ? h("span", { title: fmtTime(t) }, fmtClock(t, newest)) : ""; }
     if (c.key === "duration_s") return fmtDur(row.duration_s);
     if (c.key === "error_type") {
+      // The exception class first (ValueError), where Ray's error type (TASK_EXECUTION_EXCEPTION)
+      // would fill the cut column; Ray's type stays in the tooltip and on the task page.
+      const shown = errorText(row.exception_class || row.error_type, row.error_message);
+      const full = row.exception_class && row.error_type ? `${row.error_type}: ${shown}` : shown;
       return row.error_type || row.error_message  // one click to the attempt: its error and logs
         ? hashLink("task", { task_id: row.task_id, attempt: row.attempt },
-          clipped(errorText(row.error_type, row.error_message), { class: "error-text" }), { class: "error-link" }) : "";
+          clipped(shown, { class: "error-text", title: full }), { class: "error-link" }) : "";
     }
     if (c.cls && c.cls.startsWith("clip")) return clipped(row[c.key] ?? "");
     return row[c.key] ?? "";
