@@ -17,7 +17,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -89,7 +89,7 @@ class ArtifactShipper:
         if not isinstance(self.store, LocalStore):  # S3: a staging directory of our own;
             self.store.cleanup_staging()  # a local lake's are the Parquet sink's to sweep
 
-    async def _guarded(self, step: Any) -> None:
+    async def _guarded(self, step: Callable[[], Awaitable[None]]) -> None:
         try:
             await step()
         except asyncio.CancelledError:
