@@ -102,13 +102,16 @@ def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
         parser.set_defaults(query_command=func)
         return parser
 
-    add("summary", "tasks by state, name, error type, job and node", _summary)
+    add("summary", "task attempts by state, name, error, job and node (Ray's driver "
+        "tasks in rows of their own)", _summary)
     tasks = add("tasks", "the task table, filtered", _tasks)
     tasks.add_argument("--state", help=f"final state: {', '.join(FINAL_STATES)}")
     tasks.add_argument("--name", help="function name")
     tasks.add_argument("--job", help="job id")
     tasks.add_argument("--node", help="node id")
-    tasks.add_argument("--error-type", help="error type, e.g. ValueError")
+    tasks.add_argument("--error-type", help="error type or exception class, e.g. ValueError "
+                       "(a Ray failure is found by its class or by Ray's "
+                       "TASK_EXECUTION_EXCEPTION)")
     tasks.add_argument("--since", help="ISO time or an age such as 15m, 2h, 3d")
     tasks.add_argument("--until", help="ISO time or an age")
     tasks.add_argument("--sort", choices=sorted(TASK_SORTS), default="time")
