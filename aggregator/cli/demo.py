@@ -90,6 +90,16 @@ def _show(lake: str, run_id: str) -> None:
     print(duckdb.sql(sql))
     print("The demo's ops do no work and are timed for real, so they take microseconds; "
           "its preprocess\ntasks report made-up durations of 10 to 200 ms.")
+    print(_left_behind(lake))
+
+
+def _left_behind(lake: str) -> str:
+    """What stays after the demo, said once: its events share the default store with
+    whatever the agent stores next, and nothing removes them by itself."""
+    return (f"\nThe demo's events stay in {lake}, beside the events you send next: "
+            "evagg query and\nthe dashboard count them too (source 'demo'). To clear them "
+            f"while nothing of yours is there yet:\n  rm -r {lake}\nor leave them out of "
+            "your own SQL with WHERE source <> 'demo'.")
 
 
 

@@ -24,6 +24,9 @@ def test_demo_writes_parquet_whose_task_durations_agree_with_their_states(
     lake = tmp_path / ".local" / "share" / "evagg" / "parquet"
     assert f"Parquet written under {lake}" in done.stdout
     assert "report made-up durations" in done.stdout  # nobody mistakes them for timings
+    # The demo's events outlive it in the default store: it says so, and how to clear them.
+    assert f"The demo's events stay in {lake}" in done.stdout
+    assert f"rm -r {lake}\n" in done.stdout and "WHERE source <> 'demo'" in done.stdout
     con = duckdb.connect()
     rows = con.execute(
         "SELECT r.time, f.time, f.duration_s FROM read_parquet($glob) AS r "
