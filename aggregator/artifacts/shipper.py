@@ -71,8 +71,9 @@ class ArtifactShipper:
             "evagg_artifact_bytes_total", "Bytes of finished files shipped into the lake")
 
     async def run(self) -> None:
-        await self._guarded(self._start_in_thread)
         while True:
+            if not self._started:  # the state is read first (again, until it can be)
+                await self._guarded(self._start_in_thread)
             await asyncio.sleep(self.interval_s)
             await self.ship_once()
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.agentproc import REPO, AgentProcess
-from tests.waiting import wait_for
+from tests.waiting import wait_for, wait_until
 
 SETTLE = "1s"
 
@@ -171,3 +171,23 @@ def test_query_artifact_says_what_is_missing(
                 "--no-cache", "--out", str(tmp_path / "x"))
     assert old.returncode == 1 and "no version 7 (stored: 1)" in old.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_an_unreadable_state_ships_nothing_and_says_what_to_do(
+        agent_factory: Callable[..., AgentProcess], tmp_path: Path) -> None:
+    folder = tmp_path / "files"
+    folder.mkdir()
+    (folder / "a").write_bytes(b"a")
+    agent = watching(agent_factory, folder)
+    state = agent.state_dir / "artifacts" / "shipped.json"
+    state.parent.mkdir(parents=True)
+    state.write_bytes(b"{not json")
+    agent.start()
+    wait_until(lambda: any(line.startswith("evagg_worker_errors_total{") and
+                           'worker="artifacts"' in line for line in agent.metrics().splitlines()),
+               60, lambda: f"the worker's error\n{agent.log()}")
+    assert f"artifact state {state} is unreadable" in agent.log()
+    assert "move it away to ship every watched file again as new" in agent.log()
+    assert agent.running and agent.metric("evagg_artifacts_shipped_total") == 0
+    state.unlink()  # as the message says
+    wait_listed(agent, 1, "the file once the state is moved away")
