@@ -15,7 +15,8 @@ Two lock files beside the socket make this race-free without a daemon manager:
   blocks on its shared lock until the old agent is gone, then starts a fresh one.
 
 The agent runs in its own session (`start_new_session`), so a driver's crash or a
-Ctrl-C in its terminal does not take it down. Standard library only.
+Ctrl-C in its terminal does not take it down. Its HTTP port is chosen free and exported
+to workers as OTEL_EXPORTER_OTLP_ENDPOINT (emitters/agent_http.py). Standard library only.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from emitters import paths
+from emitters import agent_http, paths
 
 log = logging.getLogger("evagg.autostart")
 
@@ -49,6 +50,8 @@ class AgentLease:
     socket_path: str
     started: bool  # this process started the agent
     pid: int | None  # the agent's pid when this process started it
+    http: str | None = None  # host:port where the agent answers HTTP; "": it has none;
+    # None: not known (an agent no driver started, such as a system one)
 
 
 _guard = threading.Lock()
@@ -113,6 +116,7 @@ def ensure_agent(socket_path: str | None = None, *, start_timeout: float = START
             _lease = lease
             os.environ["EVAGG_SOCKET"] = lease.socket_path
             os.environ[ENV_START] = "1"
+            agent_http.export(lease.http)
         return lease
 
 
@@ -136,18 +140,42 @@ def _ensure(path: Path, start_timeout: float, lock_timeout: float) -> AgentLease
         os.close(users)
         log.warning("evagg: the agent on %s is still draining after %.0fs", path, lock_timeout)
         return None
-    pid = _start_if_absent(path, deadline, start_timeout)
-    if pid is None:
+    got = _start_if_absent(path, deadline, start_timeout)
+    if got is None:
         os.close(users)  # drops our shared lock: nobody to keep alive
         return None
     if _users_fd is not None:
         os.close(_users_fd)  # a lease on another socket before: this one replaces it
     _users_fd = users
-    return AgentLease(str(path), pid > 0, pid if pid > 0 else None)
+    pid, http = got
+    return AgentLease(str(path), pid > 0, pid if pid > 0 else None, http)
 
 
-def _start_if_absent(path: Path, deadline: float, start_timeout: float) -> int | None:
-    """0 when an agent answers already, the new agent's pid, or None if none could start."""
+def _found_http(path: Path) -> str | None:
+    """The HTTP address of an agent that answers already, as its starter recorded it."""
+    found = agent_http.recorded(path)
+    if found is None:
+        log.info("evagg: using the agent on %s; its HTTP address is not known here, so "
+                 "%s is left as it is", path, agent_http.ENV_OTLP)
+        return None
+    address, _ = found
+    if address and agent_http.agent_ready(address):
+        return address
+    _warn_no_http(path, "runs without HTTP" if not address else f"does not answer on {address}")
+    return ""
+
+
+def _warn_no_http(path: Path, what: str) -> None:
+    log.warning("evagg: the agent on %s %s: OTLP spans, Ray's events and /metrics cannot "
+                "reach it, and %s is not set for this process's workers. To give it HTTP, "
+                "stop it and set %s to a free host:port (log: %s)", path, what,
+                agent_http.ENV_OTLP, agent_http.ENV_LISTEN, agent_log_path(path))
+
+
+def _start_if_absent(path: Path, deadline: float,
+                     start_timeout: float) -> tuple[int, str | None] | None:
+    """(0 when an agent answers already, else the new agent's pid; its HTTP address), or
+    None if none could start."""
     starter = _open_lock(start_lock_path(path))
     try:
         if not _lock(starter, fcntl.LOCK_EX, deadline):
@@ -155,7 +183,7 @@ def _start_if_absent(path: Path, deadline: float, start_timeout: float) -> int |
                         path)
             return None
         if agent_answers(path):
-            return 0
+            return 0, _found_http(path)
         return _spawn_agent(path, start_timeout)
     finally:
         os.close(starter)  # releases the start lock
@@ -177,15 +205,22 @@ def _lock(fd: int, mode: int, deadline: float) -> bool:
             time.sleep(POLL_S)
 
 
-def _spawn_agent(path: Path, start_timeout: float) -> int | None:
-    """Start `python -m aggregator run` on the socket; its pid once it answers."""
-    attempts = [[]] if os.environ.get("EVAGG_HTTP_LISTEN") else [[], ["--http-listen", ""]]
-    for extra in attempts:  # the default HTTP port may be taken: then run without HTTP
-        proc = _popen(path, extra)
-        if _wait_answering(proc, path, start_timeout):
-            log.info("evagg: started an agent (pid %d) on %s; log %s", proc.pid, path,
-                     agent_log_path(path))
-            return proc.pid
+def _spawn_agent(path: Path, start_timeout: float) -> tuple[int, str | None] | None:
+    """Start `python -m aggregator run` on the socket; its pid and HTTP address once it
+    answers on both."""
+    for listen, address in agent_http.attempts():  # a port may be taken: the next one
+        proc = _popen(path, [] if listen is None else ["--http-listen", listen])
+        deadline = time.monotonic() + start_timeout
+        http = agent_http.client_address(address) if address else None
+        if _wait_answering(proc, path, start_timeout) and (
+                http is None or agent_http.wait_ready(proc, http, deadline)):
+            log.info("evagg: started an agent (pid %d) on %s, HTTP %s; log %s", proc.pid,
+                     path, http or "off", agent_log_path(path))
+            agent_http.record(path, http or "", proc.pid)
+            if http is None:
+                _warn_no_http(path, "runs without HTTP (no port could be had)" if listen == ""
+                              else "runs without HTTP (its configuration turns it off)")
+            return proc.pid, http or ""
         if proc.poll() is None:
             proc.kill()  # ours, and not answering in time: do not leave it half started
             proc.wait()

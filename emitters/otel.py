@@ -200,6 +200,11 @@ def _context_attributes(service_name: str) -> dict[str, str]:
 
 
 def _span_exporter(exporter: str, endpoint: str | None) -> Any:
+    if exporter == "otlp" and endpoint is None and os.environ.get("EVAGG_AGENT_HTTP") == "":
+        # An agent on demand without HTTP (emitters/agent_http.py): whoever holds its
+        # would-be port is not it, so the spans take its socket instead.
+        log.warning("evagg: the agent runs without HTTP; spans go to it over its socket")
+        exporter = "evagg"
     if exporter == "evagg":
         return EvaggSpanExporter()
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -208,8 +213,11 @@ def _span_exporter(exporter: str, endpoint: str | None) -> Any:
 
 
 def default_otlp_endpoint() -> str:
-    """The local agent's OTLP route, from EVAGG_HTTP_LISTEN (default 127.0.0.1:4040)."""
-    host, _, port = os.environ.get("EVAGG_HTTP_LISTEN", "127.0.0.1:4040").rpartition(":")
+    """The local agent's OTLP route: where an agent on demand answers (EVAGG_AGENT_HTTP, set
+    by the driver that asked for it), else EVAGG_HTTP_LISTEN, else 127.0.0.1:4040."""
+    listen = os.environ.get("EVAGG_AGENT_HTTP") or os.environ.get("EVAGG_HTTP_LISTEN",
+                                                                   "127.0.0.1:4040")
+    host, _, port = listen.rpartition(":")
     if host in ("", "0.0.0.0", "[::]"):
         host = "127.0.0.1"
     return f"http://{host}:{port}/v1/traces"
