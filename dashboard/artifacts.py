@@ -73,10 +73,11 @@ def opened(options: StoreOptions, key: str) -> Iterator[IO[bytes]]:
     if not is_s3_url(options.location):
         path = Path(options.location).expanduser().joinpath(*parts)
         try:
-            with path.open("rb") as stream:
-                yield stream
+            stream = path.open("rb")
         except FileNotFoundError:
             raise NotFound(f"the artifact's file {path} is missing from the lake") from None
+        with stream:
+            yield stream
         return
     yield from _s3_object(options, key)
 

@@ -170,6 +170,11 @@ def test_query_artifact_says_what_is_missing(
     old = evagg("query", "artifact", "a", "--version", "7", "--data", str(agent.lake_dir),
                 "--no-cache", "--out", str(tmp_path / "x"))
     assert old.returncode == 1 and "no version 7 (stored: 1)" in old.stderr
+    nowhere = tmp_path / "no-such-dir" / "a"
+    unwritable = evagg("query", "artifact", "a", "--data", str(agent.lake_dir), "--no-cache",
+                       "--out", str(nowhere))
+    assert unwritable.returncode == 2
+    assert f"cannot write {nowhere}: No such file or directory" in unwritable.stderr
     assert not (tmp_path / "x").exists()
 
 
