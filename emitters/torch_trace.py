@@ -65,7 +65,16 @@ def trace_handler(dir: str | os.PathLike[str] | None = None,
                   run_id: str | None = None) -> TraceHandler:
     """A callback for `torch.profiler.profile(on_trace_ready=...)` that writes each trace
     into `dir` (default: $EVAGG_TRACE_DIR, else ~/.local/state/evagg/traces), under a
-    folder named after `run_id` (default $EVAGG_RUN_ID; none: in `dir` itself). Point a
+    folder named after `run_id` (default: the run `emitters.configure()` set, else
+    $EVAGG_RUN_ID; none: in `dir` itself). Point a
     `[[files]]` table at `dir` and the agent ships every trace with its run."""
     directory = Path(dir) if dir is not None else default_trace_dir()
-    return TraceHandler(directory, run_id or os.environ.get("EVAGG_RUN_ID") or None)
+    return TraceHandler(directory, run_id or _configured_run_id())
+
+
+def _configured_run_id() -> str | None:
+    """The run `emitters.configure(run_id=...)` set, else $EVAGG_RUN_ID."""
+    import emitters  # here: the package's face imports the emitter, which this precedes
+
+    configured = emitters.get_emitter().identity.get("run_id")
+    return str(configured) if configured else os.environ.get("EVAGG_RUN_ID") or None
