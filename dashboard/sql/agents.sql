@@ -1,7 +1,7 @@
 -- Agent heartbeats (kind = 'agent'): the metrics map holds the agent's own counters,
 -- keyed "name{labels}"; totals add up every label set of one counter. A labelled counter
 -- appears only once something was counted, so an absent one is 0 (list_sum of no
--- entries is NULL).
+-- entries is NULL). Counters are counts: they come out as integers, not as 2159.000.
 CREATE OR REPLACE VIEW heartbeats AS
 SELECT
     node_id,
@@ -9,16 +9,17 @@ SELECT
     state,
     host,
     attrs['version'] AS version,
-    coalesce(list_sum(list_transform(
+    CAST(round(coalesce(list_sum(list_transform(
         list_filter(map_entries(metrics), lambda e: starts_with(e.key, 'evagg_received_events_total')),
-        lambda e: e.value)), 0) AS received_total,
-    coalesce(list_sum(list_transform(
+        lambda e: e.value)), 0)) AS BIGINT) AS received_total,
+    CAST(round(coalesce(list_sum(list_transform(
         list_filter(map_entries(metrics), lambda e: starts_with(e.key, 'evagg_delivered_events_total')),
-        lambda e: e.value)), 0) AS delivered_total,
-    coalesce(list_sum(list_transform(
+        lambda e: e.value)), 0)) AS BIGINT) AS delivered_total,
+    CAST(round(coalesce(list_sum(list_transform(
         list_filter(map_entries(metrics), lambda e: starts_with(e.key, 'evagg_dropped_events_total')),
-        lambda e: e.value)), 0) AS dropped_total,
-    metrics['evagg_spool_bytes'] AS spool_bytes,
+        lambda e: e.value)), 0)) AS BIGINT) AS dropped_total,
+    CAST(round(metrics['evagg_spool_bytes']) AS BIGINT) AS spool_bytes,
+    TRY_CAST(attrs['heartbeat_interval_s'] AS DOUBLE) AS interval_s,
     metrics
 FROM events
 WHERE kind = 'agent';
@@ -30,14 +31,17 @@ SELECT
     node_id,
     name AS reason,
     source,
-    coalesce(metrics['events'], 0) AS events
+    CAST(round(coalesce(metrics['events'], 0)) AS BIGINT) AS events
 FROM events
 WHERE kind = 'loss';
 
 -- agents: one row per node. Throughput is the received counter's rise between the last
 -- two heartbeats, per second (NULL until there are two, or after an agent restart).
+-- A restart shows as the counters going down (a new agent counts from 0); a gap is the
+-- time between two heartbeats, counted as missed when over 1.5x the interval the agent
+-- said it beats at (attrs heartbeat_interval_s; 30 s, the default, where none is said).
 CREATE OR REPLACE VIEW agents AS
-WITH ordered AS (
+WITH beats AS (
     SELECT *,
            lag(received_total) OVER w AS prev_received,
            lag(delivered_total) OVER w AS prev_delivered,
@@ -47,8 +51,23 @@ WITH ordered AS (
     FROM heartbeats
     WINDOW w AS (PARTITION BY node_id ORDER BY time)
 ),
+ordered AS (
+    SELECT *,
+           count(*) FILTER (WHERE received_total < prev_received
+                               OR delivered_total < prev_delivered)
+               OVER n AS restarts,
+           max(time) FILTER (WHERE received_total < prev_received
+                                OR delivered_total < prev_delivered)
+               OVER n AS restarted_at,
+           max(epoch_us(time) / 1e6 - epoch_us(prev_time) / 1e6) OVER n AS longest_gap_s,
+           count(*) FILTER (WHERE epoch_us(time) / 1e6 - epoch_us(prev_time) / 1e6
+                                  > 1.5 * coalesce(interval_s, 30))
+               OVER n AS missed_gaps
+    FROM beats
+    WINDOW n AS (PARTITION BY node_id)
+),
 lost AS (
-    SELECT node_id, sum(events) AS lost_events, count(*) AS loss_reports,
+    SELECT node_id, CAST(sum(events) AS BIGINT) AS lost_events, count(*) AS loss_reports,
            max(time) AS last_loss_at
     FROM losses GROUP BY node_id
 )
@@ -63,6 +82,11 @@ SELECT
     o.delivered_total,
     o.dropped_total,
     o.spool_bytes,
+    o.interval_s AS heartbeat_interval_s,
+    o.restarts,
+    o.restarted_at,
+    o.longest_gap_s,
+    o.missed_gaps,
     CASE WHEN o.received_total >= o.prev_received AND o.time > o.prev_time
          THEN (o.received_total - o.prev_received)
               / (epoch_us(o.time) / 1e6 - epoch_us(o.prev_time) / 1e6)
