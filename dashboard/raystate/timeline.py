@@ -137,9 +137,11 @@ def chrome_trace(store: Store, session: str, job: str = "") -> list[dict[str, An
 
 def lanes(store: Store, session: str, job: str) -> dict[str, Any]:
     """Every attempt of `job` (the first MAX_BARS to start) as a bar on its worker's
-    lane, in columns; times in milliseconds from the first bar. A bar starts at RUNNING
-    (else when it was queued) and ends at its end (else where it starts: still running
-    when the store stopped hearing of it)."""
+    lane, in columns; times in milliseconds from the first bar (t0_us, epoch
+    microseconds, is the job's own clock). A bar starts at RUNNING (else when it was
+    queued) and ends at its end (else where it starts: still running when the store
+    stopped hearing of it). Each lane names its node's ip (from Ray's node events) and
+    its worker's pid (from the tasks view), so a person reads it without ids."""
     params = {"session": session, "job": job}
     rows = store.execute(TASKS + " ORDER BY start_us NULLS LAST LIMIT $cap",
                          {**params, "cap": MAX_BARS + 1}, views=False).records()
@@ -166,11 +168,23 @@ def lanes(store: Store, session: str, job: str) -> dict[str, Any]:
         cols["name"].append(names.setdefault(r["name"] or "", len(names)))
         cols["task_id"].append(r["task_id"])
         cols["attempt"].append(r["attempt"])
-    lane_list = [{"node_id": n, "worker_id": w} for (n, w) in lane_of]
+    lane_list = _named_lanes(store, session, list(lane_of), timed)
     return {"session": session, "job": job, "t0_us": t0, "lanes": lane_list,
             "names": list(names), "states": list(states), "bars": dict(cols),
             "count": len(timed), "untimed": len(rows) - len(timed),
             "cut_from": total}
+
+
+def _named_lanes(store: Store, session: str, keys: list[tuple[str, str]],
+                 rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The lanes, each with its node's ip and its worker's pid (None where not known)."""
+    ips = {node: ip for node, ip in store.execute(NODE_IPS, {"session": session}).rows}
+    pids: dict[tuple[str, str], int] = {}
+    for r in rows:
+        if r["pid"] is not None:
+            pids.setdefault((r["node_id"] or "", r["worker_id"] or ""), int(r["pid"]))
+    return [{"node_id": n, "worker_id": w, "ip": ips.get(n), "pid": pids.get((n, w))}
+            for (n, w) in keys]
 
 
 def write_trace(store: Store, session: str | None, job: str, out: str) -> dict[str, Any]:

@@ -6,7 +6,8 @@ import { h, fmtDur, fmtNum, routeHref } from "./dom.js";
 
 const COLORS = { FINISHED: "#2e9d6a", FAILED: "#d0463b", RUNNING: "#3b6fd4" };
 const OTHER = "#9aa3b3";
-const ROW = 14, GUTTER = 150, AXIS = 22;
+// A lane is tall enough to hover; the gutter is as wide as its longest label.
+const ROW = 20, AXIS = 22, LABEL_FONT = "12px system-ui, sans-serif";
 
 export async function timeline(params) {
   const session = params.get("session") || "";
@@ -29,6 +30,7 @@ export async function timeline(params) {
     `${fmtNum(data.count)} task attempts on ${fmtNum(data.lanes.length)} workers`
     + (data.untimed ? ` (${fmtNum(data.untimed)} without times left out)` : "")
     + (data.cut_from ? ` · the first ${fmtNum(data.count)} to start of ${fmtNum(data.cut_from)}: choose a job to see all of one` : "")
+    + ` · times are UTC, the job's clock: its first task started ${clockAt(data.t0_us, 0, 1).date} ${clockAt(data.t0_us, 0, 0.001).time}`
     + " · wheel to zoom, drag to pan, double-click to reset, click a bar for its task");
   const tip = h("div", { class: "timeline-tip", hidden: true });
   const canvas = h("canvas", { class: "timeline-canvas", "data-bars": "0" });
@@ -57,6 +59,7 @@ class TimelineView {
     for (const list of this.byLane) list.sort((a, b) => this.start[a] - this.start[b]);
     this.t0 = 0;
     this.t1 = this.span;
+    this.labels = data.lanes.map(laneLabel);
     this.listen();
   }
 
@@ -64,6 +67,9 @@ class TimelineView {
     const width = Math.max(400, (this.canvas.parentElement?.clientWidth || window.innerWidth - 60));
     const height = AXIS + Math.max(1, this.data.lanes.length) * ROW + 4;
     const ratio = window.devicePixelRatio || 1;
+    const measure = this.canvas.getContext("2d");
+    measure.font = LABEL_FONT;
+    this.gutter = Math.ceil(Math.max(60, ...this.labels.map((l) => measure.measureText(l).width))) + 12;
     this.width = width;
     this.height = height;
     this.canvas.width = width * ratio;
@@ -75,17 +81,19 @@ class TimelineView {
     this.draw();
   }
 
-  x(t) { return GUTTER + (t - this.t0) / (this.t1 - this.t0) * (this.width - GUTTER); }
-  t(x) { return this.t0 + (x - GUTTER) / (this.width - GUTTER) * (this.t1 - this.t0); }
+  x(t) { return this.gutter + (t - this.t0) / (this.t1 - this.t0) * (this.width - this.gutter); }
+  t(x) { return this.t0 + (x - this.gutter) / (this.width - this.gutter) * (this.t1 - this.t0); }
 
   draw() {
     const { ctx, data } = this;
     ctx.clearRect(0, 0, this.width, this.height);
-    ctx.font = "11px system-ui, sans-serif";
+    ctx.fillStyle = "#f3f5f9";  // every other lane shaded, so a bar's lane is easy to follow
+    for (let i = 1; i < data.lanes.length; i += 2) ctx.fillRect(0, AXIS + i * ROW, this.width, ROW);
+    ctx.font = LABEL_FONT;
     ctx.fillStyle = "#4a5160";
-    data.lanes.forEach((lane, i) => {
-      ctx.fillText(`${lane.node_id.slice(0, 6)}… ${lane.worker_id.slice(0, 8)}…`, 4, AXIS + i * ROW + 11);
-    });
+    this.labels.forEach((label, i) => ctx.fillText(label, 4, AXIS + i * ROW + 14));
+    this.canvas.dataset.gutter = String(this.gutter);
+    ctx.font = "11px system-ui, sans-serif";
     this.axis();
     let drawn = 0;
     // One pass per colour: a fillStyle change per bar would cost more than the bars.
@@ -94,7 +102,7 @@ class TimelineView {
       ctx.beginPath();
       for (let i = 0; i < this.start.length; i++) {
         if (this.state[i] !== code || this.end[i] < this.t0 || this.start[i] > this.t1) continue;
-        const left = Math.max(GUTTER, this.x(this.start[i]));
+        const left = Math.max(this.gutter, this.x(this.start[i]));
         const right = Math.min(this.width, this.x(this.end[i]));
         ctx.rect(left, AXIS + this.lane[i] * ROW + 2, Math.max(1, right - left), ROW - 4);
         drawn++;
@@ -116,7 +124,7 @@ class TimelineView {
       ctx.moveTo(x, AXIS - 4);
       ctx.lineTo(x, this.height);
       ctx.stroke();
-      const label = fmtDur(t / 1000);
+      const label = clockAt(this.data.t0_us, t, step).time;
       // A tick near the right edge puts its label on the left of its line, not past the edge.
       const labelWidth = ctx.measureText(label).width;
       const fits = x + 2 + labelWidth <= this.width;
@@ -133,9 +141,9 @@ class TimelineView {
   hit(event) {
     const rect = this.canvas.getBoundingClientRect();
     const x = event.clientX - rect.left, y = event.clientY - rect.top;
-    const laneIndex = Math.floor((y - AXIS) / ROW);
-    if (x < GUTTER || laneIndex < 0 || laneIndex >= this.byLane.length) return -1;
-    const t = this.t(x), slack = (this.t1 - this.t0) / (this.width - GUTTER) * 2;
+    const laneIndex = this.laneAt(y);
+    if (x < this.gutter || laneIndex < 0) return -1;
+    const t = this.t(x), slack = (this.t1 - this.t0) / (this.width - this.gutter) * 2;
     const list = this.byLane[laneIndex];
     let lo = 0, hi = list.length;
     while (lo < hi) {  // the last bar starting before t + slack
@@ -147,6 +155,11 @@ class TimelineView {
       if (this.end[i] >= t - slack) return i;
     }
     return -1;
+  }
+
+  laneAt(y) {
+    const index = Math.floor((y - AXIS) / ROW);
+    return index >= 0 && index < this.byLane.length ? index : -1;
   }
 
   listen() {
@@ -165,7 +178,7 @@ class TimelineView {
     window.addEventListener("mouseup", () => { setTimeout(() => { drag = null; }, 0); });
     c.addEventListener("mousemove", (e) => {
       if (drag && e.buttons) {
-        const dt = (e.clientX - drag.x) / (this.width - GUTTER) * (drag.t1 - drag.t0);
+        const dt = (e.clientX - drag.x) / (this.width - this.gutter) * (drag.t1 - drag.t0);
         if (Math.abs(e.clientX - drag.x) > 3) drag.moved = true;
         this.t0 = drag.t0 - dt;
         this.t1 = drag.t1 - dt;
@@ -186,17 +199,44 @@ class TimelineView {
   }
 
   showTip(e) {
-    const i = this.hit(e);
-    this.tip.hidden = i < 0;
-    this.canvas.style.cursor = i < 0 ? "default" : "pointer";
-    if (i < 0) return;
-    const bars = this.data.bars;
-    this.tip.textContent = `${this.data.names[bars.name[i]]} · ${this.data.states[this.state[i]]}`
-      + ` · ${fmtDur(this.dur[i] / 1000)} · ${bars.task_id[i]} attempt ${bars.attempt[i]}`;
     const rect = this.canvas.getBoundingClientRect();
+    const i = this.hit(e);
+    // Over a lane's label: the node and worker in full.
+    const lane = i < 0 && e.clientX - rect.left < this.gutter ? this.laneAt(e.clientY - rect.top) : -1;
+    this.tip.hidden = i < 0 && lane < 0;
+    this.canvas.style.cursor = i < 0 ? "default" : "pointer";
+    if (i < 0 && lane < 0) return;
+    const bars = this.data.bars;
+    this.tip.textContent = i < 0 ? laneTip(this.data.lanes[lane])
+      : `${this.data.names[bars.name[i]]} · ${this.data.states[this.state[i]]}`
+      + ` · ${fmtDur(this.dur[i] / 1000)} · ${bars.task_id[i]} attempt ${bars.attempt[i]}`;
     this.tip.style.left = `${e.clientX - rect.left + 12}px`;
     this.tip.style.top = `${e.clientY - rect.top + 12}px`;
   }
+}
+
+// A lane by the node's ip and the worker's pid, as `ray list workers` shows them; the ids
+// (cut) only where Ray never said the ip or the pid.
+function laneLabel(lane) {
+  const node = lane.ip || `node ${lane.node_id.slice(0, 8)}…`;
+  const worker = lane.pid !== null && lane.pid !== undefined ? `pid ${lane.pid}` : `worker ${lane.worker_id.slice(0, 8)}…`;
+  return `${node} · ${worker}`;
+}
+
+function laneTip(lane) {
+  return `node ${lane.node_id}${lane.ip ? ` (${lane.ip})` : ""} · worker ${lane.worker_id}`
+    + `${lane.pid !== null && lane.pid !== undefined ? ` (pid ${lane.pid})` : ""}`;
+}
+
+// The time of day (UTC) `ms` after the job's first bar (t0_us), with as many decimals as
+// a tick `stepMs` apart needs, and the date.
+function clockAt(t0us, ms, stepMs) {
+  const us = t0us + ms * 1000;
+  const iso = new Date(Math.floor(us / 1000)).toISOString();
+  const digits = stepMs >= 1000 ? 0 : stepMs >= 1 ? 3 : 6;
+  const micro = String(Math.floor(((us % 1e6) + 1e6) % 1e6)).padStart(6, "0");
+  const time = iso.slice(11, 19) + (digits ? `.${micro.slice(0, digits)}` : "");
+  return { date: iso.slice(0, 10), time };
 }
 
 function chunkMax(values) {  // Math.max(...hugeArray) overflows the stack
