@@ -38,7 +38,8 @@ async function render({ keepScroll = false } = {}) {
   if (ticket !== rendering) return;  // a newer navigation won
   clear(page).append(node);
   page.dataset.route = route || "overview";
-  document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+  // UTC on a 24-hour clock, as every time on the pages is
+  document.getElementById("updated").textContent = `updated ${new Date().toISOString().slice(11, 19)} UTC`;
   if (keepScroll) window.scrollTo(0, scroll);
 }
 
