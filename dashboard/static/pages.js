@@ -216,13 +216,26 @@ export async function runs() {
   return section("Training runs", table([{ key: "run_id", label: "run" }, { key: "steps", label: "steps", num: true },
     { key: "ops", label: "ops", num: true }, { key: "failures", label: "failures", num: true },
     { key: "seconds", label: "op time", num: true }, { key: "started_at", label: "started" }, { key: "ended_at", label: "ended" }],
-  data.rows, (row, c) => c.key === "run_id" ? hashLink("run", { run: row.run_id }, row.run_id || "(no run id)")
+  data.rows, (row, c) => c.key === "run_id" ? runLink(row.run_id)
     : c.key === "seconds" ? fmtDur(row.seconds) : c.key.endsWith("_at") ? fmtTime(row[c.key]) : fmtNum(row[c.key])));
+}
+
+// Ops sent without a run_id (Ray ops from ray_op/traced_remote, emitters.op outside a
+// run) share one row, run_id ''. Its link keeps `run=` (routeHref drops empty values),
+// and it is named for what it holds, not as a training run.
+const NO_RUN = "ops without a run id";
+const NO_RUN_NOTE = "ops sent without a run_id: Ray ops (ray_op, traced_remote) and emitters.op outside "
+  + "a run; emitters.configure(run_id=...) or EVAGG_RUN_ID gives a run its own row";
+
+function runLink(runId) {
+  if (runId) return hashLink("run", { run: runId }, runId);
+  return h("span", null, h("a", { href: "#/run?run=", class: "no-run", title: NO_RUN_NOTE }, `(${NO_RUN})`),
+    h("span", { class: "muted no-run-note" }, " Ray tasks' ops and others sent without a run_id"));
 }
 
 export async function run(params) {
   const runId = params.get("run") || "";
-  const data = await getJSON("/api/steps", { run: runId });
+  const data = await getJSON(`/api/steps?run=${encodeURIComponent(runId)}`);
   const byMetric = new Map();
   for (const m of data.metrics.rows) {
     if (m.step === null) continue;
@@ -262,9 +275,10 @@ export async function run(params) {
   });
   const grid = h("table", { class: "grid steps" }, h("thead", null, h("tr", null,
     ["step", "ops", "failures", "op time", "metric spread (min … max)"].map((t) => h("th", null, t)))), h("tbody", null, rows));
-  return h("div", null, h("h1", null, `Run ${runId || "(no run id)"}`),
+  return h("div", null, h("h1", null, runId ? `Run ${runId}` : `Steps of ${NO_RUN}`),
+    runId ? null : h("p", { class: "muted", id: "no-run-note" }, NO_RUN_NOTE),
     await requestLedger(runId),
-    await runArtifacts(runId),
+    runId ? await runArtifacts(runId) : null,
     section("Metrics over steps", byMetric.size ? charts : h("p", { class: "muted" }, "No metrics.")),
     section("Steps", grid));
 }
@@ -328,6 +342,24 @@ function agentState(row) {
     + "tasks left open on this node read as ended with it" }, said);
 }
 
+// A restart shows as counters that went down (a new agent counts from 0): the counters
+// shown are the new agent's, so say when it restarted.
+function restartsCell(row) {
+  if (!row.restarts) return h("span", { class: "muted" }, "0");
+  return h("span", { class: "warn-text", title: `counters went down: the agent restarted, last at ${fmtTime(row.restarted_at)}; `
+    + "the counts shown are since then" }, `${fmtNum(row.restarts)} (last ${fmtTime(row.restarted_at)})`);
+}
+
+// The longest time between two heartbeats; over 1.5x the agent's interval it missed beats.
+function gapCell(row) {
+  if (row.longest_gap_s === null || row.longest_gap_s === undefined) return "";
+  const interval = row.heartbeat_interval_s ?? 30;
+  if (!row.missed_gaps) return h("span", { title: `heartbeats every ${fmtDur(interval)}` }, fmtDur(row.longest_gap_s));
+  return h("span", { class: "error-text", title: `${fmtNum(row.missed_gaps)} gap${row.missed_gaps === 1 ? "" : "s"} over 1.5x `
+    + `the ${fmtDur(interval)} heartbeat interval: the agent was down or could not write` },
+  `${fmtDur(row.longest_gap_s)} (${fmtNum(row.missed_gaps)} missed)`);
+}
+
 export async function agents() {
   const data = await getJSON("/api/agents");
   const now = Date.now();
@@ -335,9 +367,11 @@ export async function agents() {
     { key: "state", label: "state" }, { key: "version", label: "version" }, { key: "heartbeats", label: "beats", num: true },
     { key: "received_total", label: "received", num: true }, { key: "received_per_s", label: "recv/s", num: true },
     { key: "delivered_per_s", label: "deliv/s", num: true }, { key: "dropped_total", label: "dropped", num: true },
-    { key: "lost_events", label: "lost", num: true }, { key: "spool_bytes", label: "spool", num: true }], data.agents.rows,
+    { key: "lost_events", label: "lost", num: true }, { key: "spool_bytes", label: "spool", num: true },
+    { key: "restarts", label: "restarts", num: true }, { key: "longest_gap_s", label: "longest gap", num: true }], data.agents.rows,
   (row, c) => c.key === "last_seen" ? `${fmtTime(row.last_seen)} (${fmtDur((now - Date.parse(row.last_seen)) / 1000)} ago)`
     : c.key === "state" ? agentState(row)
+    : c.key === "restarts" ? restartsCell(row) : c.key === "longest_gap_s" ? gapCell(row)
     : c.key === "spool_bytes" ? fmtBytes(row.spool_bytes) : c.key === "lost_events" && row.lost_events ? h("span", { class: "error-text" }, fmtNum(row.lost_events))
       : typeof row[c.key] === "number" ? fmtNum(row[c.key]) : row[c.key] ?? "")
     : noAgents();
