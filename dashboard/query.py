@@ -129,6 +129,7 @@ def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
     steps.add_argument("--run", required=True,
                        help=f"run id ('' or '{NO_RUN_ID}' for ops sent without one)")
     add("runs", "training runs", _runs)
+    add("jobs", "Ray's driver jobs: started, ended, and how evagg knows of the end", _jobs)
     add("agents", "node agents: last heartbeat, throughput, losses",
         lambda store, _a: queries.agents(store))
     ledger_parser = add("ledger", "a run's requests: enqueued, started, answered, failed, "
@@ -242,6 +243,12 @@ def _task_columns(args: argparse.Namespace, available: list[str]) -> tuple[str, 
     if args.wide or (args.fmt or "table") != "table":
         return tuple(available)
     return tuple(c for c in SHORT_TASK_COLUMNS if c in available)
+
+
+def _jobs(store: Store, _args: argparse.Namespace) -> Result:
+    """The `jobs` view (dashboard/sql/ends.sql): an end Ray never exported says how evagg
+    inferred it."""
+    return store.execute("SELECT * FROM jobs ORDER BY started_at, job_id")
 
 
 def _runs(store: Store, _args: argparse.Namespace) -> Result:

@@ -175,6 +175,7 @@ def test_rays_own_cli_against_evagg_gives_rays_answers(killed: Killed) -> None:
              and all(t["final_state"] == killed.ray_tasks[k]["state"]
                      for k, t in _evagg_tasks(killed).items() if k in killed.ray_tasks),
              120, "the lake to hold every end")
+    wait_for(lambda: _ended_job(killed), 120, "the lake to hold the job's end")
     store = Store(StoreOptions(str(killed.lake), refresh_s=0.0,
                                cache_dir=killed.env["EVAGG_CACHE_DIR"]))
     try:
@@ -186,11 +187,13 @@ def test_rays_own_cli_against_evagg_gives_rays_answers(killed: Killed) -> None:
         store.close()
     got = {(t["task_id"], t["attempt_number"]): t for t in listed}
     for key, ray in killed.ray_tasks.items():
-        assert (got[key]["state"], got[key]["error_type"]) == (ray["state"], ray["error_type"])
+        assert key in got, (key, sorted(got))
+        assert (got[key]["state"], got[key]["error_type"]) == (ray["state"], ray["error_type"]), \
+            (key, got[key], ray)
         if ray["state"] == "FAILED":
             assert "inferred" in got[key]["error_message"], got[key]["error_message"]
     assert ({a["actor_id"]: a["state"] for a in actors}
-            == {a["actor_id"]: a["state"] for a in killed.ray_actors})
+            == {a["actor_id"]: a["state"] for a in killed.ray_actors}), (actors, killed.ray_actors)
     ours = {j["job_id"]: j["status"] for j in jobs}
     assert ours[killed.job_id] == next(j["status"] for j in killed.ray_jobs
                                        if j["job_id"] == killed.job_id)
@@ -203,3 +206,20 @@ def _ray_cli(url: str, resource: str, *args: str) -> list[dict[str, Any]]:
     assert done.returncode == 0, done.stderr
     found: list[dict[str, Any]] = json.loads(done.stdout)
     return found
+
+
+def _ended_job(killed: Killed) -> dict[str, Any] | None:
+    """The killed driver's job in `evagg query jobs`, once it has ended there."""
+    done = subprocess.run([EVAGG, "query", "jobs", "--data", str(killed.lake), "--json"],
+                          capture_output=True, text=True, env=killed.env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    job: dict[str, Any] | None = {j["job_id"]: j for j in json.loads(done.stdout)}.get(
+        killed.job_id)
+    return job if job and job["status"] != "RUNNING" else None
+
+
+def test_evagg_query_jobs_says_when_the_job_ended_and_how_evagg_knows(killed: Killed) -> None:
+    job = wait_for(lambda: _ended_job(killed), 120, "the killed driver's job to end")
+    ray = next(j for j in killed.ray_jobs if j["job_id"] == killed.job_id)
+    assert job["status"] == ray["status"] == "SUCCEEDED"
+    assert job["ended_at"] and job["how_known"]

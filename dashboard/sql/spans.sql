@@ -3,7 +3,8 @@
 -- terminal event, which fold into the same row. Ops that ran while a span was current
 -- (emitters.op, the torch tracker) carry its trace id and it as their parent: they are
 -- spans of that trace here too, so a trace shows a step's forward and backward inside
--- the span that ran them.
+-- the span that ran them; so are Ray's traced ops (ray_op, traced_remote), whose STARTED
+-- and terminal event fold into one row like an evagg-native span's.
 CREATE OR REPLACE VIEW spans AS
 SELECT
     trace_id,
@@ -20,7 +21,8 @@ SELECT
         min(time) + to_microseconds(CAST(round(max(duration_s) * 1e6) AS BIGINT)),
         max(time) FILTER (WHERE state IN ('FINISHED', 'FAILED'))
     ) AS end_at,
-    max(attrs['service.name']) AS service,
+    -- an op has no OTel service: its source (ray, torch, ...) says where it ran
+    coalesce(max(attrs['service.name']), max(source) FILTER (WHERE kind = 'op')) AS service,
     max(attrs['otel.span_kind']) AS span_kind,
     max(error_type) AS error_type,
     max(error_message) AS error_message,
