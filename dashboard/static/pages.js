@@ -271,10 +271,14 @@ export async function run(params) {
     return h("tr", { "data-step": st.step, class: bad.length ? "has-nonfinite" : null },
       h("td", { class: "num" }, st.step ?? "—", bad.length ? h("span", { class: "nonfinite-badge", title: `${bad.join(", ")} was NaN or infinite at this step` }, ` ⚠ ${bad.join(", ")} NaN/inf`) : null),
       h("td", null, opList),
-      h("td", { class: "num" + (st.failures ? " error-text" : "") }, st.failures), h("td", { class: "num" }, fmtDur(st.seconds)), h("td", null, spread));
+      h("td", { class: "num" + (st.failures ? " error-text" : "") }, st.failures), h("td", { class: "num" }, fmtDur(st.seconds)),
+      h("td", { class: "num queue" }, st.queue_s === null || st.queue_s === undefined ? "—" : fmtDur(st.queue_s)), h("td", null, spread));
   });
+  // "wall time": the union of the step's op intervals, so nested ops are not counted twice.
+  const heads = [["step"], ["ops"], ["failures"], ["wall time", "time the step's ops cover, each moment once (nested ops are not added twice)"],
+    ["queue time", "time the step's work waited in a queue before it started (emitters.queueing)"], ["metric spread (min … max)"]];
   const grid = h("table", { class: "grid steps" }, h("thead", null, h("tr", null,
-    ["step", "ops", "failures", "op time", "metric spread (min … max)"].map((t) => h("th", null, t)))), h("tbody", null, rows));
+    heads.map(([t, title]) => h("th", title ? { title } : null, t)))), h("tbody", null, rows));
   return h("div", null, h("h1", null, runId ? `Run ${runId}` : `Steps of ${NO_RUN}`),
     runId ? null : h("p", { class: "muted", id: "no-run-note" }, NO_RUN_NOTE),
     await requestLedger(runId),
