@@ -125,7 +125,8 @@ def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
     shown.add_argument("--columns", metavar="A,B,...",
                        help="these columns, any of the tasks view's (`--wide` shows them "
                             "all; docs/queries.md lists them)")
-    steps = add("steps", "a training run's steps: ops, failures, seconds, metric spread", _steps)
+    steps = add("steps", "a training run's steps: ops, failures, seconds (wall time, each "
+                "moment once), queue_s, metric spread", _steps)
     steps.add_argument("--run", required=True,
                        help=f"run id ('' or '{NO_RUN_ID}' for ops sent without one)")
     add("runs", "training runs", _runs)
