@@ -112,7 +112,7 @@ export function histRange(rows) {
 
 // Where the quantile labels go: over their lines where there is room, else pushed apart
 // (rightwards, and back leftwards from the edge), so that none lies on another.
-const QUANTILE_LABEL_GAP = 22, QUANTILE_LABEL_MARGIN = 10;
+const QUANTILE_LABEL_GAP = 24, QUANTILE_LABEL_MARGIN = 11;  // "p99" at 9 px is about 16 px wide
 function labelCenters(xs) {
   const centers = [];
   for (const x of xs) centers.push(Math.max(x, QUANTILE_LABEL_MARGIN, (centers.at(-1) ?? -Infinity) + QUANTILE_LABEL_GAP));
@@ -163,20 +163,30 @@ export function histogram(bins, row, range = { lo: 0, hi: HIST_BINS - 1 }) {
 }
 
 // One metric over steps: the mean as a line, min..max as a band; a red mark at each step
-// where the metric was NaN or infinite (those values are never drawn as numbers).
+// where the metric was NaN or infinite (those values are never drawn as numbers). The
+// left margin is as wide as the y labels (0.000692 whole, not .000692); a metric that
+// never changed is labelled once, on its line.
+const AXIS_CHAR_PX = 6.2;  // 10 px system-ui digits are under 6 px wide
 export function metricChart(metric, points, nanSteps = []) {
-  const width = 420, height = 170, left = 50, right = 10, top = 22, bottom = 24;
   const steps = points.map((p) => p.step).concat(nanSteps);
   const lo = points.length ? Math.min(...points.map((p) => p.min)) : 0;
   const hi = points.length ? Math.max(...points.map((p) => p.max)) : 0;
+  const hiText = fmtNum(hi), loText = fmtNum(lo);
+  const width = 420, height = 170, right = 10, top = 22, bottom = 24;
+  const left = Math.max(50, Math.ceil(12 + AXIS_CHAR_PX * Math.max(hiText.length, loText.length)));
   const x0 = Math.min(...steps), x1 = Math.max(...steps);
   const xs = (step) => left + (x1 === x0 ? 0.5 : (step - x0) / (x1 - x0)) * (width - left - right);
   const ys = (v) => top + (hi === lo ? 0.5 : 1 - (v - lo) / (hi - lo)) * (height - top - bottom);
   const svg = s("svg", { viewBox: `0 0 ${width} ${height}`, class: "chart metric", role: "img",
     "aria-label": `${metric} over steps` });
   svg.append(s("text", { x: left, y: 14, class: "chart-title" }, metric));
-  svg.append(s("text", { x: left - 6, y: top + 8, "text-anchor": "end", class: "axis" }, fmtNum(hi)));
-  svg.append(s("text", { x: left - 6, y: height - bottom, "text-anchor": "end", class: "axis" }, fmtNum(lo)));
+  if (hi === lo) {
+    svg.append(s("g", { class: "constant" }, s("title", null, `${metric} was ${hiText} at every step`),
+      s("text", { x: left - 6, y: ys(lo) + 3, "text-anchor": "end", class: "axis y-label" }, hiText)));
+  } else {
+    svg.append(s("text", { x: left - 6, y: top + 8, "text-anchor": "end", class: "axis y-label" }, hiText));
+    svg.append(s("text", { x: left - 6, y: height - bottom, "text-anchor": "end", class: "axis y-label" }, loText));
+  }
   svg.append(s("text", { x: left, y: height - 6, class: "axis" }, `step ${x0}`));
   svg.append(s("text", { x: width - right, y: height - 6, "text-anchor": "end", class: "axis" }, `step ${x1}`));
   const band = points.map((p) => `${xs(p.step)},${ys(p.max)}`)
