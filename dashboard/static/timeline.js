@@ -93,6 +93,7 @@ class TimelineView {
     ctx.fillStyle = "#4a5160";
     this.labels.forEach((label, i) => ctx.fillText(label, 4, AXIS + i * ROW + 14));
     this.canvas.dataset.gutter = String(this.gutter);
+    this.canvas.dataset.rowPx = String(ROW);
     ctx.font = "11px system-ui, sans-serif";
     this.axis();
     let drawn = 0;
@@ -118,6 +119,7 @@ class TimelineView {
     ctx.fillStyle = "#6b7385";
     const step = niceStep((this.t1 - this.t0) / 8);
     let labelsEnd = 0, flipped = 0;
+    const shown = [];
     for (let t = Math.ceil(this.t0 / step) * step; t <= this.t1; t += step) {
       const x = this.x(t);
       ctx.beginPath();
@@ -125,6 +127,7 @@ class TimelineView {
       ctx.lineTo(x, this.height);
       ctx.stroke();
       const label = clockAt(this.data.t0_us, t, step).time;
+      shown.push(label);
       // A tick near the right edge puts its label on the left of its line, not past the edge.
       const labelWidth = ctx.measureText(label).width;
       const fits = x + 2 + labelWidth <= this.width;
@@ -136,6 +139,7 @@ class TimelineView {
     ctx.textAlign = "left";
     this.canvas.dataset.axisLabelsEnd = String(Math.ceil(labelsEnd));
     this.canvas.dataset.axisLabelsFlipped = String(flipped);
+    this.canvas.dataset.axisLabels = shown.join(" ");
   }
 
   hit(event) {
