@@ -21,7 +21,7 @@ SELECT
         min(time) + to_microseconds(CAST(round(max(duration_s) * 1e6) AS BIGINT)),
         max(time) FILTER (WHERE state IN ('FINISHED', 'FAILED'))
     ) AS end_at,
-    -- an op has no OTel service: its source (ray, torch, ...) says where it ran
+    -- an op has no OTel service: its event's source (evagg, torch, ...) stands in
     coalesce(max(attrs['service.name']), max(source) FILTER (WHERE kind = 'op')) AS service,
     max(attrs['otel.span_kind']) AS span_kind,
     max(error_type) AS error_type,
