@@ -88,6 +88,24 @@ GROUP BY s.session;
 -- Ray's export takes a few seconds after the fact it follows (Ray flushes every second,
 -- its aggregator posts in batches): an end is put on only once that long has passed, so
 -- an attempt whose real end is on its way does not flicker to FAILED in between.
+-- A driver job ends with its driver: Ray exports the driver task's end (when the driver
+-- exited cleanly) more often than the job's FINISHED (docs/ray.md, Known gaps), so each
+-- job's facts take the earlier of the two.
+CREATE OR REPLACE VIEW driver_ends AS
+SELECT session, job_id, min(coalesce(finished_at, failed_at)) AS ended_at
+FROM task_attempts
+WHERE coalesce(task_type, '') = 'DRIVER_TASK' AND final_state IN ('FINISHED', 'FAILED')
+    AND coalesce(job_id, '') <> '' AND inferred IS NULL
+GROUP BY ALL;
+CREATE OR REPLACE VIEW job_facts AS
+SELECT f.* REPLACE (least(f.real_end_at, d.ended_at) AS real_end_at)
+FROM ends_facts AS f
+LEFT JOIN driver_ends AS d ON f.kind = 'job' AND d.session = f.session AND d.job_id = f.id
+UNION ALL BY NAME
+SELECT d.session, 'job' AS kind, d.job_id AS id, d.ended_at AS real_end_at
+FROM driver_ends AS d
+ANTI JOIN ends_facts AS f ON f.kind = 'job' AND f.session = d.session AND f.id = d.job_id;
+
 CREATE OR REPLACE VIEW task_ends AS
 WITH open AS (
     SELECT task_id, attempt, session, job_id, node_id, worker_id, pid, host, running_at,
@@ -98,7 +116,7 @@ WITH open AS (
 facts AS (
     SELECT *, coalesce(real_end_at, inferred_end_at) AS end_at,
            CASE WHEN real_end_at IS NULL THEN inferred END AS end_inferred
-    FROM ends_facts
+    FROM job_facts
     WHERE coalesce(real_end_at, inferred_end_at) < now() - INTERVAL 5 SECOND
 ),
 silent AS (SELECT host, last_at, silent_after_s FROM agent_liveness WHERE silent),
@@ -189,15 +207,20 @@ LEFT JOIN task_ends AS e
 -- `evagg query jobs` prints it; Ray's `ray list jobs` against the dashboard says the same.
 CREATE OR REPLACE VIEW jobs AS
 SELECT f.id AS job_id, nullif(f.session, '') AS ray_session, f.first_at AS started_at,
-       coalesce(f.real_end_at, f.inferred_end_at, CASE WHEN s.ended THEN s.last_heard_at END)
-           AS ended_at,
-       CASE WHEN coalesce(f.real_end_at, f.inferred_end_at) IS NOT NULL OR s.ended
+       coalesce(least(f.real_end_at, d.ended_at), f.inferred_end_at,
+                CASE WHEN s.ended THEN s.last_heard_at END) AS ended_at,
+       CASE WHEN coalesce(f.real_end_at, d.ended_at, f.inferred_end_at) IS NOT NULL
+                 OR s.ended
             THEN 'SUCCEEDED' ELSE 'RUNNING' END AS status,
-       CASE WHEN f.real_end_at IS NOT NULL THEN 'exported by Ray'
+       CASE WHEN f.real_end_at IS NOT NULL AND (d.ended_at IS NULL
+                                                 OR f.real_end_at <= d.ended_at)
+                THEN 'exported by Ray'
+            WHEN d.ended_at IS NOT NULL THEN 'its driver task''s end, exported by Ray'
             WHEN f.inferred_end_at IS NOT NULL THEN f.inferred
             WHEN s.ended THEN 'evagg inferred this end: no agent of this Ray session has '
                               || 'reported since ' || strftime(s.last_heard_at,
                                                                '%Y-%m-%dT%H:%M:%SZ')
        END AS how_known
 FROM ends_facts AS f LEFT JOIN session_liveness AS s USING (session)
+LEFT JOIN driver_ends AS d ON d.session = f.session AND d.job_id = f.id
 WHERE f.kind = 'job';

@@ -278,3 +278,25 @@ def test_the_dashboard_marks_inferred_ends_and_silent_agents(tmp_path: Path) -> 
             assert state.inner_text() == "silent: taken for dead"
     finally:
         store.close()
+
+
+def test_a_driver_tasks_exported_end_ends_its_job_and_what_it_left(tmp_path: Path,
+                                                                  open_store: Any) -> None:
+    """Ray often exports the driver task's FINISHED and not the job's: the job reads ended
+    then (evagg query jobs), and so do the attempts the driver left open."""
+    lake = tmp_path / "lake"
+    driver = "ffffffffffffffffffffffffffffffffffffffff01000000"
+    common = {"kind": "task", "task_id": driver, "attempt": 0, "job_id": "01000000"}
+    rows = [ray_row(**common, state="RUNNING", time=ago(700),
+                    attrs={"ray_task_type": "DRIVER_TASK"}),
+            ray_row(**common, state="FINISHED", time=ago(400)),
+            ray_row(kind="job", job_id="01000000", state="DEFINED", time=ago(700))]
+    rows += attempt("left", "01000000", running=True, pid=9)
+    write_rows(local_put(lake), rows, "part-a.parquet")
+    store = open_store(lake)
+    left = tasks_of(store)["left"]
+    assert (left["final_state"], left["error_type"]) == ("FAILED", "WORKER_DIED")
+    assert left["failed_us"] == ago(400) // 1000
+    job = store.execute("SELECT * FROM jobs").records()[0]
+    assert (job["status"], job["how_known"]) == ("SUCCEEDED",
+                                                 "its driver task's end, exported by Ray")
