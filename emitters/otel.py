@@ -254,6 +254,7 @@ def shutdown_telemetry(timeout_s: float = 5.0) -> bool:
 
 
 def _otel_active() -> bool:
+    """Whether OpenTelemetry carries the current context: our provider or a span current."""
     if _provider is not None:
         return True
     try:
@@ -261,6 +262,20 @@ def _otel_active() -> bool:
     except ImportError:
         return False
     return bool(trace.get_current_span().get_span_context().is_valid)
+
+
+def _otel_receives() -> bool:
+    """Whether an attached context must go to OpenTelemetry: as `_otel_active`, or a
+    provider of the user's own is installed (an actor that builds its own, with our
+    exporter: a context attached only to evagg's would miss its spans)."""
+    if _otel_active():
+        return True
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return False
+    return type(trace.get_tracer_provider()).__name__ not in ("ProxyTracerProvider",
+                                                               "NoOpTracerProvider")
 
 
 def inject_trace_context(meta: dict[str, str]) -> dict[str, str]:
@@ -277,7 +292,7 @@ def inject_trace_context(meta: dict[str, str]) -> dict[str, str]:
 
 def attach_trace_context(meta: Mapping[str, str]) -> Any:
     """Make the context in `meta` current; spans started next are its children."""
-    if not _otel_active():
+    if not _otel_receives():
         from emitters import tracecontext
 
         return tracecontext.attach_trace_context(meta)
