@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import logging
 import os
 import socket
 import subprocess
@@ -20,6 +21,7 @@ import time
 import tomllib
 from pathlib import Path
 
+log = logging.getLogger("evagg.autostart")
 DEFAULT_LISTEN = "127.0.0.1:4040"
 ENV_LISTEN = "EVAGG_HTTP_LISTEN"
 ENV_ADDRESS = "EVAGG_AGENT_HTTP"  # the address this process exported, to know it is ours
@@ -69,7 +71,12 @@ def _free_listen() -> str:
             # as the agent binds (asyncio sets SO_REUSEADDR): a port in TIME_WAIT is free
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(("127.0.0.1", port))
-            return f"127.0.0.1:{probe.getsockname()[1]}"
+            chosen = f"127.0.0.1:{probe.getsockname()[1]}"
+            if port == 0:  # said once, where the driver sees it: workers are told it too
+                log.warning("evagg: %s is taken by another program; the agent takes %s "
+                            "(EVAGG_AGENT_HTTP and OTEL_EXPORTER_OTLP_ENDPOINT say so to "
+                            "this process and its children)", DEFAULT_LISTEN, chosen)
+            return chosen
         except OSError:
             continue
         finally:

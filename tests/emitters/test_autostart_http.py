@@ -157,6 +157,8 @@ def test_a_taken_port_gives_the_agent_a_free_one_that_workers_are_told(
         pass  # the agent holds it
     assert first["otlp"] == f"http://{first['http']}"
     assert "without HTTP" not in warned
+    assert f"127.0.0.1:4040 is taken by another program; the agent takes {first['http']}" \
+        in warned  # the driver is told, not only the agent's log
     # a second driver on the same socket finds the running agent and the same address
     second, _ = drive(home, "two")
     assert second == {"http": first["http"], "started": False, "otlp": first["otlp"]}
