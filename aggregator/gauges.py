@@ -56,7 +56,7 @@ class AgentGauges:
             ("evagg_uptime_seconds", "Seconds since the agent started.", {},
              (time.time_ns() - self.started_ns) / 1e9),
         ]
-        out += [("evagg_spool_counter", SPOOL_COUNTER_HELP, {"counter": counter}, float(count))
+        out += [("evagg_spool_totals", SPOOL_COUNTER_HELP, {"total": counter}, float(count))
                 for counter, count in self.spool.counters.items()]
         return out
 

@@ -1,6 +1,6 @@
 """What the spool counts about its own work since it opened (`Spool.counters`).
 
-Exported as `evagg_spool_counter{counter}` (docs/metrics.md, docs/spool.md). Losses are
+Exported as `evagg_spool_totals{total}` (docs/metrics.md, docs/spool.md). Losses are
 not here: they are events lost, counted by the agent's one `LossRecorder`.
 """
 
