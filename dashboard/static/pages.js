@@ -351,7 +351,8 @@ function agentState(row) {
 function restartsCell(row) {
   if (!row.restarts) return h("span", { class: "muted" }, "0");
   return h("span", { class: "warn-text", title: `counters went down: the agent restarted, last at ${fmtTime(row.restarted_at)}; `
-    + "the counts shown are since then" }, `${fmtNum(row.restarts)} (last ${fmtTime(row.restarted_at)})`);
+    + "the counts shown are since then" }, fmtNum(row.restarts),
+  h("div", { class: "cell-note" }, `last ${fmtClock(row.restarted_at, row.last_seen)}`));
 }
 
 // The longest time between two heartbeats; over 1.5x the agent's interval it missed beats.
@@ -361,7 +362,7 @@ function gapCell(row) {
   if (!row.missed_gaps) return h("span", { title: `heartbeats every ${fmtDur(interval)}` }, fmtDur(row.longest_gap_s));
   return h("span", { class: "error-text", title: `${fmtNum(row.missed_gaps)} gap${row.missed_gaps === 1 ? "" : "s"} over 1.5x `
     + `the ${fmtDur(interval)} heartbeat interval: the agent was down or could not write` },
-  `${fmtDur(row.longest_gap_s)} (${fmtNum(row.missed_gaps)} missed)`);
+  fmtDur(row.longest_gap_s), h("div", { class: "cell-note" }, `${fmtNum(row.missed_gaps)} missed`));
 }
 
 export async function agents() {
