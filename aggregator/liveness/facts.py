@@ -9,13 +9,21 @@ events) is dropped by one vectorised filter before anything becomes a Python obj
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-WATCHED_KINDS = pa.array(["task", "op", "job", "actor"])
+WATCHED_KINDS = ("task", "op", "job", "actor")
 INFERRED = "evagg_inferred"  # the attrs key that marks an end evagg inferred
+
+
+@functools.cache
+def _watched_kinds() -> pa.Array:
+    """Made on first use, not at import: pyarrow converting Python objects imports pandas,
+    which the agent keeps out only once it has started (aggregator/memory.py)."""
+    return pa.array(WATCHED_KINDS, type=pa.string())
 
 
 class Fact(NamedTuple):
@@ -44,7 +52,7 @@ def facts_of(batch: pa.RecordBatch) -> list[Fact]:
         return []
     kind, state = batch.column("kind"), batch.column("state")
     # A task's definition opens nothing its lifecycle rows do not (a fifth of Ray's rows).
-    mask = pc.and_(pc.and_(pc.is_in(kind, value_set=WATCHED_KINDS), pc.is_valid(state)),
+    mask = pc.and_(pc.and_(pc.is_in(kind, value_set=_watched_kinds()), pc.is_valid(state)),
                    pc.invert(pc.and_(pc.equal(kind, "task"), pc.equal(state, "DEFINED"))))
     if not pc.any(mask).as_py():
         return []
