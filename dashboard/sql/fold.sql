@@ -501,10 +501,18 @@ SELECT second, kind, events, first_us, last_us FROM fold.timeline;
 -- bins (counted row by row) cannot see: fold_renamed holds those attempts (few: an
 -- actor's restarted creation task without its definition) and fold_bins_now moves
 -- them from the name they were counted under to the one the view shows.
+-- (An attempt ends.sql ends moves with the state the tasks view shows, its end's.)
 CREATE OR REPLACE TEMP TABLE fold_renamed AS
 WITH nameless AS (
-    SELECT task_id, attempt, session, actor_repr, final_state, duration_s, bin
-    FROM fold.task_fold WHERE name IS NULL AND has_state AND NOT fold_is_driver(task_type)
+    SELECT task_id, attempt, session, actor_repr,
+           coalesce(e.final_state, f.final_state) AS final_state,
+           CASE WHEN e.end_at IS NULL THEN f.duration_s
+                ELSE (epoch_us(e.end_at) - epoch_us(f.running_at)) / 1e6 END AS duration_s,
+           CASE WHEN e.end_at IS NULL THEN f.bin
+                ELSE fold_bin((epoch_us(e.end_at) - epoch_us(f.running_at)) / 1e6) END AS bin
+    FROM fold.task_fold AS f
+    LEFT JOIN task_ends AS e USING (task_id, attempt, session)
+    WHERE f.name IS NULL AND f.has_state AND NOT fold_is_driver(f.task_type)
 ),
 siblings AS (
     SELECT task_id, session, coalesce(max(name), max(function)) AS sibling_name

@@ -16,11 +16,16 @@ from dashboard.store import Store, StoreOptions
 from tests.dashboard.lakegen import Row, event, local_put, write_rows
 
 SESSION = "session_2026-12-01_10-00-00_000000_1"
-NOW_NS = time.time_ns()
+NOW_NS = [time.time_ns()]  # each test's own "now" (the ends depend on the reader's clock)
+
+
+@pytest.fixture(autouse=True)
+def now() -> None:
+    NOW_NS[0] = time.time_ns()
 
 
 def ago(seconds: float) -> int:
-    return NOW_NS - round(seconds * 1e9)
+    return NOW_NS[0] - round(seconds * 1e9)
 
 
 def ray_row(**fields: Any) -> Row:
