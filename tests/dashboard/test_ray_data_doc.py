@@ -173,7 +173,10 @@ def post(agent: AgentProcess, path: str, body: bytes) -> int:
 
 
 @pytest.fixture(scope="module")
-def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The agent keeps running while the module reads its lake: a stopped agent's silence
+    would end the made-up open tasks (dashboard/sql/ends.sql), which the recipes here,
+    folding the raw events alone, do not do."""
     agent = AgentProcess(tmp_path_factory.mktemp("agent")).start()
     base = (time.time_ns() // S - 3600) * S  # within the DuckDB example's last day
     try:
@@ -183,9 +186,9 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
         stored += post(agent, "/v1/events", json.dumps(natives).encode())
         stored += post(agent, "/v1/events", json.dumps(natives[:3]).encode())  # resent
         agent.wait_delivered(stored)
+        yield agent.lake_dir
     finally:
         assert agent.stop() == 0, agent.log()
-    return agent.lake_dir
 
 
 @pytest.fixture(scope="module")
