@@ -85,9 +85,6 @@ CREATE OR REPLACE VIEW session_liveness AS
 SELECT s.session, bool_and(a.silent) AS ended, max(a.last_at) AS last_heard_at
 FROM ends_session_hosts AS s JOIN agent_liveness AS a USING (host)
 GROUP BY s.session;
--- Ray's export takes a few seconds after the fact it follows (Ray flushes every second,
--- its aggregator posts in batches): an end is put on only once that long has passed, so
--- an attempt whose real end is on its way does not flicker to FAILED in between.
 -- A driver job ends with its driver: Ray exports the driver task's end (when the driver
 -- exited cleanly) more often than the job's FINISHED (docs/ray.md, Known gaps), so each
 -- job's facts take the earlier of the two.
@@ -106,6 +103,9 @@ SELECT d.session, 'job' AS kind, d.job_id AS id, d.ended_at AS real_end_at
 FROM driver_ends AS d
 ANTI JOIN ends_facts AS f ON f.kind = 'job' AND f.session = d.session AND f.id = d.job_id;
 
+-- Ray's export takes a few seconds after the fact it follows (Ray flushes every second,
+-- its aggregator posts in batches): an end is put on only once that long has passed, so
+-- an attempt whose real end is on its way does not flicker to FAILED in between.
 CREATE OR REPLACE VIEW task_ends AS
 WITH open AS (
     SELECT task_id, attempt, session, job_id, node_id, worker_id, pid, host, running_at,
