@@ -23,6 +23,12 @@ COMPACTED_PREFIX: Final = "compacted-"
 COMPACTION_META_KEY: Final = "evagg.compacted"  # Parquet key-value metadata of a merged file
 _PARTITION_DIRECTORY: Final = re.compile(r"(?:^|/)date=[^/]+/hour=[^/]+/node=[^/]+$")
 _NS_PER_SECOND: Final = 1_000_000_000
+# Task fragments (sinks/fragments/): `_tasks/<partition>/<compacted file's stem>.pq`. The
+# root starts with `_` (Hive's and Spark's hidden prefix) and the files do not end in
+# `.parquet`, so neither a listing of the lake nor a `**/*.parquet` glob reads them as
+# events.
+TASKS_ROOT: Final = "_tasks"
+FRAGMENT_SUFFIX: Final = ".pq"
 
 
 def partition_for(received_ns: int) -> str:
@@ -75,6 +81,22 @@ def compacted_name(input_names: Iterable[str]) -> str:
     so two runs that merge the same files write one file."""
     digest = hashlib.sha256("\n".join(sorted(input_names)).encode()).hexdigest()
     return f"{COMPACTED_PREFIX}{digest[:24]}.parquet"
+
+
+def fragment_key(partition_directory: str, compacted: str) -> str:
+    """The key of the task fragment of a compacted file in `date=/hour=/node=` directory
+    `partition_directory`: named after that file, so one merge writes one fragment."""
+    stem = compacted.removesuffix(".parquet")
+    return f"{TASKS_ROOT}/{partition_directory}/{stem}{FRAGMENT_SUFFIX}"
+
+
+def compacted_of_fragment(name: str) -> str:
+    """The compacted file's name a fragment file's name stands for."""
+    return name.removesuffix(FRAGMENT_SUFFIX) + ".parquet"
+
+
+def is_fragment_name(name: str) -> bool:
+    return name.startswith(COMPACTED_PREFIX) and name.endswith(FRAGMENT_SUFFIX)
 
 
 def encode_covers(inputs: list[str], covers: Iterable[Cover]) -> dict[bytes, bytes]:
