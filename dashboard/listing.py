@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sinks.locations import S3_SCHEME
+
 HIVE_KEYS = ("date", "hour", "node")
 
 
@@ -91,7 +93,6 @@ def list_s3(client: Any, bucket: str, prefix: str) -> Listing:
         for item in page.get("Contents", ()):
             key = item["Key"]
             relative = key[len(prefix):].lstrip("/")
-            entries.append(
-                FileEntry(f"s3://{bucket}/{key}", relative, int(item["Size"]), item.get("ETag", ""))
-            )
+            entries.append(FileEntry(f"{S3_SCHEME}{bucket}/{key}", relative, int(item["Size"]),
+                                     item.get("ETag", "")))
     return make_listing(entries)

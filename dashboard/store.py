@@ -5,7 +5,8 @@ The store lists its Parquet files (at most every `refresh_s` seconds), builds th
 changed, so new files appear without a restart and one connection serves every query.
 Engines: "local" (DuckDB reads the files), "httpfs" (DuckDB reads s3:// itself) and
 "pyarrow" (pyarrow's filesystem and dataset, registered in DuckDB; the S3 fallback).
-The S3 side (engine choice, rotating credentials, listing errors) is dashboard/store_s3.py.
+Where and how the files are read (engine choice, listing, rotating credentials) is the
+store's source object (dashboard/sources/); the store itself never asks which it has.
 With `fold` on (the default), `tasks` reads the incrementally folded task table of
 dashboard/fold.py instead of folding every task event on every query.
 """
@@ -17,25 +18,20 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import duckdb
 
 from dashboard import views
 from dashboard.cancel import current_token
-from dashboard.errors import BadInput, NoData, NotFound, QueryFailed, StoreUnavailable
+from dashboard.errors import BadInput, NoData, QueryFailed, StoreUnavailable
 from dashboard.fold import Cover, TaskFold, parse_covers
-from dashboard.listing import FileEntry, Listing, list_local
+from dashboard.listing import FileEntry, Listing
 from dashboard.results import Result, from_cursor
-from dashboard.s3 import sql_literal
-from dashboard.sources import arrow_dataset, parquet_source
-from dashboard.store_s3 import S3Reader
-from sinks.locations import is_s3_url
+from dashboard.sources import ENGINES, Relation, open_source
 from sinks.parquet.layout import COMPACTION_META_KEY
 
 log = logging.getLogger(__name__)
-ENGINES = ("auto", "httpfs", "pyarrow")
 DATASET_NAME = "evagg_dataset"
 BATCH_DATASET = "evagg_fold_batch"
 FOLD_VIEWS = ("tasks", "event_timeline", "task_state_counts")
@@ -66,55 +62,21 @@ class Store:
         self._listed_at = float("-inf")
         self._built_for: str | None = None
         self._synced_for: str | None = None
-        self._dataset: Any = None
+        self._relation = Relation("")  # what the views read; registered on every cursor
         self._columns: dict[str, list[str]] = {}
         self._con = duckdb.connect(":memory:")
         self._con.execute("SET TimeZone = 'UTC'")
         self._con.execute("SET parquet_metadata_cache = true")
-        self._s3: S3Reader | None = None
-        self._fs: Any = None
-        if is_s3_url(options.location):
-            self.engine = self._open_s3(options)
-        else:
-            self.engine = self._open_local(options)
+        self._source = open_source(options.location, options.endpoint_url, options.region,
+                                   options.engine, self._con)
+        self.engine = self._source.engine
+        self.note = self._source.note
         self.fold: TaskFold | None = None
         if options.fold:
-            self.fold = TaskFold(self._con, self._cache_key(), options.cache_dir,
+            self.fold = TaskFold(self._con, self._source.cache_key, options.cache_dir,
                                  on_long_fold=options.on_long_fold)
             self.fold.create_views(self._con)
             self.note = "; ".join(n for n in (self.note, self.fold.note) if n)
-
-    def _cache_key(self) -> str:
-        """What names the data: the same key opens the same cache file."""
-        if self._s3 is not None:
-            return self._s3.cache_key
-        return str(self._root.resolve())
-
-    def _dataset_base(self) -> str:
-        """Where pyarrow's paths start: the bucket and prefix, or the local directory."""
-        return self._s3.location.url[5:] if self._s3 else str(self._root)
-
-    # -- opening ---------------------------------------------------------------------
-
-    def _open_local(self, options: StoreOptions) -> str:
-        root = Path(options.location).expanduser()
-        if not root.exists():
-            raise NotFound(f"data directory {options.location} does not exist")
-        if not root.is_dir():
-            raise BadInput(f"{options.location} is not a directory")
-        self._root = root
-        if options.engine == "pyarrow":
-            from pyarrow import fs
-
-            self._fs = fs.LocalFileSystem()
-            return "pyarrow"
-        return "local"
-
-    def _open_s3(self, options: StoreOptions) -> str:
-        self._s3 = S3Reader(options.location, options.endpoint_url, options.region)
-        engine = self._s3.open(self._con, options.engine)
-        self.note, self._fs = self._s3.note, self._s3.fs
-        return engine
 
     # -- listing and views -----------------------------------------------------------
 
@@ -141,17 +103,9 @@ class Store:
         return listing
 
     def _list(self) -> Listing:
-        if self._s3 is None:
-            try:
-                return list_local(self._root)
-            except FileNotFoundError:
-                raise NotFound(f"data directory {self.location} does not exist") from None
-            except OSError as exc:
-                raise StoreUnavailable(f"cannot list {self.location}: {exc.strerror}") from None
-        if self._s3.follow_credentials(self._con):
-            self._fs = self._s3.fs
-            self._built_for = None  # the dataset holds the old filesystem: rebuild it
-        return self._s3.list()
+        if self._source.follow_credentials(self._con):
+            self._built_for = None  # the views' relation holds the old credentials: rebuild
+        return self._source.list()
 
     def _sync(self, listing: Listing) -> Listing:
         """Fold the files the task fold has not seen; a file gone mid-read relists once.
@@ -175,39 +129,23 @@ class Store:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _batch_source(self, cursor: duckdb.DuckDBPyConnection, batch: Listing) -> str:
-        if self.engine != "pyarrow":
-            return parquet_source(batch, None)
-        cursor.register(BATCH_DATASET, arrow_dataset(batch, self._fs, self._dataset_base(),
-                                                     self._s3 is not None))
-        return parquet_source(batch, BATCH_DATASET)
+        relation = self._source.relation(batch, BATCH_DATASET)
+        relation.register(cursor)
+        return relation.sql
 
     def _covers_of(self, cursor: duckdb.DuckDBPyConnection, entry: FileEntry) -> set[Cover]:
         """What a compacted file says it covers, from its Parquet footer."""
         try:
-            if self.engine == "pyarrow":
-                import pyarrow.parquet as pq
-
-                path = entry.path[5:] if self._s3 else entry.path
-                with self._fs.open_input_file(path) as handle:
-                    meta = pq.read_metadata(handle).metadata or {}
-                return parse_covers(meta.get(COMPACTION_META_KEY.encode()))
-            found = cursor.execute(
-                "SELECT value FROM parquet_kv_metadata($path) WHERE key = CAST($key AS BLOB)",
-                {"path": entry.path, "key": COMPACTION_META_KEY}).fetchone()
-            return parse_covers(bytes(found[0]) if found else None)
+            return parse_covers(self._source.kv_metadata(cursor, entry, COMPACTION_META_KEY))
         except (OSError, duckdb.Error) as exc:  # unreadable: it explains nothing
             log.warning("cannot read the footer of %s: %s", entry.path, exc)
             return set()
 
     def _build(self, listing: Listing) -> None:
-        if self.engine == "pyarrow":
-            self._dataset = arrow_dataset(listing, self._fs, self._dataset_base(),
-                                          self._s3 is not None)
-            self._con.register(DATASET_NAME, self._dataset)
-            source = parquet_source(listing, DATASET_NAME)
-        else:
-            source = parquet_source(listing, None)
-        views.create_views(self._con, source)
+        relation = self._source.relation(listing, DATASET_NAME)
+        relation.register(self._con)
+        self._relation = relation
+        views.create_views(self._con, relation.sql)
         if self.fold is not None:
             self.fold.create_views(self._con)
         self._columns.clear()
@@ -260,8 +198,7 @@ class Store:
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         with self._lock:
             cursor = self._con.cursor()
-            if self.engine == "pyarrow" and self._dataset is not None:
-                cursor.register(DATASET_NAME, self._dataset)  # registrations are per cursor
+            self._relation.register(cursor)  # registrations are per cursor
             return cursor
 
     def columns(self, view: str) -> list[str]:
@@ -318,4 +255,4 @@ class Store:
             self._con.close()
 
 
-__all__ = ["Store", "StoreOptions", "sql_literal"]
+__all__ = ["ENGINES", "Store", "StoreOptions"]

@@ -16,6 +16,15 @@ def is_s3_url(location: str) -> bool:
     return location.startswith(S3_SCHEME)
 
 
+def bucket_and_key(url: str) -> str:
+    """`s3://bucket/some/key` -> `bucket/some/key`: the path pyarrow's S3FileSystem opens.
+
+    Raises ValueError for anything that is not an `s3://` URL."""
+    if not is_s3_url(url):
+        raise ValueError(f"not an S3 URL: {url!r} (expected s3://bucket/key)")
+    return url[len(S3_SCHEME):]
+
+
 @dataclass(frozen=True, slots=True)
 class S3Location:
     bucket: str

@@ -1,9 +1,8 @@
-"""The store's S3 side: one s3:// prefix, opened for DuckDB's httpfs or for pyarrow.
+"""Where an S3 store is: one s3:// prefix, its credentials and its listing.
 
-Opening picks the engine (httpfs unless pyarrow is asked for; pyarrow when httpfs
-cannot load and the choice was "auto"). Before each listing the reader follows
-rotating credentials, and it turns S3 errors into the dashboard's own errors.
-The building blocks (location, settings, httpfs, pyarrow filesystem) are dashboard/s3.py.
+Before each listing the prefix follows rotating credentials (the readers then hand them
+on), and it turns S3 errors into the dashboard's own errors. The building blocks
+(settings, httpfs, pyarrow filesystem) are dashboard/s3.py.
 """
 
 from __future__ import annotations
@@ -11,18 +10,16 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import duckdb
-
 from dashboard.errors import BadInput, NotFound, StoreUnavailable
 from dashboard.listing import Listing, list_s3
-from dashboard.s3 import S3Settings, load_httpfs, pyarrow_filesystem
-from sinks.locations import S3Location
+from dashboard.s3 import S3Settings, pyarrow_filesystem
+from sinks.locations import S3Location, bucket_and_key
 
 log = logging.getLogger(__name__)
 
 
-class S3Reader:
-    """Credentials, client and (for pyarrow) filesystem for one s3:// prefix."""
+class S3Prefix:
+    """Credentials and client for one s3:// prefix."""
 
     def __init__(self, location: str, endpoint_url: str | None, region: str | None) -> None:
         try:
@@ -39,43 +36,27 @@ class S3Reader:
         self._region = region
         self.settings = S3Settings.resolve(endpoint_url, region, self._session)
         self.client: Any = self.settings.client()
-        self.fs: Any = None  # pyarrow's S3FileSystem when the engine is "pyarrow"
-        self.engine = ""
-        self.note = ""
+
+    @property
+    def url(self) -> str:
+        return self.location.url
 
     @property
     def cache_key(self) -> str:
-        """What names the data: the same key opens the same cache file."""
         return f"{self.location.url} {self.settings.endpoint_url or ''}".strip()
 
-    def open(self, con: duckdb.DuckDBPyConnection, engine: str) -> str:
-        """Ready `con` (httpfs) or a pyarrow filesystem for `engine`; returns the one used."""
-        if engine != "pyarrow":
-            try:
-                load_httpfs(con, self.settings)
-                self.engine = "httpfs"
-                return self.engine
-            except Exception as exc:  # any load failure falls back to pyarrow
-                if engine == "httpfs":
-                    raise StoreUnavailable(f"the httpfs extension did not load: {exc}") from None
-                self.note = f"httpfs did not load ({exc}); reading with pyarrow"
-                log.warning("%s", self.note)
-        self.fs = pyarrow_filesystem(self.settings)
-        self.engine = "pyarrow"
-        return self.engine
+    @property
+    def base(self) -> str:
+        return bucket_and_key(self.location.url)
 
-    def follow_credentials(self, con: duckdb.DuckDBPyConnection) -> bool:
-        """Temporary credentials rotate: hand the new ones to boto3, DuckDB and pyarrow.
-        True when `fs` was replaced (a dataset built over the old one must be rebuilt)."""
+    def follow(self) -> bool:
+        """Temporary credentials rotate: pick up boto3's current ones. True when they
+        changed (the reader must be handed them)."""
         fresh = S3Settings.resolve(self._endpoint_url, self._region, self._session)
         if fresh == self.settings:
             return False
         self.settings = fresh
         self.client = fresh.client()
-        if self.engine == "httpfs":
-            load_httpfs(con, fresh)
-            return False
-        self.fs = pyarrow_filesystem(fresh)
         return True
 
     def list(self) -> Listing:
@@ -83,6 +64,12 @@ class S3Reader:
             return list_s3(self.client, self.location.bucket, self.location.prefix)
         except Exception as exc:
             raise _s3_error(exc, self.location) from None
+
+    def filesystem(self) -> Any:
+        return pyarrow_filesystem(self.settings)
+
+    def arrow_path(self, path: str) -> str:
+        return bucket_and_key(path)
 
 
 def _s3_error(exc: Exception, where: S3Location) -> Exception:

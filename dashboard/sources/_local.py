@@ -1,0 +1,73 @@
+"""A local directory of Parquet files, read by DuckDB itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dashboard.errors import BadInput, NotFound, StoreUnavailable
+from dashboard.listing import Listing, list_local
+from dashboard.sources._base import Relation, Source, duckdb_relation
+
+
+class LocalDir:
+    """Where a local store is: its directory, listed with os.walk."""
+
+    def __init__(self, location: str) -> None:
+        root = Path(location).expanduser()
+        if not root.exists():
+            raise NotFound(f"data directory {location} does not exist")
+        if not root.is_dir():
+            raise BadInput(f"{location} is not a directory")
+        self.location = location
+        self.root = root
+
+    @property
+    def cache_key(self) -> str:
+        return str(self.root.resolve())
+
+    @property
+    def base(self) -> str:
+        return str(self.root)
+
+    def list(self) -> Listing:
+        try:
+            return list_local(self.root)
+        except FileNotFoundError:
+            raise NotFound(f"data directory {self.location} does not exist") from None
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot list {self.location}: {exc.strerror}") from None
+
+    def follow(self) -> bool:
+        return False  # no credentials
+
+    def filesystem(self) -> Any:
+        from pyarrow import fs
+
+        return fs.LocalFileSystem()
+
+    def arrow_path(self, path: str) -> str:
+        return path
+
+
+class LocalSource(Source):
+    """DuckDB reads the listed local files."""
+
+    engine = "local"
+
+    def __init__(self, where: LocalDir) -> None:
+        self.where = where
+
+    @property
+    def cache_key(self) -> str:
+        return self.where.cache_key
+
+    @property
+    def base(self) -> str:
+        return self.where.base
+
+    def list(self) -> Listing:
+        return self.where.list()
+
+    def relation(self, listing: Listing, name: str) -> Relation:
+        return duckdb_relation(listing)
