@@ -30,14 +30,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sinks.fragments.build import write_fragment
 from sinks.locations import is_s3_url
 from sinks.parquet.compact_targets import FileEntry, LocalTarget, S3Target, Target
 from sinks.parquet.layout import (
     COMPACTION_META_KEY,
     Cover,
     compacted_name,
+    compacted_of_fragment,
     encode_covers,
+    fragment_directory,
+    fragment_key,
     is_compacted_name,
+    is_fragment_name,
     is_lake_file,
     is_partition_directory,
     parse_covers,
@@ -59,6 +64,7 @@ class PartitionReport:
     rows: int = 0
     deleted: list[str] = field(default_factory=list)  # merged inputs and covered leftovers
     young: int = 0  # files left alone for the grace period
+    fragments: int = 0  # task fragments built for compacted files that lacked one
     error: str | None = None
 
     def __str__(self) -> str:
@@ -66,7 +72,9 @@ class PartitionReport:
             return f"{self.partition}: error: {self.error}"
         merged = f"{len(self.inputs)} files -> {self.output} ({self.rows} rows)" \
             if self.output else "no merge"
-        return f"{self.partition}: {merged}; deleted {len(self.deleted)}; young {self.young}"
+        built = f"; {self.fragments} task fragments built" if self.fragments else ""
+        return (f"{self.partition}: {merged}; deleted {len(self.deleted)}; "
+                f"young {self.young}{built}")
 
 
 @dataclass
@@ -96,7 +104,8 @@ class CompactReport:
         lines = [f"{self.target}: {len(self.partitions)} partitions; {verb} {self.merged_files} "
                  f"files into {self.written_files}; deleted {self.deleted_files}; "
                  f"{len(self.errors)} errors"]
-        lines += [f"  {p}" for p in self.partitions if p.output or p.deleted or p.error]
+        lines += [f"  {p}" for p in self.partitions
+                  if p.output or p.deleted or p.error or p.fragments]
         return "\n".join(lines)
 
 
@@ -165,6 +174,48 @@ def _compact_partition(store: Target, entries: list[FileEntry], result: Partitio
         doomed = [e for e in doomed if (e.key, e.size, e.modified) in listed]  # not rewritten
         store.delete([e.key for e in doomed])
     result.deleted = [e.name for e in doomed]
+    if not dry_run:
+        kept = [e for e in live if is_compacted_name(e.name) and e not in doomed]
+        result.fragments = _mend_fragments(store, result.partition, kept, result.output)
+
+
+def _mend_fragments(store: Target, directory: str, kept: list[FileEntry],
+                    merged: str | None) -> int:
+    """After a partition's merge, one task fragment per compacted file in it: build the
+    ones a compacted file lacks (written before fragments existed, or its fragment lost),
+    delete those whose compacted file is gone. Returns the fragments built."""
+    wanted = {e.name for e in kept} | ({merged} if merged else set())
+    found = {e.name: e for e in store.files(fragment_directory(directory) + "/")
+             if is_fragment_name(e.name)}
+    have = {compacted_of_fragment(name) for name in found}
+    built = 0
+    with tempfile.TemporaryDirectory(prefix="evagg-fragment-") as scratch:
+        for entry in kept:
+            if entry.name not in have:
+                _publish_fragment(store, store.local_copy(entry.key, Path(scratch)),
+                                  directory, entry.name, Path(scratch))
+                built += 1
+    stale = [e.key for name, e in found.items() if compacted_of_fragment(name) not in wanted]
+    if stale:
+        store.delete(stale)
+    return built
+
+
+def _publish_fragment(store: Target, events_file: Path, directory: str, compacted: str,
+                      scratch: Path) -> None:
+    """Write the task fragment of a merged file and publish it, before the merged file
+    itself is published: a reader pairs a fragment with its compacted file by name and
+    ignores one whose file is not there yet; a run cut short rewrites the same key."""
+    key = fragment_key(directory, compacted)
+    staged = store.scratch_path(key, scratch)
+    staged.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        write_fragment(events_file, staged, compacted)
+        store.publish(staged, key)
+    finally:
+        staged.unlink(missing_ok=True)
+
+
 
 
 def _covers(store: Target, entry: FileEntry) -> set[Cover]:
@@ -207,6 +258,7 @@ def _merge_and_publish(store: Target, inputs: list[FileEntry], covers: dict[str,
         merged = store.scratch_path(key, Path(scratch))
         try:
             rows = merge_files(files, merged, metadata)
+            _publish_fragment(store, merged, _directory(inputs[0]), output, Path(scratch))
             store.publish(merged, key)
         finally:
             merged.unlink(missing_ok=True)

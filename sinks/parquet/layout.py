@@ -83,11 +83,16 @@ def compacted_name(input_names: Iterable[str]) -> str:
     return f"{COMPACTED_PREFIX}{digest[:24]}.parquet"
 
 
+def fragment_directory(partition_directory: str) -> str:
+    """Where the task fragments of a `date=/hour=/node=` directory live."""
+    return f"{TASKS_ROOT}/{partition_directory}"
+
+
 def fragment_key(partition_directory: str, compacted: str) -> str:
-    """The key of the task fragment of a compacted file in `date=/hour=/node=` directory
-    `partition_directory`: named after that file, so one merge writes one fragment."""
+    """The key of the task fragment of a compacted file in `partition_directory`: named
+    after that file, so one merge writes one fragment."""
     stem = compacted.removesuffix(".parquet")
-    return f"{TASKS_ROOT}/{partition_directory}/{stem}{FRAGMENT_SUFFIX}"
+    return f"{fragment_directory(partition_directory)}/{stem}{FRAGMENT_SUFFIX}"
 
 
 def compacted_of_fragment(name: str) -> str:

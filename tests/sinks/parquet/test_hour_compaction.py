@@ -127,9 +127,14 @@ def test_closed_hours_on_s3_are_merged_the_same_way(moto: MotoS3, tmp_path: Path
     sent = fill_two_hours(S3Store(url, s3, staging_dir=tmp_path), compaction)
     merge_everything_due(compaction)
 
-    keys = moto.keys(bucket)
+    every = moto.keys(bucket)
+    keys = [k for k in every if not k.startswith("lake/_tasks/")]
     assert len(keys) == 3 and all("/compacted-" in k for k in keys[:2]), keys
     assert keys[2] == f"lake/{WRITING}"
+    # each merged hour has its task fragment, named after its compacted file
+    fragments = sorted(k for k in every if k.startswith("lake/_tasks/"))
+    assert fragments == [k.replace("lake/", "lake/_tasks/", 1).replace(".parquet", ".pq")
+                         for k in keys[:2]]
     (rows, ids), = moto.duckdb().execute(
         f"SELECT count(*), count(DISTINCT event_id) FROM read_parquet('{url}**/*.parquet')"
     ).fetchall()
