@@ -41,11 +41,12 @@ def run_deferred(name: str, rest: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="evagg")
     commands = parser.add_subparsers()
     if name == "query":  # each imports only its own layer: a query never loads aiohttp
-        from dashboard.query import add_query_parser
+        from aggregator.cli.query_ddl import add_ddl_parser
+        from dashboard.cli.query import add_query_parser
 
-        add_query_parser(commands)
+        add_ddl_parser(add_query_parser(commands))
     else:
-        from dashboard.server import add_dashboard_parser
+        from dashboard.web.server import add_dashboard_parser
 
         add_dashboard_parser(commands)
     args = parse_naming_the_command(parser, [name, *rest])
@@ -66,6 +67,14 @@ def _add_compact(commands: Parsers) -> None:
     compact.add_argument("--sse-kms-key-id", help="the KMS key for --sse aws:kms")
     compact.add_argument("--storage-class", help="S3 storage class of merged files, e.g. "
                          "STANDARD_IA (as the sink's `storage_class`)")
+    compact.add_argument(
+        "--rewrite-types", action="store_true",
+        help="also rewrite every partition that still has files written before evagg wrote "
+             "times in microseconds (nanosecond time/received, which Spark 4 and pyiceberg "
+             "refuse and Trino's and Athena's Hive tables cut to milliseconds), even one "
+             "of a single file; times are cut down to the microsecond, which every evagg "
+             "view already works in. Run it once over an older lake; with --dry-run it "
+             "lists the partitions it would rewrite")
     compact.add_argument("--dry-run", action="store_true")
     compact.set_defaults(command=_compact)
 
@@ -88,7 +97,8 @@ def _compact(args: argparse.Namespace) -> int:
     try:
         report = run_compact(args.target, partition=args.partition, min_files=args.min_files,
                              endpoint_url=args.endpoint_url, dry_run=args.dry_run,
-                             grace_s=args.grace, upload_args=uploads)
+                             grace_s=args.grace, upload_args=uploads,
+                             rewrite_types=args.rewrite_types)
     except (ValueError, OSError, StoreError) as exc:
         print(f"evagg compact: {exc}", file=sys.stderr)
         return 1
@@ -177,8 +187,8 @@ def _trace_id(text: str) -> str:
 
 
 def _since(text: str) -> datetime:
-    from dashboard.errors import BadInput
-    from dashboard.filters import parse_time
+    from dashboard.lake.errors import BadInput
+    from dashboard.questions.filters import parse_time
 
     try:
         return parse_time(text)
@@ -188,7 +198,7 @@ def _since(text: str) -> datetime:
 
 def _export_traces(args: argparse.Namespace) -> int:
     from aggregator.cli.export_traces import export_traces
-    from dashboard.query import default_data
+    from dashboard.cli.query import default_data
 
     if not args.trace_id and not args.since:
         print("evagg export-traces: give --trace-id or --since (e.g. --since 30m)",

@@ -16,6 +16,12 @@ Per partition, in this order:
 
 From 3's publish to its deletes (a moment; until the next run after a crash) a reader
 listing the partition sees both copies; the `events` view keeps one row per event_id.
+
+Merged files are written as the sink writes (sinks/parquet/writer.py): timestamps in
+microseconds, whatever their inputs hold. With `rewrite_types` a partition is merged
+even below `min_files`, a single file too, when one of its files still has the types of
+older evagg (nanosecond `time`/`received`): that rewrites a lake for Spark, Trino,
+Athena and pyiceberg.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ from sinks.parquet.layout import (
 )
 from sinks.parquet.options import S3Options
 from sinks.parquet.s3 import S3Store
-from sinks.parquet.writer import open_writer
+from sinks.parquet.writer import has_nanosecond_times, open_writer, written_schema
 
 GRACE_S: Final = 600.0
 ROW_GROUP_ROWS: Final = 100_000
@@ -113,12 +119,15 @@ def run_compact(target: str, *, partition: str | None = None, min_files: int = 2
                 endpoint_url: str | None = None, dry_run: bool = False,
                 grace_s: float = GRACE_S, region: str | None = None,
                 path_style: bool | None = None, now: float | None = None,
-                upload_args: dict[str, str] | None = None) -> CompactReport:
+                upload_args: dict[str, str] | None = None,
+                rewrite_types: bool = False) -> CompactReport:
     """Compact every partition under `target` (or under `partition` within it).
 
     Raises ValueError for bad arguments and StoreError/OSError when the target cannot be
     listed; a partition that fails is reported in `CompactReport.errors`. `upload_args`:
     what S3 uploads ask for, as the sink's (`sinks.parquet.s3_uploads.upload_args`).
+    `rewrite_types`: also merge a partition of fewer files (one, too) when a file in it
+    has nanosecond timestamps (`has_nanosecond_times`).
     """
     if min_files < 2:
         raise ValueError("min_files must be at least 2")
@@ -141,7 +150,8 @@ def run_compact(target: str, *, partition: str | None = None, min_files: int = 2
     for directory, entries in sorted(leaves.items()):
         result = PartitionReport(directory)
         try:
-            _compact_partition(store, entries, result, min_files, deadline, dry_run)
+            _compact_partition(store, entries, result, min_files, deadline, dry_run,
+                               rewrite_types)
         except Exception as exc:  # one bad partition must not stop the others
             result.error = f"{type(exc).__name__}: {exc}"
         report.partitions.append(result)
@@ -156,14 +166,15 @@ def _partition_prefix(partition: str | None) -> str:
 
 
 def _compact_partition(store: Target, entries: list[FileEntry], result: PartitionReport,
-                       min_files: int, deadline: float, dry_run: bool) -> None:
+                       min_files: int, deadline: float, dry_run: bool,
+                       rewrite_types: bool = False) -> None:
     covers = {e.name: _covers(store, e) for e in entries if is_compacted_name(e.name)}
     leftovers = _covered_leftovers(entries, covers)
     live = [e for e in entries if e not in leftovers]
     eligible = sorted((e for e in live if e.modified <= deadline),
                       key=lambda e: (not is_compacted_name(e.name), e.name))
     result.young = len(live) - len(eligible)
-    if len(eligible) >= min_files:
+    if len(eligible) >= min_files or (rewrite_types and _old_types(store, eligible)):
         result.inputs = [e.name for e in eligible]
         result.output = _output_name(eligible)
         if not dry_run:
@@ -216,11 +227,14 @@ def _publish_fragment(store: Target, events_file: Path, directory: str, compacte
         staged.unlink(missing_ok=True)
 
 
-
-
 def _covers(store: Target, entry: FileEntry) -> set[Cover]:
     """What a compacted file says it covers (nothing, if the metadata is not ours)."""
     return parse_covers(store.kv_metadata(entry.key).get(COMPACTION_META_KEY.encode()))
+
+
+def _old_types(store: Target, entries: list[FileEntry]) -> bool:
+    """Whether any of these files has timestamps of the old unit (nanoseconds)."""
+    return any(has_nanosecond_times(store.arrow_schema(e.key)) for e in entries)
 
 
 def _covered_leftovers(entries: list[FileEntry],
@@ -266,8 +280,10 @@ def _merge_and_publish(store: Target, inputs: list[FileEntry], covers: dict[str,
 
 
 def merge_files(inputs: list[Path], output: Path, metadata: dict[bytes, bytes]) -> int:
-    """Write the rows of `inputs` to `output`, one row per event_id (the first seen)."""
-    schema = pa.unify_schemas([pq.read_schema(p).remove_metadata() for p in inputs])
+    """Write the rows of `inputs` to `output`, one row per event_id (the first seen),
+    timestamps in microseconds (floored) whatever unit each input has."""
+    schema = pa.unify_schemas([written_schema(pq.read_schema(p).remove_metadata())
+                               for p in inputs])
     keep = _first_occurrences(inputs) if "event_id" in schema.names else None
     written, start = 0, 0
     pending: list[pa.Table] = []
@@ -306,7 +322,10 @@ def _first_occurrences(inputs: list[Path]) -> np.ndarray:
 
 
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """`table` with exactly `schema`'s columns (missing ones null), in its order."""
-    columns = [table.column(f.name).cast(f.type) if f.name in table.column_names
+    """`table` with exactly `schema`'s columns (missing ones null), in its order. A
+    nanosecond timestamp is cut down to the schema's microseconds (`safe=False`: the cut
+    is the point; intake refuses times before 1970, so truncation is the floor)."""
+    columns = [table.column(f.name).cast(f.type, safe=not pa.types.is_timestamp(f.type))
+               if f.name in table.column_names
                else pa.nulls(table.num_rows, f.type) for f in schema]
     return pa.Table.from_arrays(columns, schema=schema.remove_metadata())

@@ -1,7 +1,7 @@
 """Where `evagg compact` works: a Parquet tree on a local filesystem or under s3://.
 
 A target lists a tree's files (key relative to its root, size, modification time), reads
-a file's Parquet key-value metadata, gives a local path to read an input from and a
+a file's Parquet key-value metadata and Arrow schema, gives a local path to read an input from and a
 scratch path to write the merged file to, publishes that file in one step, and deletes
 keys. The compaction procedure (`sinks.parquet.compact`) sees only this `Target` protocol.
 
@@ -43,6 +43,7 @@ class Target(Protocol):
     def describe(self) -> str: ...
     def files(self, prefix: str) -> Iterator[FileEntry]: ...
     def kv_metadata(self, key: str) -> dict[bytes, bytes]: ...
+    def arrow_schema(self, key: str) -> pa.Schema: ...
     def local_copy(self, key: str, scratch: Path) -> Path: ...
     def scratch_path(self, key: str, scratch: Path) -> Path: ...
     def publish(self, local: Path, key: str) -> None: ...
@@ -67,6 +68,9 @@ class LocalTarget:
 
     def kv_metadata(self, key: str) -> dict[bytes, bytes]:
         return dict(pq.read_metadata(self.root / key).metadata or {})
+
+    def arrow_schema(self, key: str) -> pa.Schema:
+        return pq.read_schema(self.root / key)
 
     def local_copy(self, key: str, scratch: Path) -> Path:
         return self.root / key
@@ -103,10 +107,16 @@ class S3Target:
                                     item["LastModified"].timestamp())
 
     def kv_metadata(self, key: str) -> dict[bytes, bytes]:
+        return dict(self._footer(key).metadata or {})
+
+    def arrow_schema(self, key: str) -> pa.Schema:
+        return self._footer(key).schema.to_arrow_schema()
+
+    def _footer(self, key: str) -> pq.FileMetaData:
         """Two ranged GETs: the 8-byte trailer, then the footer it announces."""
         length = int.from_bytes(self._tail(key, 8)[:4], "little")
         footer = self._tail(key, length + 8)
-        return dict(pq.read_metadata(pa.BufferReader(b"PAR1" + footer)).metadata or {})
+        return pq.read_metadata(pa.BufferReader(b"PAR1" + footer))
 
     def _tail(self, key: str, length: int) -> bytes:
         full = self.store.full_key(key)

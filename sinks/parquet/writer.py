@@ -8,6 +8,13 @@ to write, in bench/bench_decode_parquet.py). Min/max statistics only for flat co
 those of map entries and free text (messages, stack traces) prune nothing, and cost a
 quarter of the write for Ray's rows, which carry many attrs. DuckDB, Spark and Trino read
 all of these.
+
+Timestamps are written as TIMESTAMP(MICROS, UTC), cut down (floored: intake refuses times
+before 1970, so dropping the last three digits is the floor) from the nanoseconds the
+spool and Arrow hold in memory: Spark 4 and pyiceberg refuse Parquet nanoseconds, and
+Trino's and Athena's Hive tables read them at milliseconds. Files written before this are
+nanoseconds; every evagg reader takes both (dashboard/views.py `micros`), and
+`evagg compact --rewrite-types` rewrites them (`has_nanosecond_times`).
 """
 
 from __future__ import annotations
@@ -32,21 +39,43 @@ COLUMN_ENCODINGS: Final = {
 }
 NO_STATISTICS: Final = frozenset({"metrics", "attrs", "nonfinite", "error_message",
                                   "stack_trace"})
+TIMESTAMP_UNIT: Final = "us"  # of every timestamp column evagg writes to Parquet
 
 
 def open_writer(where: Any, schema: pa.Schema, compression: str = "zstd") -> pq.ParquetWriter:
     """A ParquetWriter for `schema` (the event schema, or a compaction's unified one) on
-    `where` (a path or an Arrow output stream)."""
+    `where` (a path or an Arrow output stream). It takes tables of `schema` and writes
+    their timestamps as microseconds, cut down."""
     names = set(schema.names)
     return pq.ParquetWriter(
         where,
         schema,
         compression=compression,
+        coerce_timestamps=TIMESTAMP_UNIT,
+        allow_truncated_timestamps=True,
         use_dictionary=[c for c in DICTIONARY_COLUMNS if c.split(".", 1)[0] in names],
         column_encoding={c: e for c, e in COLUMN_ENCODINGS.items()
                          if c in names and _encodable(schema.field(c).type, e)},
         write_statistics=[f.name for f in schema if f.name not in NO_STATISTICS],
     )
+
+
+def written_schema(schema: pa.Schema) -> pa.Schema:
+    """`schema` with the types its columns have once written: timestamps in microseconds."""
+    return pa.schema([f.with_type(_written_type(f.type)) for f in schema],
+                     metadata=schema.metadata)
+
+
+def _written_type(kind: pa.DataType) -> pa.DataType:
+    if pa.types.is_timestamp(kind) and kind.unit == "ns":
+        return pa.timestamp(TIMESTAMP_UNIT, tz=kind.tz)
+    return kind
+
+
+def has_nanosecond_times(schema: pa.Schema) -> bool:
+    """Whether a file's schema holds a nanosecond timestamp (as files written before
+    microseconds do), which `evagg compact --rewrite-types` rewrites."""
+    return any(pa.types.is_timestamp(f.type) and f.type.unit == "ns" for f in schema)
 
 
 def _encodable(kind: pa.DataType, encoding: str) -> bool:

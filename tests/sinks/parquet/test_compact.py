@@ -21,7 +21,7 @@ from aggregator.decode.normalize import Stamp, rows_to_batch
 from sinks.parquet.compact import run_compact
 from sinks.parquet.compact_targets import LocalTarget, S3Target
 from sinks.parquet.layout import COMPACTION_META_KEY
-from sinks.parquet.writer import open_writer
+from sinks.parquet.writer import open_writer, written_schema
 from sinks.schema import EVENT_SCHEMA
 from tests.agentproc import REPO
 from tests.sinks.moto_server import MotoS3, aws_env
@@ -143,7 +143,7 @@ def test_merged_file_records_its_inputs_zstd_and_big_row_groups(tmp_path: Path) 
     recorded = json.loads(meta.metadata[COMPACTION_META_KEY.encode()])
     assert recorded["inputs"] == report.partitions[0].inputs == [part(1 + n * 50_000)
                                                                   for n in range(5)]
-    assert pq.read_schema(merged).remove_metadata().equals(EVENT_SCHEMA)
+    assert pq.read_schema(merged).remove_metadata().equals(written_schema(EVENT_SCHEMA))
 
 
 def test_files_younger_than_the_grace_period_are_left_alone(lake: Lake) -> None:

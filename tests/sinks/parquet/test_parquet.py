@@ -24,6 +24,7 @@ from sinks.parquet import ParquetSink
 from sinks.parquet.layout import object_key, partition_for
 from sinks.parquet.options import ParquetOptions
 from sinks.parquet.stores import LocalStore, is_staging_name
+from sinks.parquet.writer import written_schema
 from sinks.records import SpoolRecord
 from sinks.schema import EVENT_SCHEMA, batch_to_bytes
 
@@ -133,7 +134,9 @@ def test_files_read_back_with_the_event_schema(root: Path) -> None:
     assert results[1] == SinkResult.success(3, 300)
     [path] = parquet_files(root)
     assert path.relative_to(root).as_posix() == object_key(T10, "node-a", "s1", 1)
-    assert pq.read_schema(path).equals(EVENT_SCHEMA)
+    # the event schema, timestamps in microseconds (the spool and Arrow hold nanoseconds)
+    assert pq.read_schema(path).equals(written_schema(EVENT_SCHEMA))
+    assert pq.read_schema(path).field("time").type == pa.timestamp("us", tz="UTC")
     types = dict(duck(root, "SELECT column_name, column_type FROM (DESCRIBE SELECT * FROM EVENTS)"))
     assert types["metrics"] == "MAP(VARCHAR, DOUBLE)"
     assert types["attrs"] == "MAP(VARCHAR, VARCHAR)"
@@ -148,7 +151,7 @@ def test_files_read_back_with_the_event_schema(root: Path) -> None:
     )
     assert rows == [(300, 300, "2024-05-01", 10, "node-a", 0.001, "eu", 60)]
     table = pq.read_table(path)
-    assert table.column("received").cast(pa.int64()).to_pylist() == [T10] * 300  # nanoseconds kept
+    assert table.column("received").cast(pa.int64()).to_pylist() == [T10 // 1000] * 300  # µs
     assert table.column("metrics")[1].as_py() == [("loss", 0.5), ("lr", 0.001)]
 
 
