@@ -13,7 +13,7 @@ present, else DuckDB COPY per partition). Targets: summary < 0.5 s, overview < 1
 
 Each layout is measured twice side by side: "scratch" runs tasks.sql over every event
 (the Store with fold=False), "fold" uses the incremental task fold with a cache file
-(dashboard/fold.py): its first open builds the cache; then the whole `evagg query summary`
+(dashboard/lake/fold.py): its first open builds the cache; then the whole `evagg query summary`
 command is timed in new processes, and once more after a new file arrived (the fold
 reads that file and recomputes the summary). --reuse DIR measures a store generated
 before with --keep DIR (its day/ and small/ folders) instead of generating one.
@@ -41,8 +41,9 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aggregator.memory import keep_pandas_out
-from dashboard import queries, views
-from dashboard.store import Store, StoreOptions
+from dashboard.lake import views
+from dashboard.lake.store import Store, StoreOptions
+from dashboard.questions import queries
 from sinks.schema import EVENT_SCHEMA
 
 LATE_PARTITION = "date=2025-03-02/hour=00/node=node-0"
@@ -245,7 +246,7 @@ def overview_request(store: Store) -> tuple[float, float]:
     """(a request that computes, a repeated request served from the cache)."""
     from aiohttp.test_utils import TestClient, TestServer
 
-    from dashboard.app import create_app
+    from dashboard.web.app import create_app
 
     async def timed() -> tuple[float, float]:
         async with TestClient(TestServer(create_app(store))) as client:

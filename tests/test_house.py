@@ -1,8 +1,9 @@
 """The house rules of docs/architecture.md, read off the code's own imports.
 
-Each room may import only the rooms below it; nothing imports the command line but the
-command line; the spool's private modules are reached only through its public face; and
-no chain of module-level imports comes back to where it started.
+Each room may import only the rooms below it (the dashboard's rooms too); nothing imports
+the command line but the command line; the spool's private modules are reached only
+through its public face, the store's source objects only from the lake; and no chain of
+module-level imports comes back to where it started.
 """
 
 from __future__ import annotations
@@ -75,6 +76,42 @@ def test_the_spools_private_modules_are_reached_through_its_face() -> None:
     found = [f"{name} imports {target}" for name, path in MODULES.items()
              for target in imports(path, top_level_only=False)
              if target.startswith("aggregator.spool._") and not name.startswith("aggregator.spool")]
+    assert found == []
+
+
+# The rooms of dashboard/, top to bottom (docs/architecture.md): each imports only itself
+# and the rooms below it.
+DASHBOARD_ROOMS = ("web", "cli", "raystate", "questions", "lake")
+
+
+def dashboard_room(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[1] if parts[0] == "dashboard" and len(parts) > 1 else None
+
+
+def test_every_dashboard_module_lives_in_a_room() -> None:
+    homeless = [name for name in MODULES if name.startswith("dashboard.")
+                and dashboard_room(name) not in DASHBOARD_ROOMS]
+    assert homeless == []
+
+
+def test_the_dashboards_rooms_import_only_downward() -> None:
+    upward = []
+    for name, path in MODULES.items():
+        room = dashboard_room(name)
+        if room not in DASHBOARD_ROOMS:
+            continue
+        below = DASHBOARD_ROOMS[DASHBOARD_ROOMS.index(room):]
+        upward += [f"{name} imports {target}" for target in imports(path, top_level_only=False)
+                   if target.startswith("dashboard.") and dashboard_room(target) not in below]
+    assert upward == []
+
+
+def test_only_the_lake_reaches_a_source_objects_private_module() -> None:
+    found = [f"{name} imports {target}" for name, path in MODULES.items()
+             for target in imports(path, top_level_only=False)
+             if target.startswith("dashboard.lake.sources._")
+             and not name.startswith("dashboard.lake.")]
     assert found == []
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from dashboard.store import Store, StoreOptions
+from dashboard.lake.store import Store, StoreOptions
 from tests.agentproc import AgentProcess, free_port
 from tests.dashboard.serve import serving
 from tests.test_ray_end_to_end import RAY_EXPORT_ENV

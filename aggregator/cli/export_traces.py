@@ -4,7 +4,7 @@ Jaeger's UI loads such a file ("Search" -> "Upload"), and so does any OTLP tool.
 Every event with a trace_id, a span_id and a terminal state (FINISHED or FAILED) is a
 span: OTel spans, and evagg ops or tasks that carried trace context. A span seen twice
 (a resent batch) is written once. Resources are grouped by `service.name`, falling back
-to the event's source. DuckDB reads the Parquet; s3:// goes through `dashboard.s3`
+to the event's source. DuckDB reads the Parquet; s3:// goes through `dashboard.lake.s3`
 (httpfs from its pip package, credentials from boto3's chain).
 
 What comes back differs from what was sent in two ways, both from how evagg stores a
@@ -122,7 +122,7 @@ def _connect(data: str) -> Any:
 
     connection = duckdb.connect()
     if is_s3_url(data):
-        from dashboard.s3 import S3Settings, load_httpfs
+        from dashboard.lake.s3 import S3Settings, load_httpfs
 
         load_httpfs(connection, S3Settings.resolve())
     return connection

@@ -41,11 +41,11 @@ def run_deferred(name: str, rest: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="evagg")
     commands = parser.add_subparsers()
     if name == "query":  # each imports only its own layer: a query never loads aiohttp
-        from dashboard.query import add_query_parser
+        from dashboard.cli.query import add_query_parser
 
         add_query_parser(commands)
     else:
-        from dashboard.server import add_dashboard_parser
+        from dashboard.web.server import add_dashboard_parser
 
         add_dashboard_parser(commands)
     args = parse_naming_the_command(parser, [name, *rest])
@@ -186,8 +186,8 @@ def _trace_id(text: str) -> str:
 
 
 def _since(text: str) -> datetime:
-    from dashboard.errors import BadInput
-    from dashboard.filters import parse_time
+    from dashboard.lake.errors import BadInput
+    from dashboard.questions.filters import parse_time
 
     try:
         return parse_time(text)
@@ -197,7 +197,7 @@ def _since(text: str) -> datetime:
 
 def _export_traces(args: argparse.Namespace) -> int:
     from aggregator.cli.export_traces import export_traces
-    from dashboard.query import default_data
+    from dashboard.cli.query import default_data
 
     if not args.trace_id and not args.since:
         print("evagg export-traces: give --trace-id or --since (e.g. --since 30m)",

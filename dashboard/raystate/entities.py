@@ -14,11 +14,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from dashboard.lake.store import Store
 from dashboard.raystate.inferred import add_inferred_ends
 from dashboard.raystate.options import ListOptions, list_response, matches
 from dashboard.raystate.rows import b64_to_hex, camel_to_snake, json_or, ms_floor, to_int
 from dashboard.raystate.schema import shape
-from dashboard.store import Store
 
 Row = dict[str, Any]
 ENTITY_ROWS = """

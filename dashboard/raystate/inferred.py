@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from dashboard.store import Store
+from dashboard.lake.store import Store
 
 Row = dict[str, Any]
 Grouped = dict[str, dict[str, list[Row]]]

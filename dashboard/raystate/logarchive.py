@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dashboard.s3 import S3Settings
-from dashboard.store import StoreOptions
+from dashboard.lake.s3 import S3Settings
+from dashboard.lake.store import StoreOptions
 from sinks.locations import S3Location, is_s3_url
 from sinks.raylogs.layout import (
     LOGS_ROOT,

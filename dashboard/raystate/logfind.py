@@ -15,9 +15,9 @@ from typing import Any
 
 import orjson
 
-from dashboard.errors import NotFound
+from dashboard.lake.errors import NotFound
+from dashboard.lake.store import Store
 from dashboard.raystate.logarchive import LogArchive, StoredPiece
-from dashboard.store import Store
 from sinks.raylogs.layout import LogFile
 
 DEFAULT_LINES = 1000  # Ray's DEFAULT_LOG_LIMIT, also where Ray reads lines=0

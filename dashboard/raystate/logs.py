@@ -17,13 +17,13 @@ from typing import Any
 
 from aiohttp import web
 
-from dashboard.errors import BadInput, DashboardError
+from dashboard.lake.errors import BadInput, DashboardError
+from dashboard.lake.store import Store
+from dashboard.questions.runner import QueryRunner
 from dashboard.raystate import sessions
 from dashboard.raystate.logarchive import LogArchive
 from dashboard.raystate.logfind import DEFAULT_LINES, LogAsk, node_of_ip, read_log
 from dashboard.raystate.options import refusal, reply
-from dashboard.runner import QueryRunner
-from dashboard.store import Store
 
 DEFAULT_DOWNLOAD = "file.txt"  # Ray's DEFAULT_DOWNLOAD_FILENAME
 

@@ -17,7 +17,9 @@ from typing import Any
 
 from aiohttp import web
 
-from dashboard.errors import DashboardError
+from dashboard.lake.errors import DashboardError
+from dashboard.lake.store import Store
+from dashboard.questions.runner import QueryRunner
 from dashboard.raystate import entities, sessions, tasks, timeline
 from dashboard.raystate.logs import RayLogRoutes
 from dashboard.raystate.options import (
@@ -28,8 +30,6 @@ from dashboard.raystate.options import (
     reply,
     summary_options,
 )
-from dashboard.runner import QueryRunner
-from dashboard.store import Store
 
 log = logging.getLogger(__name__)
 Compute = Callable[[Store, str, ListOptions], dict[str, Any]]

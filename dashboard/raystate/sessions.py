@@ -15,8 +15,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from dashboard.errors import BadInput, NotFound
-from dashboard.store import Store
+from dashboard.lake.errors import BadInput, NotFound
+from dashboard.lake.store import Store
 
 SESSIONS = """
 SELECT ray_session AS session, epoch_us(min(first_seen)) AS first_us,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from dashboard.lake.store import Store
 from dashboard.raystate.options import Filter, ListOptions, list_response, matches
 from dashboard.raystate.rows import (
     RAY_STATE_OF,
@@ -24,7 +25,6 @@ from dashboard.raystate.rows import (
 )
 from dashboard.raystate.schema import shape
 from dashboard.raystate.sessions import only_tasks_of
-from dashboard.store import Store
 
 # ray.rpc.TaskStatus in enum order: Ray lists a task's events in this order and calls
 # the last one its state.

@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from dashboard.lake.store import Store
 from dashboard.raystate.rows import func_or_class_name, json_or
-from dashboard.store import Store
 
 # ray._private.profiling._default_color_mapping
 COLORS = {

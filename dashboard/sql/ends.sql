@@ -15,7 +15,7 @@
 -- Each such end reads FAILED with Ray's error type (WORKER_DIED, NODE_DIED) and says in
 -- `inferred` what evagg saw. It is put on at read time, so a real end that arrives later
 -- (a late POST, an agent that catches up) wins as soon as it is stored.
--- The file runs whole for the views over the files; dashboard/fold.py runs its sections
+-- The file runs whole for the views over the files; dashboard/lake/fold.py runs its sections
 -- by name around the fold's own tables.
 
 -- @macros

@@ -1,12 +1,12 @@
 -- events_raw: every stored row, duplicates included. {{source}} is filled in by
--- dashboard/store.py: read_parquet over the current file list (hive columns date, hour,
+-- dashboard/lake/store.py: read_parquet over the current file list (hive columns date, hour,
 -- node added), or a pyarrow dataset registered in DuckDB. Aggregates that ignore
 -- duplicates (min, max, arg_max, bool_or, count(DISTINCT ...)) should read this view:
 -- deduplication is the most expensive step of most queries.
 -- `time` and `received` are Parquet TIMESTAMP(NANOS, UTC): DuckDB 1.x reads them as
 -- TIMESTAMPTZ (microseconds, cut down), DuckDB 2 as TIMESTAMPTZ_NS, which epoch_us and
 -- most timestamp functions do not take. Every view works in microseconds, so
--- dashboard/views.py fills {{time_us}} and {{received_us}} with each column cut down
+-- dashboard/lake/views.py fills {{time_us}} and {{received_us}} with each column cut down
 -- to microseconds as 1.x does (nothing to do on 1.x).
 CREATE OR REPLACE VIEW events_raw AS
 SELECT * REPLACE ({{time_us}} AS time, {{received_us}} AS received)

@@ -1,4 +1,4 @@
--- The incremental task fold (dashboard/fold.py), not a view file: dashboard/views.py
+-- The incremental task fold (dashboard/lake/fold.py), not a view file: dashboard/lake/views.py
 -- skips it. Each "-- @name" starts a statement group that fold.py runs by name. The
 -- tables live in the attached database `fold` (a cache file, or memory).
 --

@@ -13,7 +13,7 @@ Timestamps are written as TIMESTAMP(MICROS, UTC), cut down (floored: intake refu
 before 1970, so dropping the last three digits is the floor) from the nanoseconds the
 spool and Arrow hold in memory: Spark 4 and pyiceberg refuse Parquet nanoseconds, and
 Trino's and Athena's Hive tables read them at milliseconds. Files written before this are
-nanoseconds; every evagg reader takes both (dashboard/views.py `micros`), and
+nanoseconds; every evagg reader takes both (dashboard/lake/views.py `micros`), and
 `evagg compact --rewrite-types` rewrites them (`has_nanosecond_times`).
 """
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboard.store import Store, StoreOptions
+from dashboard.lake.store import Store, StoreOptions
 from tests.dashboard.lakegen import Expected, local_put, write_sample_store
 
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-import dashboard.s3
+import dashboard.lake.s3
 
 
 def httpfs_missing() -> str:
     """Why no httpfs build loads into this DuckDB ("" when one does)."""
     try:
-        dashboard.s3.load_httpfs_build(duckdb.connect())
+        dashboard.lake.s3.load_httpfs_build(duckdb.connect())
     except RuntimeError as exc:
         return str(exc)
     return ""

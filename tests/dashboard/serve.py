@@ -9,8 +9,8 @@ from contextlib import contextmanager
 
 from aiohttp import web
 
-from dashboard.app import create_app
-from dashboard.store import Store
+from dashboard.lake.store import Store
+from dashboard.web.app import create_app
 
 
 @contextmanager

@@ -3,7 +3,7 @@
 Each agent gets the same small set of events through its real ingest paths (the Unix
 socket emitter, POST /v1/events, POST /v1/traces, POST /ray/events), split over frames and
 requests and out of order, and is then stopped: the store outlives it. The views
-(dashboard.store.Store) and one `evagg query` subprocess must read back exactly what
+(dashboard.lake.store.Store) and one `evagg query` subprocess must read back exactly what
 was sent.
 """
 
@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from dashboard import queries
-from dashboard.store import Store, StoreOptions
+from dashboard.lake.store import Store, StoreOptions
+from dashboard.questions import queries
 from emitters import Emitter
 from emitters.ids import new_event_id
 from tests.agentproc import REPO, AgentProcess

@@ -18,9 +18,9 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from dashboard.errors import StoreUnavailable
-from dashboard.runner import QueryRunner
-from dashboard.store import Store, StoreOptions
+from dashboard.lake.errors import StoreUnavailable
+from dashboard.lake.store import Store, StoreOptions
+from dashboard.questions.runner import QueryRunner
 from tests.dashboard.lakegen import Expected, local_put, task_events, write_rows
 from tests.dashboard.serve import serving
 
@@ -274,7 +274,7 @@ def test_empty_s3_prefix_answers_with_a_message(s3_endpoint: str) -> None:
 
 
 def test_the_dashboard_warns_only_when_other_machines_can_reach_it() -> None:
-    from dashboard.server import reachable_from_elsewhere
+    from dashboard.web.server import reachable_from_elsewhere
 
     assert not any(map(reachable_from_elsewhere, ("127.0.0.1", "127.0.0.2", "::1", "localhost")))
     assert all(map(reachable_from_elsewhere, ("0.0.0.0", "::", "10.1.2.3", "node7.internal")))

@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 from playwright.sync_api import expect
 
-from dashboard.store import Store, StoreOptions
+from dashboard.lake.store import Store, StoreOptions
 from tests.agentproc import AgentProcess
 from tests.dashboard.chromium import ARTIFACTS, chromium, tab
 from tests.dashboard.serve import serving

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from dashboard.store import Store, StoreOptions
+from dashboard.lake.store import Store, StoreOptions
 from tests.agentproc import REPO, AgentProcess
 from tests.dashboard.serve import serving
 from tests.sinks.moto_server import MotoS3, aws_env

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-from dashboard.store import Store, StoreOptions
+from dashboard.lake.store import Store, StoreOptions
 from tests.dashboard.chromium import ARTIFACTS, chromium, tab
 from tests.dashboard.lakegen import TRACE, Expected, local_put, task_events, write_rows
 from tests.dashboard.serve import serving

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
-from dashboard.store import Store, StoreOptions
+from dashboard.lake.store import Store, StoreOptions
 from tests.dashboard.chromium import ARTIFACTS, chromium, tab
 from tests.dashboard.lakegen import Row, at, event, local_put, write_rows, write_sample_store
 from tests.dashboard.serve import serving

@@ -1,4 +1,4 @@
-"""The incremental task fold (dashboard/fold.py) against tasks.sql folding from scratch.
+"""The incremental task fold (dashboard/lake/fold.py) against tasks.sql folding from scratch.
 
 Every check compares a Store that folds file by file into a cache with one that runs
 tasks.sql over every event (fold=False), on a generated store whose task events are
@@ -21,14 +21,14 @@ from typing import Any
 import duckdb
 import pytest
 
-import dashboard.fold as fold_module
-import dashboard.fold_files as fold_files
-from dashboard import queries
-from dashboard.fold import cache_file
-from dashboard.listing import Listing
-from dashboard.overview import overview
-from dashboard.store import Store, StoreOptions
-from dashboard.views import NANOS_TYPES
+import dashboard.lake.fold as fold_module
+import dashboard.lake.fold_files as fold_files
+from dashboard.lake.fold import cache_file
+from dashboard.lake.listing import Listing
+from dashboard.lake.store import Store, StoreOptions
+from dashboard.lake.views import NANOS_TYPES
+from dashboard.questions import queries
+from dashboard.questions.overview import overview
 from sinks.parquet.compact import run_compact
 from tests.dashboard.lakegen import Row, at, event, local_put, task_events, write_rows
 from tests.dashboard.test_query_cli import evagg, in_process

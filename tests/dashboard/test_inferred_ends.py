@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dashboard.store import Store, StoreOptions
+from dashboard.lake.store import Store, StoreOptions
 from tests.dashboard.lakegen import Row, event, local_put, write_rows
 
 SESSION = "session_2026-12-01_10-00-00_000000_1"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboard.store import Store, StoreOptions
+from dashboard.lake.store import Store, StoreOptions
 from emitters import Emitter
 from tests.agentproc import AgentProcess
 from tests.dashboard.serve import serving

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboard.query import add_query_parser, run_query
+from dashboard.cli.query import add_query_parser, run_query
 from tests.dashboard.lakegen import Expected
 
 REPO = Path(__file__).resolve().parents[2]

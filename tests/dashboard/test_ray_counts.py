@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
-from dashboard.store import Store, StoreOptions
+from dashboard.lake.store import Store, StoreOptions
 from tests.agentproc import AgentProcess
 from tests.aggregator.cli.newcomer import evagg
 from tests.dashboard.chromium import ARTIFACTS, chromium, tab

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboard.store import Store, StoreOptions
+from dashboard.lake.store import Store, StoreOptions
 from tests.agentproc import REPO, AgentProcess
 from tests.aggregator.raylogs.lakefiles import shipped
 from tests.aggregator.raylogs.rayevents import (

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from dashboard.store import Store, StoreOptions
+from dashboard.lake.store import Store, StoreOptions
 from tests.agentproc import REPO, AgentProcess, query_lake
 from tests.dashboard.raylogclient import get_logs
 from tests.dashboard.serve import serving

@@ -15,7 +15,7 @@ from typing import Any
 import boto3
 import pytest
 
-from dashboard.store import Store, StoreOptions
+from dashboard.lake.store import Store, StoreOptions
 from sinks.raylogs.layout import decompress_piece
 from tests.agentproc import REPO, AgentProcess
 from tests.aggregator.raylogs.rayevents import SESSION, post, running_event, task_hex

@@ -15,7 +15,7 @@ import pytest
 from playwright.sync_api import expect
 
 import emitters
-from dashboard.store import Store, StoreOptions
+from dashboard.lake.store import Store, StoreOptions
 from emitters.ray import ray_op, trace_kwargs, traced_remote
 from tests.agentproc import AgentProcess
 from tests.dashboard.chromium import ARTIFACTS, chromium, tab

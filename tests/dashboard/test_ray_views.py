@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from aggregator.ray.events import ray_events_to_rows
-from dashboard import queries
-from dashboard.store import Store, StoreOptions
+from dashboard.lake.store import Store, StoreOptions
+from dashboard.questions import queries
 from tests.dashboard.lakegen import local_put, write_rows
 from tests.dashboard.test_fold import assert_same_figures
 from tests.dashboard.test_ray_data_doc import S, b64, definition, envelope, lifecycle

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import Page, expect
 
-from dashboard.store import Store, StoreOptions
+from dashboard.lake.store import Store, StoreOptions
 from tests.dashboard.chromium import ARTIFACTS, chromium, tab
 from tests.dashboard.raygen import JOB, write_ray_lake
 from tests.dashboard.serve import serving

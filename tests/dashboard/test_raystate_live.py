@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from dashboard.store import Store, StoreOptions
+from dashboard.lake.store import Store, StoreOptions
 from tests.agentproc import AgentProcess, query_lake
 from tests.dashboard.rayrecord import Recorded, record_session, second_workload
 from tests.dashboard.serve import serving

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboard.query import add_query_parser, run_query
+from dashboard.cli.query import add_query_parser, run_query
 from tests.dashboard.raygen import JOB, SESSION, write_ray_lake
 
 TASKS = 400

@@ -14,10 +14,10 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-import dashboard.s3
-from dashboard.errors import NoData, NotFound
-from dashboard.query import add_query_parser, run_query
-from dashboard.store import Store, StoreOptions
+import dashboard.lake.s3
+from dashboard.cli.query import add_query_parser, run_query
+from dashboard.lake.errors import NoData, NotFound
+from dashboard.lake.store import Store, StoreOptions
 from tests.dashboard.httpfs import NO_HTTPFS, needs_httpfs
 from tests.dashboard.lakegen import Expected, task_events, write_rows, write_sample_store
 
@@ -101,7 +101,7 @@ def test_auto_uses_httpfs_and_falls_back_to_pyarrow(
     auto = s3_store(endpoint, "auto")
     assert auto.engine == "httpfs" and auto.note == ""
     auto.close()
-    monkeypatch.setattr(dashboard.s3, "httpfs_extension_path", lambda: None)
+    monkeypatch.setattr(dashboard.lake.s3, "httpfs_extension_path", lambda: None)
     monkeypatch.setenv("HOME", str(tmp_path))  # no build in DuckDB's extension folder either
     fallback = s3_store(endpoint, "auto")
     assert fallback.engine == "pyarrow"
@@ -175,13 +175,13 @@ def test_rotated_credentials_reach_the_reader(endpoint: str, s3_lake: type[Expec
                                               ) -> None:
     store = s3_store(endpoint, engine)
     before = store.execute("SELECT count(*) FROM tasks").rows
-    real = dashboard.s3.S3Settings.resolve
+    real = dashboard.lake.s3.S3Settings.resolve
 
-    def rotated(*args: Any, **kwargs: Any) -> dashboard.s3.S3Settings:
+    def rotated(*args: Any, **kwargs: Any) -> dashboard.lake.s3.S3Settings:
         settings = real(*args, **kwargs)
         return dataclasses.replace(settings, access_key="rotated-key", session_token="tok-2")
 
-    monkeypatch.setattr(dashboard.s3.S3Settings, "resolve", staticmethod(rotated))
+    monkeypatch.setattr(dashboard.lake.s3.S3Settings, "resolve", staticmethod(rotated))
     store.refresh(force=True)
     assert store.execute("SELECT count(*) FROM tasks").rows == before
     if engine == "httpfs":

@@ -7,9 +7,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from dashboard.errors import BadInput, NotFound
-from dashboard.listing import FileEntry
-from dashboard.sources import open_source
+from dashboard.lake.errors import BadInput, NotFound
+from dashboard.lake.listing import FileEntry
+from dashboard.lake.sources import open_source
 from sinks.locations import bucket_and_key
 
 

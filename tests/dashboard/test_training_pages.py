@@ -16,7 +16,7 @@ import orjson
 import pytest
 from playwright.sync_api import Page, expect
 
-from dashboard.store import Store, StoreOptions
+from dashboard.lake.store import Store, StoreOptions
 from tests.agentproc import REPO, AgentProcess
 from tests.dashboard.chromium import ARTIFACTS, chromium, tab
 from tests.dashboard.serve import serving

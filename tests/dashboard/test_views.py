@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dashboard.errors import NoData, NotFound
-from dashboard.store import Store, StoreOptions
+from dashboard.lake.errors import NoData, NotFound
+from dashboard.lake.store import Store, StoreOptions
 from tests.dashboard.lakegen import (
     Expected,
     at,

@@ -17,9 +17,9 @@ from typing import Any
 import duckdb
 import pytest
 
-from dashboard import ledger
-from dashboard.errors import BadInput
-from dashboard.store import Store, StoreOptions
+from dashboard.lake.errors import BadInput
+from dashboard.lake.store import Store, StoreOptions
+from dashboard.questions import ledger
 from emitters import queueing
 from emitters.emitter import Emitter
 from emitters.tracecontext import span

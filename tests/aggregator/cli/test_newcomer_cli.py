@@ -134,7 +134,7 @@ def test_version_and_help_speak_to_users() -> None:
     top = evagg("--help").stdout
     assert "evagg run --demo" in top and "the modules it calls" not in top
     dashboard = evagg("dashboard", "--help").stdout
-    assert "aiohttp" not in dashboard and "dashboard/app.py" not in dashboard
+    assert "aiohttp" not in dashboard and "dashboard/web/app.py" not in dashboard
     assert "(default: 127.0.0.1:8050" in " ".join(dashboard.split())
 
 

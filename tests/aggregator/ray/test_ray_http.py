@@ -18,7 +18,7 @@ import pytest
 
 from aggregator.ray.events import ray_events_to_rows
 from aggregator.spool import Spool
-from dashboard.store import Store, StoreOptions
+from dashboard.lake.store import Store, StoreOptions
 from tests.agentproc import AgentProcess
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "ray"

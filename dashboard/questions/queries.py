@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboard.errors import BadInput, NotFound
-from dashboard.filters import TASK_TIME, TaskFilter, bounded_int, clean_text, task_order
-from dashboard.results import Result
-from dashboard.store import Store
+from dashboard.lake.errors import BadInput, NotFound
+from dashboard.lake.results import Result
+from dashboard.lake.store import Store
+from dashboard.questions.filters import TASK_TIME, TaskFilter, bounded_int, clean_text, task_order
 
 DIMENSIONS = {  # dimension -> summary view
     "state": "summary_by_state",

@@ -1,4 +1,4 @@
-"""Which Parquet files the task fold still has to read (dashboard/fold.py).
+"""Which Parquet files the task fold still has to read (dashboard/lake/fold.py).
 
 `evagg compact` (sinks/parquet/compact.py) names its files `compacted-...` and records in each
 the (name, size) of the files it replaced; a compacted file whose inputs were all folded
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dashboard.listing import FileEntry
+from dashboard.lake.listing import FileEntry
 from sinks.parquet.layout import Cover, is_compacted_name, parse_covers
 
 __all__ = ["Cover", "batches", "coverage", "explained", "held_by_folder", "is_compacted",

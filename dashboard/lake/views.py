@@ -2,8 +2,8 @@
 
 The files fixed below run first, in this order; any other .sql file in the folder
 runs after them in name order, except those in NOT_VIEWS (statements that
-dashboard/fold.py runs itself). `{{source}}` in a file is replaced with the relation
-that reads the store's Parquet files (dashboard/store.py builds it); `{{time_us}}` and
+dashboard/lake/fold.py runs itself). `{{source}}` in a file is replaced with the relation
+that reads the store's Parquet files (dashboard/lake/store.py builds it); `{{time_us}}` and
 `{{received_us}}` with those columns in microseconds (`micros`).
 """
 
@@ -13,7 +13,7 @@ from importlib import resources
 
 import duckdb
 
-from dashboard.errors import StoreUnavailable
+from dashboard.lake.errors import StoreUnavailable
 
 ORDER = (
     "events.sql",

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from dashboard.errors import BadInput
+from dashboard.lake.errors import BadInput
 
 MAX_TEXT = 500
 _STATE = re.compile(r"^[A-Z_]{1,32}$")

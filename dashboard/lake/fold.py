@@ -21,8 +21,8 @@ from pathlib import Path
 
 import duckdb
 
-from dashboard.fold_cache import attach_cache, cache_file, default_cache_dir
-from dashboard.fold_files import (
+from dashboard.lake.fold_cache import attach_cache, cache_file, default_cache_dir
+from dashboard.lake.fold_files import (
     Cover,
     batches,
     coverage,
@@ -32,8 +32,8 @@ from dashboard.fold_files import (
     parent_and_name,
     parse_covers,
 )
-from dashboard.listing import FileEntry, Listing
-from dashboard.views import micros
+from dashboard.lake.listing import FileEntry, Listing
+from dashboard.lake.views import micros
 
 log = logging.getLogger(__name__)
 FORMAT = "4"  # bump when the tables change shape

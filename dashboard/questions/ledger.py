@@ -2,11 +2,11 @@
 and which are outstanding (enqueued at least `outstanding_after_s` ago, no outcome yet).
 
 Built on the `requests` view (dashboard/sql/ledger.sql, created with the other views by
-dashboard/views.py). The queries are plain SQL with named parameters, so a `Store` runs
+dashboard/lake/views.py). The queries are plain SQL with named parameters, so a `Store` runs
 them as they are:
 
     sql, params = ledger.summary_query("run-7", 300)
-    store.execute(sql, params)                        # dashboard.results.Result
+    store.execute(sql, params)                        # dashboard.lake.results.Result
 
 and `ledger(con, run_id, outstanding_after_s)` runs them on any DuckDB connection that
 has an `events` view.
@@ -21,9 +21,9 @@ from typing import Any
 
 import duckdb
 
-from dashboard.errors import BadInput
-from dashboard.filters import clean_text
-from dashboard.results import from_cursor
+from dashboard.lake.errors import BadInput
+from dashboard.lake.results import from_cursor
+from dashboard.questions.filters import clean_text
 
 MAX_IDS = 100  # outstanding ids listed in the summary row; `outstanding()` lists them all
 OPEN = "state IN ('ENQUEUED', 'STARTED')"

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dashboard.errors import BadInput, NotFound, StoreUnavailable
-from dashboard.listing import Listing, list_local
-from dashboard.sources._base import Relation, Source, duckdb_relation
+from dashboard.lake.errors import BadInput, NotFound, StoreUnavailable
+from dashboard.lake.listing import Listing, list_local
+from dashboard.lake.sources._base import Relation, Source, duckdb_relation
 
 
 class LocalDir:

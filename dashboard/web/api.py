@@ -14,13 +14,13 @@ from typing import Any
 from aiohttp import web
 from multidict import MultiMapping
 
-from dashboard import ledger, queries
-from dashboard.errors import BadInput, NoData
-from dashboard.filters import TaskFilter, bounded_int
-from dashboard.overview import op_counts, overview
-from dashboard.results import Result
-from dashboard.runner import QueryRunner
-from dashboard.store import Store
+from dashboard.lake.errors import BadInput, NoData
+from dashboard.lake.results import Result
+from dashboard.lake.store import Store
+from dashboard.questions import ledger, queries
+from dashboard.questions.filters import TaskFilter, bounded_int
+from dashboard.questions.overview import op_counts, overview
+from dashboard.questions.runner import QueryRunner
 from sinks.units import parse_duration
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

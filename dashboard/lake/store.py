@@ -6,9 +6,9 @@ changed, so new files appear without a restart and one connection serves every q
 Engines: "local" (DuckDB reads the files), "httpfs" (DuckDB reads s3:// itself) and
 "pyarrow" (pyarrow's filesystem and dataset, registered in DuckDB; the S3 fallback).
 Where and how the files are read (engine choice, listing, rotating credentials) is the
-store's source object (dashboard/sources/); the store itself never asks which it has.
+store's source object (dashboard/lake/sources/); the store itself never asks which it has.
 With `fold` on (the default), `tasks` reads the incrementally folded task table of
-dashboard/fold.py instead of folding every task event on every query.
+dashboard/lake/fold.py instead of folding every task event on every query.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from typing import Any
 
 import duckdb
 
-from dashboard import views
-from dashboard.cancel import current_token
-from dashboard.errors import BadInput, NoData, QueryFailed, StoreUnavailable
-from dashboard.fold import Cover, TaskFold, parse_covers
-from dashboard.listing import FileEntry, Listing
-from dashboard.results import Result, from_cursor
-from dashboard.sources import ENGINES, Relation, open_source
+from dashboard.lake import views
+from dashboard.lake.cancel import current_token
+from dashboard.lake.errors import BadInput, NoData, QueryFailed, StoreUnavailable
+from dashboard.lake.fold import Cover, TaskFold, parse_covers
+from dashboard.lake.listing import FileEntry, Listing
+from dashboard.lake.results import Result, from_cursor
+from dashboard.lake.sources import ENGINES, Relation, open_source
 from sinks.parquet.layout import COMPACTION_META_KEY
 
 log = logging.getLogger(__name__)

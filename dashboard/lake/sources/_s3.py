@@ -2,7 +2,7 @@
 
 Before each listing the prefix follows rotating credentials (the readers then hand them
 on), and it turns S3 errors into the dashboard's own errors. The building blocks
-(settings, httpfs, pyarrow filesystem) are dashboard/s3.py.
+(settings, httpfs, pyarrow filesystem) are dashboard/lake/s3.py.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from dashboard.errors import BadInput, NotFound, StoreUnavailable
-from dashboard.listing import Listing, list_s3
-from dashboard.s3 import S3Settings, pyarrow_filesystem
+from dashboard.lake.errors import BadInput, NotFound, StoreUnavailable
+from dashboard.lake.listing import Listing, list_s3
+from dashboard.lake.s3 import S3Settings, pyarrow_filesystem
 from sinks.locations import S3Location, bucket_and_key
 
 log = logging.getLogger(__name__)

@@ -15,12 +15,12 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from dashboard import artifacts
-from dashboard.api import json_result, only
-from dashboard.errors import BadInput
-from dashboard.filters import bounded_int
-from dashboard.runner import QueryRunner
-from dashboard.store import Store
+from dashboard.lake.errors import BadInput
+from dashboard.lake.store import Store
+from dashboard.questions import artifacts
+from dashboard.questions.filters import bounded_int
+from dashboard.questions.runner import QueryRunner
+from dashboard.web.api import json_result, only
 
 CHUNK: Final = 1024 * 1024
 

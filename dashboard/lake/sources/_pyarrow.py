@@ -7,8 +7,8 @@ from typing import Any, Protocol
 
 import duckdb
 
-from dashboard.listing import FileEntry, Listing
-from dashboard.sources._base import Relation, Source, registered_relation
+from dashboard.lake.listing import FileEntry, Listing
+from dashboard.lake.sources._base import Relation, Source, registered_relation
 
 
 class Where(Protocol):

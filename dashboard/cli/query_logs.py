@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from dashboard.errors import BadInput
+from dashboard.lake.errors import BadInput
+from dashboard.lake.results import Result
+from dashboard.lake.store import Store
 from dashboard.raystate import sessions
 from dashboard.raystate.logarchive import LogArchive
 from dashboard.raystate.logfind import DEFAULT_LINES, LogAsk, read_log
-from dashboard.results import Result
-from dashboard.store import Store
 
 Adder = Callable[[str, str, Callable[[Store, argparse.Namespace], Result]],
                  argparse.ArgumentParser]

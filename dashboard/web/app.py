@@ -1,6 +1,6 @@
 """The dashboard's aiohttp application: static pages, the JSON API, errors as JSON.
 
-The pages (dashboard/static) are plain HTML, JS and CSS with no build step and nothing
+The pages (dashboard/web/static) are plain HTML, JS and CSS with no build step and nothing
 fetched from a CDN. Errors reach the browser as {"error": message} with a 4xx/5xx
 status, never as a stack trace.
 """
@@ -14,15 +14,15 @@ from pathlib import Path
 
 from aiohttp import web
 
-from dashboard.api import Api, Handler
-from dashboard.artifact_routes import ArtifactApi
-from dashboard.errors import DashboardError
+from dashboard.lake.errors import DashboardError
+from dashboard.lake.store import Store
+from dashboard.questions.runner import QueryRunner
 from dashboard.raystate.routes import RayStateApi
-from dashboard.runner import QueryRunner
-from dashboard.store import Store
+from dashboard.web.api import Api, Handler
+from dashboard.web.artifact_routes import ArtifactApi
 
 log = logging.getLogger(__name__)
-STATIC = Path(str(resources.files("dashboard").joinpath("static")))
+STATIC = Path(str(resources.files("dashboard.web").joinpath("static")))
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
                                "style-src 'self' 'unsafe-inline'; frame-ancestors 'none'",

@@ -14,10 +14,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Final
 
-from dashboard.errors import BadInput, NotFound, StoreUnavailable
-from dashboard.results import Result
-from dashboard.s3 import S3Settings
-from dashboard.store import Store, StoreOptions
+from dashboard.lake.errors import BadInput, NotFound, StoreUnavailable
+from dashboard.lake.results import Result
+from dashboard.lake.s3 import S3Settings
+from dashboard.lake.store import Store, StoreOptions
 from sinks.artifacts.layout import ARTIFACT_KIND, ARTIFACTS_ROOT
 from sinks.locations import S3Location, is_s3_url
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import duckdb
 
-from dashboard.listing import FileEntry, Listing
-from dashboard.s3 import sql_literal
+from dashboard.lake.listing import FileEntry, Listing
+from dashboard.lake.s3 import sql_literal
 
 _HIVE_TYPES = "{'date': DATE, 'hour': INTEGER, 'node': VARCHAR}"
 _NULL_HIVE = ("CAST(NULL AS DATE) AS date, CAST(NULL AS INTEGER) AS hour, "

@@ -14,10 +14,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from dashboard.cancel import CancelToken, cancel_scope
-from dashboard.errors import StoreUnavailable
-from dashboard.listing import Listing
-from dashboard.store import Store
+from dashboard.lake.cancel import CancelToken, cancel_scope
+from dashboard.lake.errors import StoreUnavailable
+from dashboard.lake.listing import Listing
+from dashboard.lake.store import Store
 
 
 class QueryRunner:

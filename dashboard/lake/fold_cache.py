@@ -1,4 +1,4 @@
-"""Where the task fold's cache lives, and how it is opened (dashboard/fold.py).
+"""Where the task fold's cache lives, and how it is opened (dashboard/lake/fold.py).
 
 One DuckDB file per data location under the cache directory, in up to SLOTS copies:
 DuckDB lets one process write a file, so a query beside a running dashboard opens the
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import duckdb
 
-from dashboard.s3 import sql_literal
+from dashboard.lake.s3 import sql_literal
 
-log = logging.getLogger("dashboard.fold")  # the fold's own log: one name for its messages
+log = logging.getLogger("dashboard.lake.fold")  # the fold's own log: one name for its messages
 SLOTS = 3  # cache files per location: processes folding the same data at once
 
 

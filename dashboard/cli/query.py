@@ -17,14 +17,14 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dashboard import ledger, queries
-from dashboard.errors import BadInput, DashboardError, NotFound
-from dashboard.filters import TASK_SORTS, TaskFilter
-from dashboard.output import render
-from dashboard.query_artifacts import add_artifacts_parser
-from dashboard.query_logs import add_logs_parser
-from dashboard.results import Result
-from dashboard.store import ENGINES, Store, StoreOptions
+from dashboard.cli.output import render
+from dashboard.cli.query_artifacts import add_artifacts_parser
+from dashboard.cli.query_logs import add_logs_parser
+from dashboard.lake.errors import BadInput, DashboardError, NotFound
+from dashboard.lake.results import Result
+from dashboard.lake.store import ENGINES, Store, StoreOptions
+from dashboard.questions import ledger, queries
+from dashboard.questions.filters import TASK_SORTS, TaskFilter
 from sinks.units import parse_duration
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ def add_cache_flags(parser: argparse.ArgumentParser, default: Any) -> None:
 
 
 def cache_dir(args: argparse.Namespace) -> str | None:
-    from dashboard.fold import default_cache_dir
+    from dashboard.lake.fold import default_cache_dir
 
     if getattr(args, "no_cache", None):
         return None

@@ -2,7 +2,7 @@
 
     evagg dashboard --data PATH|s3://bucket/prefix [--listen 127.0.0.1:8050]
 
-The application itself is dashboard/app.py; this module is the command, kept free of
+The application itself is dashboard/web/app.py; this module is the command, kept free of
 aiohttp at import time so that registering it costs the CLI nothing.
 """
 
@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dashboard.errors import BadInput, DashboardError, NoData
-from dashboard.store import ENGINES, Store, StoreOptions
+from dashboard.lake.errors import BadInput, DashboardError, NoData
+from dashboard.lake.store import ENGINES, Store, StoreOptions
 from sinks.locations import is_s3_url
 
 # A local relist is one os.walk: every 2 s keeps a new file's events on the page within
@@ -69,7 +69,7 @@ def add_dashboard_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--region", help="S3 region")
     parser.add_argument("--engine", choices=ENGINES, default="auto",
                         help="how to read S3: httpfs, pyarrow, or auto (httpfs, else pyarrow)")
-    from dashboard.query import add_cache_flags
+    from dashboard.cli.query import add_cache_flags
 
     add_cache_flags(parser, None)
     parser.add_argument("--refresh", type=float, default=None, metavar="SECONDS",
@@ -83,7 +83,7 @@ def add_dashboard_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def open_store(args: argparse.Namespace) -> Store:
-    from dashboard.query import cache_dir, default_data
+    from dashboard.cli.query import cache_dir, default_data
 
     location = args.data or default_data()
     if not args.data and not is_s3_url(location):
@@ -127,7 +127,7 @@ def run_dashboard(args: argparse.Namespace) -> int:
         return 2 if isinstance(exc, BadInput) else 1
     from aiohttp import web
 
-    from dashboard.app import create_app
+    from dashboard.web.app import create_app
 
     def announce(_: str) -> None:  # aiohttp calls it once the port is open
         described = store.describe()

@@ -8,10 +8,10 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from dashboard import artifacts
-from dashboard.errors import BadInput
-from dashboard.results import Result
-from dashboard.store import Store
+from dashboard.lake.errors import BadInput
+from dashboard.lake.results import Result
+from dashboard.lake.store import Store
+from dashboard.questions import artifacts
 
 Adder = Callable[[str, str, Callable[[Store, argparse.Namespace], Result]],
                  argparse.ArgumentParser]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from dashboard.store import Store
+from dashboard.lake.store import Store
 
 # Bucket widths for the events-over-time chart, smallest first (seconds).
 WIDTHS_S = (1, 5, 10, 30, 60, 300, 600, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600,

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from dashboard.errors import StoreUnavailable
+from dashboard.lake.errors import StoreUnavailable
 
 _local = threading.local()
 

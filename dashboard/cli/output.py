@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from dashboard.results import Result
+from dashboard.lake.results import Result
 
 MAX_CELL = 60
 _ISO = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)(\.\d{3})?\d*Z$")

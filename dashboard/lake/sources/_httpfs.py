@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import duckdb
 
-from dashboard.listing import Listing
-from dashboard.s3 import load_httpfs
-from dashboard.sources._base import Relation, Source, duckdb_relation
-from dashboard.sources._s3 import S3Prefix
+from dashboard.lake.listing import Listing
+from dashboard.lake.s3 import load_httpfs
+from dashboard.lake.sources._base import Relation, Source, duckdb_relation
+from dashboard.lake.sources._s3 import S3Prefix
 
 
 class HttpfsSource(Source):

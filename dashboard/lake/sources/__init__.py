@@ -14,12 +14,12 @@ import logging
 
 import duckdb
 
-from dashboard.errors import StoreUnavailable
-from dashboard.sources._base import Relation, Source
-from dashboard.sources._httpfs import HttpfsSource
-from dashboard.sources._local import LocalDir, LocalSource
-from dashboard.sources._pyarrow import PyarrowSource
-from dashboard.sources._s3 import S3Prefix
+from dashboard.lake.errors import StoreUnavailable
+from dashboard.lake.sources._base import Relation, Source
+from dashboard.lake.sources._httpfs import HttpfsSource
+from dashboard.lake.sources._local import LocalDir, LocalSource
+from dashboard.lake.sources._pyarrow import PyarrowSource
+from dashboard.lake.sources._s3 import S3Prefix
 from sinks.locations import is_s3_url
 
 __all__ = ["ENGINES", "Relation", "Source", "open_source"]
