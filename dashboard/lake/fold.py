@@ -34,27 +34,36 @@ from dashboard.lake.fold_files import (
 )
 from dashboard.lake.listing import FileEntry, Listing
 from dashboard.lake.views import micros
+from sinks.fragments.dialects import dialect
+from sinks.fragments.task_fold import FOLD_COLUMNS, merge_select, partial_select
+from sinks.parquet.layout import fragment_key
 
 log = logging.getLogger(__name__)
-FORMAT = "4"  # bump when the tables change shape
+FORMAT = "5"  # bump when the tables change shape
 # A batch this small folds on one thread: on a few cores, splitting ~50,000 rows over
 # threads cost more than it saved (each statement 2-3x slower on two threads).
 SMALL_BATCH_BYTES = 64 * 2**20
 # Folding this much takes a while (about a second per 40 MiB here): say so first.
 LONG_FOLD_BYTES = 256 * 2**20
 # The columns the fold reads, with their DuckDB types: missing ones read as NULL.
-COLUMNS = {
-    "event_id": "VARCHAR", "time": "TIMESTAMPTZ", "kind": "VARCHAR", "source": "VARCHAR",
-    "name": "VARCHAR", "state": "VARCHAR", "task_id": "VARCHAR", "attempt": "INTEGER",
-    "parent_id": "VARCHAR", "job_id": "VARCHAR", "node_id": "VARCHAR", "worker_id": "VARCHAR",
-    "actor_id": "VARCHAR", "host": "VARCHAR", "pid": "INTEGER", "trace_id": "VARCHAR",
-    "duration_s": "DOUBLE",
-    "error_type": "VARCHAR", "error_message": "VARCHAR", "stack_trace": "VARCHAR",
-    "attrs": "MAP(VARCHAR, VARCHAR)",
-}
+COLUMNS = FOLD_COLUMNS
+# The kinds of event whose rows a fragment-backed batch still reads: ends.sql's facts.
+FACT_KINDS = "'job', 'worker', 'node', 'agent'"
+FRAGMENT_DATASET = "fold_fragments"
 __all__ = ["Cover", "TaskFold", "cache_file", "default_cache_dir", "parse_covers"]
-SourceFor = Callable[[duckdb.DuckDBPyConnection, Listing], str]
+# (cursor, listing[, dataset name]) -> the SQL relation of the listed files
+SourceFor = Callable[..., str]
 CoversOf = Callable[[duckdb.DuckDBPyConnection, FileEntry], set[Cover]]
+
+
+def task_fold_macros() -> str:
+    """fold_partial_of and fold_merge_of, from the one owner of the task fold (the agent
+    writes its task fragments with the same SQL)."""
+    duck = dialect("duckdb")
+    return (f"CREATE OR REPLACE TEMP MACRO fold_partial_of(rows) AS TABLE "
+            f"{partial_select(duck, 'query_table(rows)')};\n"
+            f"CREATE OR REPLACE TEMP MACRO fold_merge_of(parts) AS TABLE "
+            f"{merge_select(duck, 'query_table(parts)')};\n")
 
 
 def sql_sections(name: str = "fold.sql") -> dict[str, str]:
@@ -69,6 +78,7 @@ class TaskFold:
         self.key = key
         self.on_long_fold = on_long_fold
         self.sql = sql_sections()
+        self.sql["macros"] = task_fold_macros() + self.sql["macros"]
         self.ends_sql = sql_sections("ends.sql")
         self.version = hashlib.blake2b(
             (FORMAT + "".join(self.sql.values()) + self.ends_sql["macros"]).encode(),
@@ -79,6 +89,7 @@ class TaskFold:
         self.rebuilds = 0
         self.folded_files = 0  # read and folded by this process
         self.adopted_files = 0  # compacted files whose rows were all folded already
+        self.fragment_files = 0  # compacted files whose tasks came from their fragment
         # DuckDB's threads before a small batch set them to 1 (0: unchanged): the
         # statements that scan a whole stored table run on these again.
         self.scan_threads = 0
@@ -153,13 +164,26 @@ class TaskFold:
         adopted = {f.path for f in fresh if is_compacted(f) and known.get(f.path)
                    and known[f.path] <= covered.get(parent_and_name(f.path)[0], set())}
         todo = [f for f in fresh if f.path not in adopted]
-        self._announce(todo, first=not folded)
+        by_fragment = _by_fragment(todo, listing, known, covered)
+        if self._would_mix(cur, todo, by_fragment):
+            log.info("a compacted file of %s must be read whose hour was folded from its "
+                     "task fragment: refolding", self.key)
+            self.rebuilds += 1
+            self._reset(cur)
+            _insert(cur, "fold.covers",
+                    [(p, n, s) for p in listed if p in known for n, s in known[p]])
+            return self.sync(cur, listing, source_for, covers_of)
+        self._announce([f for f in todo if f.path not in by_fragment], first=not folded)
         self._forget(cur, gone, listed)
         # Every row of an adopted file is folded already: refolding it would change nothing.
         _insert(cur, "fold.files", [(f.path, f.size) for f in fresh if f.path in adopted])
-        for batch in batches(todo):
+        for batch in batches([f for f in todo if f.path in by_fragment]):
+            self._fold_fragment_batch(cur, Listing(tuple(batch), listing.hive),
+                                      [by_fragment[f.path] for f in batch], source_for)
+        for batch in batches([f for f in todo if f.path not in by_fragment]):
             self._fold_batch(cur, Listing(tuple(batch), listing.hive), source_for)
         self.folded_files += len(todo)
+        self.fragment_files += len(by_fragment)
         self.adopted_files += len(adopted)
         if gone or fresh:
             self._bump(cur)
@@ -174,6 +198,20 @@ class TaskFold:
         self.on_long_fold(f"folding {len(todo)} files ({size / 2**20:,.0f} MiB) into "
                           f"{where}{once}")
 
+    def _would_mix(self, cur: duckdb.DuckDBPyConnection, todo: list[FileEntry],
+                   by_fragment: dict[str, FileEntry]) -> bool:
+        """Whether a compacted file must be folded from its rows in a folder whose tasks
+        came from a fragment (an hour merged again with a late file, its fragment
+        missing): no hash of the fragment's events is in `seen`, so its rows would be
+        counted twice. Rare; refolding from the fragments costs little."""
+        raw_folders = {parent_and_name(f.path)[0] for f in todo
+                       if is_compacted(f) and f.path not in by_fragment}
+        if not raw_folders:
+            return False
+        from_fragments = {parent_and_name(p)[0] for p, in cur.execute(
+            "SELECT path FROM fold.from_fragments").fetchall()}
+        return bool(raw_folders & from_fragments)
+
     def _known_covers(self, cur: duckdb.DuckDBPyConnection) -> dict[str, set[Cover]]:
         known: dict[str, set[Cover]] = {}
         for path, name, size in cur.execute("SELECT path, name, size FROM fold.covers").fetchall():
@@ -184,7 +222,8 @@ class TaskFold:
                 listed: dict[str, FileEntry]) -> None:
         stale = [p for p, in cur.execute("SELECT DISTINCT path FROM fold.covers").fetchall()
                  if p not in listed]
-        for table, paths in (("fold.files", gone), ("fold.covers", stale)):
+        for table, paths in (("fold.files", gone), ("fold.covers", stale),
+                             ("fold.from_fragments", gone)):
             if paths:
                 cur.execute(f"DELETE FROM {table} WHERE path IN (SELECT unnest($paths))",
                             {"paths": paths})
@@ -201,6 +240,41 @@ class TaskFold:
             self.scan_threads = before
             self._fold_rows(cur, batch)
         log.debug("folded %d files of %s", len(batch.files), self.key)
+
+    def _fold_fragment_batch(self, cur: duckdb.DuckDBPyConnection, batch: Listing,
+                             fragments: list[FileEntry], source_for: SourceFor) -> None:
+        """Compacted files whose tasks are their fragments merged (fold.sql @fragments):
+        of their rows only kind and time (the timeline) and the facts' few are read."""
+        source = source_for(cur, batch)
+        present = {row[0] for row in cur.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
+        projection = ", ".join(_project(c, t, c in present) for c, t in COLUMNS.items())
+        cur.execute(f"CREATE OR REPLACE TEMP VIEW fold_rows AS SELECT {projection} "
+                    f"FROM {source} WHERE kind IN ({FACT_KINDS})")
+        cur.execute(f"CREATE OR REPLACE TEMP VIEW fold_kinds AS SELECT kind, "
+                    f"{micros('time')} AS time FROM {source}")
+        parts = source_for(cur, Listing(tuple(fragments), False), FRAGMENT_DATASET)
+        cur.execute(f"CREATE OR REPLACE TEMP VIEW fold_fragment_parts AS SELECT * FROM {parts}")
+        small = sum(f.size for f in fragments) < SMALL_BATCH_BYTES // 8
+        with _threads(cur, 1 if small else 0) as before:
+            self.scan_threads = before
+            cur.execute("BEGIN TRANSACTION")
+            try:
+                found = cur.execute("SELECT count(*) FROM fold.task_fold").fetchone()
+                cur.execute(self.sql["fragments"])
+                cur.execute(self.sql["facts"])
+                cur.execute(self.sql["fragment_hosts"])
+                self._fold_tasks(cur, found[0] if found else 0)
+                cur.execute(self.sql["bins"])
+                _insert(cur, "fold.files", [(f.path, f.size) for f in batch.files])
+                _insert(cur, "fold.from_fragments", [(f.path,) for f in batch.files])
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            finally:
+                cur.execute(self.sql["cleanup"])
+        log.debug("folded %d files of %s from their task fragments", len(batch.files),
+                  self.key)
 
     def _fold_rows(self, cur: duckdb.DuckDBPyConnection, batch: Listing) -> None:
         cur.execute("BEGIN TRANSACTION")
@@ -278,7 +352,8 @@ class TaskFold:
     def describe(self) -> dict[str, object]:
         return {"cache": str(self.path) if self.path else "memory", "note": self.note,
                 "generation": self.generation, "rebuilds": self.rebuilds,
-                "folded_files": self.folded_files, "adopted_files": self.adopted_files}
+                "folded_files": self.folded_files, "adopted_files": self.adopted_files,
+                "fragment_files": self.fragment_files}
 
 
 @contextmanager
@@ -296,6 +371,24 @@ def _threads(cur: duckdb.DuckDBPyConnection, threads: int) -> Iterator[int]:
         yield before
     finally:
         cur.execute(f"SET threads = {before}")
+
+
+def _by_fragment(todo: list[FileEntry], listing: Listing, known: dict[str, set[Cover]],
+                 covered: dict[str, set[Cover]]) -> dict[str, FileEntry]:
+    """The compacted files to fold from their task fragments, with their fragment: those
+    whose fragment is listed and none of whose rows the fold has (a fragment is all of
+    an hour's tasks: it cannot be folded in part)."""
+    fragments = {f.relative: f for f in listing.fragments}
+    chosen: dict[str, FileEntry] = {}
+    for entry in todo:
+        if not is_compacted(entry):
+            continue
+        directory, _, name = entry.relative.rpartition("/")
+        fragment = fragments.get(fragment_key(directory, name))
+        folded = known.get(entry.path, set()) & covered.get(parent_and_name(entry.path)[0], set())
+        if fragment is not None and not folded:
+            chosen[entry.path] = fragment
+    return chosen
 
 
 def _project(column: str, duckdb_type: str, present: bool) -> str:

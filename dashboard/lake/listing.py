@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sinks.locations import S3_SCHEME
+from sinks.parquet.layout import TASKS_ROOT, is_fragment_name
 
 HIVE_KEYS = ("date", "hour", "node")
 
@@ -41,6 +42,9 @@ class Listing:
     hive: bool  # True when `files` all carry date/hour/node in their path
     ignored: int = 0  # Parquet files outside the Hive layout while others are inside it
     fingerprint: str = field(default="")
+    # The task fragments under `_tasks/` (sinks/fragments/): the fold reads them in place
+    # of the rows of the compacted files they were made from.
+    fragments: tuple[FileEntry, ...] = ()
 
     @property
     def total_bytes(self) -> int:
@@ -48,13 +52,21 @@ class Listing:
 
 
 def make_listing(entries: Iterable[FileEntry]) -> Listing:
+    entries = list(entries)
     found = sorted((e for e in entries if _is_data_file(e.relative)), key=lambda e: e.relative)
     hive = [e for e in found if e.hive]
     chosen = hive or found
+    fragments = sorted((e for e in entries if _is_fragment(e.relative)),
+                       key=lambda e: e.relative)
     digest = hashlib.blake2b(digest_size=12)
-    for entry in chosen:
+    for entry in chosen + fragments:
         digest.update(f"{entry.relative}\0{entry.size}\0{entry.stamp}\n".encode())
-    return Listing(tuple(chosen), bool(hive), len(found) - len(chosen), digest.hexdigest())
+    return Listing(tuple(chosen), bool(hive), len(found) - len(chosen), digest.hexdigest(),
+                   tuple(fragments))
+
+
+def _is_fragment(relative: str) -> bool:
+    return relative.startswith(f"{TASKS_ROOT}/") and is_fragment_name(relative.rsplit("/", 1)[-1])
 
 
 def _is_data_file(relative: str) -> bool:
@@ -67,9 +79,10 @@ def list_local(root: Path) -> Listing:
     entries: list[FileEntry] = []
     root_text = str(root)
     for dirpath, dirnames, filenames in os.walk(root_text, onerror=_raise):
-        dirnames[:] = [d for d in dirnames if not d.startswith((".", "_"))]
+        dirnames[:] = [d for d in dirnames if not d.startswith((".", "_"))
+                       or (d == TASKS_ROOT and dirpath == root_text)]
         for name in filenames:
-            if not name.endswith(".parquet"):
+            if not name.endswith(".parquet") and not is_fragment_name(name):
                 continue
             full = os.path.join(dirpath, name)
             try:

@@ -128,8 +128,9 @@ class Store:
                 cursor.close()
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _batch_source(self, cursor: duckdb.DuckDBPyConnection, batch: Listing) -> str:
-        relation = self._source.relation(batch, BATCH_DATASET)
+    def _batch_source(self, cursor: duckdb.DuckDBPyConnection, batch: Listing,
+                      name: str = BATCH_DATASET) -> str:
+        relation = self._source.relation(batch, name)
         relation.register(cursor)
         return relation.sql
 

@@ -14,6 +14,8 @@
 CREATE TABLE IF NOT EXISTS fold.meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 CREATE TABLE IF NOT EXISTS fold.files (path VARCHAR, size BIGINT);
 CREATE TABLE IF NOT EXISTS fold.covers (path VARCHAR, name VARCHAR, size BIGINT);
+-- The folded files whose tasks came from their task fragment (@fragments), not their rows.
+CREATE TABLE IF NOT EXISTS fold.from_fragments (path VARCHAR);
 CREATE TABLE IF NOT EXISTS fold.seen (t BIGINT, h UBIGINT);
 CREATE TABLE IF NOT EXISTS fold.timeline (
     second BIGINT, kind VARCHAR, events BIGINT, first_us BIGINT, last_us BIGINT);
@@ -31,6 +33,7 @@ SELECT * FROM ends_session_hosts_of('fold_empty') LIMIT 0;
 DROP TABLE IF EXISTS fold.meta;
 DROP TABLE IF EXISTS fold.files;
 DROP TABLE IF EXISTS fold.covers;
+DROP TABLE IF EXISTS fold.from_fragments;
 DROP TABLE IF EXISTS fold.seen;
 DROP TABLE IF EXISTS fold.timeline;
 DROP TABLE IF EXISTS fold.task_fold;
@@ -41,106 +44,16 @@ DROP TABLE IF EXISTS fold.ends_agents;
 DROP TABLE IF EXISTS fold.ends_session_hosts;
 
 -- @macros
--- The partial fold of task rows: tasks.sql's `folded` CTE with each arg_max's key kept.
--- tasks.sql's `FILTER (WHERE c)` is written `CASE WHEN c THEN ... END` on the value (the
--- key of an arg_max): min, max and arg_max skip NULLs, so the same rows count, and the
--- aggregation takes one pass over its input rather than one filtered pass per
--- aggregate (40,000 task rows: 50 ms -> 40 ms).
--- `events` counts rows with an event_id; @batch takes away copies and rows counted before.
--- tasks.sql's task_state_rank: an end evagg inferred (attrs evagg_inferred) ranks below
--- every end a producer reported, so a real end that arrives later wins.
-CREATE OR REPLACE TEMP MACRO fold_state_rank(state, inferred) AS
-    CASE state
-        WHEN 'DEFINED' THEN 0
-        WHEN 'PENDING' THEN 2
-        WHEN 'SUBMITTED' THEN 4
-        WHEN 'RUNNING' THEN 6
-        WHEN 'FINISHED' THEN CASE WHEN inferred IS NULL THEN 8 ELSE 7 END
-        WHEN 'FAILED' THEN CASE WHEN inferred IS NULL THEN 8 ELSE 7 END
-    END;
+-- fold_partial_of(rows) and fold_merge_of(parts), the partial fold of task rows and the
+-- merge of partial rows, are sinks/fragments/task_fold.py's (the one owner of the fold,
+-- which the agent's task fragments are made with too): dashboard/lake/fold.py defines
+-- them before these. `events` counts rows with an event_id; @batch takes away copies
+-- and rows counted before.
 -- Whether a row's error is shown: an inferred end's error is not, once a real end won.
 -- (error_key's top bit says the error came from a real event; final_key // 2^56 is the
 -- winning state's rank, 7 for an inferred end.)
 CREATE OR REPLACE TEMP MACRO fold_error_shown(error_key, final_key) AS
     coalesce(error_key >= 36028797018963968 OR final_key // 72057594037927936 = 7, true);
-CREATE OR REPLACE TEMP MACRO fold_partial_of(rows) AS TABLE
-WITH task_events AS (
-    SELECT
-        * REPLACE (coalesce(nullif(task_id, ''), event_id) AS task_id),
-        coalesce(attempt, 0) AS attempt_no,
-        coalesce(attrs['ray_session'], '') AS session,
-        fold_state_rank(state, attrs['evagg_inferred']) AS state_rank,
-        attrs['evagg_inferred'] IS NOT NULL AS inferred_event,
-        -- time as 55 bits that sort like tasks.sql's struct keys sort it (NULL last)
-        coalesce(greatest(0, least(epoch_us(time) + 18014398509481984,
-                                   36028797018963966)), 36028797018963967) AS time_bits
-    FROM query_table(rows)
-    WHERE kind = 'task' AND coalesce(nullif(task_id, ''), event_id) IS NOT NULL
-),
-ranked AS (
-    -- tasks.sql's struct keys as BIGINTs in the same order (2^55 = 36028797018963968)
-    SELECT
-        *,
-        CASE WHEN state = 'DEFINED' THEN 1 ELSE 0 END
-            * 36028797018963968 + time_bits AS name_rank,
-        (state_rank * 36028797018963968 + time_bits) * 2
-            + CAST(state = 'FAILED' AS BIGINT) AS final_rank,
-        CASE WHEN state = 'RUNNING' THEN 2 WHEN state_rank = 8 THEN 1 ELSE 0 END
-            * 36028797018963968 + time_bits AS node_rank,
-        CASE WHEN state_rank = 8 THEN 2 WHEN state = 'RUNNING' THEN 1 ELSE 0 END
-            * 36028797018963968 + time_bits AS worker_rank,
-        CASE WHEN inferred_event THEN 0 ELSE 1 END
-            * 36028797018963968 + time_bits AS error_rank
-    FROM task_events
-)
-SELECT
-    task_id,
-    attempt_no AS attempt,
-    session,
-    arg_max(name, CASE WHEN coalesce(name, '') <> '' THEN name_rank END) AS name,
-    max(CASE WHEN coalesce(name, '') <> '' THEN name_rank END) AS name_key,
-    arg_max(state, CASE WHEN state_rank IS NOT NULL THEN final_rank END) AS final_state,
-    max(CASE WHEN state_rank IS NOT NULL THEN final_rank END) AS final_key,
-    min(CASE WHEN state = 'PENDING' THEN time END) AS pending_at,
-    min(CASE WHEN state = 'SUBMITTED' THEN time END) AS submitted_at,
-    min(CASE WHEN state = 'RUNNING' THEN time END) AS running_at,
-    min(CASE WHEN state = 'FINISHED' AND NOT inferred_event THEN time END) AS finished_at,
-    min(CASE WHEN state = 'FAILED' AND NOT inferred_event THEN time END) AS failed_at,
-    min(CASE WHEN state_rank = 7 THEN time END) AS inferred_at,
-    arg_min(attrs['evagg_inferred'], CASE WHEN state_rank = 7 THEN time_bits END) AS inferred,
-    min(CASE WHEN state_rank = 7 THEN time_bits END) AS inferred_key,
-    arg_max(duration_s, CASE WHEN state_rank = 8 AND duration_s IS NOT NULL THEN time END)
-        AS reported_s,
-    max(CASE WHEN state_rank = 8 AND duration_s IS NOT NULL THEN time END) AS reported_key,
-    max(CASE WHEN job_id <> '' THEN job_id END) AS job_id,
-    arg_max(node_id, CASE WHEN node_id <> '' THEN node_rank END) AS node_id,
-    max(CASE WHEN node_id <> '' THEN node_rank END) AS node_key,
-    arg_max(host, CASE WHEN host <> '' THEN node_rank END) AS host,
-    max(CASE WHEN host <> '' THEN node_rank END) AS host_key,
-    arg_max(worker_id, CASE WHEN worker_id <> '' THEN worker_rank END) AS worker_id,
-    max(CASE WHEN worker_id <> '' THEN worker_rank END) AS worker_key,
-    max(TRY_CAST(attrs['worker_pid'] AS INTEGER)) AS pid_attr,
-    max(CASE WHEN state = 'RUNNING' THEN pid END) AS pid_running,
-    max(pid) AS pid_any,
-    max(CASE WHEN actor_id <> '' THEN actor_id END) AS actor_id,
-    max(CASE WHEN parent_id <> '' THEN parent_id END) AS parent_id,
-    max(CASE WHEN trace_id <> '' THEN trace_id END) AS trace_id,
-    max(attrs['ray_task_type']) AS task_type,
-    max(attrs['ray_function']) AS function,
-    max(attrs['ray_actor_repr_name']) AS actor_repr,
-    max(coalesce(state, '') <> '') AS has_state,
-    arg_max({'error_type': error_type, 'exception_class': attrs['exception_class'],
-             'error_message': error_message, 'stack_trace': stack_trace},
-            CASE WHEN error_type IS NOT NULL OR error_message IS NOT NULL THEN error_rank END)
-        AS error,
-    max(CASE WHEN error_type IS NOT NULL OR error_message IS NOT NULL THEN error_rank END)
-        AS error_key,
-    max(source) AS source,
-    min(time) AS first_seen,
-    max(time) AS last_seen,
-    count(event_id) AS events  -- less fold_recount's surplus: see @batch
-FROM ranked
-GROUP BY task_id, attempt_no, session;
 
 -- tasks.sql's duration, kept with each row, and its histogram bin: bins are monotonic in
 -- the duration (DuckDB's order: -inf < finite < +inf < NaN), about 0.4% wide, so the
@@ -215,33 +128,6 @@ SELECT dimension, value, bin,
 FROM d
 GROUP BY ALL;
 
--- The same aggregates over partial rows (the fold's own rows and a batch's): a min of
--- mins, a max of maxes, an arg_max over the kept keys, a sum of new-event counts.
-CREATE OR REPLACE TEMP MACRO fold_merge_of(parts) AS TABLE
-SELECT
-    task_id, attempt, session,
-    arg_max(name, name_key) AS name, max(name_key) AS name_key,
-    arg_max(final_state, final_key) AS final_state, max(final_key) AS final_key,
-    min(pending_at) AS pending_at, min(submitted_at) AS submitted_at,
-    min(running_at) AS running_at, min(finished_at) AS finished_at,
-    min(failed_at) AS failed_at,
-    min(inferred_at) AS inferred_at,
-    arg_min(inferred, inferred_key) AS inferred, min(inferred_key) AS inferred_key,
-    arg_max(reported_s, reported_key) AS reported_s, max(reported_key) AS reported_key,
-    max(job_id) AS job_id,
-    arg_max(node_id, node_key) AS node_id, max(node_key) AS node_key,
-    arg_max(host, host_key) AS host, max(host_key) AS host_key,
-    arg_max(worker_id, worker_key) AS worker_id, max(worker_key) AS worker_key,
-    max(pid_attr) AS pid_attr, max(pid_running) AS pid_running, max(pid_any) AS pid_any,
-    max(actor_id) AS actor_id, max(parent_id) AS parent_id, max(trace_id) AS trace_id,
-    max(task_type) AS task_type, max(function) AS function,
-    max(actor_repr) AS actor_repr, max(has_state) AS has_state,
-    arg_max(error, error_key) AS error, max(error_key) AS error_key,
-    max(source) AS source, min(first_seen) AS first_seen, max(last_seen) AS last_seen,
-    CAST(sum(events) AS BIGINT) AS events
-FROM query_table(parts)
-GROUP BY task_id, attempt, session;
-
 -- @ids
 -- Every (event_id, kind) of the batch once, by its 64-bit hash, with its number of copies
 -- in the batch and whether an earlier batch counted it. Copies of an event repeat the
@@ -294,6 +180,40 @@ CREATE OR REPLACE TEMP VIEW fold_batch_partial AS
 SELECT p.* REPLACE (p.events - coalesce(c.surplus, 0) AS events)
 FROM fold_partial_of('fold_rows') AS p
 LEFT JOIN fold_recount AS c USING (task_id, attempt, session);
+
+-- @fragments
+-- A batch of compacted files whose task fragments the agent wrote at its hour merge
+-- (sinks/fragments/): their tasks are the fragments merged (`fold_fragment_parts`, a
+-- view fold.py makes), not a fold of their rows, and their timeline counts come from
+-- the files' kind and time alone (`fold_kinds`). A compacted file holds one row per
+-- event_id, so no hash of each id goes into `seen` for it: that is most of a first
+-- open's time. (An event copied into two node-hours, a producer's resend across an hour
+-- boundary, counts in both: docs/queries.md.)
+CREATE OR REPLACE TEMP TABLE fold_timeline AS
+SELECT n.second, n.kind, n.events + coalesce(t.events, 0) AS events,
+       least(n.first_us, t.first_us) AS first_us, greatest(n.last_us, t.last_us) AS last_us,
+       t.rowid AS r
+FROM (
+    SELECT epoch_us(time) // 1000000 AS second, kind, count(*) AS events,
+           min(epoch_us(time)) AS first_us, max(epoch_us(time)) AS last_us
+    FROM fold_kinds GROUP BY ALL
+) AS n
+LEFT JOIN fold.timeline AS t
+    ON t.second IS NOT DISTINCT FROM n.second AND t.kind IS NOT DISTINCT FROM n.kind;
+DELETE FROM fold.timeline WHERE rowid IN (SELECT r FROM fold_timeline WHERE r IS NOT NULL);
+INSERT INTO fold.timeline SELECT second, kind, events, first_us, last_us FROM fold_timeline;
+-- A Ray attempt's owner and executor halves are in two nodes' fragments: merged here.
+CREATE OR REPLACE TEMP VIEW fold_batch_partial AS
+SELECT * FROM fold_merge_of('fold_fragment_parts');
+
+-- @fragment_hosts
+-- ends.sql's session hosts from the fragments (the rows fold.py reads for facts are the
+-- job, worker, node and agent events alone).
+INSERT INTO fold.ends_session_hosts BY NAME
+SELECT n.* FROM (
+    SELECT DISTINCT session, host FROM fold_fragment_parts WHERE coalesce(host, '') <> ''
+) AS n
+ANTI JOIN fold.ends_session_hosts AS k USING (session, host);
 
 -- @facts
 -- The batch's facts of ends.sql merged into the kept ones: the keys the batch names are
@@ -382,6 +302,8 @@ SELECT dimension, value, bin, tasks, finished, failed, durations FROM fold_bins
 WHERE tasks <> 0;
 
 -- @cleanup
+DROP VIEW IF EXISTS fold_kinds;
+DROP VIEW IF EXISTS fold_fragment_parts;
 DROP VIEW IF EXISTS fold_facts_parts;
 DROP VIEW IF EXISTS fold_agents_parts;
 DROP TABLE IF EXISTS fold_fact_rows;

@@ -75,4 +75,4 @@ class Dialect:
 def dialect(name: str) -> Dialect:
     if name not in DIALECTS:
         raise ValueError(f"unknown SQL dialect {name!r}: choose one of {', '.join(DIALECTS)}")
-    return Dialect(name)  # type: ignore[arg-type]
+    return Dialect(name)
