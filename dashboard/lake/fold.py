@@ -49,10 +49,9 @@ LONG_FOLD_BYTES = 256 * 2**20
 COLUMNS = FOLD_COLUMNS
 # The kinds of event whose rows a fragment-backed batch still reads: ends.sql's facts.
 FACT_KINDS = "'job', 'worker', 'node', 'agent'"
-FRAGMENT_DATASET = "fold_fragments"
 __all__ = ["Cover", "TaskFold", "cache_file", "default_cache_dir", "parse_covers"]
-# (cursor, listing[, dataset name]) -> the SQL relation of the listed files
-SourceFor = Callable[..., str]
+SourceFor = Callable[[duckdb.DuckDBPyConnection, Listing], str]
+FragmentSourceFor = Callable[[duckdb.DuckDBPyConnection, list[FileEntry]], str]
 CoversOf = Callable[[duckdb.DuckDBPyConnection, FileEntry], set[Cover]]
 
 
@@ -139,7 +138,7 @@ class TaskFold:
     # -- folding ---------------------------------------------------------------------
 
     def sync(self, cur: duckdb.DuckDBPyConnection, listing: Listing, source_for: SourceFor,
-             covers_of: CoversOf) -> int:
+             covers_of: CoversOf, fragment_source_for: FragmentSourceFor | None = None) -> int:
         """Fold what `listing` has and the fold lacks; returns the files folded."""
         self._prepare(cur)
         folded = dict(cur.execute("SELECT path, size FROM fold.files").fetchall())
@@ -158,13 +157,13 @@ class TaskFold:
             self._reset(cur)
             _insert(cur, "fold.covers",
                     [(p, n, s) for p in listed if p in known for n, s in known[p]])
-            return self.sync(cur, listing, source_for, covers_of)
+            return self.sync(cur, listing, source_for, covers_of, fragment_source_for)
         covered = coverage(folded, known)
         fresh = [f for f in listing.files if folded.get(f.path) != f.size]
         adopted = {f.path for f in fresh if is_compacted(f) and known.get(f.path)
                    and known[f.path] <= covered.get(parent_and_name(f.path)[0], set())}
         todo = [f for f in fresh if f.path not in adopted]
-        by_fragment = _by_fragment(todo, listing, known, covered)
+        by_fragment = _by_fragment(todo, listing, known, covered) if fragment_source_for else {}
         if self._would_mix(cur, todo, by_fragment):
             log.info("a compacted file of %s must be read whose hour was folded from its "
                      "task fragment: refolding", self.key)
@@ -172,14 +171,15 @@ class TaskFold:
             self._reset(cur)
             _insert(cur, "fold.covers",
                     [(p, n, s) for p in listed if p in known for n, s in known[p]])
-            return self.sync(cur, listing, source_for, covers_of)
+            return self.sync(cur, listing, source_for, covers_of, fragment_source_for)
         self._announce([f for f in todo if f.path not in by_fragment], first=not folded)
         self._forget(cur, gone, listed)
         # Every row of an adopted file is folded already: refolding it would change nothing.
         _insert(cur, "fold.files", [(f.path, f.size) for f in fresh if f.path in adopted])
         for batch in batches([f for f in todo if f.path in by_fragment]):
             self._fold_fragment_batch(cur, Listing(tuple(batch), listing.hive),
-                                      [by_fragment[f.path] for f in batch], source_for)
+                                      [by_fragment[f.path] for f in batch], source_for,
+                                      fragment_source_for)
         for batch in batches([f for f in todo if f.path not in by_fragment]):
             self._fold_batch(cur, Listing(tuple(batch), listing.hive), source_for)
         self.folded_files += len(todo)
@@ -242,7 +242,8 @@ class TaskFold:
         log.debug("folded %d files of %s", len(batch.files), self.key)
 
     def _fold_fragment_batch(self, cur: duckdb.DuckDBPyConnection, batch: Listing,
-                             fragments: list[FileEntry], source_for: SourceFor) -> None:
+                             fragments: list[FileEntry], source_for: SourceFor,
+                             fragment_source_for: FragmentSourceFor | None) -> None:
         """Compacted files whose tasks are their fragments merged (fold.sql @fragments):
         of their rows only kind and time (the timeline) and the facts' few are read."""
         source = source_for(cur, batch)
@@ -252,7 +253,8 @@ class TaskFold:
                     f"FROM {source} WHERE kind IN ({FACT_KINDS})")
         cur.execute(f"CREATE OR REPLACE TEMP VIEW fold_kinds AS SELECT kind, "
                     f"{micros('time')} AS time FROM {source}")
-        parts = source_for(cur, Listing(tuple(fragments), False), FRAGMENT_DATASET)
+        assert fragment_source_for is not None  # by_fragment is empty without it
+        parts = fragment_source_for(cur, fragments)
         cur.execute(f"CREATE OR REPLACE TEMP VIEW fold_fragment_parts AS SELECT * FROM {parts}")
         small = sum(f.size for f in fragments) < SMALL_BATCH_BYTES // 8
         with _threads(cur, 1 if small else 0) as before:

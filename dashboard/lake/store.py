@@ -34,6 +34,7 @@ from sinks.parquet.layout import COMPACTION_META_KEY
 log = logging.getLogger(__name__)
 DATASET_NAME = "evagg_dataset"
 BATCH_DATASET = "evagg_fold_batch"
+FRAGMENT_DATASET = "evagg_fold_fragments"
 FOLD_VIEWS = ("tasks", "event_timeline", "task_state_counts")
 
 
@@ -115,7 +116,8 @@ class Store:
         for attempt in range(2):
             cursor = self._con.cursor()
             try:
-                self.fold.sync(cursor, listing, self._batch_source, self._covers_of)
+                self.fold.sync(cursor, listing, self._batch_source, self._covers_of,
+                               self._fragment_source)
                 return listing
             except duckdb.IOException as exc:
                 if attempt:
@@ -128,9 +130,14 @@ class Store:
                 cursor.close()
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _batch_source(self, cursor: duckdb.DuckDBPyConnection, batch: Listing,
-                      name: str = BATCH_DATASET) -> str:
-        relation = self._source.relation(batch, name)
+    def _batch_source(self, cursor: duckdb.DuckDBPyConnection, batch: Listing) -> str:
+        relation = self._source.relation(batch, BATCH_DATASET)
+        relation.register(cursor)
+        return relation.sql
+
+    def _fragment_source(self, cursor: duckdb.DuckDBPyConnection,
+                         fragments: list[FileEntry]) -> str:
+        relation = self._source.fragment_relation(fragments, FRAGMENT_DATASET)
         relation.register(cursor)
         return relation.sql
 

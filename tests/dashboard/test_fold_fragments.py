@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -22,7 +23,9 @@ from dashboard.lake.store import Store, StoreOptions
 from sinks.parquet.compact import run_compact
 from sinks.parquet.layout import TASKS_ROOT
 from tests.agentproc import REPO
-from tests.dashboard.test_fold import assert_same
+from tests.dashboard.httpfs import needs_httpfs
+from tests.dashboard.test_fold import TASKS_SQL, assert_same
+from tests.sinks.moto_server import MotoS3, aws_env
 from tests.split_task_lake import split_lake_rows, write_lake
 
 
@@ -104,3 +107,32 @@ def test_evagg_query_gives_the_same_tasks_with_and_without_fragments(lake: Path,
     with_fragments = tasks("fragments")
     assert with_fragments == raw
     assert "fn_1" in raw and "FAILED" in raw
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[MotoS3]:
+    server = MotoS3().start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("engine", [pytest.param("httpfs", marks=needs_httpfs), "pyarrow"])
+def test_on_s3_the_fragments_are_read_by_either_engine(
+        engine: str, moto: MotoS3, lake: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in aws_env().items():
+        monkeypatch.setenv(key, value)
+    bucket = moto.create_bucket()
+    compact(lake)
+    client = moto.client()
+    for path in lake.rglob("*"):
+        if path.is_file():
+            client.upload_file(str(path), bucket, f"lake/{path.relative_to(lake).as_posix()}")
+    cached = Store(StoreOptions(f"s3://{bucket}/lake/", endpoint_url=moto.endpoint_url,
+                                region="us-east-1", engine=engine, refresh_s=0.0,
+                                cache_dir=str(tmp_path / "cache")))
+    scratch = Store(StoreOptions(str(lake), refresh_s=0.0, fold=False))
+    assert cached.execute(TASKS_SQL).rows == scratch.execute(TASKS_SQL).rows
+    assert cached.fold is not None and cached.fold.fragment_files == 4
+    cached.close()
+    scratch.close()

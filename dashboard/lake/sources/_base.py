@@ -9,7 +9,7 @@ name. Both yield the event columns plus the Hive partition columns date (DATE), 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +65,11 @@ class Source(ABC):
     @abstractmethod
     def relation(self, listing: Listing, name: str) -> Relation:
         """The rows of the listed files; `name` is what a registered dataset is called."""
+
+    def fragment_relation(self, fragments: Sequence[FileEntry], name: str) -> Relation:
+        """The rows of task fragment files (sinks/fragments/), as they are written."""
+        files = ", ".join(sql_literal(self.path(f)) for f in fragments)
+        return Relation(f"read_parquet([{files}], hive_partitioning = false)")
 
     def path(self, entry: FileEntry) -> str:
         """The path of a listed file in the form this source's reader opens."""

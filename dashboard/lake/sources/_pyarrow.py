@@ -3,6 +3,7 @@ directory when asked for, an s3:// prefix when asked for or when httpfs cannot l
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import duckdb
@@ -56,6 +57,13 @@ class PyarrowSource(Source):
 
     def relation(self, listing: Listing, name: str) -> Relation:
         return registered_relation(listing, name, self._dataset(listing))
+
+    def fragment_relation(self, fragments: Sequence[FileEntry], name: str) -> Relation:
+        import pyarrow.dataset as ds
+
+        dataset = ds.dataset([self.path(f) for f in fragments], format="parquet",
+                             filesystem=self.fs)
+        return Relation(name, {name: dataset})
 
     def kv_metadata(self, cursor: duckdb.DuckDBPyConnection, entry: FileEntry,
                     key: str) -> bytes | None:
