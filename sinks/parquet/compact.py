@@ -78,7 +78,8 @@ class PartitionReport:
             return f"{self.partition}: error: {self.error}"
         merged = f"{len(self.inputs)} files -> {self.output} ({self.rows} rows)" \
             if self.output else "no merge"
-        built = f"; {self.fragments} task fragments built" if self.fragments else ""
+        plural = "s" if self.fragments != 1 else ""
+        built = f"; {self.fragments} task fragment{plural} built" if self.fragments else ""
         return (f"{self.partition}: {merged}; deleted {len(self.deleted)}; "
                 f"young {self.young}{built}")
 
