@@ -41,9 +41,10 @@ def run_deferred(name: str, rest: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="evagg")
     commands = parser.add_subparsers()
     if name == "query":  # each imports only its own layer: a query never loads aiohttp
-        from dashboard.cli.query import add_query_parser
+        from aggregator.cli.query_ddl import add_ddl_parser
+        from dashboard.cli.query import add_query_parser, default_data
 
-        add_query_parser(commands)
+        add_ddl_parser(add_query_parser(commands), default_data)
     else:
         from dashboard.web.server import add_dashboard_parser
 

@@ -1,0 +1,96 @@
+"""The text of `evagg query ddl` for the engines that cannot run here (Trino, Athena), and
+what every dialect must hold: every event column, every fragment column, the fragments'
+location, Trino's functions (element_at, never a map subscript, which fails on a missing
+key; max_by, not DuckDB's arg_max), and the command line's answers to bad input."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sinks.fragments.ddl import fragment_schema, script, statements
+from sinks.schema import EVENT_SCHEMA
+from tests.agentproc import REPO
+
+LAKE = "s3://bucket/evagg/"
+
+
+def table_of(dialect: str, name: str) -> str:
+    found = [s for s in statements(dialect, LAKE)
+             if re.search(rf"(TABLE|VIEW)( IF NOT EXISTS)? \S*\b{name} ", s)]
+    assert len(found) == 1, found
+    return found[0]
+
+
+@pytest.mark.parametrize("dialect", ["spark", "trino", "athena", "duckdb"])
+def test_every_column_and_the_fragments_location(dialect: str) -> None:
+    text = script(dialect, LAKE)
+    if dialect != "duckdb":  # DuckDB reads the files' own schema
+        events = table_of(dialect, "events_raw")
+        for field in EVENT_SCHEMA:
+            assert re.search(rf"[`\"]{field.name}[`\"] ", events), field.name
+        fragments = table_of(dialect, "task_fragments")
+        for name in fragment_schema().names:
+            assert re.search(rf"[`\"]{name}[`\"] ", fragments), name
+    where = {"spark": "s3a://bucket/evagg/_tasks'", "athena": "'s3://bucket/evagg/_tasks/'",
+             "trino": "'s3://bucket/evagg/_tasks'", "duckdb": "'s3://bucket/evagg/_tasks/"}
+    assert where[dialect] in text
+    assert text.count(";\n") == len(statements(dialect, LAKE))
+
+
+@pytest.mark.parametrize("dialect", ["trino", "athena"])
+def test_trino_sql(dialect: str) -> None:
+    text = script(dialect, LAKE)
+    assert "element_at(attrs, 'ray_session')" in text
+    assert not re.search(r"attrs\[", text)  # a subscript fails on a missing key
+    assert "max_by(" in text and "min_by(" in text and "arg_max" not in text
+    assert "unix_micros" not in text and "epoch_us" not in text and "QUALIFY" not in text
+    assert "CAST(ROW(" in text
+    if dialect == "trino":
+        assert "CREATE TABLE IF NOT EXISTS hive.evagg.events_raw (" in text
+        assert "partitioned_by = ARRAY['date', 'hour', 'node']" in text
+        assert "external_location = 's3://bucket/evagg'" in text
+        assert text.count("CALL hive.system.sync_partition_metadata(") == 2
+        assert "CREATE OR REPLACE VIEW hive.evagg.tasks AS" in text
+        assert '"hour" integer' in text and '"time" timestamp' in text
+    else:
+        assert "CREATE EXTERNAL TABLE IF NOT EXISTS evagg.events_raw (" in text
+        assert "PARTITIONED BY (`date` date, `hour` int, `node` string)" in text
+        assert "STORED AS PARQUET\nLOCATION 's3://bucket/evagg/'" in text
+        assert text.count("MSCK REPAIR TABLE evagg.") == 2
+        assert "`metrics` map<string, double>" in text
+        assert "`error` struct<error_type:string,exception_class:string," in text
+        assert "CREATE OR REPLACE VIEW evagg.tasks AS" in text
+
+
+def test_a_lake_without_fragments_gets_an_empty_view(tmp_path: Path) -> None:
+    (tmp_path / "date=2026-01-01").mkdir()
+    text = evagg("query", "ddl", "--dialect", "spark", str(tmp_path)).stdout
+    assert "had no _tasks/" in text and "_tasks'" not in text
+    assert "WHERE 1 = 0" in text
+    (tmp_path / "_tasks" / "date=2026-01-01").mkdir(parents=True)
+    (tmp_path / "_tasks" / "date=2026-01-01" / "compacted-x.pq").write_bytes(b"")
+    text = evagg("query", "--data", str(tmp_path), "ddl", "--dialect", "spark").stdout
+    assert f"file://{tmp_path}/_tasks'" in text
+
+
+def test_bad_input_is_one_line_and_exit_2() -> None:
+    done = evagg("query", "ddl", "--dialect", "trino", "http://example.com/lake", check=False)
+    assert done.returncode == 2
+    assert done.stderr == ("evagg query ddl: 'http://example.com/lake' is neither a directory "
+                           "nor an s3:// prefix\n")
+    done = evagg("query", "ddl", "--dialect", "trino", "--schema", "a-b", LAKE, check=False)
+    assert done.returncode == 2 and "letters, digits and _" in done.stderr
+    done = evagg("query", "ddl", LAKE, check=False)
+    assert done.returncode == 2 and "--dialect" in done.stderr
+
+
+def evagg(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([sys.executable, "-m", "aggregator", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 or not check, done.stderr
+    return done
