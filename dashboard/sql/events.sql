@@ -3,11 +3,12 @@
 -- node added), or a pyarrow dataset registered in DuckDB. Aggregates that ignore
 -- duplicates (min, max, arg_max, bool_or, count(DISTINCT ...)) should read this view:
 -- deduplication is the most expensive step of most queries.
--- `time` and `received` are Parquet TIMESTAMP(NANOS, UTC): DuckDB 1.x reads them as
--- TIMESTAMPTZ (microseconds, cut down), DuckDB 2 as TIMESTAMPTZ_NS, which epoch_us and
--- most timestamp functions do not take. Every view works in microseconds, so
+-- `time` and `received` are Parquet TIMESTAMP(MICROS, UTC) in the files evagg writes;
+-- older lakes' files hold TIMESTAMP(NANOS, UTC), which DuckDB 1.x reads as TIMESTAMPTZ
+-- (microseconds, cut down) and DuckDB 2 as TIMESTAMPTZ_NS, which epoch_us and most
+-- timestamp functions do not take. Every view works in microseconds, so
 -- dashboard/lake/views.py fills {{time_us}} and {{received_us}} with each column cut down
--- to microseconds as 1.x does (nothing to do on 1.x).
+-- to microseconds as 1.x does (nothing to do on 1.x): a lake of both reads the same.
 CREATE OR REPLACE VIEW events_raw AS
 SELECT * REPLACE ({{time_us}} AS time, {{received_us}} AS received)
 FROM {{source}};
