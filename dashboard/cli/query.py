@@ -92,8 +92,9 @@ def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
                                   description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     _store_flags(query, top=True)
-    query.set_defaults(command=run_query, query_command=None)
     sub = query.add_subparsers(title="queries", metavar="QUERY")
+    # the choices as they are when a command line is read: queries added later (ddl) too
+    query.set_defaults(command=run_query, query_command=None, query_choices=sub.choices)
 
     def add(name: str, help_text: str, func: Callable[[Store, argparse.Namespace], Result]
             ) -> argparse.ArgumentParser:
@@ -160,8 +161,8 @@ def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
 def run_query(args: argparse.Namespace) -> int:
     func = getattr(args, "query_command", None)
     if func is None:
-        print("evagg query: choose a query: summary, tasks, steps, runs, agents, ledger, "
-              "search, timeline, logs, artifacts, artifact, sql", file=sys.stderr)
+        choices = ", ".join(getattr(args, "query_choices", None) or ())
+        print(f"evagg query: choose a query: {choices}", file=sys.stderr)
         return 2
     try:
         if func is _tasks:
