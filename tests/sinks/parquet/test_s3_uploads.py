@@ -84,8 +84,11 @@ def test_compact_writes_its_merged_files_as_asked(
                           capture_output=True, text=True, timeout=120, env=environment)
     assert done.returncode == 0, done.stdout + done.stderr
     merged = [k for k in moto.keys(bucket) if "/compacted-" in k]
-    assert len(merged) == 1 and encryption_of(moto, bucket, merged[0]) == ("aws:kms", KMS_KEY)
-    assert storage_of(moto, bucket, merged[0]) == "STANDARD_IA"
+    # the merged file and its task fragment (lake/_tasks/...), both uploaded as asked
+    assert len(merged) == 2 and sum(k.startswith("lake/_tasks/") for k in merged) == 1
+    for key in merged:
+        assert encryption_of(moto, bucket, key) == ("aws:kms", KMS_KEY)
+        assert storage_of(moto, bucket, key) == "STANDARD_IA"
 
 
 @pytest.mark.parametrize(("options", "message"), [
