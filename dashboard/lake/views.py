@@ -14,6 +14,7 @@ from importlib import resources
 import duckdb
 
 from dashboard.lake.errors import StoreUnavailable
+from sinks.fragments.build import duckdb_micros
 
 ORDER = (
     "events.sql",
@@ -32,12 +33,10 @@ NANOS_TYPES = int(duckdb.__version__.split(".")[0]) >= 2
 
 
 def micros(column: str) -> str:
-    """SQL for a timestamp column as TIMESTAMPTZ in microseconds, cut down (not rounded,
-    as DuckDB 2's cast does) so that DuckDB 1.x and 2 give the same times. On 1.x the
-    column is that already, and left bare so that filters on it reach the Parquet scan."""
-    if not NANOS_TYPES:
-        return column
-    return f"CAST(date_trunc('microsecond', {column}) AS TIMESTAMPTZ)"
+    """SQL for a timestamp column as TIMESTAMPTZ in microseconds, cut down, so that DuckDB
+    1.x and 2 give the same times (sinks/fragments/build.py owns the expression). On 1.x
+    the column is that already, and left bare so that filters on it reach the scan."""
+    return duckdb_micros(column, NANOS_TYPES)
 
 
 def fill_marks(text: str, source_sql: str) -> str:
