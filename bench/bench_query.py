@@ -17,6 +17,15 @@ Each layout is measured twice side by side: "scratch" runs tasks.sql over every 
 command is timed in new processes, and once more after a new file arrived (the fold
 reads that file and recomputes the summary). --reuse DIR measures a store generated
 before with --keep DIR (its day/ and small/ folders) instead of generating one.
+
+Task fragments, side by side in the same run: the first open of the day (a new fold
+cache: listing, fold, the first summary, in process and as a whole `evagg query summary`
+command) over its raw files, against a copy of it that `run_compact` merged as the
+agent's hour merge leaves a lake (one compacted file and one task fragment under
+`_tasks/` per node-hour), and that copy with its fragments removed (the fold reads the
+compacted files). The answers must be identical: the summary rows, `count(*)` and
+`sum(duration_s)` of `tasks`, and its counts per (name, final_state). Target: the first
+open with fragments at most 2 s for 10M events. --fragments-only measures this alone.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from aggregator.memory import keep_pandas_out
 from dashboard.lake import views
 from dashboard.lake.store import Store, StoreOptions
 from dashboard.questions import queries
+from sinks.parquet.layout import FRAGMENT_SUFFIX, TASKS_ROOT
 from sinks.schema import EVENT_SCHEMA
 
 LATE_PARTITION = "date=2025-03-02/hour=00/node=node-0"
@@ -346,6 +356,96 @@ def compact(root: Path) -> str:
     return "DuckDB COPY per partition (evagg compact not found)"
 
 
+FRAGMENT_ANSWERS = {
+    "tasks: count, sum(duration_s)": "SELECT count(*), sum(duration_s) FROM tasks",
+    "tasks by (name, final_state)":
+        "SELECT name, final_state, count(*) FROM tasks GROUP BY ALL ORDER BY ALL",
+}
+
+
+def rounded(rows: list[Any]) -> list[Any]:
+    """Rows with floats to 9 significant digits (sums over other orders of rows)."""
+    return [[float(f"{v:.9g}") if isinstance(v, float) else v for v in row] for row in rows]
+
+
+def cli_first_open(root: Path, cache: Path) -> float:
+    """One whole `evagg query summary` command on a new cache: the first open."""
+    shutil.rmtree(cache, ignore_errors=True)
+    return cli_summary(root, cache, 1)[0]
+
+
+def first_open(root: Path, label: str, cache: Path) -> dict[str, Any]:
+    """The fold's first open of `root` (a new cache): listing and fold, then the summary."""
+    shutil.rmtree(cache, ignore_errors=True)
+    store = Store(StoreOptions(str(root), refresh_s=3600, cache_dir=str(cache)))
+    open_s = timed(lambda: store.refresh(views=False))
+    summary: list[Any] = []
+    summary_s = timed(lambda: summary.extend(queries.summary(store).rows))
+    answers = {"summary": rounded(summary)}
+    answers.update({name: rounded(store.execute(sql, views=False).rows)
+                    for name, sql in FRAGMENT_ANSWERS.items()})
+    fold = store.fold.describe() if store.fold else {}
+    files = store.describe()["files"]
+    store.close()
+    command = cli_first_open(root, cache)
+    return {"layout": label, "files": files, "first open: list+fold": open_s,
+            "first open: summary": summary_s, "first open: total": open_s + summary_s,
+            "first open: whole command": command,
+            "fold": "/".join(str(fold.get(k, "-")) for k in
+                             ("folded_files", "adopted_files", "fragment_files")),
+            "answers": answers}
+
+
+def fragments_side_by_side(day: Path, merged: Path, cache: Path) -> list[dict[str, Any]]:
+    """The day over its raw files against a merged copy with fragments and without."""
+    rows = [first_open(day, "raw files (today)", cache / "raw")]
+    if not (merged / TASKS_ROOT).is_dir():
+        shutil.rmtree(merged, ignore_errors=True)
+        shutil.copytree(day, merged)
+        started = time.perf_counter()
+        report = compact_with_fragments(merged)
+        print(f"hour merges over the day's copy: {report} in "
+              f"{time.perf_counter() - started:.1f} s")
+    rows.append(first_open(merged, "merged + fragments", cache / "fragments"))
+    hidden = merged.parent / f"{merged.name}-tasks-aside"
+    (merged / TASKS_ROOT).rename(hidden)
+    try:
+        rows.append(first_open(merged, "merged, no fragments", cache / "merged"))
+    finally:
+        hidden.rename(merged / TASKS_ROOT)
+    return rows
+
+
+def compact_with_fragments(root: Path) -> str:
+    from sinks.parquet.compact import run_compact
+
+    report = run_compact(str(root), grace_s=0.0)
+    fragments = sum(1 for _ in (root / TASKS_ROOT).rglob(f"*{FRAGMENT_SUFFIX}"))
+    if report.errors:
+        raise SystemExit(f"the merges failed: {report.errors[0]}")
+    return (f"{report.merged_files} files into {report.written_files} compacted files and "
+            f"{fragments} task fragments")
+
+
+def print_fragments(rows: list[dict[str, Any]]) -> None:
+    print("first open, task fragments side by side (fold: read/adopted/from fragments):")
+    print_rows([{k: v for k, v in r.items() if k != "answers"} for r in rows])
+    raw, fragments, merged = (r["first open: total"] for r in rows)
+    command = [r["first open: whole command"] for r in rows]
+    print(f"raw / fragments: {raw / fragments:.1f}x in process, "
+          f"{command[0] / command[1]:.1f}x as a command; merged without fragments / with: "
+          f"{merged / fragments:.1f}x, {command[2] / command[1]:.1f}x")
+    for name in rows[0]["answers"]:
+        same = all(r["answers"][name] == rows[0]["answers"][name] for r in rows[1:])
+        print(f"answers identical, {name}: {same}")
+        if not same:
+            for r in rows:
+                print(f"  {r['layout']}: {r['answers'][name][:4]}")
+    print(f"target: first open with fragments at most 2 s: {fragments:.2f} s in process, "
+          f"{command[1]:.2f} s as a command (load average {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} CPUs)")
+
+
 def print_rows(rows: list[dict[str, Any]]) -> None:
     keys = list(dict.fromkeys(k for r in rows for k in r))
     width = max(len(k) for k in keys)
@@ -366,6 +466,8 @@ def main() -> int:
     parser.add_argument("--reuse", type=Path, help="measure a store kept with --keep DIR")
     parser.add_argument("--no-scratch", action="store_true",
                         help="skip the slow from-scratch (fold=False) measurements")
+    parser.add_argument("--fragments-only", action="store_true",
+                        help="only the first open with task fragments against without")
     args = parser.parse_args()
     base_dir = args.reuse or args.keep or Path(tempfile.mkdtemp(prefix="evagg-bench-query-"))
     cache = Path(tempfile.mkdtemp(prefix="evagg-bench-cache-"))
@@ -377,7 +479,12 @@ def main() -> int:
             events = generate(big, args.events, 1)
             print(f"generated {events:,} rows (0.5% duplicates) in "
                   f"{time.perf_counter() - started:.1f} s")
-            generate(small, args.events, per_partition)
+            if not args.fragments_only:
+                generate(small, args.events, per_partition)
+        fragment_rows = fragments_side_by_side(big, base_dir / "day-merged", cache / "first")
+        if args.fragments_only:
+            print_fragments(fragment_rows)
+            return 0
         rows = []
         for root, label in ((big, "24 h x 8 nodes"), (small, "small files")):
             if not args.no_scratch:
@@ -389,6 +496,7 @@ def main() -> int:
         rows.append(measure_fold(small, "after compaction", cache / small.name))
         print(f"compaction: {how}")
         print_rows(rows)
+        print_fragments(fragment_rows)
         print(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         fold = next(r for r in rows if r["layout"].startswith("24 h") and "fold" in r["layout"])
         summary, overview = fold["summary warm"], fold["overview computed"]
