@@ -76,6 +76,10 @@ class TrainingTracker:
         self._open: dict[str, Mark] = {}
         self._optimizer_done = False
         self._handles: list[Any] = []
+        # Bound once: a hook per forward makes no method object per call.
+        self._on_backward = self._backward_start
+        self._on_backward_end = self._backward_end
+        self._engine: Any = torch.autograd.Variable._execution_engine
         self._guard(self._install, model, optimizer)
 
     @property
@@ -141,34 +145,63 @@ class TrainingTracker:
 
     # ---- hooks (each guarded: never raise into the loop) ----------------------------
 
+    # The hooks run on every forward, backward and optimizer step: each guards its own
+    # body (a try costs nothing until it catches) rather than call through _guard.
+
     def _forward_pre(self, module: Any, args: Any) -> None:
-        self._guard(self._boundary)
-        self._guard(self._begin, "forward")
+        if self._optimizer_done:
+            self._guard(self._close_step)
+        try:
+            self._begin("forward")
+        except Exception as exc:
+            self._count(exc)
 
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
-        self._guard(self._after_forward, output)
+        try:
+            self._after_forward(output)
+        except Exception as exc:
+            self._count(exc)
 
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._guard(self._begin, "optimizer_step")
+        try:
+            self._begin("optimizer_step")
+        except Exception as exc:
+            self._count(exc)
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._guard(self._finish, "optimizer_step")
+        try:
+            self._finish("optimizer_step")
+        except Exception as exc:
+            self._count(exc)
         self._optimizer_done = True
 
     def _after_forward(self, output: Any) -> None:
         self._finish("forward")
         tensor = _first_grad_tensor(output)
-        if tensor is not None:
-            tensor.register_hook(self._backward_start)
+        if tensor is None:
+            return
+        # Backward starts when the gradient reaches the output: a pre-hook on the node
+        # that made it (half the cost of a tensor hook, which torch runs at the same
+        # moment); a leaf output has no node, and takes the tensor hook.
+        node = tensor.grad_fn
+        if node is not None:
+            node.register_prehook(self._on_backward)
+        else:
+            tensor.register_hook(self._on_backward)
 
-    def _backward_start(self, grad: Any) -> None:
+    def _backward_start(self, grad: Any) -> None:  # grad: the output's (or the node's)
         if "backward" not in self._open:
-            self._guard(self._begin, "backward")
-            engine = self._torch.autograd.Variable._execution_engine
-            self._guard(engine.queue_callback, self._backward_end)
+            try:
+                self._begin("backward")
+                self._engine.queue_callback(self._on_backward_end)
+            except Exception as exc:
+                self._count(exc)
 
     def _backward_end(self) -> None:
-        self._guard(self._finish, "backward")
+        try:
+            self._finish("backward")
+        except Exception as exc:
+            self._count(exc)
 
     # ---- bookkeeping ------------------------------------------------------------
 
@@ -176,10 +209,13 @@ class TrainingTracker:
         try:
             fn(*args)
         except Exception as exc:
-            reason = type(exc).__name__
-            if not self.errors[reason]:
-                log.warning("evagg torch instrumentation error: %r (counted)", exc)
-            self.errors[reason] += 1
+            self._count(exc)
+
+    def _count(self, exc: Exception) -> None:
+        reason = type(exc).__name__
+        if not self.errors[reason]:
+            log.warning("evagg torch instrumentation error: %r (counted)", exc)
+        self.errors[reason] += 1
 
     def _mark(self) -> Mark:
         if not self._cuda:

@@ -40,6 +40,46 @@ class Step:
 
 def step_events(done: Step, name: str, ids: dict[str, str]) -> list[dict[str, Any]]:
     """The step's events, built as emit() would build them (typed, an id each)."""
+    if done.error or done.trace or done.deferred or done.peak_memory_bytes is not None:
+        return _step_events(done, name, ids)
+    events: list[dict[str, Any]] = []
+    times: list[int] = []
+    phases = done.phases
+    for phase in PHASES:
+        spans = phases.get(phase)
+        if not spans:
+            continue
+        (start, start_event), (end, end_event) = spans[0]
+        if len(spans) == 1 and start_event is None and end_event is None:  # one CPU call
+            event = {"kind": "op", "source": "torch", "name": phase, "state": "FINISHED",
+                     "time": start, "step": done.step, "duration_s": (end - start) / 1e9, **ids}
+        else:
+            event = _phase_event(done, phase, spans, ids)
+        events.append(event)
+        times.append(start)
+    metrics = done.metrics.copy()
+    metrics["data_wait_s"] = done.data_wait_s
+    end_ns = (done.end or done.start)[0]
+    step_event: dict[str, Any] = {
+        "kind": "op", "source": "torch", "name": name, "state": "FINISHED",
+        "time": done.start[0], "step": done.step,
+        "duration_s": (end_ns - done.start[0]) / 1e9, **ids}
+    if all(map(math.isfinite, metrics.values())):
+        step_event["metrics"] = metrics
+    else:
+        finite, nonfinite = _split_finite(metrics)
+        if finite:
+            step_event["metrics"] = finite
+        step_event["nonfinite"] = nonfinite
+    events.append(step_event)
+    times.append(done.start[0])
+    for event, event_id in zip(events, event_ids(times), strict=True):
+        event["event_id"] = event_id
+    return events
+
+
+def _step_events(done: Step, name: str, ids: dict[str, str]) -> list[dict[str, Any]]:
+    """step_events for any step: failed, in a trace, or timed on CUDA."""
     events = [_phase_event(done, phase, spans, ids) for phase in PHASES
               if (spans := done.phases.get(phase))]
     events.append(_step_event(done, name, ids))
