@@ -1,6 +1,7 @@
 """Training steps/s with and without TrainingTracker, small CPU model, interleaved runs.
 
     python bench/bench_torch_overhead.py [--rounds 10] [--steps 200] [--threads 1]
+    python bench/bench_torch_overhead.py --compare REV [--rounds 10] [--steps 300]
 
 The model is an MLP 256-1024-1024-10 (1.3M parameters), batch 64, Adam, batches made in
 advance. Each round runs the plain loop and the instrumented one (tracker.wrap, forward,
@@ -13,12 +14,20 @@ sends: an acking peer that speaks emitters.wire runs in a subprocess. Intra-op t
 default to 1 because the box is shared; pass --threads 0 for torch's default. Printed:
 steps/s by the wall clock, and this process's CPU per step (all threads, the emitter's
 sender included), which other load on a shared machine disturbs less than wall time.
+
+--compare REV: the tracker of git revision REV (emitters/torch.py and torch_steps.py as
+committed there, loaded beside the working tree's) and this one, side by side in one
+process on the tiny model: plain, REV's tracker and this tracker in rotating order each
+round, so that the load of the moment hits all three alike. Printed: each tracker's CPU
+per step over plain (median of rounds, and the spread), and the ratio of the two.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -55,13 +64,15 @@ def loop(torch: Any, model: Any, optimizer: Any, batches: Iterable[Any], tracker
             tracker.metric(loss=loss)
 
 
-def one_run(torch: Any, steps: int, emitter: Any | None, tiny: bool) -> tuple[float, float]:
+def one_run(torch: Any, steps: int, emitter: Any | None, tiny: bool,
+            tracker_class: Any = None) -> tuple[float, float]:
     """(steps/s by the wall clock, CPU ms per step)."""
     from emitters.torch import TrainingTracker
 
     model, optimizer, data = make(torch, tiny)
     batches = [data[i % len(data)] for i in range(steps)]
-    tracker = TrainingTracker(model, optimizer, run_id="bench", emitter=emitter) \
+    tracker = (tracker_class or TrainingTracker)(model, optimizer, run_id="bench",
+                                                 emitter=emitter) \
         if emitter is not None else None
     started, cpu = time.perf_counter(), time.process_time()
     loop(torch, model, optimizer, tracker.wrap(batches) if tracker else batches, tracker)
@@ -78,6 +89,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--compare", metavar="REV",
+                        help="the tracker at git revision REV against this one, side by side")
     args = parser.parse_args()
 
     import torch
@@ -91,6 +104,10 @@ def main() -> None:
     peer = start_ack_peer(path)
     try:
         emitter = Emitter(socket=str(path))
+        if args.compare:
+            compare(torch, emitter, args.compare, args.rounds, args.steps * 10)
+            emitter.close(5)
+            return
         print(f"{args.rounds} interleaved rounds, {torch.get_num_threads()} intra-op thread(s); "
               "medians of rounds")
         tiny = ab(torch, emitter, args.rounds, args.steps * 10, tiny=True)
@@ -119,6 +136,51 @@ def ab(torch: Any, emitter: Any, rounds: int, steps: int,
         for samples, peer_emitter in order if r % 2 == 0 else order[::-1]:
             samples.append(one_run(torch, steps, peer_emitter, tiny))
     return plain, tracked
+
+
+def tracker_at(rev: str) -> Any:
+    """TrainingTracker as committed at `rev`, its torch_steps beside it (not the tree's)."""
+    def source(path: str) -> str:
+        return subprocess.run(["git", "show", f"{rev}:{path}"], cwd=REPO, check=True,
+                              capture_output=True, text=True).stdout
+
+    steps_name, torch_name = "_bench_old_torch_steps", "_bench_old_torch"
+    for name, text in ((steps_name, source("emitters/torch_steps.py")),
+                       (torch_name, source("emitters/torch.py").replace(
+                           "emitters.torch_steps", steps_name))):
+        spec = importlib.util.spec_from_loader(name, loader=None)
+        assert spec is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while being made
+        exec(compile(text, f"{rev}:{name}", "exec"), module.__dict__)
+    return sys.modules[torch_name].TrainingTracker
+
+
+def compare(torch: Any, emitter: Any, rev: str, rounds: int, steps: int) -> None:
+    from emitters.torch import TrainingTracker
+
+    old = tracker_at(rev)
+    runs = {"plain": None, rev: old, "this tree": TrainingTracker}
+    for tracker_class in runs.values():  # warm up all three
+        one_run(torch, 50, emitter if tracker_class else None, True, tracker_class)
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
+    names = list(runs)
+    for r in range(rounds):
+        for name in names[r % 3:] + names[:r % 3]:
+            tracker_class = runs[name]
+            cpu[name].append(one_run(torch, steps, emitter if tracker_class else None, True,
+                                     tracker_class)[1] * 1e3)
+    print(f"tiny model x {steps} steps, {rounds} rounds in rotating order, "
+          f"{torch.get_num_threads()} intra-op thread(s); CPU us per step, all threads")
+    plain = cpu["plain"]
+    print(f"plain: median {statistics.median(plain):.1f} (range {min(plain):.1f}-{max(plain):.1f})")
+    costs = {}
+    for name in names[1:]:
+        over = [t - p for t, p in zip(cpu[name], plain, strict=True)]
+        costs[name] = statistics.median(over)
+        print(f"tracker {name}: +{costs[name]:.1f} us per step over plain, median of rounds "
+              f"(range {min(over):.1f} to {max(over):.1f})")
+    print(f"this tree / {rev}: {costs['this tree'] / costs[rev]:.2f}")
 
 
 def report(name: str, steps: int, plain: list[tuple[float, float]],
