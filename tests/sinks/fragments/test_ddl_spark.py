@@ -24,6 +24,7 @@ from tests.sinks.fragments.ddl_lake import (
     assert_same,
     compact_owner,
     ddl,
+    evagg,
     evagg_answers,
     evagg_json,
     normal,
@@ -104,3 +105,34 @@ def test_fragments_for_one_node_raw_files_for_the_other(spark: Any, lake: Path) 
     assert nodes == {"node-owner"}
     split = spark.sql("SELECT final_state, duration_s FROM tasks WHERE task_id = 'split0'")
     assert [tuple(r) for r in split.collect()] == [("FINISHED", 2.0)]
+
+
+def test_an_older_nanosecond_lake_reads_in_spark_after_evagg_compact(
+        spark: Any, tmp_path: Path) -> None:
+    """A lake evagg wrote before microseconds: Spark refuses it, `evagg compact
+    --rewrite-types` converts it, then the printed statements read it, times floored."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sinks.schema import EVENT_SCHEMA
+
+    lake = tmp_path / "old"
+    base = 1_767_322_800_000_000_000  # 2026-01-02 03:00 UTC
+    nanos = [base + i * 1_000_001_789 for i in range(6)]
+    rows = [{"event_id": f"old{i}", "kind": "task", "task_id": f"t{i // 2}",
+             "state": "RUNNING" if i % 2 == 0 else "FINISHED", "name": "old_fn",
+             "time": nanos[i], "received": nanos[i]} for i in range(6)]
+    table = pa.Table.from_pylist(rows, schema=EVENT_SCHEMA)  # nanoseconds, as before
+    path = lake / "date=2026-01-02" / "hour=03" / "node=n1" / "part-old-0.parquet"
+    path.parent.mkdir(parents=True)
+    pq.write_table(table, path)
+    with pytest.raises(Exception, match="NANOS"):
+        spark.read.parquet(str(lake)).collect()
+    evagg("compact", "--rewrite-types", "--grace", "0", str(lake))
+    for statement in ddl("spark", lake):
+        spark.sql(statement)
+    got = {r.event_id: r.us for r in spark.sql(
+        "SELECT event_id, unix_micros(time) AS us FROM events").collect()}
+    assert got == {f"old{i}": nanos[i] // 1000 for i in range(6)}
+    tasks = spark.sql("SELECT name, final_state, count(*) AS n FROM tasks GROUP BY ALL")
+    assert [tuple(r) for r in tasks.collect()] == [("old_fn", "FINISHED", 3)]
