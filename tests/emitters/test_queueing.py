@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -226,4 +225,4 @@ def test_ledger_refuses_a_naive_time_and_a_bad_limit() -> None:
 
 
 def test_ledger_sql_is_a_view_file_of_the_dashboard() -> None:
-    assert (Path(ledger.__file__).parent / "sql" / "ledger.sql").read_text() == ledger.view_sql()
+    assert (REPO / "dashboard" / "sql" / "ledger.sql").read_text() == ledger.view_sql()
