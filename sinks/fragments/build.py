@@ -69,8 +69,11 @@ def _write(con: duckdb.DuckDBPyConnection, events_file: Path, fragment: Path,
     con.execute(f"CREATE TEMP VIEW fragment_rows AS SELECT "
                 f"{fold_projection(present, nanos_types)} FROM {source}")
     meta = _literal(events_name)
-    con.execute(f"COPY ({partial_select(_DUCKDB, 'fragment_rows')} ORDER BY task_id, attempt) "
+    # No ORDER BY (a fifth of the time, and a merge needs no order); zstd's fastest
+    # level: the fragment is read once per reader's first open.
+    con.execute(f"COPY ({partial_select(_DUCKDB, 'fragment_rows')}) "
                 f"TO {_literal(str(fragment))} (FORMAT parquet, COMPRESSION zstd, "
+                f"COMPRESSION_LEVEL 1, "
                 f"KV_METADATA {{'{FRAGMENT_META_KEY}': {meta}}})")
     found = con.execute(f"SELECT count(*) FROM read_parquet({_literal(str(fragment))})"
                         ).fetchone()
