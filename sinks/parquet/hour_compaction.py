@@ -130,6 +130,11 @@ class HourCompaction:
             self.merged_files += report.merged_files
             if report.errors:
                 self._failed("partition", "; ".join(report.errors), partition)
+            elif any(p.young for p in report.partitions):
+                # files younger than the grace (a replayed backlog written into this old
+                # hour just now) wait for a later merge of the hour, not for a restart
+                with self._lock:
+                    self._due_at.setdefault(partition, self._clock() + self.after_s)
         except Exception as exc:  # a background worker: count, log once, try again later
             self._failed(type(exc).__name__.lower()[:40], repr(exc), partition)
 

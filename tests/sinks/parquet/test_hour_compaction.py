@@ -96,6 +96,26 @@ def test_an_hour_is_merged_only_once_it_has_been_closed_for_the_grace(tmp_path: 
     assert compaction.wait_idle(5.0) and compaction.runs == 1
 
 
+def test_files_too_young_to_merge_are_merged_at_a_later_run_of_their_hour(
+        tmp_path: Path) -> None:
+    """A backlog replayed into a closed hour after a restart writes files the grace keeps
+    out of the merge: the hour is due again, not forgotten until the next start."""
+    now = [time.time()]
+    compaction = HourCompaction(str(tmp_path), "node-a", s3=S3Options(), after_s=60.0,
+                                clock=lambda: now[0])
+    fill_two_hours(LocalStore(tmp_path), compaction)  # hours 10 and 11, long closed
+    merge_everything_due(compaction)  # every file was written just now: all too young
+    assert compaction.merged_files == 0
+    assert "date=2024-05-01/hour=10" in compaction._due_at
+    old = time.time() - 3600
+    for path in tmp_path.rglob("part-*.parquet"):
+        os.utime(path, (old, old))
+    now[0] += 61
+    merge_everything_due(compaction)
+    assert compaction.merged_files == 2 * FILES_PER_HOUR
+    assert len(list(tmp_path.glob("date=*/hour=1[01]/node=node-a/compacted-*.parquet"))) == 2
+
+
 def test_the_last_hour_of_a_sink_gone_quiet_is_merged_too() -> None:
     now = [T10 / 1e9 + 3600 + 700]  # hour 10 closed 700 s ago
     compaction = HourCompaction("/nonexistent/lake", "node-a", s3=S3Options(), after_s=600.0,
