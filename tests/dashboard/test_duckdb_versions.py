@@ -99,3 +99,30 @@ def test_query_answers_match_under_the_other_duckdb(
     tasks = {row["task_id"]: row for row in answers["tasks"]}
     assert tasks["ns1"]["duration_s"] == 2e-06  # 400 ns and 2,600 ns cut down, not rounded
     assert [row["duration_s"] for row in tasks.values() if row["name"] == "lone"] == [0.8]
+
+
+def test_fragments_and_ddl_under_the_other_duckdb(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The other DuckDB builds the task fragments (`evagg compact`), `evagg query` folds
+    them to the same tasks as this one, and `evagg query ddl` prints under both (the base
+    install, without `[s3]`, gets DuckDB 2)."""
+    other = other_duckdb(tmp_path_factory)
+    lake = tmp_path / "lake"
+    write_sample_store(local_put(lake))
+    env = {**os.environ, "PYTHONPATH": f"{other}{os.pathsep}{REPO}"}
+    done = subprocess.run([sys.executable, "-m", "aggregator", "compact", str(lake),
+                           "--grace", "0"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert any((lake / "_tasks").rglob("*.pq")), done.stdout
+    query = ("tasks", "--sort", "task_id", "--asc", "--limit", "1000")
+    _, mine = run(lake, tmp_path / "cache-this", str(REPO), *query)
+    _, theirs = run(lake, tmp_path / "cache-other", f"{other}{os.pathsep}{REPO}", *query)
+    assert same(mine, theirs)
+    for pythonpath in (str(REPO), f"{other}{os.pathsep}{REPO}"):
+        printed = subprocess.run(
+            [sys.executable, "-m", "aggregator", "query", "ddl", "--dialect", "duckdb",
+             str(lake)], cwd=REPO, env={**os.environ, "PYTHONPATH": pythonpath},
+            capture_output=True, text=True, timeout=120)
+        assert printed.returncode == 0, printed.stderr
+        assert "CREATE OR REPLACE VIEW tasks" in printed.stdout
