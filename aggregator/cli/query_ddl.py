@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from sinks.fragments.dialects import DIALECTS
@@ -53,6 +54,14 @@ def run_ddl(args: argparse.Namespace) -> int:
     try:
         lake = Lake.parse(location)
         check_names(args.schema, args.catalog)
+        if not lake.url.startswith("s3://") and not Path(lake.url).is_dir():
+            print(f"evagg query ddl: data directory {location} does not exist (give the "
+                  f"lake's directory or s3:// prefix)", file=sys.stderr)
+            return 1
+        if args.dialect in ("trino", "athena") and not lake.url.startswith("s3://"):
+            print(f"evagg query ddl: {args.dialect} reads tables on S3 (or HDFS): the "
+                  f"statements name the local path {lake.url}; give the s3:// prefix the "
+                  f"lake is copied to", file=sys.stderr)
         fragments = lake_has_fragments(lake)
         if fragments is None:
             fragments = _s3_has_fragments(lake.url, getattr(args, "endpoint_url", None),

@@ -55,10 +55,18 @@ def run_deferred(name: str, rest: list[str]) -> int:
 
 
 def _add_compact(commands: Parsers) -> None:
-    compact = commands.add_parser("compact", help="merge a partition's small Parquet files")
+    compact = commands.add_parser(
+        "compact", help="merge a partition's small Parquet files",
+        description="Merge each date=/hour=/node= partition's Parquet files into one file "
+                    "(one row per event_id) and write its task fragment under _tasks/, as "
+                    "the agent's hour merge does; build the fragment of a merged file that "
+                    "lacks one.")
     compact.add_argument("target", help="local directory or s3://bucket/prefix/")
     compact.add_argument("--partition", help="only this partition, e.g. date=2026-11-29/hour=13")
-    compact.add_argument("--min-files", type=int, default=2)
+    compact.add_argument("--min-files", type=_at_least_two, default=2,
+                         help="merge a partition only when it has at least this many files "
+                              "older than --grace (default 2; a partition of one file is "
+                              "left as it is)")
     compact.add_argument("--endpoint-url", help="S3-compatible endpoint")
     compact.add_argument("--grace", type=float, default=600.0,
                          help="leave files younger than this many seconds alone")
@@ -77,6 +85,16 @@ def _add_compact(commands: Parsers) -> None:
              "lists the partitions it would rewrite")
     compact.add_argument("--dry-run", action="store_true")
     compact.set_defaults(command=_compact)
+
+
+def _at_least_two(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 2:
+        raise argparse.ArgumentTypeError("at least 2: merging one file changes nothing")
+    return value
 
 
 def _compact(args: argparse.Namespace) -> int:

@@ -71,13 +71,14 @@ class PartitionReport:
     deleted: list[str] = field(default_factory=list)  # merged inputs and covered leftovers
     young: int = 0  # files left alone for the grace period
     fragments: int = 0  # task fragments built for compacted files that lacked one
+    too_few: bool = False  # files to merge, but fewer than min_files
     error: str | None = None
 
     def __str__(self) -> str:
         if self.error:
             return f"{self.partition}: error: {self.error}"
-        merged = f"{len(self.inputs)} files -> {self.output} ({self.rows} rows)" \
-            if self.output else "no merge"
+        merged = (f"{len(self.inputs)} files -> {self.output} ({self.rows} rows, and its "
+                  f"task fragment)") if self.output else "no merge"
         plural = "s" if self.fragments != 1 else ""
         built = f"; {self.fragments} task fragment{plural} built" if self.fragments else ""
         return (f"{self.partition}: {merged}; deleted {len(self.deleted)}; "
@@ -111,6 +112,10 @@ class CompactReport:
         lines = [f"{self.target}: {len(self.partitions)} partitions; {verb} {self.merged_files} "
                  f"files into {self.written_files}; deleted {self.deleted_files}; "
                  f"{len(self.errors)} errors"]
+        few = sum(p.too_few for p in self.partitions)
+        if few:
+            lines[0] += (f"; {few} partitions with too few files to merge (--min-files) "
+                         f"left as they are")
         lines += [f"  {p}" for p in self.partitions
                   if p.output or p.deleted or p.error or p.fragments]
         return "\n".join(lines)
@@ -175,6 +180,8 @@ def _compact_partition(store: Target, entries: list[FileEntry], result: Partitio
     eligible = sorted((e for e in live if e.modified <= deadline),
                       key=lambda e: (not is_compacted_name(e.name), e.name))
     result.young = len(live) - len(eligible)
+    result.too_few = len([e for e in eligible if not is_compacted_name(e.name)]) > 0 and \
+        len(eligible) < min_files
     if len(eligible) >= min_files or (rewrite_types and _old_types(store, eligible)):
         result.inputs = [e.name for e in eligible]
         result.output = _output_name(eligible)

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from sinks.fragments.ddl import fragment_schema, script, statements
@@ -94,3 +96,26 @@ def evagg(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 or not check, done.stderr
     return done
+
+
+def test_a_missing_lake_exits_1_and_trino_over_a_local_path_says_what_it_needs(
+        tmp_path: Path) -> None:
+    done = evagg("query", "ddl", "--dialect", "duckdb", str(tmp_path / "nope"), check=False)
+    assert done.returncode == 1 and done.stdout == ""
+    assert "does not exist" in done.stderr and "s3://" in done.stderr
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    done = evagg("query", "ddl", "--dialect", "athena", str(lake))
+    assert "athena reads tables on S3" in done.stderr and "CREATE EXTERNAL TABLE" in done.stdout
+
+
+def test_compact_refuses_fewer_than_two_files_with_exit_2_and_says_why_it_merged_none(
+        tmp_path: Path) -> None:
+    done = evagg("compact", "--min-files", "1", str(tmp_path), check=False)
+    assert done.returncode == 2 and "--min-files: at least 2" in done.stderr
+    partition = tmp_path / "date=2026-01-02" / "hour=03" / "node=n1"
+    partition.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([{"event_id": "e1", "kind": "task"}],
+                                        schema=EVENT_SCHEMA), partition / "part-a-0.parquet")
+    done = evagg("compact", "--grace", "0", str(tmp_path))
+    assert "1 partitions with too few files to merge (--min-files)" in done.stdout
