@@ -31,7 +31,7 @@ def produce_demo_events(socket_path: str, events: int, run_id: str = "demo-run")
             with emitter.op(name, step=step) as op:
                 if name == "forward":
                     op.metric(loss=math.exp(-step / 50) + random.random() * 0.05)
-        task_id = f"demo-task-{step}"
+        task_id = f"{run_id}-task-{step}"  # each demo's tasks its own, like its run
         duration_s = random.uniform(0.01, 0.2)
         # Started `duration_s` ago, so the tasks view's time between states agrees with it.
         emitter.emit(kind="task", name="preprocess", state="RUNNING", task_id=task_id,
