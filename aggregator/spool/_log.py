@@ -4,6 +4,8 @@ Appends run on the event loop (one `os.writev` per record). Fsyncs run in a thre
 fsync "always" every append waits for one, and appends that arrive while one runs share
 the next (group commit); rolled-away segments are fsynced and closed the same way in
 both modes. Readers see a record once it is written ("os") or fsynced ("always").
+Segments collected behind every cursor are unlinked in one background thread
+(`_reaper.py`); their bytes count in `bytes_used` until the unlink has happened.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from functools import partial
 from pathlib import Path
 
 from aggregator.spool._counters import SpoolCounters
+from aggregator.spool._reaper import Doomed, SegmentReaper
 from aggregator.spool._recovery import Recovered, recover_segment
 from aggregator.spool._segment import (
     FORMAT_VERSION,
@@ -39,6 +42,7 @@ from sinks.schema import SCHEMA_VERSION
 log = logging.getLogger("evagg.spool")
 
 QUARANTINE_KEEP = 8
+CLOSE_WAIT_S = 2.0  # close() waits this long for queued unlinks; the next start does the rest
 
 
 class _Damaged(Exception):
@@ -50,17 +54,24 @@ class _Damaged(Exception):
 class SegmentLog:
     def __init__(self, directory: Path, *, segment_bytes: int, fsync_always: bool,
                  counters: SpoolCounters, on_recovered: Callable[[Recovered], None],
-                 on_visible: Callable[[int], None]) -> None:
+                 on_visible: Callable[[int], None], on_freed: Callable[[], None],
+                 unlink: Callable[[Path], None]) -> None:
         self.directory = directory
         self.segment_bytes = segment_bytes
         self.fsync_always = fsync_always
         self.counters = counters
         self._on_recovered = on_recovered  # losses and logs of every repaired segment
         self._on_visible = on_visible
+        self._on_freed = on_freed  # space of background unlinks became free
+        self._unlink = unlink
+        self._reaper = SegmentReaper(unlink)
+        self._settled: asyncio.Future[None] | None = None
+        self._unlink_errors_logged: set[str] = set()
         self.segments: list[SegmentIndex] = []  # oldest first; the last one takes appends
         self.next_offset = 1
         self.first_offset = 1  # of the oldest record present, or next_offset when empty
-        self.bytes_used = 0
+        self.bytes_used = 0  # the segment files' sizes, those being unlinked included
+        self.unlinking_bytes = 0  # of segments handed to the reaper and still on disk
         self.visible = 0  # readers see offsets up to here
         self.synced = 0  # fsynced through here
         self.closed = False
@@ -175,8 +186,10 @@ class SegmentLog:
         rest = self.segments[count:]
         return next((s.offsets[0] for s in rest if s.records), self.next_offset)
 
-    def remove_oldest(self, count: int) -> list[SegmentIndex]:
-        """Delete the `count` oldest segments (never the active one)."""
+    def remove_oldest(self, count: int, *, background: bool = False) -> list[SegmentIndex]:
+        """Delete the `count` oldest segments (never the active one). With `background`
+        and a running event loop the unlinks go to the reaper's thread; their bytes stay
+        in `bytes_used` until each unlink has happened (`settle`)."""
         count = min(count, len(self.segments) - 1)
         victims = self.segments[:count]
         self.first_offset = self.first_offset_after(count)
@@ -184,12 +197,73 @@ class SegmentLog:
         for path, fd in [(p, fd) for p, fd in self._sealed if p in gone]:
             self._sealed.remove((path, fd))
             os.close(fd)  # not fsynced yet and never needed again: skip the fsync
-        for segment in victims:
-            segment.path.unlink(missing_ok=True)
+        loop = _running_loop() if background and victims else None
+        if loop is None:
+            for segment in victims:
+                self._unlink(segment.path)
         del self.segments[:count]
-        self.bytes_used -= sum(s.size for s in victims)
-        self.counters.segments_deleted += count
+        freed = sum(s.size for s in victims)
+        if loop is None:
+            self.bytes_used -= freed
+            self.counters.segments_deleted += count
+        else:
+            self.settle()
+            self.unlinking_bytes += freed
+            self._reaper.submit([Doomed(s.path, s.size) for s in victims], loop, self.settle)
         return victims
+
+    def settle(self) -> None:
+        """On the loop: count what the reaper has unlinked (or failed to) since last time."""
+        freed = 0
+        for reaped in self._reaper.take_done():
+            if reaped.error is None:
+                freed += reaped.doomed.size
+                self.counters.segments_deleted += 1
+                continue
+            self.counters.count_unlink_error(reaped.error)
+            if reaped.error not in self._unlink_errors_logged:
+                self._unlink_errors_logged.add(reaped.error)
+                log.warning("spool: unlinking collected segment %s failed (%s); its space "
+                            "stays counted and the unlink is retried", reaped.doomed.path.name,
+                            reaped.error)
+        if freed:
+            self.bytes_used -= freed
+            self.unlinking_bytes -= freed
+        settled, self._settled = self._settled, None
+        if settled is not None and not settled.done():
+            settled.set_result(None)
+        if freed:
+            self._on_freed()
+
+    def unlinks_pending(self) -> bool:
+        return self._reaper.busy()
+
+    async def unlinked(self, timeout: float) -> bool:
+        """Wait until every unlink handed to the reaper has run; False after `timeout`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            self.settle()
+            if not self._reaper.busy():
+                self.settle()
+                return True
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            if self._settled is None or self._settled.get_loop() is not loop:
+                self._settled = loop.create_future()
+            try:
+                async with asyncio.timeout(min(remaining, 0.1)):  # 0.1: a missed wake-up
+                    await asyncio.shield(self._settled)
+            except TimeoutError:
+                continue
+
+    def wait_unlinked(self, timeout: float) -> bool:
+        """Block until every unlink handed to the reaper has run (a full disk's commit:
+        the cursor file needs the space they free); False after `timeout`."""
+        idle = self._reaper.wait_idle(timeout)
+        self.settle()
+        return idle
 
     def pending_from(self, start: int) -> tuple[int, int]:
         """(records, events) with an offset >= start."""
@@ -337,7 +411,12 @@ class SegmentLog:
             self._start_sync_job()
 
     def close(self) -> None:
-        """Fsync and close every file; waits for a running fsync thread."""
+        """Fsync and close every file; waits for a running fsync thread, and up to
+        CLOSE_WAIT_S for queued unlinks (what is left, the next start collects)."""
+        left = self._reaper.stop(CLOSE_WAIT_S)
+        self.settle()
+        if left:
+            log.info("spool: %d segment unlinks left for the next start to collect", left)
         with self._fd_lock:
             self.closed = True
             fds = self._take_sealed()
@@ -368,6 +447,13 @@ class SegmentLog:
         except OSError as exc:
             log.warning("spool: directory fsync failed: %s", exc)
         return ok
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # called outside the event loop: nothing to keep free, unlink here
+        return None
 
 
 def _add_up(total: Recovered, found: Recovered) -> None:

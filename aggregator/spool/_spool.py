@@ -38,6 +38,8 @@ from sinks.records import SpoolRecord
 log = logging.getLogger("evagg.spool")
 
 SESSION_TTL_NS = 7 * 24 * 3600 * 10**9  # dedupe marks of sessions idle this long are forgotten
+FULL_DISK_UNLINK_WAIT_S = 5.0  # a commit on a full disk waits this long for queued unlinks
+DROP_UNLINK_WAIT_S = 1.0  # drop_oldest waits this long for queued unlinks before dropping
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,8 @@ class Spool:
         self.counters = SpoolCounters()
         self._log = SegmentLog(self.directory, segment_bytes=segment_bytes,
                                fsync_always=fsync == "always", counters=self.counters,
-                               on_recovered=self._count_recovery, on_visible=self._wake_readers)
+                               on_recovered=self._count_recovery, on_visible=self._wake_readers,
+                               on_freed=self._notify_room, unlink=self._unlink_segment)
         self._marks = DedupeMarks(self.directory / MARKS_FILE, SESSION_TTL_NS)
         self._cursors = Cursors(self.directory)
         self._room_queue: deque[object] = deque()
@@ -198,7 +201,12 @@ class Spool:
         return self._log.bytes_used + self._log.room_needed(size) <= self.max_bytes
 
     async def _make_room(self, size: int) -> None:
+        self._log.settle()
         if self.when_full == "drop_oldest":
+            # Space that unlinks under way will free is no reason to drop records.
+            if not self._has_room(size) and self._log.unlinks_pending():
+                await self._log.unlinked(DROP_UNLINK_WAIT_S)
+                self._check_open()
             self._drop_oldest(size)
             return
         token = object()  # wait in arrival order, so a session's frames keep their order
@@ -220,6 +228,7 @@ class Spool:
         _wake(waiting)
 
     def _drop_oldest(self, size: int) -> None:
+        """Unlinks on the loop: each freed segment must count before the next is chosen."""
         if self._log.must_roll(size):
             self._log.roll()  # so the segment written so far can go too
         while not self._has_room(size) and len(self._log.segments) > 1:
@@ -293,7 +302,10 @@ class Spool:
         left, and nothing it skips was undelivered. Free them, then write the cursor."""
         self.counters.enospc_commits += 1
         self._cursors.move_without_saving(sink, next_offset)
-        self._delete_passed(keep_marks_on_failure=False)
+        if not self._log.wait_unlinked(FULL_DISK_UNLINK_WAIT_S):  # the space they free
+            log.warning("disk full: segment unlinks still under way after %gs",
+                        FULL_DISK_UNLINK_WAIT_S)
+        self._delete_passed(keep_marks_on_failure=False, background=False)
         self._cursors.save(sink, next_offset)
 
     def register_sinks(self, names: Iterable[str]) -> None:
@@ -309,7 +321,9 @@ class Spool:
     def _pin_floor(self) -> int | None:
         return self._cursors.floor(self.first_offset)
 
-    def _delete_passed(self, keep_marks_on_failure: bool = True) -> None:
+    def _delete_passed(self, keep_marks_on_failure: bool = True, background: bool = True) -> None:
+        """Delete the segments every sink has passed: on the event loop, the unlinks run
+        in the reaper's thread (aggregator/spool/_reaper.py)."""
         floor = self._pin_floor()
         if floor is None:  # no sinks at all: keep everything until the cap
             return
@@ -318,9 +332,10 @@ class Spool:
         while count < len(segments) - 1 and segments[count].last_offset < floor:
             count += 1
         if count:
-            self._remove_oldest(count, keep_marks_on_failure)
+            self._remove_oldest(count, keep_marks_on_failure, background=background)
 
-    def _remove_oldest(self, count: int, keep_marks_on_failure: bool = True) -> None:
+    def _remove_oldest(self, count: int, keep_marks_on_failure: bool = True, *,
+                       background: bool = False) -> None:
         new_first = self._log.first_offset_after(count)
         try:
             self._marks.save_leaving(self.first_offset, new_first, self.next_offset)
@@ -331,8 +346,18 @@ class Spool:
             if keep_marks_on_failure or exc.errno != errno.ENOSPC:
                 raise
             log.warning("disk full: dropped dedupe marks of segments being deleted")
-        self._log.remove_oldest(count)
+        self._log.remove_oldest(count, background=background)
         self._notify_room()
+
+    async def collected(self, timeout: float = 10.0) -> bool:
+        """True once every segment unlink handed to the background thread has happened
+        (and its space counts as free); False if `timeout` passed first."""
+        return await self._log.unlinked(timeout)
+
+    def _unlink_segment(self, path: Path) -> None:
+        """Unlinks a collected segment, in the reaper's thread or inline (a subclass may
+        watch it)."""
+        path.unlink(missing_ok=True)
 
     # -- recovery counts -------------------------------------------------------------------
 

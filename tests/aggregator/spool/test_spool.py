@@ -64,6 +64,18 @@ def segments(directory: Path) -> list[Path]:
     return sorted(directory.glob("*.seg"))
 
 
+def on_disk(directory: Path) -> int:
+    return sum(p.stat().st_size for p in segments(directory))
+
+
+async def collected(spool: Spool, directory: Path) -> None:
+    """The unlinks of collected segments run in a thread: until each has happened its
+    bytes stay counted (never fewer than on disk); once all have, the count is exact."""
+    assert spool.bytes_used >= on_disk(directory)
+    assert await spool.collected(timeout=10)
+    assert spool.bytes_used == on_disk(directory)
+
+
 def quarantined(directory: Path) -> list[Path]:
     return sorted((directory / "quarantine").glob("*.corrupt"))
 
@@ -427,10 +439,14 @@ def test_a_slow_sink_pins_segments_while_the_fast_one_advances(spool_dir: Path) 
         assert len(segments(spool_dir)) == 3 and spool.first_offset == 1
         assert spool.lag("fast") == (0, 0) and spool.lag("slow")[0] == 12
         spool.commit("slow", 6)
-        assert len(segments(spool_dir)) == 2 and spool.first_offset == 5
+        assert spool.first_offset == 5
+        await collected(spool, spool_dir)
+        assert len(segments(spool_dir)) == 2
         assert spool.counters.segments_deleted == 1
         spool.commit("slow", 13)  # the active segment stays, though everyone passed it
-        assert len(segments(spool_dir)) == 1 and spool.first_offset == 9
+        assert spool.first_offset == 9
+        await collected(spool, spool_dir)
+        assert len(segments(spool_dir)) == 1
         assert spool.lag("slow") == (0, 0) and spool.cursor("newcomer") == 9
         spool.close()
 
@@ -446,6 +462,7 @@ def test_a_sink_no_longer_configured_stops_pinning(spool_dir: Path) -> None:
         spool.commit("gone", 2)
         assert len(segments(spool_dir)) == 3
         spool.register_sinks(["fast"])
+        await collected(spool, spool_dir)
         assert len(segments(spool_dir)) == 1
         assert (spool_dir / "cursors" / "gone.json").exists()
         spool.close()
