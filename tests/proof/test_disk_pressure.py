@@ -111,6 +111,14 @@ def until_emitted(started: float, also: Callable[[], bool]) -> Callable[[], bool
     return lambda: time.monotonic() > started + EMIT_SECONDS + 1 and also()
 
 
+def assert_segments_collected(agent: AgentProcess) -> None:
+    """Recovering from the full spool (or disk) took deleting segments, whose unlinks run
+    in the spool's background thread: they happened, and none failed."""
+    wait_until(lambda: metric_where(agent, "evagg_spool_totals", total="segments_deleted") > 0,
+               30, lambda: f"segments to be collected:\n{agent.metrics()}")
+    assert metric_where(agent, "evagg_spool_totals", total="unlink_errors") == 0
+
+
 def final_heartbeat(events: list[dict[str, Any]]) -> dict[str, float]:
     (last,) = [e for e in events if e.get("kind") == "agent" and e.get("state") == "STOPPING"]
     metrics: dict[str, float] = last["metrics"]
@@ -170,6 +178,7 @@ def test_block_policy_stops_reading_and_emitters_count_their_drops(
         receiver.start()
         reports = [producer_report(proc) for proc in procs]
         wait_caught_up(agent, ["collector"], timeout=60)
+        assert_segments_collected(agent)
         assert agent.stop() == 0
     finally:
         agent.kill()
@@ -236,6 +245,7 @@ def test_filesystem_full_before_the_cap_keeps_the_agent_serving(
         receiver.start()
         reports = [producer_report(proc) for proc in procs]
         wait_caught_up(agent, ["collector"], timeout=60)
+        assert_segments_collected(agent)
         assert agent.stop() == 0
     finally:
         agent.kill()
