@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import resource
 import signal
@@ -65,7 +66,12 @@ def segments(directory: Path) -> list[Path]:
 
 
 def on_disk(directory: Path) -> int:
-    return sum(p.stat().st_size for p in segments(directory))
+    """The segment files' sizes; one unlinked (in the background) meanwhile counts 0."""
+    total = 0
+    for path in segments(directory):
+        with contextlib.suppress(FileNotFoundError):
+            total += path.stat().st_size
+    return total
 
 
 async def collected(spool: Spool, directory: Path) -> None:
