@@ -290,17 +290,19 @@ def _merge_and_publish(store: Target, inputs: list[FileEntry], covers: dict[str,
 def merge_files(inputs: list[Path], output: Path, metadata: dict[bytes, bytes]) -> int:
     """Write the rows of `inputs` to `output`, one row per event_id (the first seen),
     timestamps in microseconds (floored) whatever unit each input has."""
-    schema = pa.unify_schemas([written_schema(pq.read_schema(p).remove_metadata())
-                               for p in inputs])
-    keep = _first_occurrences(inputs) if "event_id" in schema.names else None
+    footers = [pq.read_metadata(p) for p in inputs]  # each parsed once, files not held open
+    schema = pa.unify_schemas([written_schema(f.schema.to_arrow_schema().remove_metadata())
+                               for f in footers])
+    keep = (_first_occurrences(inputs, footers) if "event_id" in schema.names else None)
     written, start = 0, 0
     pending: list[pa.Table] = []
     with open_writer(output, schema.with_metadata(metadata)) as writer:
-        for path in inputs:
-            table = _conform(pq.read_table(path), schema)
+        for path, footer in zip(inputs, footers, strict=True):
+            table = _conform(_read(path, footer), schema)
             if keep is not None:
                 mask, start = keep[start:start + table.num_rows], start + table.num_rows
-                table = table.filter(pa.array(mask))
+                if not mask.all():
+                    table = table.filter(pa.array(mask))
             pending.append(table)
             written += table.num_rows
             if sum(t.num_rows for t in pending) >= ROW_GROUP_ROWS:
@@ -313,19 +315,30 @@ def merge_files(inputs: list[Path], output: Path, metadata: dict[bytes, bytes]) 
     return written
 
 
-def _first_occurrences(inputs: list[Path]) -> np.ndarray:
+def _read(path: Path, footer: pq.FileMetaData, columns: list[str] | None = None) -> pa.Table:
+    with pq.ParquetFile(path, metadata=footer) as file:
+        return file.read(columns=columns)
+
+
+def _first_occurrences(inputs: list[Path], footers: list[pq.FileMetaData]) -> np.ndarray:
     """A mask over all input rows in order: True where an event_id is seen first (and
-    for rows without one)."""
-    ids = pa.chunked_array([pq.read_table(p, columns=["event_id"]).column(0).cast(pa.string())
-                            for p in inputs], type=pa.string())
+    for rows without one). One hash of every id (a dictionary encoding) finds both
+    whether any repeats and, if so, where each one is first."""
+    ids = pa.chunked_array([_read(p, f, ["event_id"]).column(0).cast(pa.string())
+                            if "event_id" in f.schema.names
+                            else pa.nulls(f.num_rows, pa.string())
+                            for p, f in zip(inputs, footers, strict=True)], type=pa.string())
     keep = np.ones(len(ids), dtype=bool)
-    if len(ids) and ids.null_count == 0 and len(ids.unique()) == len(ids):
+    if not len(ids):
+        return keep
+    encoded = ids.combine_chunks().dictionary_encode()
+    if ids.null_count == 0 and len(encoded.dictionary) == len(ids):
         return keep  # the usual case: nothing to drop
-    table = pa.table({"id": ids, "row": pa.array(np.arange(len(ids)))})
-    firsts = table.group_by("id", use_threads=False).aggregate([("row", "min")])
+    codes = encoded.indices.fill_null(-1).to_numpy()
+    _, firsts = np.unique(codes, return_index=True)
     keep[:] = False
-    keep[firsts.column("row_min").to_numpy()] = True
-    keep |= ids.is_null().to_numpy(zero_copy_only=False)
+    keep[firsts] = True
+    keep |= codes < 0  # rows without an id are all kept
     return keep
 
 
@@ -333,7 +346,14 @@ def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """`table` with exactly `schema`'s columns (missing ones null), in its order. A
     nanosecond timestamp is cut down to the schema's microseconds (`safe=False`: the cut
     is the point; intake refuses times before 1970, so truncation is the floor)."""
-    columns = [table.column(f.name).cast(f.type, safe=not pa.types.is_timestamp(f.type))
-               if f.name in table.column_names
-               else pa.nulls(table.num_rows, f.type) for f in schema]
+    have = table.schema
+    columns = []
+    for f in schema:
+        if f.name not in have.names:
+            columns.append(pa.nulls(table.num_rows, f.type))
+            continue
+        column = table.column(f.name)
+        if column.type != f.type:
+            column = column.cast(f.type, safe=not pa.types.is_timestamp(f.type))
+        columns.append(column)
     return pa.Table.from_arrays(columns, schema=schema.remove_metadata())

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from aggregator.decode.normalize import Stamp, rows_to_batch
-from sinks.parquet.compact import run_compact
+from sinks.parquet.compact import merge_files, run_compact
 from sinks.parquet.compact_targets import LocalTarget, S3Target
 from sinks.parquet.layout import COMPACTION_META_KEY
 from sinks.parquet.writer import open_writer, written_schema
@@ -313,3 +313,26 @@ def test_compacted_files_keep_the_sinks_encodings_and_size(tmp_path: Path) -> No
     assert column_layout(merged) == layout
     assert layout["attrs.key_value.value"][1] is False and layout["time"][1] is True
     assert merged.stat().st_size < sizes
+
+
+def test_a_merge_keeps_each_event_id_once_as_first_seen_and_every_row_without_one(
+        tmp_path: Path) -> None:
+    def write(name: str, rows: list[dict[str, Any]]) -> Path:
+        path = tmp_path / name
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        return path
+
+    first = write("a.parquet", [{"event_id": "x", "name": "a-x"},
+                                {"event_id": "y", "name": "a-y"},
+                                {"event_id": None, "name": "a-none"}])
+    second = write("b.parquet", [{"event_id": "y", "name": "b-y"},
+                                 {"event_id": "z", "name": "b-z"},
+                                 {"event_id": None, "name": "b-none"},
+                                 {"event_id": "z", "name": "b-z-again"}])
+    idless = write("c.parquet", [{"name": "c-no-column"}])  # a producer's file without ids
+    merged = tmp_path / "merged.parquet"
+    assert merge_files([first, second, idless], merged, {}) == 6
+    assert pq.read_table(merged).to_pylist() == [
+        {"event_id": "x", "name": "a-x"}, {"event_id": "y", "name": "a-y"},
+        {"event_id": None, "name": "a-none"}, {"event_id": "z", "name": "b-z"},
+        {"event_id": None, "name": "b-none"}, {"event_id": None, "name": "c-no-column"}]
