@@ -35,7 +35,12 @@ from dashboard.lake.fold_files import (
 from dashboard.lake.listing import FileEntry, Listing
 from dashboard.lake.views import micros
 from sinks.fragments.dialects import dialect
-from sinks.fragments.task_fold import FOLD_COLUMNS, merge_select, partial_select
+from sinks.fragments.task_fold import (
+    FOLD_COLUMNS,
+    merge_select,
+    merge_select_split,
+    partial_select,
+)
 from sinks.parquet.layout import fragment_key
 
 log = logging.getLogger(__name__)
@@ -47,8 +52,12 @@ SMALL_BATCH_BYTES = 64 * 2**20
 LONG_FOLD_BYTES = 256 * 2**20
 # The columns the fold reads, with their DuckDB types: missing ones read as NULL.
 COLUMNS = FOLD_COLUMNS
-# The kinds of event whose rows a fragment-backed batch still reads: ends.sql's facts.
+# The kinds of event whose rows a fragment-backed batch still reads, ends.sql's facts,
+# and the columns its facts macros read of them: the others are not read at all (each
+# column costs a decode of every row group, where these rows are scattered).
 FACT_KINDS = "'job', 'worker', 'node', 'agent'"
+FACT_COLUMNS = frozenset({"kind", "time", "state", "job_id", "worker_id", "node_id", "host",
+                          "attrs"})
 __all__ = ["Cover", "TaskFold", "cache_file", "default_cache_dir", "parse_covers"]
 SourceFor = Callable[[duckdb.DuckDBPyConnection, Listing], str]
 FragmentSourceFor = Callable[[duckdb.DuckDBPyConnection, list[FileEntry]], str]
@@ -56,13 +65,15 @@ CoversOf = Callable[[duckdb.DuckDBPyConnection, FileEntry], set[Cover]]
 
 
 def task_fold_macros() -> str:
-    """fold_partial_of and fold_merge_of, from the one owner of the task fold (the agent
-    writes its task fragments with the same SQL)."""
+    """fold_partial_of, fold_merge_of and fold_merge_split_of, from the one owner of the
+    task fold (the agent writes its task fragments with the same SQL)."""
     duck = dialect("duckdb")
     return (f"CREATE OR REPLACE TEMP MACRO fold_partial_of(rows) AS TABLE "
             f"{partial_select(duck, 'query_table(rows)')};\n"
             f"CREATE OR REPLACE TEMP MACRO fold_merge_of(parts) AS TABLE "
-            f"{merge_select(duck, 'query_table(parts)')};\n")
+            f"{merge_select(duck, 'query_table(parts)')};\n"
+            f"CREATE OR REPLACE TEMP MACRO fold_merge_split_of(parts) AS TABLE "
+            f"{merge_select_split(duck, 'query_table(parts)')};\n")
 
 
 def sql_sections(name: str = "fold.sql") -> dict[str, str]:
@@ -144,10 +155,12 @@ class TaskFold:
         folded = dict(cur.execute("SELECT path, size FROM fold.files").fetchall())
         known = self._known_covers(cur)
         listed = {f.path: f for f in listing.files}
+        new_covers: list[tuple[object, ...]] = []
         for entry in listing.files:  # read what each new compacted file covers, once
             if is_compacted(entry) and entry.path not in known:
                 known[entry.path] = covers_of(cur, entry)
-                _insert(cur, "fold.covers", [(entry.path, n, s) for n, s in known[entry.path]])
+                new_covers += [(entry.path, n, s) for n, s in known[entry.path]]
+        _insert(cur, "fold.covers", new_covers)
         gone = [p for p, size in folded.items() if p not in listed or listed[p].size != size]
         held = held_by_folder(known, listed)
         if gone and not all(explained(p, folded[p], known, held) for p in gone):
@@ -248,7 +261,8 @@ class TaskFold:
         of their rows only kind and time (the timeline) and the facts' few are read."""
         source = source_for(cur, batch)
         present = {row[0] for row in cur.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
-        projection = ", ".join(_project(c, t, c in present) for c, t in COLUMNS.items())
+        projection = ", ".join(_project(c, t, c in present & FACT_COLUMNS)
+                               for c, t in COLUMNS.items())
         cur.execute(f"CREATE OR REPLACE TEMP VIEW fold_rows AS SELECT {projection} "
                     f"FROM {source} WHERE kind IN ({FACT_KINDS})")
         cur.execute(f"CREATE OR REPLACE TEMP VIEW fold_kinds AS SELECT kind, "

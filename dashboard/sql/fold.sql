@@ -202,9 +202,10 @@ LEFT JOIN fold.timeline AS t
     ON t.second IS NOT DISTINCT FROM n.second AND t.kind IS NOT DISTINCT FROM n.kind;
 DELETE FROM fold.timeline WHERE rowid IN (SELECT r FROM fold_timeline WHERE r IS NOT NULL);
 INSERT INTO fold.timeline SELECT second, kind, events, first_us, last_us FROM fold_timeline;
--- A Ray attempt's owner and executor halves are in two nodes' fragments: merged here.
+-- A Ray attempt's owner and executor halves are in two nodes' fragments: merged here
+-- (only the attempts in more than one fragment are grouped).
 CREATE OR REPLACE TEMP VIEW fold_batch_partial AS
-SELECT * FROM fold_merge_of('fold_fragment_parts');
+SELECT * FROM fold_merge_split_of('fold_fragment_parts');
 
 -- @fragment_hosts
 -- ends.sql's session hosts from the fragments (the rows fold.py reads for facts are the

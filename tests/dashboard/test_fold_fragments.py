@@ -88,6 +88,40 @@ def test_raw_hours_beside_fragment_hours_and_an_hour_merged_again(lake: Path,
         store.close()
 
 
+def test_ends_inferred_from_facts_in_merged_hours_are_the_same(tmp_path: Path) -> None:
+    # A fragment hour's facts (a worker's and a node's death, an agent's heartbeat) come
+    # from its rows' few columns: the attempts they end read FAILED just as from scratch.
+    T0 = 1_767_322_800
+    def at(seconds: int) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(T0 + seconds))
+
+    facts = [
+        {"kind": "task", "task_id": "on-dead-worker", "name": "hold", "state": "RUNNING",
+         "worker_id": "w-dead", "event_id": "odw", "time": at(30)},
+        {"kind": "worker", "worker_id": "w-dead", "state": "DEAD", "event_id": "wd",
+         "time": at(60)},
+        {"kind": "task", "task_id": "on-dead-node", "name": "hold", "state": "PENDING",
+         "node_id": "n-dead", "event_id": "odn", "time": at(40)},
+        {"kind": "node", "node_id": "n-dead", "state": "DEAD", "event_id": "nd",
+         "time": at(70)},
+        {"kind": "agent", "name": "heartbeat", "state": "RUNNING", "event_id": "hb",
+         "host": "owner-host", "time": at(80), "attrs": {"silent_after_s": "600"}},
+    ]
+    root = tmp_path / "lake"
+    write_lake(root, split_lake_rows() + facts)
+    compact(root)
+    cached = Store(StoreOptions(str(root), refresh_s=0.0, cache_dir=str(tmp_path / "cache")))
+    scratch = Store(StoreOptions(str(root), refresh_s=0.0, fold=False))
+    assert_same(cached, scratch)
+    assert cached.fold is not None and cached.fold.fragment_files == 4
+    ended = cached.execute("SELECT task_id, final_state, error_type FROM tasks "
+                           "WHERE name = 'hold' ORDER BY task_id").rows
+    assert ended == [["on-dead-node", "FAILED", "NODE_DIED"],
+                     ["on-dead-worker", "FAILED", "WORKER_DIED"]]
+    cached.close()
+    scratch.close()
+
+
 def test_evagg_query_gives_the_same_tasks_with_and_without_fragments(lake: Path,
                                                                      tmp_path: Path) -> None:
     def tasks(cache: str) -> str:
