@@ -331,10 +331,10 @@ def _first_occurrences(inputs: list[Path], footers: list[pq.FileMetaData]) -> np
     keep = np.ones(len(ids), dtype=bool)
     if not len(ids):
         return keep
-    encoded = ids.combine_chunks().dictionary_encode()
-    if ids.null_count == 0 and len(encoded.dictionary) == len(ids):
+    encoded = ids.dictionary_encode()  # its chunks share one dictionary
+    if ids.null_count == 0 and len(encoded.chunk(0).dictionary) == len(ids):
         return keep  # the usual case: nothing to drop
-    codes = encoded.indices.fill_null(-1).to_numpy()
+    codes = np.concatenate([c.indices.fill_null(-1).to_numpy() for c in encoded.chunks])
     _, firsts = np.unique(codes, return_index=True)
     keep[:] = False
     keep[firsts] = True
