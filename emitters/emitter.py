@@ -17,12 +17,12 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
-from emitters.events import BUILT, ContextChange
+from emitters.events import BUILT, DEFERRED, DEFERRED_PLACE, ContextChange
 from emitters.handoff import Handoff, Settings, start_agent
 from emitters.ledger import FlushWaiter
 from emitters.ops import Op
@@ -112,6 +112,26 @@ class Emitter:
             wake = len(events) >= _WAKE_BATCH or n <= self._wake_at < n + len(events)
             if wake or not self._running:
                 self._poke(self._wake_at if wake else -1)
+
+    def enqueue_deferred(self, count: int,
+                         build: Callable[[], Sequence[dict[str, Any]]]) -> None:
+        """Queue `count` events that `build()` makes, in the sender thread: finished as
+        for enqueue_built, at most `count` of them. The caller's thread pays only the
+        queueing (emitters.torch: a training step's events). All or none: when the queue
+        has no room for `count`, they are dropped and counted."""
+        pending = self._pending
+        n = len(pending)
+        if count <= 0:
+            return
+        if count > self._max_pending - n:
+            self._handoff.caller_drops += count
+            return
+        pending.append((0, DEFERRED, (build, count)))
+        if count > 1:
+            pending.extend(itertools.repeat(DEFERRED_PLACE, count - 1))
+        wake = count >= _WAKE_BATCH or n <= self._wake_at < n + count
+        if wake or not self._running:
+            self._poke(self._wake_at if wake else -1)
 
     def _put(self, item: tuple[Any, ...]) -> None:
         pending = self._pending

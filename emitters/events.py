@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,7 +79,19 @@ class _Built:
 
 
 BUILT = _Built()
-BUILT_LENGTH = 3  # a built item's tuple length; emit() and op() queue 5-tuples
+BUILT_LENGTH = 3  # a built or deferred item's tuple length; emit() and op() queue 5-tuples
+
+
+class _Deferred:
+    """Marks a queued (0, DEFERRED, (build, count)): `count` events that `build()` makes
+    finished, in the sender thread (Emitter.enqueue_deferred); the count-1 items queued
+    after it are (0, DEFERRED, None), so that the queue counts one item per event."""
+
+    __slots__ = ()
+
+
+DEFERRED = _Deferred()
+DEFERRED_PLACE = (0, DEFERRED, None)
 
 
 def build_events(items: Sequence[tuple[Any, ...]], context: Context,
@@ -114,17 +126,36 @@ def _with_built(items: Sequence[tuple[Any, ...]], context: Context,
     out: list[dict[str, Any]] = []
     start = 0  # the first item of the current run of emit()/op() items
     for index, item in enumerate(items):
-        if item[1] is BUILT:
+        marker = item[1]
+        if marker is BUILT or marker is DEFERRED:
             if start < index:
                 out += _build(items[start:index], context, lost)
-            try:
-                out.append(built_event(item[2], context))
-            except Exception:  # one bad row must not cost its neighbours their frame
-                lost["unencodable"] += 1
+            if marker is DEFERRED:
+                if item[2] is not None:
+                    build, count = item[2]
+                    out += _deferred_events(build, count, context, lost)
+            else:
+                try:
+                    out.append(built_event(item[2], context))
+                except Exception:  # one bad row must not cost its neighbours their frame
+                    lost["unencodable"] += 1
             start = index + 1
     if start < len(items):
         out += _build(items[start:], context, lost)
     return out
+
+
+def _deferred_events(build: Callable[[], Sequence[dict[str, Any]]], count: int,
+                     context: Context, lost: Counter[str]) -> list[dict[str, Any]]:
+    """The `count` events a deferred item stands for (queued and counted as emitted):
+    those `build` fails to make are counted as `unencodable`, any past `count` dropped
+    uncounted, as they were never counted emitted."""
+    try:
+        events = [built_event(e, context) for e in build()[:count]]
+    except Exception:
+        events = []
+    lost["unencodable"] += count - len(events)
+    return events
 
 
 def built_event(event: dict[str, Any], context: Context) -> dict[str, Any]:

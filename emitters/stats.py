@@ -15,7 +15,8 @@ class EmitterStats:
     sum(dropped.values()) + pending. While the sender thread is busy the figures are
     read without stopping it, so they can be a batch apart.
 
-    emitted: events handed to emit(), op() (two per op) or enqueue_built, dropped ones too.
+    emitted: events handed to emit(), op() (two per op), enqueue_built or enqueue_deferred,
+        dropped ones too.
     sent: events written to the agent, each counted once however often it was resent.
     acked: events the agent took into its spool.
     rejected: events the agent answered as unreadable (its note is logged).

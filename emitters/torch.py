@@ -28,13 +28,14 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from typing import Any, TypeVar
 
 import emitters
 from emitters import tracecontext
 from emitters.emitter import Emitter
 from emitters.ops import error_fields
-from emitters.torch_steps import PHASES, Mark, step_events
+from emitters.torch_steps import PHASES, Mark, step_event_count, step_events
 from emitters.torch_steps import Step as _Step
 from emitters.torch_trace import trace_handler as trace_handler
 from emitters.values import text
@@ -61,9 +62,10 @@ class TrainingTracker:
         import torch
 
         self._torch: Any = torch
-        # A step's four events go as one batch of finished events: a quarter of the
-        # queue appends, and none of emit()'s per-field checks (the values are ours).
-        self._send = (emitter or emitters.get_emitter()).enqueue_built
+        # A step's events are built in the emitter's sender thread, finished (none of
+        # emit()'s per-field checks: the values are ours): the training thread pays only
+        # for queueing the step.
+        self._send = (emitter or emitters.get_emitter()).enqueue_deferred
         self.name = text(name)
         self.errors: Counter[str] = Counter()
         self.dropped_steps = 0
@@ -284,7 +286,7 @@ class TrainingTracker:
             self._guard(self._emit, self._pending.popleft())
 
     def _emit(self, done: _Step) -> None:
-        self._send(step_events(done, self.name, self._ids))
+        self._send(step_event_count(done), partial(step_events, done, self.name, self._ids))
 
 
 def _cuda_device(model: Any) -> Any:

@@ -38,6 +38,12 @@ class Step:
                     or self.error)
 
 
+def step_event_count(done: Step) -> int:
+    """How many events step_events makes of `done`: one per phase it timed, and the step."""
+    phases = done.phases
+    return 1 + sum(1 for phase in PHASES if phases.get(phase))
+
+
 def step_events(done: Step, name: str, ids: dict[str, str]) -> list[dict[str, Any]]:
     """The step's events, built as emit() would build them (typed, an id each)."""
     if done.error or done.trace or done.deferred or done.peak_memory_bytes is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +100,10 @@ class Captured:
     def __init__(self) -> None:
         self.events: list[dict[str, Any]] = []
 
-    def enqueue_built(self, events: list[dict[str, Any]]) -> None:
+    def enqueue_deferred(self, count: int,
+                         build: Callable[[], list[dict[str, Any]]]) -> None:
+        events = build()
+        assert len(events) == count  # the count the tracker queues is what it builds
         self.events += events
 
 
