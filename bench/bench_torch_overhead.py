@@ -65,8 +65,9 @@ def loop(torch: Any, model: Any, optimizer: Any, batches: Iterable[Any], tracker
 
 
 def one_run(torch: Any, steps: int, emitter: Any | None, tiny: bool,
-            tracker_class: Any = None) -> tuple[float, float]:
-    """(steps/s by the wall clock, CPU ms per step)."""
+            tracker_class: Any = None) -> tuple[float, float, float]:
+    """(steps/s by the wall clock, CPU ms per step, the training thread's CPU ms per
+    step)."""
     from emitters.torch import TrainingTracker
 
     model, optimizer, data = make(torch, tiny)
@@ -74,14 +75,17 @@ def one_run(torch: Any, steps: int, emitter: Any | None, tiny: bool,
     tracker = (tracker_class or TrainingTracker)(model, optimizer, run_id="bench",
                                                  emitter=emitter) \
         if emitter is not None else None
-    started, cpu = time.perf_counter(), time.process_time()
+    started, cpu, own = time.perf_counter(), time.process_time(), time.thread_time()
     loop(torch, model, optimizer, tracker.wrap(batches) if tracker else batches, tracker)
     if tracker is not None and emitter is not None:
         tracker.close()
+        own = time.thread_time() - own  # before the wait: the loop's own thread's work
         emitter.flush(30)  # the sender's CPU counts; the wait for acks barely does
         assert not tracker.errors, tracker.errors
+    else:
+        own = time.thread_time() - own
     elapsed = time.perf_counter() - started
-    return steps / elapsed, (time.process_time() - cpu) / steps * 1e3
+    return steps / elapsed, (time.process_time() - cpu) / steps * 1e3, own / steps * 1e3
 
 
 def main() -> None:
@@ -115,10 +119,13 @@ def main() -> None:
         report("tiny model", args.steps * 10, *tiny)
         report("MLP 1.3M", args.steps, *mlp)
         cost_ms = statistics.median(b[1] - a[1] for a, b in zip(*tiny, strict=True))
+        own_ms = statistics.median(b[2] - a[2] for a, b in zip(*tiny, strict=True))
         step_ms = statistics.median(a[1] for a in mlp[0])
         print(f"tracker CPU per step (tiny-model difference): {cost_ms * 1e3:.1f} us = "
               f"{cost_ms / step_ms * 100:.2f}% of an MLP step ({step_ms:.2f} ms CPU); "
               "target < 1%")
+        print(f"of which in the training loop's thread: {own_ms * 1e3:.1f} us per step "
+              "(the rest is the emitter's sender thread)")
         print(f"emitter: {emitter.stats()}")
         emitter.close(5)
     finally:
@@ -126,11 +133,11 @@ def main() -> None:
 
 
 def ab(torch: Any, emitter: Any, rounds: int, steps: int,
-       tiny: bool) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+       tiny: bool) -> tuple[list[tuple[float, float, float]], list[tuple[float, float, float]]]:
     one_run(torch, 50, None, tiny)  # warm up both paths
     one_run(torch, 50, emitter, tiny)
-    plain: list[tuple[float, float]] = []
-    tracked: list[tuple[float, float]] = []
+    plain: list[tuple[float, float, float]] = []
+    tracked: list[tuple[float, float, float]] = []
     for r in range(rounds):
         order = [(plain, None), (tracked, emitter)]
         for samples, peer_emitter in order if r % 2 == 0 else order[::-1]:
@@ -164,27 +171,33 @@ def compare(torch: Any, emitter: Any, rev: str, rounds: int, steps: int) -> None
     for tracker_class in runs.values():  # warm up all three
         one_run(torch, 50, emitter if tracker_class else None, True, tracker_class)
     cpu: dict[str, list[float]] = {name: [] for name in runs}
+    own: dict[str, list[float]] = {name: [] for name in runs}
     names = list(runs)
     for r in range(rounds):
         for name in names[r % 3:] + names[:r % 3]:
             tracker_class = runs[name]
-            cpu[name].append(one_run(torch, steps, emitter if tracker_class else None, True,
-                                     tracker_class)[1] * 1e3)
+            _, all_threads, training = one_run(torch, steps, emitter if tracker_class else None,
+                                               True, tracker_class)
+            cpu[name].append(all_threads * 1e3)
+            own[name].append(training * 1e3)
     print(f"tiny model x {steps} steps, {rounds} rounds in rotating order, "
-          f"{torch.get_num_threads()} intra-op thread(s); CPU us per step, all threads")
-    plain = cpu["plain"]
-    print(f"plain: median {statistics.median(plain):.1f} (range {min(plain):.1f}-{max(plain):.1f})")
-    costs = {}
-    for name in names[1:]:
-        over = [t - p for t, p in zip(cpu[name], plain, strict=True)]
-        costs[name] = statistics.median(over)
-        print(f"tracker {name}: +{costs[name]:.1f} us per step over plain, median of rounds "
-              f"(range {min(over):.1f} to {max(over):.1f})")
-    print(f"this tree / {rev}: {costs['this tree'] / costs[rev]:.2f}")
+          f"{torch.get_num_threads()} intra-op thread(s); CPU us per step")
+    for label, figures in (("all threads (the sender's too)", cpu),
+                           ("the training loop's thread", own)):
+        plain = figures["plain"]
+        print(f"{label}: plain median {statistics.median(plain):.1f} "
+              f"(range {min(plain):.1f}-{max(plain):.1f})")
+        costs = {}
+        for name in names[1:]:
+            over = [t - p for t, p in zip(figures[name], plain, strict=True)]
+            costs[name] = statistics.median(over)
+            print(f"  tracker {name}: +{costs[name]:.1f} us per step over plain, median of "
+                  f"rounds (range {min(over):.1f} to {max(over):.1f})")
+        print(f"  this tree / {rev}: {costs['this tree'] / costs[rev]:.2f}")
 
 
-def report(name: str, steps: int, plain: list[tuple[float, float]],
-           tracked: list[tuple[float, float]]) -> None:
+def report(name: str, steps: int, plain: list[tuple[float, float, float]],
+           tracked: list[tuple[float, float, float]]) -> None:
     pairs = list(zip(plain, tracked, strict=True))
     wall = statistics.median((a[0] - b[0]) / a[0] * 100 for a, b in pairs)
     cpu = statistics.median((b[1] - a[1]) / a[1] * 100 for a, b in pairs)
