@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
+import random
 import socket
 import struct
 import subprocess
@@ -336,9 +338,71 @@ def worker_failures(agent: AgentProcess) -> str:
     return "\n".join(counted) + "\n" + "\n---\n".join(t[-1500:] for t in tracebacks[-3:])
 
 
+def random_json(rng: random.Random, depth: int = 0) -> Any:
+    roll = rng.randrange(8 if depth < 3 else 5)
+    leaves = [None, rng.random() < 0.5, rng.randrange(-(2**70), 2**70),
+              rng.choice([math.nan, math.inf, -math.inf, rng.uniform(-1e9, 1e9)]),
+              "".join(chr(rng.randrange(0x20, 0x3000)) for _ in range(rng.randrange(12)))]
+    if roll < 5:
+        return leaves[roll]
+    if roll < 7:
+        return [random_json(rng, depth + 1) for _ in range(rng.randrange(4))]
+    return {str(random_json(rng, 3))[:10]: random_json(rng, depth + 1)
+            for _ in range(rng.randrange(4))}
+
+
+def mutated_by(rng: random.Random, value: Any, depth: int = 0) -> Any:
+    """`mutated` with a seeded random source in place of hypothesis's draws."""
+    roll = rng.randrange(10)
+    if roll == 0 or depth > 6:
+        return random_json(rng) if roll == 0 else value
+    if isinstance(value, dict):
+        out = {k: mutated_by(rng, v, depth + 1) for k, v in value.items()
+               if rng.randrange(16)}
+        if roll == 1:
+            out[str(random_json(rng, 3))[:12]] = random_json(rng)
+        return out
+    if isinstance(value, list):
+        return [mutated_by(rng, v, depth + 1) for v in value]
+    return value
+
+
+def fuzz_every_door_once_more(agent: AgentProcess, seed: int) -> None:
+    """A seeded round of hostile inputs at every door, so that the test after it proves
+    its point whether or not (and in whatever order) the fuzz tests above ran."""
+    rng = random.Random(seed)
+    for _ in range(30):
+        raw = rng.randbytes(rng.randrange(300))
+        if rng.random() < 0.3:
+            raw = struct.pack(">I", rng.randrange(2**32)) + raw[:64]
+        for answer in converse(agent, raw):
+            assert isinstance(answer, wire.Ack | wire.Nack)
+    for _ in range(20):
+        lines = [dumps({"kind": rng.choice([*KINDS, 5, None]), rng.choice(
+            sorted(EVENT_FIELDS)): random_json(rng)}) for _ in range(rng.randrange(1, 5))]
+        raw = wire.encode_batch(rng.randbytes(16), rng.randrange(2**64), rng.randrange(2**32),
+                                b"\n".join([*lines, rng.randbytes(rng.randrange(40))]))
+        converse(agent, raw)
+    protobuf = otlp_protobuf()
+    for _ in range(20):
+        events = [dumps({"kind": rng.choice(KINDS), "name": random_json(rng)}),
+                  rng.randbytes(rng.randrange(200))]
+        post(agent, "/v1/events", b"\n".join(events), "application/x-ndjson")
+        ray = [mutated_by(rng, e) for e in rng.sample(RAY_SAMPLES, rng.randrange(1, 4))]
+        post(agent, "/ray/events", dumps(ray), "application/json")
+        post(agent, "/v1/traces", dumps(mutated_by(rng, OTLP_JSON)), "application/json")
+        cut = bytearray(protobuf)
+        for _ in range(rng.randrange(1, 8)):
+            cut[rng.randrange(len(cut))] = rng.randrange(256)
+        post(agent, "/v1/traces", bytes(cut[:rng.randrange(1, len(cut))]),
+             "application/x-protobuf")
+    assert_alive(agent)
+
+
 def test_after_fuzzing_no_worker_failed_and_the_good_producer_lost_nothing(
         fuzzed: Fuzzed) -> None:
     agent = fuzzed.agent
+    fuzz_every_door_once_more(agent, seed=20261202)
     assert_alive(agent)
     assert metric_where(agent, "evagg_worker_errors_total") == 0, worker_failures(agent)
     report = producer_report(fuzzed.good, timeout=120)
