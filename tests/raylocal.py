@@ -18,7 +18,9 @@ def local_ray(env: dict[str, str], dashboard: bool = True, num_cpus: int = 2) ->
     events."""
     import ray
 
-    saved = {key: os.environ.get(key) for key in env}
+    # RAY_ADDRESS (a user's shell may have one) would make ray.init() join that cluster.
+    saved = {key: os.environ.get(key) for key in [*env, "RAY_ADDRESS"]}
+    os.environ.pop("RAY_ADDRESS", None)
     os.environ.update(env)
     # Ray puts Unix sockets under its temp dir, whose paths must stay short.
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")

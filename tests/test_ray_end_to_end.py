@@ -190,11 +190,16 @@ def run_workload(flag_dir: str) -> dict[str, Any]:
 
 def ray_state_tasks(job_id: str, expected: int) -> dict[tuple[str, int], Any]:
     """Ray's own view (State API), once every expected attempt has reached its end."""
+    import ray
     from ray.util.state import list_tasks
 
+    # This test's own cluster, by its GCS address: without one, the State API looks for
+    # a cluster on the machine and fails when another one runs there too.
+    address = ray.get_runtime_context().gcs_address
+
     def settled() -> dict[tuple[str, int], Any] | None:
-        tasks = list_tasks(filters=[("job_id", "=", job_id)], detail=True, limit=1000,
-                           raise_on_missing_output=False)
+        tasks = list_tasks(address=address, filters=[("job_id", "=", job_id)], detail=True,
+                           limit=1000, raise_on_missing_output=False)
         found = {(t.task_id, t.attempt_number): t for t in tasks if t.type != "DRIVER_TASK"}
         done = all(t.state in ("FINISHED", "FAILED") for t in found.values())
         return found if len(found) == expected and done else None

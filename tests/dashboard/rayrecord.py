@@ -84,23 +84,29 @@ def record_session(agent: AgentProcess, flag_dir: Path,
         session = ray._private.worker.global_worker.node.session_name
         ray_state_tasks(job_id, ran["attempts"])  # every attempt settled in Ray
         recorded = Recorded(job_id=job_id, session=session, outer_id=ran["outer_id"])
+        # Ray's State API of this cluster, named: without an address it looks for a
+        # cluster on the machine, and fails when another one runs there too.
+        webui = ray._private.worker.global_worker.node.address_info["webui_url"]
+        address = f"http://{webui}"
         # The lake gets profile events until shutdown; Ray's own answers must hold them
         # all too, however late a loaded machine lets the workers flush them.
-        recorded.tasks, recorded.timeline = _settled_tasks_and_timeline()
-        recorded.summary = state.summarize_tasks(raise_on_missing_output=False)
-        recorded.actors = [a.asdict() for a in state.list_actors(detail=True)]
-        recorded.jobs = [dict(j.asdict()) for j in state.list_jobs(detail=True)]
-        recorded.nodes = [n.asdict() for n in state.list_nodes(detail=True)]
+        recorded.tasks, recorded.timeline = _settled_tasks_and_timeline(address)
+        recorded.summary = state.summarize_tasks(address=address,
+                                                 raise_on_missing_output=False)
+        recorded.actors = [a.asdict() for a in state.list_actors(address=address, detail=True)]
+        recorded.jobs = [dict(j.asdict()) for j in state.list_jobs(address=address,
+                                                                   detail=True)]
+        recorded.nodes = [n.asdict() for n in state.list_nodes(address=address, detail=True)]
         recorded.placement_groups = [g.asdict() for g in state.list_placement_groups(
-            detail=True)]
-        webui = ray._private.worker.global_worker.node.address_info["webui_url"]
+            address=address, detail=True)]
         for route in RAW_ROUTES:
             recorded.raw[route] = _get_json(f"http://{webui}/api/v0/{route}")
     _wait_all_delivered(agent)
     return recorded
 
 
-def _settled_tasks_and_timeline() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _settled_tasks_and_timeline(
+        address: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Ray's task list (detail) and `ray.timeline()` once every profile is in both and
     neither changed between two polls (each poll spans more than Ray's 1 s flush, as
     `ray.timeline()` itself waits a second)."""
@@ -111,7 +117,7 @@ def _settled_tasks_and_timeline() -> tuple[list[dict[str, Any]], list[dict[str, 
 
     def poll() -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
         tasks = [t.asdict() for t in state.list_tasks(
-            detail=True, limit=10000, raise_on_missing_output=False)]
+            address=address, detail=True, limit=10000, raise_on_missing_output=False)]
         timeline: list[dict[str, Any]] = ray.timeline() or []
         now = _canonical(tasks) + _canonical(timeline)
         stable, last[0] = now == last[0], now
