@@ -177,3 +177,21 @@ emitters.emit(kind="task", name="unacked")
     assert result.returncode == 0, result.stderr
     stats = exit_stats(result)
     assert stats["dropped"] == {"exit_deadline": 1} and stats["sent"] == 1
+
+
+def test_importing_emitters_sets_up_no_producer_until_first_use(agent: FakeAgent) -> None:
+    # The agent, its sinks and the dashboard import emitters' modules: no emitter for them.
+    result = run_python("""
+        import os
+        import emitters, emitters.wire
+        import aggregator.agent, dashboard.web.server
+        from emitters.emitter import _LIVE
+        print("IMPORTED", len(_LIVE), emitters._default is None)
+        os.environ["EVAGG_SOCKET"] = os.environ.pop("LATER_SOCKET")  # read at first use
+        emitters.emit(kind="task", name="first-use")
+        print("USED", len(_LIVE), emitters.flush(20), emitters.get_emitter().socket_path)
+    """, env={"LATER_SOCKET": str(agent.path)})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines == ["IMPORTED 0 True", f"USED 1 True {agent.path}"]
+    assert [e["name"] for e in agent.events()] == ["first-use"]
