@@ -40,7 +40,8 @@ sys.path.insert(0, str(REPO))
 
 from emitters import wire  # noqa: E402
 from emitters.ids import new_span_id, new_trace_id  # noqa: E402
-from tests.agentproc import AgentProcess, free_port  # noqa: E402
+from tests.agentproc import AgentProcess  # noqa: E402
+from tests.ports import free_port  # noqa: E402
 from tests.sinks.moto_server import MotoS3, aws_env  # noqa: E402
 
 EVENTS_PER_FRAME = 1000

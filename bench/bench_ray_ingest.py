@@ -211,7 +211,8 @@ def main() -> None:
     maker = BodyMaker()
     bench_stages([maker.body(args.events) for _ in range(16)], args.events, args.seconds)
     if args.start_agent:
-        from tests.agentproc import AgentProcess, free_port
+        from tests.agentproc import AgentProcess
+        from tests.ports import free_port
 
         # The figure is POST -> spool; the agent also writes Parquet meanwhile
         # unless its one sink is down (an HTTP sink to a closed port backs off quietly).

@@ -35,8 +35,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.agentproc import free_port  # noqa: E402
 from tests.dashboard.raygen import write_ray_lake  # noqa: E402
+from tests.ports import free_port  # noqa: E402
 
 BIN = Path(sys.executable).parent
 LIST = "/api/v0/tasks?limit=10000&detail=False&exclude_driver=True&timeout={t}"

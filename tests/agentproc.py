@@ -6,7 +6,6 @@ import atexit
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,14 +18,10 @@ from typing import Any
 
 import duckdb
 
+from tests.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SPOOL = 'max_bytes = "256MiB"'
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def short_socket_dir() -> Path:

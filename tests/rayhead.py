@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.agentproc import REPO, free_port
+from tests.agentproc import REPO
+from tests.ports import free_port
 from tests.waiting import wait_until
 
 RAY = str(Path(sys.executable).with_name("ray"))

@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 
-from tests.agentproc import free_port
+from tests.ports import free_port
 
 
 @contextlib.contextmanager

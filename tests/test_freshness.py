@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.agentproc import REPO, free_port, query_lake, short_socket_dir
+from tests.agentproc import REPO, query_lake, short_socket_dir
 from tests.aggregator.cli.newcomer import evagg, evagg_command
+from tests.ports import free_port
 
 VISIBLE_WITHIN_S = 10.0  # the promise in docs/queries.md, "Freshness"
 STATUS_INTERVAL = "0.1"  # its two scrapes fall well inside a file's 5 s

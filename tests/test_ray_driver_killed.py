@@ -25,8 +25,9 @@ from typing import Any
 import pytest
 
 from dashboard.lake.store import Store, StoreOptions
-from tests.agentproc import AgentProcess, free_port
+from tests.agentproc import AgentProcess
 from tests.dashboard.serve import serving
+from tests.ports import free_port
 from tests.test_ray_end_to_end import RAY_EXPORT_ENV
 from tests.waiting import wait_for
 

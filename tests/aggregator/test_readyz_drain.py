@@ -21,7 +21,8 @@ import pytest
 from aiohttp import web
 
 from emitters import Emitter
-from tests.agentproc import AgentProcess, free_port
+from tests.agentproc import AgentProcess
+from tests.ports import free_port
 from tests.waiting import wait_until
 
 EVENTS = 50

@@ -23,6 +23,7 @@ from dashboard.lake.store import Store, StoreOptions
 from dashboard.questions.runner import QueryRunner
 from tests.dashboard.lakegen import Expected, local_put, task_events, write_rows
 from tests.dashboard.serve import serving
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SUMMARY_COLUMNS = ["value", "tasks", "pending", "submitted", "running", "finished", "failed",
@@ -169,12 +170,6 @@ def test_slow_query_is_interrupted(lake: Path) -> None:
     assert asyncio.run(scenario()) == Expected.tasks
     runner.close()
     store.close()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_dashboard_command(lake: Path, tmp_path: Path) -> None:

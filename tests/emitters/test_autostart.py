@@ -17,7 +17,8 @@ import orjson
 import pytest
 
 from emitters.autostart import agent_log_path, users_lock_path
-from tests.agentproc import REPO, AgentProcess, free_port, query_lake, short_socket_dir
+from tests.agentproc import REPO, AgentProcess, query_lake, short_socket_dir
+from tests.ports import free_port
 from tests.waiting import wait_until
 
 # A driver: imports emitters, says it is ready, waits for the go file, asks for an agent

@@ -14,7 +14,6 @@ or reset after the store). With an `ssl_context` it serves https://.
 from __future__ import annotations
 
 import asyncio
-import socket
 import ssl
 import time
 from collections import deque
@@ -24,6 +23,8 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+
+from tests.ports import free_port
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ class FlakyServer:
         self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
         await self._runner.setup()
         if not self.port:
-            self.port = _free_port()
+            self.port = free_port()
         await web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True,
                           ssl_context=self.ssl_context).start()
         return self
@@ -209,7 +210,3 @@ def _decode(body: bytes, content_type: str) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in body.split(b"\n") if line.strip()]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])

@@ -26,17 +26,13 @@ from botocore.config import Config
 from moto import settings
 from moto.server import ThreadedMotoServer
 
+from tests.ports import free_port
+
 ACCESS_KEY = "testing"
 SECRET_KEY = "testing"
 REGION = "us-east-1"
 ALLOW_S3 = json.dumps({"Version": "2012-10-17",
                        "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]})
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def aws_env() -> dict[str, str]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.agentproc import free_port
 from tests.aggregator.cli.newcomer import evagg
+from tests.ports import free_port
 
 
 def config(tmp_path: Path, files: str, sinks: str | None = None) -> Path:

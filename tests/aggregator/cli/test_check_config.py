@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.agentproc import free_port
 from tests.aggregator.cli.newcomer import evagg
+from tests.ports import free_port
 
 # Not writable, and not creatable, whoever runs the tests (root included): sysfs.
 UNWRITABLE = "/sys/evagg-state"

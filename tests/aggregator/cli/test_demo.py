@@ -9,7 +9,8 @@ from pathlib import Path
 
 import duckdb
 
-from tests.agentproc import REPO, free_port, short_socket_dir
+from tests.agentproc import REPO, short_socket_dir
+from tests.ports import free_port
 
 
 def test_demo_writes_parquet_whose_task_durations_agree_with_their_states(

@@ -13,8 +13,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.agentproc import REPO, AgentProcess, free_port, short_socket_dir
+from tests.agentproc import REPO, AgentProcess, short_socket_dir
 from tests.aggregator.cli.newcomer import evagg, evagg_command
+from tests.ports import free_port
 
 NAN_PRODUCER = """
 import sys

@@ -10,9 +10,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.agentproc import AgentProcess, free_port
+from tests.agentproc import AgentProcess
 from tests.aggregator.cli.newcomer import evagg
 from tests.aggregator.test_stopping import spool_events, wait_for
+from tests.ports import free_port
 
 
 class Refusing(BaseHTTPRequestHandler):

@@ -24,8 +24,9 @@ from typing import Any
 
 import pytest
 
-from tests.agentproc import REPO, AgentProcess, free_port
+from tests.agentproc import REPO, AgentProcess
 from tests.aggregator.liveness.lake import sql, tasks
+from tests.ports import free_port
 from tests.waiting import wait_for, wait_until
 
 pytestmark = pytest.mark.slow

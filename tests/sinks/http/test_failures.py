@@ -7,7 +7,7 @@ import asyncio
 import aiohttp
 
 from sinks.http.failures import failure_for_error
-from tests.agentproc import free_port
+from tests.ports import free_port
 
 
 def test_a_closed_port_reads_connection_refused_not_a_class_name() -> None:
