@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 from aiohttp import web  # noqa: E402
 
 from tests.agentproc import AgentProcess, query_lake  # noqa: E402
-from tests.aggregator.test_end_to_end import producer_report, start_producer  # noqa: E402
+from tests.producers import producer_report, start_producer  # noqa: E402
 
 TASK_ID = re.compile(rb'"task_id":\s*"(soak\d+)-(\d+)"')
 

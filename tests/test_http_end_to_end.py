@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import pytest
 
 from tests.agentproc import REPO, AgentProcess
-from tests.aggregator.test_end_to_end import producer_report, start_producer
+from tests.producers import producer_report, start_producer
 from tests.sinks.certs import make_pki
 from tests.sinks.flaky_server import FlakyServer
 from tests.sinks.http.test_http_retries import ONE_IN_THREE

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tests.agentproc import AgentProcess
-from tests.aggregator.test_end_to_end import producer_report, start_producer
+from tests.producers import producer_report, start_producer
 from tests.sinks.moto_server import MotoS3, aws_env
 from tests.waiting import wait_until
 

@@ -4,58 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import orjson
-
-from tests.agentproc import REPO, AgentProcess, query_lake
-
-
-def start_producer(
-    socket_path: Path, prefix: str, count: int, **options: Any
-) -> subprocess.Popen[bytes]:
-    args = [
-        sys.executable,
-        "-m",
-        "tests.producer",
-        "--socket",
-        str(socket_path),
-        "--prefix",
-        prefix,
-        "--count",
-        str(count),
-    ]
-    for key, value in options.items():
-        args += [f"--{key.replace('_', '-')}", str(value)]
-    return subprocess.Popen(
-        args, cwd=REPO, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)}
-    )
-
-
-def producer_report(proc: subprocess.Popen[bytes], timeout: float = 120) -> dict[str, Any]:
-    out, _ = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, out
-    report: dict[str, Any] = orjson.loads(out.strip().splitlines()[-1])
-    return report
-
-
-def assert_exactly_once(lake: Path, expected: dict[str, int]) -> None:
-    """Every task_id '<prefix>-<i>' for i < count is in the lake exactly once."""
-    rows = query_lake(
-        lake, "SELECT task_id, count(*) FROM events WHERE kind = 'task' GROUP BY task_id"
-    )
-    seen = dict(rows)
-    duplicates = {k: v for k, v in seen.items() if v != 1}
-    assert not duplicates, f"duplicated: {list(duplicates.items())[:5]}"
-    wanted = {f"{prefix}-{i}" for prefix, count in expected.items() for i in range(count)}
-    missing = wanted - set(seen)
-    assert not missing, f"{len(missing)} missing, e.g. {sorted(missing)[:5]}"
-    ((ids, distinct),) = query_lake(lake, "SELECT count(*), count(DISTINCT event_id) FROM events")
-    assert ids == distinct
+from tests.agentproc import AgentProcess, query_lake
+from tests.producers import assert_exactly_once, producer_report, start_producer
 
 
 def test_several_producers_exactly_once_with_types(agent: AgentProcess) -> None:

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from tests.agentproc import REPO, AgentProcess, wait_tail_connected
-from tests.aggregator.test_end_to_end import producer_report, start_producer
+from tests.producers import producer_report, start_producer
 
 LAKE = '[[sinks]]\nname = "lake"\ntype = "parquet"\nurl = "{lake}"\nroll_interval = "1s"\n'
 

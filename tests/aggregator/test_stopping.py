@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable
 
 from tests.agentproc import AgentProcess
-from tests.aggregator.test_end_to_end import producer_report, start_producer
 from tests.ports import free_port
+from tests.producers import producer_report, start_producer
 
 
 def down_collector(drain_timeout: str = "20s") -> dict[str, str]:

@@ -15,8 +15,8 @@ import pytest
 
 from emitters import Emitter
 from tests.agentproc import AgentProcess
-from tests.aggregator.test_end_to_end import producer_report, start_producer
 from tests.emitters.fakeagent import Batch, FakeAgent
+from tests.producers import producer_report, start_producer
 
 COUNTED = "evagg_producer_dropped_events_total"
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tests.agentproc import AgentProcess
-from tests.aggregator.test_end_to_end import producer_report, start_producer
+from tests.producers import producer_report, start_producer
 from tests.proof import ThreadedReceiver, expected_ids, task_ids, wait_caught_up
 from tests.sinks.moto_server import MotoS3, aws_env
 from tests.test_s3_end_to_end import assert_exactly_once_on_s3

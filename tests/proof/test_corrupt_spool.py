@@ -20,7 +20,7 @@ import pytest
 from aggregator.spool._segment import BODY_HEAD, FRAME
 from sinks.schema import batch_from_bytes
 from tests.agentproc import AgentProcess, query_lake
-from tests.aggregator.test_end_to_end import producer_report, start_producer
+from tests.producers import producer_report, start_producer
 from tests.proof import metric_where, wait_caught_up, wait_until
 
 HOLD_SINK = 'roll_interval = "1h"'  # the file never closes, so nothing is committed

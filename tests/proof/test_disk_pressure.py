@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.agentproc import AgentProcess
-from tests.aggregator.test_end_to_end import producer_report, start_producer
+from tests.producers import producer_report, start_producer
 from tests.proof import (
     ThreadedReceiver,
     expected_ids,

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from emitters import wire
 from emitters.fields import EVENT_FIELDS, KINDS
 from tests.agentproc import AgentProcess, query_lake
-from tests.aggregator.test_end_to_end import producer_report, start_producer
+from tests.producers import producer_report, start_producer
 from tests.proof import http_status, metric_where
 
 REPO = Path(__file__).resolve().parents[2]

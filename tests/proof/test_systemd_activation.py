@@ -21,7 +21,7 @@ import pytest
 
 from emitters import wire
 from tests.agentproc import REPO, AgentProcess, query_lake, short_socket_dir
-from tests.aggregator.test_end_to_end import assert_exactly_once, producer_report, start_producer
+from tests.producers import assert_exactly_once, producer_report, start_producer
 from tests.proof import wait_until
 
 LAUNCHER = """

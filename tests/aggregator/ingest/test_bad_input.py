@@ -16,7 +16,7 @@ import pytest
 
 from emitters import wire
 from tests.agentproc import AgentProcess
-from tests.aggregator.test_end_to_end import assert_exactly_once, producer_report, start_producer
+from tests.producers import assert_exactly_once, producer_report, start_producer
 
 
 def connect(agent: AgentProcess) -> socket.socket:

@@ -10,7 +10,7 @@ import struct
 from emitters import wire
 from tests.agentproc import AgentProcess
 from tests.aggregator.ingest.test_bad_input import assert_nack_then_closed, connect, read_answer
-from tests.aggregator.test_end_to_end import assert_exactly_once, producer_report, start_producer
+from tests.producers import assert_exactly_once, producer_report, start_producer
 
 
 def entry(name: str, kind: str, lengths: list[int]) -> bytes:
