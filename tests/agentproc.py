@@ -199,3 +199,10 @@ def wait_tail_connected(tail: subprocess.Popen[str], timeout: float = 30.0) -> s
         rest = stream.read() if tail.poll() is not None else ""
         raise AssertionError(f"`evagg tail` said {first[0] + rest!r} (exit {tail.poll()})")
     return first[0]
+
+
+def http_sink(name: str, url: str, extra: str = "") -> str:
+    """An HTTP sink's TOML for `AgentProcess(sinks_toml=...)`, tuned to retry fast."""
+    return (f'[[sinks]]\nname = "{name}"\ntype = "http"\nurl = "{url}"\n'
+            f'batch_max_events = 500\nbatch_interval = "200ms"\ntimeout = "1s"\n'
+            f'retry_max_backoff = "2s"\n{extra}\n')

@@ -1,7 +1,9 @@
-"""Shared fixtures: a real agent subprocess, cleaned up after each test."""
+"""Shared fixtures: a real agent subprocess and HTTP endpoints beside it, cleaned up after
+each test."""
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -9,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.agentproc import AgentProcess
+from tests.sinks.server_thread import ServerThread
 
 
 @pytest.fixture
@@ -32,3 +35,17 @@ def agent_factory(tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:
 def agent(agent_factory: Callable[..., AgentProcess]) -> AgentProcess:
     """A started agent with one Parquet sink in its workdir."""
     return agent_factory().start()
+
+
+@pytest.fixture
+def servers() -> Iterator[Callable[..., ServerThread]]:
+    """`servers(ssl_context=None)`: a started HTTP endpoint (tests/sinks/server_thread.py)."""
+    made: list[ServerThread] = []
+
+    def make(ssl_context: ssl.SSLContext | None = None) -> ServerThread:
+        made.append(ServerThread(ssl_context).start())
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.close()

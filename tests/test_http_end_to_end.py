@@ -3,70 +3,20 @@ its pace meanwhile, and permanent 4xx answers go to dead letters that replay del
 
 from __future__ import annotations
 
-import asyncio
 import os
-import ssl
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
-import pytest
-
-from tests.agentproc import REPO, AgentProcess
+from tests.agentproc import REPO, AgentProcess, http_sink
 from tests.producers import producer_report, start_producer
 from tests.sinks.certs import make_pki
-from tests.sinks.flaky_server import FlakyServer
 from tests.sinks.http.test_http_retries import ONE_IN_THREE
 from tests.sinks.http.through_loop import resent_after_stored
+from tests.sinks.server_thread import ServerThread
 from tests.waiting import wait_until
-
-T = TypeVar("T")
-
-
-class ServerThread:
-    """A FlakyServer on its own event loop in a thread, driven from synchronous tests."""
-
-    def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.server = self.call(FlakyServer(ssl_context=ssl_context).start())
-
-    def call(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(30)
-
-    def do(self, action: Callable[[], Any]) -> None:
-        async def run() -> None:
-            action()
-        self.call(run())
-
-    def close(self) -> None:
-        self.call(self.server.stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-
-
-@pytest.fixture
-def servers() -> Iterator[Callable[..., ServerThread]]:
-    made: list[ServerThread] = []
-
-    def make(ssl_context: ssl.SSLContext | None = None) -> ServerThread:
-        made.append(ServerThread(ssl_context))
-        return made[-1]
-
-    yield make
-    for server in made:
-        server.close()
-
-
-def http_sink(name: str, url: str, extra: str = "") -> str:
-    return (f'[[sinks]]\nname = "{name}"\ntype = "http"\nurl = "{url}"\n'
-            f'batch_max_events = 500\nbatch_interval = "200ms"\ntimeout = "1s"\n'
-            f'retry_max_backoff = "2s"\n{extra}\n')
 
 
 def test_flaky_endpoint_gets_everything_while_a_healthy_sink_keeps_pace(

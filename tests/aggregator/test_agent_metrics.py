@@ -15,12 +15,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.agentproc import REPO, AgentProcess
+from tests.agentproc import REPO, AgentProcess, http_sink
 from tests.sinks.moto_server import MotoS3, aws_env
-from tests.test_http_end_to_end import ServerThread, http_sink, servers
+from tests.sinks.server_thread import ServerThread
 from tests.waiting import wait_until
-
-__all__ = ["servers"]  # a fixture, used by name
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

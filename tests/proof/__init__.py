@@ -1,80 +1,20 @@
 """Deployment proofs: the agent as a whole under faults, full disks, damage, fuzzing,
 hostile clients, its units and manifests, and socket activation.
 
-Shared here: an HTTP receiver running in its own thread (tests drive the agent
-synchronously), and small readers of the agent's self metrics.
+Shared here: small readers of the agent's self metrics (the HTTP endpoint beside an
+agent is tests/sinks/server_thread.py's).
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any
 
 from tests.agentproc import AgentProcess
-from tests.sinks.flaky_server import FlakyServer
 from tests.waiting import wait_until
 
-T = TypeVar("T")
 HEARTBEAT_SLACK = 2  # a heartbeat and a loss row not delivered yet
-
-
-class ThreadedReceiver:
-    """A `FlakyServer` (real aiohttp) on its own event loop thread, driven from sync code."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.server = FlakyServer()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="receiver",
-                                        daemon=True)
-        self._thread.start()
-
-    def _call(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-        return asyncio.run_coroutine_threadsafe(make(), self.loop).result(30)
-
-    def _do(self, action: Callable[[], None]) -> None:
-        async def run() -> None:
-            action()
-        self._call(run)
-
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-    def start(self) -> ThreadedReceiver:
-        self._call(self.server.start)
-        return self
-
-    def stop(self) -> None:
-        """Close the port: the agent's connections are refused until start()."""
-        self._call(self.server.stop)
-
-    def answer_always(self, status: int) -> None:
-        self._do(lambda: self.server.answer(status, times=None))
-
-    def stall(self, seconds: float) -> None:
-        self._do(lambda: self.server.stall(seconds))
-
-    def accepted_events(self) -> list[dict[str, Any]]:
-        """Every event of every 2xx-answered request, duplicates included."""
-        async def collect() -> list[dict[str, Any]]:
-            return [event for seen in self.server.requests if 200 <= seen.status < 300
-                    for event in seen.events]
-        return self._call(collect)
-
-    def statuses(self) -> list[int]:
-        async def collect() -> list[int]:
-            return [seen.status for seen in self.server.requests]
-        return self._call(collect)
-
-    def close(self) -> None:
-        self.stop()
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-        self.loop.close()
 
 
 def http_status(url: str, timeout: float = 5.0) -> int:

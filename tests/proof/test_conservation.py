@@ -14,8 +14,9 @@ import pytest
 
 from tests.agentproc import AgentProcess
 from tests.producers import producer_report, start_producer
-from tests.proof import ThreadedReceiver, expected_ids, task_ids, wait_caught_up
+from tests.proof import expected_ids, task_ids, wait_caught_up
 from tests.sinks.moto_server import MotoS3, aws_env
+from tests.sinks.server_thread import ServerThread
 from tests.test_s3_end_to_end import assert_exactly_once_on_s3
 
 PRODUCERS = 3
@@ -31,14 +32,14 @@ def moto() -> Iterator[MotoS3]:
 
 
 @pytest.fixture
-def receiver() -> Iterator[ThreadedReceiver]:
-    server = ThreadedReceiver().start()
+def receiver() -> Iterator[ServerThread]:
+    server = ServerThread().start()
     yield server
     server.close()
 
 
 def two_sink_agent(factory: Callable[..., AgentProcess], moto: MotoS3, bucket: str,
-                   receiver: ThreadedReceiver) -> AgentProcess:
+                   receiver: ServerThread) -> AgentProcess:
     sinks = (
         '[[sinks]]\nname = "lake"\ntype = "parquet"\n'
         f'url = "s3://{bucket}/lake/"\nendpoint_url = "{moto.endpoint_url}"\n'
@@ -52,7 +53,7 @@ def two_sink_agent(factory: Callable[..., AgentProcess], moto: MotoS3, bucket: s
     return agent
 
 
-def run_faults(agent: AgentProcess, moto: MotoS3, receiver: ThreadedReceiver) -> list[str]:
+def run_faults(agent: AgentProcess, moto: MotoS3, receiver: ServerThread) -> list[str]:
     """The fault schedule, spread over the producers' emitting time; returns what was done."""
     done: list[str] = []
 
@@ -78,7 +79,7 @@ def run_faults(agent: AgentProcess, moto: MotoS3, receiver: ThreadedReceiver) ->
 
 def test_every_event_once_on_s3_and_at_least_once_over_http_through_faults(
         agent_factory: Callable[..., AgentProcess], moto: MotoS3,
-        receiver: ThreadedReceiver) -> None:
+        receiver: ServerThread) -> None:
     bucket = moto.create_bucket()
     agent = two_sink_agent(agent_factory, moto, bucket, receiver).start()
     counts = {f"c{n}": EVENTS_EACH for n in range(PRODUCERS)}

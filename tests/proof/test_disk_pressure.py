@@ -24,7 +24,6 @@ import pytest
 from tests.agentproc import AgentProcess
 from tests.producers import producer_report, start_producer
 from tests.proof import (
-    ThreadedReceiver,
     expected_ids,
     http_status,
     metric_where,
@@ -32,6 +31,7 @@ from tests.proof import (
     wait_caught_up,
     wait_until,
 )
+from tests.sinks.server_thread import ServerThread
 
 FS_SIZE = "32m"
 EVENTS_EACH = 40_000
@@ -42,13 +42,13 @@ EMIT_SECONDS = 3.0
 @dataclass
 class Pressure:
     agent: AgentProcess
-    receiver: ThreadedReceiver
+    receiver: ServerThread
     state_dir: Path
 
 
 @pytest.fixture
-def receiver() -> Iterator[ThreadedReceiver]:
-    server = ThreadedReceiver().start()
+def receiver() -> Iterator[ServerThread]:
+    server = ServerThread().start()
     yield server
     server.close()
 
@@ -66,7 +66,7 @@ def small_state(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(state)], check=True)  # an agent still holds it
 
 
-def pressured_agent(workdir: Path, receiver: ThreadedReceiver, spool: str) -> AgentProcess:
+def pressured_agent(workdir: Path, receiver: ServerThread, spool: str) -> AgentProcess:
     sinks = ('[[sinks]]\nname = "collector"\ntype = "http"\n'
              f'url = "{receiver.url}"\nbatch_interval = "100ms"\ntimeout = "1s"\n'
              'retry_max_backoff = "2s"\n')
@@ -163,7 +163,7 @@ def assert_spooled_equals_delivered_plus_dropped(events: list[dict[str, Any]]) -
 
 
 def test_block_policy_stops_reading_and_emitters_count_their_drops(
-        small_state: Path, receiver: ThreadedReceiver) -> None:
+        small_state: Path, receiver: ServerThread) -> None:
     receiver.stop()  # connections refused: the only sink cannot deliver
     agent = pressured_agent(small_state, receiver, 'max_bytes = "8MiB"\nwhen_full = "block"')
     agent.start()
@@ -196,7 +196,7 @@ def test_block_policy_stops_reading_and_emitters_count_their_drops(
 
 
 def test_drop_oldest_policy_drops_counted_and_reported_as_loss_events(
-        small_state: Path, receiver: ThreadedReceiver) -> None:
+        small_state: Path, receiver: ServerThread) -> None:
     receiver.answer_always(503)
     receiver.stall(30)  # each POST hangs past the sink's 1 s timeout
     agent = pressured_agent(small_state, receiver, 'max_bytes = "8MiB"\nwhen_full = "drop_oldest"')
@@ -225,7 +225,7 @@ def test_drop_oldest_policy_drops_counted_and_reported_as_loss_events(
 
 
 def test_filesystem_full_before_the_cap_keeps_the_agent_serving(
-        small_state: Path, receiver: ThreadedReceiver) -> None:
+        small_state: Path, receiver: ServerThread) -> None:
     receiver.stop()
     # Something else on the disk leaves the spool 6 MiB, far below its 1 GiB cap: appends
     # meet ENOSPC first.

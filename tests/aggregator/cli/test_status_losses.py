@@ -12,13 +12,12 @@ from collections.abc import Callable
 import orjson
 
 from emitters import Emitter
-from tests.agentproc import AgentProcess
+from tests.agentproc import AgentProcess, http_sink
 from tests.aggregator.cli.newcomer import evagg
-from tests.test_http_end_to_end import ServerThread, http_sink, servers
+from tests.sinks.server_thread import ServerThread
 from tests.waiting import wait_until
 
 COUNTED = "evagg_producer_dropped_events_total"
-__all__ = ["servers"]  # the fixture: an HTTP endpoint in a thread of its own
 
 
 def lose_three_events(agent: AgentProcess) -> None:
