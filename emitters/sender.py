@@ -127,14 +127,17 @@ class Sender:
     def _cycle(self) -> None:
         readable, woken = self._wait()
         settings = self._handoff.settings
-        if self._conn is not None and settings.socket_path != self._conn_setting:
-            self._disconnect()  # configure(socket=...) moved: send the unacked there
-            readable = False
         now = time.monotonic()
         if woken or now >= self._next_drain:
             self._next_drain = now + settings.flush_interval
             self._drain(settings)
             self.ledger.warn_new_losses(settings.resolved_socket())
+        # Read again after the drain: an event queued after configure(socket=...) returned
+        # was drained after that change, and so goes to the new socket, never the old one.
+        settings = self._handoff.settings
+        if self._conn is not None and settings.socket_path != self._conn_setting:
+            self._disconnect()  # configure(socket=...) moved: send the unacked there
+            readable = False
         if self._conn is None and self._wants_connection() and now >= self._next_connect:
             self._connect(settings)
         if self._conn is not None and readable:
