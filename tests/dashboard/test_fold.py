@@ -30,8 +30,8 @@ from dashboard.lake.views import NANOS_TYPES
 from dashboard.questions import queries
 from dashboard.questions.overview import overview
 from sinks.parquet.compact import run_compact
+from tests.dashboard.commands import evagg, in_process
 from tests.dashboard.lakegen import Row, at, event, local_put, task_events, write_rows
-from tests.dashboard.test_query_cli import evagg, in_process
 
 TASKS_SQL = "SELECT * FROM tasks ORDER BY task_id, attempt, ray_session"
 

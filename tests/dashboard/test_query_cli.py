@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -12,23 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from dashboard.cli.query import add_query_parser, run_query
+from tests.dashboard.commands import evagg, in_process
 from tests.dashboard.lakegen import Expected
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def evagg(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "aggregator", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
-
-
-def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser(prog="evagg")
-    add_query_parser(parser.add_subparsers())
-    code = run_query(parser.parse_args(["query", *args]))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_summary_table_json_and_csv(lake: Path, expected: type[Expected]) -> None:

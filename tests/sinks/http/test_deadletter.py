@@ -17,7 +17,7 @@ from sinks.http.deadletter import (
     write_dead_letter,
 )
 from tests.sinks.flaky_server import FlakyServer
-from tests.sinks.http.test_http import make_records
+from tests.sinks.http.records import make_records
 
 BODY = b'{"event_id":"a","kind":"task"}\n{"event_id":"b","kind":"op"}\n'
 

@@ -22,9 +22,7 @@ import orjson
 import pytest
 
 import sinks.http.sink
-from aggregator.decode.normalize import Stamp, rows_to_batch
 from sinks.backoff import backoff_delay
-from sinks.base import SinkResult
 from sinks.filters import EventFilter
 from sinks.http import HttpOptions, HttpSink
 from sinks.http.deadletter import list_dead_letters
@@ -32,8 +30,8 @@ from sinks.http.failures import failure_for_status, parse_retry_after
 from sinks.http.retries import DOWN_AFTER, retried_here
 from sinks.options import SinkOptionError
 from sinks.records import SpoolRecord
-from sinks.schema import batch_to_bytes
 from tests.sinks.flaky_server import FlakyServer
+from tests.sinks.http.records import deliver, make_records, record_row
 from tests.sinks.http.through_loop import resent_after_stored
 
 SECRET = "Bearer s3cr3t-t0ken-value"
@@ -58,43 +56,6 @@ def run(test: Callable[..., Awaitable[None]]) -> Callable[..., None]:
     wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
         parameters=list(signature.parameters.values())[1:])
     return wrapper
-
-
-def make_records(count: int, per_record: int, first_offset: int = 1,
-                 row: Callable[[int], dict[str, Any]] | None = None) -> list[SpoolRecord]:
-    records = []
-    for r in range(count):
-        rows = [(row or _row)(r * per_record + i) for i in range(per_record)]
-        batch = rows_to_batch(rows, Stamp.now("node-1", "host-1", pid=42, uid=1000)).batch
-        records.append(SpoolRecord(first_offset + r, bytes(16), r, time.time_ns(),
-                                   batch.num_rows, batch_to_bytes(batch)))
-    return records
-
-
-def _row(i: int) -> dict[str, Any]:
-    return {"kind": ("task", "op", "span")[i % 3], "source": ("ray", "torch")[i % 2],
-            "name": f"step_{i % 5}", "state": "FINISHED", "step": i,
-            "metrics": {"loss": i / 7}, "attrs": {"rank": str(i % 8)}}
-
-
-async def deliver(sink: HttpSink, records: Sequence[SpoolRecord],
-                  attempts: int = 10) -> list[SinkResult]:
-    """Deliver every record as the loop would; return the failures met on the way."""
-    cursor, last = records[0].offset - 1, records[-1].offset
-    failures: list[SinkResult] = []
-    for _ in range(attempts):
-        result = await sink.write([r for r in records if r.offset > cursor])
-        while result.ok:
-            if result.durable_through is not None:
-                assert result.durable_through >= cursor, "the cursor never goes back"
-                cursor = result.durable_through
-            if cursor >= last:
-                return failures
-            result = await sink.flush(final=True)
-            assert not (result.ok and result.durable_through is None), "final flush stalled"
-        failures.append(result)
-        await sink.abandon()
-    raise AssertionError(f"not delivered after {attempts} attempts: {failures}")
 
 
 def sink_for(server: FlakyServer, tmp: Path | None = None,
@@ -293,7 +254,7 @@ async def test_durable_through_waits_for_an_earlier_slow_batch(server: FlakyServ
 async def test_batches_acknowledged_after_a_failed_one_are_not_sent_again(
         server: FlakyServer) -> None:
     records = make_records(4, 10)
-    second = {e["step"] for e in [_row(i) for i in range(10, 20)]}
+    second = {e["step"] for e in [record_row(i) for i in range(10, 20)]}
     server.answer_when(lambda events: events[0]["step"] in second, 500, delay_s=0.3)
     sink = sink_for(server, batch_max_events=10, max_in_flight=4)
     failures = await deliver(sink, records)
@@ -465,7 +426,7 @@ async def test_filters_select_by_kind_source_and_name(server: FlakyServer) -> No
     events = [e for s in server.requests for e in s.events]
     assert events and all(e["kind"] in ("task", "op") and e["source"] == "ray" for e in events)
     assert {e["name"] for e in events} <= {"step_0", "step_2"}
-    expected = [_row(i) for i in range(90)]
+    expected = [record_row(i) for i in range(90)]
     assert len(events) == sum(1 for r in expected if r["kind"] in ("task", "op")
                               and r["source"] == "ray" and r["name"] in ("step_0", "step_2"))
 

@@ -20,7 +20,7 @@ from tests.aggregator.config.test_config import check_config
 from tests.sinks.certs import make_pki
 from tests.sinks.flaky_server import FlakyServer
 from tests.sinks.forward_proxy import ForwardProxy
-from tests.sinks.http.test_http import deliver, make_records
+from tests.sinks.http.records import deliver, make_records
 from tests.sinks.http_config_file import http_sink_config
 from tests.sinks.synced import synced
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from sinks.http import HttpOptions, HttpSink
 from sinks.http.retries import DOWN_AFTER
 from tests.sinks.flaky_server import RESET, FlakyServer, Reply
-from tests.sinks.http.test_http import make_records
+from tests.sinks.http.records import make_records
 from tests.sinks.http.through_loop import LoopRun, first_steps, resent_after_stored, serve
 
 # One request in three fails, in rotation: a 500 or a 429 asking for a second; now and
