@@ -30,7 +30,7 @@ from dashboard.lake.views import NANOS_TYPES
 from dashboard.questions import queries
 from dashboard.questions.overview import overview
 from sinks.parquet.compact import run_compact
-from tests.dashboard.commands import evagg, in_process
+from tests.commands import evagg, in_process
 from tests.dashboard.lakegen import Row, at, event, local_put, task_events, write_rows
 
 TASKS_SQL = "SELECT * FROM tasks ORDER BY task_id, attempt, ray_session"

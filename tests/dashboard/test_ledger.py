@@ -13,7 +13,7 @@ import pytest
 from dashboard.lake.store import Store, StoreOptions
 from emitters import Emitter
 from tests.agentproc import AgentProcess
-from tests.dashboard.commands import evagg
+from tests.commands import evagg
 from tests.dashboard.serve import serving
 from tests.emitters.test_queueing import scripted_run, wait_for_rows
 

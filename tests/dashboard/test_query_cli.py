@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dashboard.commands import evagg, in_process
+from tests.commands import evagg, in_process
 from tests.dashboard.lakegen import Expected
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import io
 import json
 from pathlib import Path
 
-from tests.dashboard.commands import evagg
+from tests.commands import evagg
 
 # Columns the issue found missing (docs/queries.md lists the view's columns).
 ONCE_MISSING = ("parent_id", "actor_id", "trace_id", "exception_class", "stack_trace",

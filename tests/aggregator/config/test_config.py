@@ -16,6 +16,7 @@ from sinks.http import HttpSink
 from sinks.parquet import ParquetSink
 from sinks.parquet.s3 import S3Store
 from tests.agentproc import REPO, short_socket_dir
+from tests.commands import check_config
 
 GOOD = """
 [agent]
@@ -124,11 +125,6 @@ def test_each_error_names_the_key(tmp_path: Path, case: str) -> None:
         load_config(write(tmp_path, text), env={})
     assert expected in str(caught.value)
 
-
-def check_config(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "aggregator", "check-config", *args],
-                          cwd=REPO, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 def test_check_config_exits_non_zero_with_every_problem(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from emitters import Emitter, wire
 from tests.agentproc import AgentProcess
-from tests.aggregator.ingest.test_bad_input import read_answer
+from tests.aggregator.ingest.socket_client import read_answer
 from tests.waiting import wait_until
 
 FRAME = wire.encode_batch(b"A" * 16, 1, 1, b'{"kind": "op", "name": "acked"}')

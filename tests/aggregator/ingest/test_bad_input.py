@@ -4,7 +4,6 @@ counters raised, other producers served, nothing good lost."""
 from __future__ import annotations
 
 import os
-import socket
 import struct
 import urllib.error
 import urllib.request
@@ -16,34 +15,8 @@ import pytest
 
 from emitters import wire
 from tests.agentproc import AgentProcess
+from tests.aggregator.ingest.socket_client import assert_nack_then_closed, connect, read_answer
 from tests.producers import assert_exactly_once, producer_report, start_producer
-
-
-def connect(agent: AgentProcess) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(20)
-    sock.connect(str(agent.socket_path))
-    return sock
-
-
-def read_answer(sock: socket.socket) -> wire.Frame | None:
-    """The agent's next frame, or None once it closed the connection."""
-    buffer = wire.FrameBuffer()
-    while True:
-        frame = buffer.pop()
-        if frame is not None:
-            return frame
-        chunk = sock.recv(65536)
-        if not chunk:
-            return None
-        buffer.feed(chunk)
-
-
-def assert_nack_then_closed(sock: socket.socket, reason_part: str) -> None:
-    answer = read_answer(sock)
-    assert isinstance(answer, wire.Nack), answer
-    assert reason_part in answer.reason
-    assert read_answer(sock) is None  # closed by the agent
 
 
 def batch(payload: bytes, seq: int = 1) -> bytes:

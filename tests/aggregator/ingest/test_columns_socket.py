@@ -9,7 +9,7 @@ import struct
 
 from emitters import wire
 from tests.agentproc import AgentProcess
-from tests.aggregator.ingest.test_bad_input import assert_nack_then_closed, connect, read_answer
+from tests.aggregator.ingest.socket_client import assert_nack_then_closed, connect, read_answer
 from tests.producers import assert_exactly_once, producer_report, start_producer
 
 

@@ -16,7 +16,7 @@ from sinks.http import HttpOptions, HttpSink, HttpSinkConfigError
 from sinks.http.deadletter import replay_dead_letters
 from sinks.http.proxy import proxy_route
 from sinks.http.tls import TlsOptions
-from tests.aggregator.config.test_config import check_config
+from tests.commands import check_config
 from tests.sinks.certs import make_pki
 from tests.sinks.flaky_server import FlakyServer
 from tests.sinks.forward_proxy import ForwardProxy

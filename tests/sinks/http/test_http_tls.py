@@ -17,7 +17,7 @@ from sinks.http import HttpOptions, HttpSink, HttpSinkConfigError
 from sinks.http.deadletter import list_dead_letters, replay_dead_letters
 from sinks.http.tls import TlsOptions, client_ssl
 from sinks.records import SpoolRecord
-from tests.aggregator.config.test_config import check_config
+from tests.commands import check_config
 from tests.sinks.certs import Pki, make_pki
 from tests.sinks.flaky_server import FlakyServer
 from tests.sinks.http.records import deliver, make_records

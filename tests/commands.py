@@ -1,9 +1,10 @@
-"""`evagg` as a user runs it (a subprocess in the repository) and `evagg query` in process
-(its exit code and what it printed), for the tests of the query commands."""
+"""`evagg` as a user runs it (a subprocess in the repository), `evagg check-config`, and
+`evagg query` in process (its exit code and what it printed)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 
@@ -24,3 +25,8 @@ def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str
     code = run_query(parser.parse_args(["query", *args]))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def check_config(*args: str) -> subprocess.CompletedProcess[str]:
+    """`evagg check-config ARGS`, with the repository importable as an installed one is."""
+    return evagg("check-config", *args, env={**os.environ, "PYTHONPATH": str(REPO)})
