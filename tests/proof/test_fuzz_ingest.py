@@ -407,10 +407,13 @@ def test_after_fuzzing_no_worker_failed_and_the_good_producer_lost_nothing(
     assert metric_where(agent, "evagg_worker_errors_total") == 0, worker_failures(agent)
     report = producer_report(fuzzed.good, timeout=120)
     assert report["flushed"] and report["raised"] == 0
-    assert agent.stop() == 0
-    # Only the good producer's own rows: its pid is stamped by the kernel, fuzz cannot fake it.
-    rows = dict(query_lake(agent.lake_dir, f"SELECT task_id, count(*) FROM events "
-                                           f"WHERE run_id = 'good' AND pid = {fuzzed.good.pid} "
-                                           f"GROUP BY task_id"))
+    assert agent.stop() == 0  # drained: every spooled event is in the lake
+    try:
+        # Only the good producer's own rows: the kernel stamps its pid, fuzz cannot fake it.
+        rows = dict(query_lake(agent.lake_dir, f"SELECT task_id, count(*) FROM events "
+                                               f"WHERE run_id = 'good' "
+                                               f"AND pid = {fuzzed.good.pid} GROUP BY task_id"))
+    finally:
+        agent.start()  # the module's tests run in any order: some may come after this one
     assert set(rows) == {f"good-{i}" for i in range(GOOD_EVENTS)}
     assert set(rows.values()) == {1}

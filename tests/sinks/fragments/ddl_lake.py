@@ -17,6 +17,7 @@ from __future__ import annotations
 import calendar
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -152,6 +153,15 @@ def _wait_settled(lake: Path, timeout: float = 60.0) -> None:
 
 def partitions(lake: Path, node: str) -> list[str]:
     return sorted(str(p.relative_to(lake)) for p in lake.glob(f"date=*/hour=*/node={node}"))
+
+
+def compacted_copy(lake: Path, where: Path) -> Path:
+    """A copy of the module's lake with the owner's partitions compacted (compact_owner),
+    so that the tests of the lake as the agents left it still see it so, in any order."""
+    copy = where / "compacted-lake"
+    shutil.copytree(lake, copy)
+    compact_owner(copy)
+    return copy
 
 
 def compact_owner(lake: Path) -> None:

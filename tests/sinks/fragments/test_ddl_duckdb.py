@@ -15,7 +15,7 @@ import pytest
 from tests.sinks.fragments.ddl_lake import (
     QUESTIONS,
     assert_same,
-    compact_owner,
+    compacted_copy,
     ddl,
     evagg_answers,
     evagg_json,
@@ -55,8 +55,8 @@ def test_raw_files_only(lake: Path) -> None:
     assert con.execute("SELECT count(*) FROM task_fragments").fetchone() == (0,)
 
 
-def test_fragments_for_one_node_raw_files_for_the_other(lake: Path) -> None:
-    compact_owner(lake)
+def test_fragments_for_one_node_raw_files_for_the_other(lake: Path, tmp_path: Path) -> None:
+    lake = compacted_copy(lake, tmp_path)
     con = same_as_evagg(lake)
     nodes = dict(con.execute("SELECT node, count(*) FROM task_fragments GROUP BY ALL").fetchall())
     assert set(nodes) == {"node-owner"}

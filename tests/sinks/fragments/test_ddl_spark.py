@@ -22,7 +22,7 @@ import pytest
 from tests.sinks.fragments.ddl_lake import (
     QUESTIONS,
     assert_same,
-    compact_owner,
+    compacted_copy,
     ddl,
     evagg,
     evagg_answers,
@@ -98,8 +98,9 @@ def test_raw_files_only(spark: Any, lake: Path) -> None:
     assert any(r[2] for r in got["tasks"])  # a Ray session: Ray's attempts are there
 
 
-def test_fragments_for_one_node_raw_files_for_the_other(spark: Any, lake: Path) -> None:
-    compact_owner(lake)
+def test_fragments_for_one_node_raw_files_for_the_other(spark: Any, lake: Path,
+                                                        tmp_path: Path) -> None:
+    lake = compacted_copy(lake, tmp_path)
     same_as_evagg(spark, lake)
     nodes = {r.node for r in spark.sql("SELECT DISTINCT node FROM task_fragments").collect()}
     assert nodes == {"node-owner"}
