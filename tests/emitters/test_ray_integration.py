@@ -168,7 +168,8 @@ def test_failures_inside_the_integration_never_reach_the_caller(
     import emitters
     from emitters import ray as ray_integration
 
-    assert not ray.is_initialized() and ray_ids() == {}
+    if not ray.is_initialized():  # this module's cluster may be up: tests run in any order
+        assert ray_ids() == {}
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("broken on purpose")

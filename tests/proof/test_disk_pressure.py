@@ -126,9 +126,10 @@ def final_heartbeat(events: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def emitter_losses(events: list[dict[str, Any]]) -> Counter[str]:
-    """Events the producers' emitters dropped and reported, by run_id."""
+    """Events the producers' emitters dropped and reported, by run_id: each loss event
+    once (the HTTP sink delivers at least once, so a retried batch may bring it twice)."""
     lost: Counter[str] = Counter()
-    for e in events:
+    for e in distinct(events):
         if e.get("kind") == "loss" and (e.get("attrs") or {}).get("component") == "emitter":
             lost[str(e.get("run_id"))] += int(e["metrics"]["events"])
     return lost
