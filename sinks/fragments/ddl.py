@@ -111,7 +111,7 @@ def fragment_schema() -> pa.Schema:
         empty = ", ".join(f"CAST(NULL AS {kind}) AS {name}"
                           for name, kind in FOLD_COLUMNS.items())
         con.execute(f"CREATE TEMP TABLE no_rows AS SELECT {empty} WHERE false")
-        table = con.execute(partial_select(dialect("duckdb"), "no_rows")).to_arrow_table()
+        table = con.sql(partial_select(dialect("duckdb"), "no_rows")).to_arrow_table()
         return table.schema
     finally:
         con.close()
