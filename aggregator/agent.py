@@ -43,7 +43,13 @@ from aggregator.metrics import AgentMetrics
 from aggregator.ray.recall import recall_ray_ids
 from aggregator.raylogs.wiring import build_follower
 from aggregator.red.metrics import RedMetrics
-from aggregator.shutdown import StopSignals, log_drain_progress, log_stopped, log_waiting_for
+from aggregator.shutdown import (
+    StopSignals,
+    cancel_until_done,
+    log_drain_progress,
+    log_stopped,
+    log_waiting_for,
+)
 from aggregator.spool import Spool
 from emitters import autostart
 from sinks.base import Sink
@@ -230,8 +236,7 @@ class Agent:
         hurry.cancel()
         progress.cancel()
         if not delivering.done():
-            delivering.cancel()
-            await asyncio.gather(delivering, return_exceptions=True)
+            await cancel_until_done(delivering)
             if self.sinks is not None:
                 await self.sinks.abandon()
         if self._runner is not None:

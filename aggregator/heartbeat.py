@@ -57,7 +57,10 @@ class Heartbeat:
     async def write_final(self) -> None:
         """The STOPPING heartbeat: best effort and bounded."""
         try:
-            await asyncio.wait_for(self.write(final=True), timeout=FINAL_TIMEOUT_S)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow the
+            # cancellation that a second Ctrl-C sends, and the stop would wait the drain out.
+            async with asyncio.timeout(FINAL_TIMEOUT_S):
+                await self.write(final=True)
         except (TimeoutError, SpoolUnavailable, RuntimeError) as exc:
             log.warning("final heartbeat not written: %s", exc or type(exc).__name__)
 

@@ -69,6 +69,15 @@ def log_waiting_for(signum: int, sinks: SinkSet | None, deadline_s: float,
                  _events(consumer.spool.lag(name)[1]))
 
 
+
+async def cancel_until_done(task: asyncio.Task[None], every_s: float = 0.5) -> None:
+    """Cancel `task` and wait for it, cancelling again while it runs on: an await that
+    swallows one cancellation (Python 3.11's asyncio.wait_for, a library's retry loop)
+    must not turn a second Ctrl-C back into the whole drain."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=every_s)
+
 DRAIN_PROGRESS_S = 10.0  # a line this often while a drain waits: a long drain is not a hang
 
 

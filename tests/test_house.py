@@ -145,3 +145,14 @@ def test_every_folder_of_code_is_a_package(package: str) -> None:
     for folder in [p for p in (REPO / package).rglob("*") if p.is_dir()
                    and any(p.glob("*.py"))]:
         assert (folder / "__init__.py").exists(), folder
+
+
+def test_no_module_waits_with_asyncio_wait_for() -> None:
+    """On Python 3.11, asyncio.wait_for can swallow a cancellation that arrives as its
+    inner await finishes (a second Ctrl-C then waited out the whole drain); the code
+    bounds its waits with `async with asyncio.timeout(...)`, which does not."""
+    users = [name for name, path in MODULES.items()
+             if any(isinstance(node, ast.Attribute) and node.attr == "wait_for"
+                    and isinstance(node.value, ast.Name) and node.value.id == "asyncio"
+                    for node in ast.walk(ast.parse(path.read_text())))]
+    assert users == []

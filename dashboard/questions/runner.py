@@ -39,7 +39,8 @@ class QueryRunner:
 
         future = asyncio.get_running_loop().run_in_executor(self._pool, work)
         try:
-            return await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):  # not wait_for: it can lose a cancel
+                return await asyncio.shield(future)
         except TimeoutError:
             token.cancel()
             raise StoreUnavailable(token.reason) from None

@@ -77,8 +77,8 @@ class RayLogRoutes:
         wanted = request.match_info.get("session")
         timeout = _number(request.query.get("timeout", "30"), "timeout")
         try:
-            return await asyncio.wait_for(self.runner.run(
-                lambda: work(sessions.choose(self.store, wanted))), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: it can lose a cancel
+                return await self.runner.run(lambda: work(sessions.choose(self.store, wanted)))
         except TimeoutError:
             raise DashboardError(f"evagg did not answer within the request's timeout of "
                                  f"{timeout:g} s", 500) from None

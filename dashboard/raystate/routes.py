@@ -125,8 +125,8 @@ class RayStateApi:
 
         key = {"q": request.query_string, "session": wanted or ""}
         try:
-            return await asyncio.wait_for(self.runner.cached(request.path, key, work),
-                                          timeout_s)
+            async with asyncio.timeout(timeout_s):  # not wait_for: it can lose a cancel
+                return await self.runner.cached(request.path, key, work)
         except TimeoutError:
             raise RayApiError(f"evagg did not answer within the request's timeout of "
                               f"{timeout_s:g} s; ask again with a longer --timeout, or "

@@ -3,11 +3,14 @@ second SIGINT that ends it at once, and the line saying it stopped."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 
+from aggregator.shutdown import cancel_until_done
 from tests.agentproc import AgentProcess
 from tests.ports import free_port
 from tests.producers import producer_report, start_producer
@@ -61,7 +64,10 @@ def signal_agent(agent: AgentProcess, signum: int) -> None:
 
 def exit_code(agent: AgentProcess, timeout: float = 15.0) -> int:
     assert agent.proc is not None
-    code = agent.proc.wait(timeout)
+    try:
+        code = agent.proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the agent did not exit within {timeout}s:\n{agent.log()}") from None
     agent.proc = None
     return code
 
@@ -123,3 +129,27 @@ def test_a_clean_ctrl_c_says_the_agent_stopped_with_nothing_left(agent: AgentPro
     assert exit_code(agent) == 0
     stopped_line(agent.log(), "evagg agent stopped: every spooled event was delivered",
                  after="SIGINT: stopping;")
+
+
+def test_a_drain_step_that_swallows_a_cancel_still_ends_at_the_second_signal() -> None:
+    """Python 3.11's asyncio.wait_for loses a cancellation that comes as its inner await
+    finishes; the drain then ran on to its deadline after a second Ctrl-C. A step that
+    swallows one cancel is cancelled again until it ends."""
+    steps: list[str] = []
+
+    async def stubborn_step() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            steps.append("swallowed the first cancel")  # what the lost cancel looks like
+        await asyncio.sleep(60)  # the rest of the drain: only a second cancel ends it
+        steps.append("drained to the end")
+
+    async def second_signal() -> bool:
+        task = asyncio.create_task(stubborn_step())
+        await asyncio.sleep(0)
+        await cancel_until_done(task, every_s=0.05)
+        return task.cancelled()
+
+    assert asyncio.run(second_signal())
+    assert steps == ["swallowed the first cancel"]  # not "drained to the end"
