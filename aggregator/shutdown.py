@@ -61,6 +61,10 @@ def log_waiting_for(signum: int, sinks: SinkSet | None, deadline_s: float,
         log.info("%s: stopping; the socket %s takes no new events, and every sink has "
                  "delivered what is spooled", _name(signum), socket)
         return
+    if deadline_s <= 0:  # drain_timeout = "0s": the operator asked for no wait at all
+        log.info("%s: stopping without waiting for the sinks (drain_timeout is 0s); what "
+                 "they have not delivered stays spooled for the next start", _name(signum))
+        return
     log.info("%s: stopping; delivering what is spooled first, for up to %gs (until %s). "
              "%s again stops at once: what is not delivered stays spooled",
              _name(signum), deadline_s, until, again)

@@ -122,6 +122,40 @@ def test_a_drain_that_reaches_its_deadline_exits_0_and_says_what_stays_spooled(
     assert events_left(last, "collector") >= 25 and "the next `evagg run`" in last
 
 
+
+def test_a_second_sigterm_stops_at_once_with_exit_143(
+        agent_factory: Callable[..., AgentProcess]) -> None:
+    """What systemd's or Kubernetes' second TERM (or `kill` typed twice) meets."""
+    agent = make_agent(agent_factory, down_collector(drain_timeout="60s"))
+    spool_events(agent, 15, "collector")
+    signal_agent(agent, signal.SIGTERM)
+    wait_for(lambda: "waiting for sink collector" in agent.log(), "the waiting line", agent)
+    assert "SIGTERM again stops at once" in agent.log()
+    signal_agent(agent, signal.SIGTERM)
+    assert exit_code(agent) == 143  # 128 + SIGTERM
+    last = stopped_line(agent.log(), "evagg agent stopped at once (SIGTERM during the drain, "
+                        "exit code 143)", after="SIGTERM again: stopping now")
+    assert events_left(last, "collector") >= 15
+
+
+def test_drain_timeout_0s_exits_0_at_once_and_keeps_the_events_spooled(
+        agent_factory: Callable[..., AgentProcess]) -> None:
+    """`drain_timeout = "0s"` (docs/configuration.md): do not wait, the spool keeps it."""
+    setup = down_collector(drain_timeout="0s")
+    agent = make_agent(agent_factory, setup)
+    spool_events(agent, 12, "collector")
+    signal_agent(agent, signal.SIGTERM)
+    assert exit_code(agent) == 0
+    log = agent.log()
+    assert "waiting for sink" not in log and "for up to" not in log
+    last = stopped_line(log, "evagg agent stopped: events left in the spool",
+                        after="SIGTERM: stopping without waiting for the sinks (drain_timeout "
+                        "is 0s)")
+    assert events_left(last, "collector") >= 12
+    agent.start()  # the next start still holds them
+    wait_for(lambda: lag(agent, "collector") >= 12, "the 12 events after the restart", agent)
+    agent.kill()
+
 def test_a_clean_ctrl_c_says_the_agent_stopped_with_nothing_left(agent: AgentProcess) -> None:
     assert producer_report(start_producer(agent.socket_path, "clean", 10))["flushed"]
     agent.wait_delivered(10)
