@@ -45,6 +45,7 @@ class AgentProcess:
         self.config_path = workdir / "evagg.toml"
         self.log_path = workdir / "agent.log"
         self.env = env or {}
+        self.flags: list[str] = []  # command-line flags after `--config`, as an operator adds
         self.proc: subprocess.Popen[bytes] | None = None
         sinks = sinks_toml.replace("{lake}", str(self.lake_dir)) or (
             f'[[sinks]]\nname = "lake"\ntype = "parquet"\nurl = "{self.lake_dir}"\n'
@@ -74,7 +75,8 @@ class AgentProcess:
         env = {**os.environ, "PYTHONPATH": str(REPO), **self.env}
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "aggregator", "run", "--config", str(self.config_path)],
+                [sys.executable, "-m", "aggregator", "run", "--config", str(self.config_path),
+                 *self.flags],
                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         self._wait_ready(timeout)
 
