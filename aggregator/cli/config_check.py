@@ -20,7 +20,7 @@ from pathlib import Path
 
 from aggregator.config import AgentConfig, ConfigError, check_host, config_warnings, load_config
 from aggregator.config.sinks import SinkConfig, parse_sinks
-from aggregator.delivery.registry import build_sink, sink_problem
+from aggregator.delivery.build import build_sink, sink_problem
 
 
 def load_checked(path: Path | None, overrides: dict[str, object]) -> AgentConfig:

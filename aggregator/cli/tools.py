@@ -137,7 +137,7 @@ def _dlq(args: argparse.Namespace) -> int:
     import asyncio
 
     from aggregator.config import ConfigError, load_config
-    from aggregator.delivery.registry import sink_problem
+    from aggregator.delivery.build import sink_problem
     from sinks.http.deadletter import dead_letter_dir, list_dead_letters, replay_dead_letters
 
     try:

@@ -1,30 +1,24 @@
 """The [[sinks]] tables of the agent's configuration: the keys every sink type takes, and
-the checks that need no sink built (names, urls, filters). Each type's own keys, and how
-they are read, belong to its options class (`sink_options()` names them)."""
+the checks that need no sink built (names, urls, filters). Each type's own keys, its urls
+and how it builds itself belong to the type (`sinks.registry` lists them)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any
 
 from aggregator.config.values import check_keys
 from emitters import paths
-from sinks.locations import S3Location, is_s3_url
+from sinks.registry import sink_types
 from sinks.units import parse_positive_duration
-
-if TYPE_CHECKING:
-    from sinks.http.options import HttpOptions
-    from sinks.parquet.options import ParquetOptions
-
-SinkTypeName = Literal["parquet", "http"]  # the keys of sink_options()
 
 
 @dataclass(frozen=True)
 class SinkConfig:
     name: str
-    type: SinkTypeName
+    type: str  # a key of sinks.registry.sink_types()
     url: str
     kinds: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
@@ -35,16 +29,6 @@ class SinkConfig:
 
 COMMON_SINK_KEYS = {"name", "type", "url", "kinds", "sources", "names", "retry_max_backoff"}
 _SINK_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-
-
-def sink_options() -> dict[str, type[ParquetOptions] | type[HttpOptions]]:
-    """Each sink type and the class that owns its own keys (and reads them when its sink
-    is built). Imported here, when sinks are read: the sinks' packages load aiohttp and
-    pyarrow, which `evagg status` and `evagg tail` read the config without."""
-    from sinks.http.options import HttpOptions
-    from sinks.parquet.options import ParquetOptions
-
-    return {"parquet": ParquetOptions, "http": HttpOptions}
 
 
 def default_sink() -> SinkConfig:
@@ -60,21 +44,22 @@ def parse_sinks(raw: Any, problems: list[str]) -> tuple[SinkConfig, ...]:
         return ()
     out: list[SinkConfig] = []
     seen: set[str] = set()
-    parquet_urls: set[str] = set()
+    owned_urls: set[tuple[str, str]] = set()  # (type, url) of the types one_sink_per_url
     for index, table in enumerate(raw):
         sink = _sink(table, index, problems)
         if sink is None:
             continue
         if sink.name in seen:
             problems.append(f"sinks[{index}].name: {sink.name!r} is used by another sink")
-        if sink.type == "parquet" and sink.url.rstrip("/") in parquet_urls:
-            problems.append(
-                f"sinks[{index}].url: another parquet sink writes to {sink.url!r}; "
-                "their files would overwrite each other"
-            )
         seen.add(sink.name)
-        if sink.type == "parquet":
-            parquet_urls.add(sink.url.rstrip("/"))
+        if sink_types()[sink.type].one_sink_per_url:
+            owned = (sink.type, sink.url.rstrip("/"))
+            if owned in owned_urls:
+                problems.append(
+                    f"sinks[{index}].url: another {sink.type} sink writes to {sink.url!r}; "
+                    "their files would overwrite each other"
+                )
+            owned_urls.add(owned)
         out.append(sink)
     return tuple(out)
 
@@ -85,12 +70,12 @@ def _sink(table: Any, index: int, problems: list[str]) -> SinkConfig | None:
         problems.append(f"{label}: must be a table")
         return None
     kind = table.get("type")
-    options_of = sink_options()
-    if not isinstance(kind, str) or kind not in options_of:
+    types = sink_types()
+    if not isinstance(kind, str) or kind not in types:
         problems.append(f"{label}.type: unknown sink type {kind!r} "
-                        f"(known: {', '.join(options_of)})")
+                        f"(known: {', '.join(types)})")
         return None
-    check_keys(table, COMMON_SINK_KEYS | options_of[kind].KEYS, f"{label}.", problems)
+    check_keys(table, COMMON_SINK_KEYS | types[kind].options.KEYS, f"{label}.", problems)
     name = str(table.get("name", f"{kind}-{index}"))
     if not _SINK_NAME.match(name):
         problems.append(f"{label}.name: {name!r} must be 1-64 letters, digits, '.', '_' or '-'")
@@ -98,7 +83,9 @@ def _sink(table: Any, index: int, problems: list[str]) -> SinkConfig | None:
     if not isinstance(url, str) or not url:
         problems.append(f"{label}.url: required")
         return None
-    _check_url(kind, url, f"{label}.url", problems)
+    url_problem = types[kind].url_problem(url)
+    if url_problem:
+        problems.append(f"{label}.url: {url_problem}")
     filters = {
         key: _string_list(table.get(key, []), f"{label}.{key}", problems)
         for key in ("kinds", "sources", "names")
@@ -110,21 +97,9 @@ def _sink(table: Any, index: int, problems: list[str]) -> SinkConfig | None:
         problems.append(f"{label}.retry_max_backoff: {exc}")
         retry_cap = 60.0
     return SinkConfig(
-        name, cast(SinkTypeName, kind), url, filters["kinds"], filters["sources"],
+        name, kind, url, filters["kinds"], filters["sources"],
         filters["names"], options, retry_cap,
     )
-
-
-def _check_url(kind: str, url: str, label: str, problems: list[str]) -> None:
-    if kind == "http" and not url.startswith(("http://", "https://")):
-        problems.append(f"{label}: an http sink needs an http:// or https:// url")
-    if kind == "parquet" and is_s3_url(url):
-        try:
-            S3Location.parse(url)
-        except ValueError:
-            problems.append(f"{label}: an s3 url needs a bucket (s3://bucket/prefix/)")
-    elif kind == "parquet" and "://" in url:
-        problems.append(f"{label}: a parquet sink takes a local directory or s3://bucket/prefix/")
 
 
 def _string_list(value: Any, label: str, problems: list[str]) -> tuple[str, ...]:

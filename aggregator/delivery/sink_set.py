@@ -14,8 +14,8 @@ from pathlib import Path
 
 from aggregator.config import ConfigError
 from aggregator.config.sinks import SinkConfig
+from aggregator.delivery.build import build_sink, sink_problem
 from aggregator.delivery.consumer import SinkConsumer
-from aggregator.delivery.registry import build_sink, sink_problem
 from aggregator.metrics import AgentMetrics
 from aggregator.spool import RecordScreen, Spool
 from sinks.base import Sink

@@ -8,8 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from aggregator.decode.normalize import Stamp, rows_to_batch
-from sinks.base import SinkResult
-from sinks.http import HttpSink
+from sinks.base import Sink, SinkResult
 from sinks.records import SpoolRecord
 from sinks.schema import batch_to_bytes
 
@@ -32,7 +31,7 @@ def record_row(i: int) -> dict[str, Any]:
             "metrics": {"loss": i / 7}, "attrs": {"rank": str(i % 8)}}
 
 
-async def deliver(sink: HttpSink, records: Sequence[SpoolRecord],
+async def deliver(sink: Sink, records: Sequence[SpoolRecord],
                   attempts: int = 10) -> list[SinkResult]:
     """Deliver every record as the loop would; return the failures met on the way."""
     cursor, last = records[0].offset - 1, records[-1].offset

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from aggregator.config.sinks import SinkConfig
-from aggregator.delivery.registry import SinkOptionError, build_sink
+from aggregator.delivery.build import SinkOptionError, build_sink
 from sinks.parquet.s3_uploads import encryption_args, upload_args
 from sinks.schema import EVENT_SCHEMA
 from tests.agentproc import REPO
