@@ -165,3 +165,18 @@ def test_the_sink_types_are_listed_once() -> None:
                 for target in imports(path, top_level_only=False)
                 if target.endswith(".sink_type") and target != "sinks.sink_type"}
     assert reaching == {"sinks.registry"}
+
+
+def test_every_logger_is_named_under_evagg() -> None:
+    """One logging setting on `evagg` reaches every line (docs/configuration.md): a logger
+    named after its module (`sinks.parquet.sink`) would escape it."""
+    strays = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "getLogger"):
+                first = node.args[0] if node.args else None
+                if not (isinstance(first, ast.Constant) and isinstance(first.value, str)
+                        and (first.value == "evagg" or first.value.startswith("evagg."))):
+                    strays.append(f"{name}:{node.lineno}")
+    assert strays == []

@@ -43,7 +43,7 @@ from sinks.fragments.task_fold import (
 )
 from sinks.parquet.layout import fragment_key
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("evagg.dashboard.fold")
 FORMAT = "5"  # bump when the tables change shape
 # A batch this small folds on one thread: on a few cores, splitting ~50,000 rows over
 # threads cost more than it saved (each statement 2-3x slower on two threads).

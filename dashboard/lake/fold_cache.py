@@ -17,7 +17,7 @@ import duckdb
 
 from dashboard.lake.s3 import sql_literal
 
-log = logging.getLogger("dashboard.lake.fold")  # the fold's own log: one name for its messages
+log = logging.getLogger("evagg.dashboard.fold")  # fold.py's too: one name for the fold
 SLOTS = 3  # cache files per location: processes folding the same data at once
 
 

@@ -31,7 +31,7 @@ from dashboard.lake.results import Result, from_cursor
 from dashboard.lake.sources import ENGINES, Relation, open_source
 from sinks.parquet.layout import COMPACTION_META_KEY
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("evagg.dashboard.lake")
 DATASET_NAME = "evagg_dataset"
 BATCH_DATASET = "evagg_fold_batch"
 FRAGMENT_DATASET = "evagg_fold_fragments"

@@ -31,7 +31,7 @@ from dashboard.raystate.options import (
     summary_options,
 )
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("evagg.dashboard.ray")
 Compute = Callable[[Store, str, ListOptions], dict[str, Any]]
 RAY_VERSION = "2.60.0"  # the Ray whose State API these answers follow
 

@@ -21,7 +21,7 @@ from dashboard.raystate.routes import RayStateApi
 from dashboard.web.api import Api, Handler
 from dashboard.web.artifact_routes import ArtifactApi
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("evagg.dashboard")
 STATIC = Path(str(resources.files("dashboard.web").joinpath("static")))
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "

@@ -23,7 +23,7 @@ from sinks.locations import is_s3_url
 # seconds (the agent closes a local file 5 s after it opened). On S3 a relist is LISTs.
 LOCAL_REFRESH_S = 2.0
 S3_REFRESH_S = 5.0
-log = logging.getLogger(__name__)
+log = logging.getLogger("evagg.dashboard")
 DESCRIPTION = """\
 Serve the web dashboard: tasks, training runs, ops, traces and agents, read from the
 Parquet files the agent writes (a local directory or an s3:// prefix). Open the address

@@ -29,7 +29,7 @@ from sinks.parquet.compact import run_compact
 from sinks.parquet.layout import node_directory, partition_for
 from sinks.parquet.options import S3Options
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("evagg.sinks.parquet.merge")
 
 _HOUR_S: Final = 3600
 RECENT_HOURS: Final = 24  # after a restart, the hours looked at again

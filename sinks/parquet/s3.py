@@ -32,7 +32,7 @@ from sinks.parquet.options import S3Options
 from sinks.parquet.s3_errors import classify
 from sinks.parquet.stores import ObjectStore, StoreError, is_staging_name, staging_name
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("evagg.sinks.parquet.s3")
 
 MIB: Final = 1024 * 1024
 PART_SIZE: Final = 8 * MIB  # S3's floor is 5 MiB for every part but the last

@@ -33,7 +33,7 @@ from sinks.parquet.stores import ObjectStore, StoreError
 from sinks.records import SpoolRecord
 from sinks.schema import batch_from_bytes
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("evagg.sinks.parquet")
 
 
 

@@ -23,7 +23,7 @@ from dashboard.lake.sources._s3 import S3Prefix
 from sinks.locations import is_s3_url
 
 __all__ = ["ENGINES", "Relation", "Source", "open_source"]
-log = logging.getLogger(__name__)
+log = logging.getLogger("evagg.dashboard.lake")
 ENGINES = ("auto", "httpfs", "pyarrow")
 
 

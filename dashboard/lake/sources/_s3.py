@@ -15,7 +15,7 @@ from dashboard.lake.listing import Listing, list_s3
 from dashboard.lake.s3 import S3Settings, pyarrow_filesystem
 from sinks.locations import S3Location, bucket_and_key
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("evagg.dashboard.lake")
 
 
 class S3Prefix:

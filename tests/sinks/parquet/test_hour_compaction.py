@@ -170,7 +170,7 @@ def test_a_failed_merge_is_counted_logged_once_and_tried_again(
                                 after_s=60.0, clock=lambda: now[0])
     compaction.file_published(T10)
     compaction.file_published(T10 + 2 * HOUR_NS)
-    with caplog.at_level(logging.WARNING, logger="sinks.parquet.hour_compaction"):
+    with caplog.at_level(logging.WARNING, logger="evagg.sinks.parquet.merge"):
         for _ in range(3):
             compaction.poke()
             assert compaction.wait_idle(60.0)
