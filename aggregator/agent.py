@@ -51,6 +51,7 @@ from aggregator.shutdown import (
     log_waiting_for,
 )
 from aggregator.spool import Spool
+from aggregator.worker_errors import WorkerErrors
 from emitters import autostart
 from sinks.base import Sink
 
@@ -67,6 +68,7 @@ class Agent:
         self._arrow_pool = arrow_pool_name()
         self.overrides = dict(overrides or {})  # command-line flags, kept across reloads
         self.metrics = AgentMetrics()
+        self._errors = WorkerErrors(self.metrics, log)  # the agent's own workers' failures
         self.losses = LossRecorder(self.metrics.dropped_events,  # every loss, one recorder
                                    self.metrics.producer_dropped_events)
         # -- RED metrics and agent on demand (see aggregator/red/metrics.py, emitters/autostart.py)
@@ -186,8 +188,8 @@ class Agent:
         try:
             recalled = recall_ray_ids(self.spool, want=window.capacity)
         except Exception as exc:  # the spool itself failing: start anyway
-            self.metrics.worker_errors.inc(worker="ray_recall", type=type(exc).__name__)
-            log.exception("could not read Ray eventIds back from the spool")
+            self._errors.failed("ray_recall", exc, "could not read Ray eventIds back from the "
+                                "spool: a resend by Ray of what was spooled may be stored again")
             return
         window.confirm(recalled.ids)
         if recalled.unreadable:
@@ -306,12 +308,9 @@ class Agent:
             await asyncio.sleep(UNUSED_POLL_S)
             try:
                 fd = autostart.claim_if_unused(users_path)
-            except asyncio.CancelledError:
-                raise
             except Exception as exc:  # keep serving; a later poll may succeed
-                self.metrics.worker_errors.inc(worker="exit_when_unused",
-                                               type=type(exc).__name__)
-                log.exception("cannot check the users lock %s", users_path)
+                self._errors.failed("exit_when_unused", exc, "cannot check the users lock %s; "
+                                    "the agent keeps serving and looks again", users_path)
                 continue
             if fd is not None:
                 self._unused_fd = fd

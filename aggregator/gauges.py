@@ -15,6 +15,7 @@ from typing import Final
 from aggregator.delivery.consumer import SinkConsumer
 from aggregator.metrics import AgentMetrics
 from aggregator.spool import Spool
+from aggregator.worker_errors import WorkerErrors
 from sinks.base import Sink
 
 log = logging.getLogger("evagg.metrics")
@@ -37,10 +38,10 @@ class AgentGauges:
     def __init__(self, metrics: AgentMetrics, spool: Spool,
                  consumers: Callable[[], Mapping[str, SinkConsumer]]) -> None:
         self.metrics = metrics
+        self._errors = WorkerErrors(metrics, log)
         self.spool = spool
         self.consumers = consumers
         self.started_ns = time.time_ns()
-        self._failed_sinks: set[str] = set()  # whose counters() raised: logged once each
 
     def sample(self) -> list[Sample]:
         out = self._spool_samples()
@@ -103,11 +104,8 @@ class AgentGauges:
                  float(value)) for gauge, value in values.items()]
 
     def _count_failure(self, name: str, exc: Exception) -> None:
-        self.metrics.worker_errors.inc(worker=f"sink:{name}", type=type(exc).__name__)
-        if name not in self._failed_sinks:
-            self._failed_sinks.add(name)
-            log.error("sink %s could not report its counters (%r); /metrics leaves them out",
-                      name, exc)
+        self._errors.failed(f"sink:{name}", exc, "sink %s could not report its counters; "
+                            "/metrics leaves them out", name)
 
 
 def _legacy_http_samples(name: str, counts: Iterable[tuple[str, int]]) -> list[Sample]:

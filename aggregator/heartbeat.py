@@ -22,6 +22,7 @@ from aggregator.config import AgentConfig
 from aggregator.ingest.ingestor import Ingestor, SpoolUnavailable
 from aggregator.losses import LossRecorder
 from aggregator.metrics import AgentMetrics
+from aggregator.worker_errors import WorkerErrors
 from emitters.ids import new_event_id
 
 log = logging.getLogger("evagg.agent")
@@ -35,6 +36,7 @@ class Heartbeat:
                  silent_after_s: float | None = None) -> None:
         self.ingestor = ingestor
         self.metrics = metrics
+        self._errors = WorkerErrors(metrics, log)
         self.losses = losses
         self.node_id = node_id
         self.spool_directory = spool_directory
@@ -48,11 +50,9 @@ class Heartbeat:
             await asyncio.sleep(self.interval_s)
             try:
                 await self.write(final=False)
-            except asyncio.CancelledError:
-                raise
             except Exception as exc:  # a heartbeat must never end the agent
-                self.metrics.worker_errors.inc(worker="heartbeat", type=type(exc).__name__)
-                log.exception("heartbeat failed")
+                self._errors.failed("heartbeat", exc, "the heartbeat was not written; the "
+                                    "next one is due in %gs", self.interval_s)
 
     async def write_final(self) -> None:
         """The STOPPING heartbeat: best effort and bounded."""

@@ -21,6 +21,7 @@ from pathlib import Path
 from aggregator.delivery.consumer import SinkConsumer
 from aggregator.delivery.sink_set import SinkSet
 from aggregator.metrics import AgentMetrics
+from aggregator.worker_errors import WorkerErrors
 
 log = logging.getLogger("evagg.agent")
 
@@ -103,11 +104,9 @@ async def log_drain_progress(sinks: SinkSet | None, deadline_s: float,
                                      for name, events in left.items())
                 log.info("still delivering what is spooled (%.0fs of %gs): %s left",
                          waited, deadline_s, per_sink)
-    except asyncio.CancelledError:
-        raise
     except Exception as exc:
-        metrics.worker_errors.inc(worker="drain_progress", type=type(exc).__name__)
-        log.warning("cannot report the drain's progress (%r); the drain goes on", exc)
+        WorkerErrors(metrics, log).failed("drain_progress", exc, "cannot report the drain's "
+                                          "progress; the drain goes on", level=logging.WARNING)
 
 
 def log_stopped(sinks: SinkSet | None, spool_dir: Path, signals: StopSignals) -> None:

@@ -23,7 +23,8 @@ class RateLimitedLog:
         self._last: dict[str, float] = {}
         self._held: Counter[str] = Counter()
 
-    def log(self, level: int, key: str, message: str, *args: Any) -> None:
+    def log(self, level: int, key: str, message: str, *args: Any,
+            exc_info: BaseException | None = None) -> None:
         now = time.monotonic()
         last = self._last.get(key)
         if last is not None and now - last < self._interval:
@@ -35,4 +36,4 @@ class RateLimitedLog:
             message += " (%d more since the last report)"
             args += (held,)
         with contextlib.suppress(Exception):  # logging can fail at interpreter exit
-            self._logger.log(level, message, *args)
+            self._logger.log(level, message, *args, exc_info=exc_info)

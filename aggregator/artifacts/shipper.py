@@ -34,7 +34,7 @@ from aggregator.artifacts.state import Shipped, ShippedState
 from aggregator.config.files import WatchedFiles
 from aggregator.ingest.ingestor import Ingestor
 from aggregator.metrics import AgentMetrics
-from emitters.ratelimit import RateLimitedLog
+from aggregator.worker_errors import WorkerErrors
 from sinks.artifacts.layout import ARTIFACT_KIND, artifact_event_id, artifact_key
 from sinks.parquet.stores import LocalStore, ObjectStore
 
@@ -61,7 +61,7 @@ class ArtifactShipper:
         self.metrics = metrics
         self.node_id, self.host = node_id, host
         self.interval_s = interval_s
-        self._said = RateLimitedLog(log)
+        self._errors = WorkerErrors(metrics, log)
         self._missing: set[Path] = set()  # watched directories said to be missing
         self._started = False
         registry = metrics.registry
@@ -93,11 +93,9 @@ class ArtifactShipper:
     async def _guarded(self, step: Callable[[], Awaitable[None]]) -> None:
         try:
             await step()
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # the next cycle looks again
-            self._failed("cycle", exc, "shipping finished files failed (%s: %s); trying "
-                         "again in %.0fs", type(exc).__name__, exc, self.interval_s)
+            self._errors.failed("artifacts", exc, "shipping finished files failed; trying "
+                                "again in %.0fs", self.interval_s, level=logging.WARNING)
 
     async def cycle(self) -> None:
         """Ship every file that finished since the last look."""
@@ -105,12 +103,10 @@ class ArtifactShipper:
             try:
                 await self.store.publish(item.staged, item.key)
                 await self._index(item)
-            except asyncio.CancelledError:
-                raise
             except Exception as exc:  # written down unindexed: the same key next cycle
-                self._failed("publish", exc, "could not ship %s to %s (%s); it is sent "
-                             "again in the next cycle", item.candidate.path,
-                             self.store.describe(), exc)
+                self._errors.failed("artifacts", exc, "could not ship %s to %s; it is sent "
+                                    "again in the next cycle", item.candidate.path,
+                                    self.store.describe(), level=logging.WARNING)
                 with contextlib.suppress(OSError):
                     item.staged.unlink()
                 continue
@@ -118,10 +114,6 @@ class ArtifactShipper:
             await asyncio.to_thread(self.state.save)
             self.shipped.inc(kind=item.candidate.watched.kind)
             self.shipped_bytes.inc(item.record.size)
-
-    def _failed(self, where: str, exc: Exception, message: str, *args: Any) -> None:
-        self.metrics.worker_errors.inc(worker="artifacts", type=type(exc).__name__)
-        self._said.log(logging.WARNING, f"{where}-{type(exc).__name__}", message, *args)
 
     # -- in the thread -----------------------------------------------------------------------
 
@@ -136,8 +128,8 @@ class ArtifactShipper:
             try:
                 item = self._stage(candidate)
             except OSError as exc:
-                self._failed("stage", exc, "could not read %s (%s); trying again",
-                             candidate.path, exc)
+                self._errors.failed("artifacts", exc, "could not read %s; trying again",
+                                    candidate.path, level=logging.WARNING)
                 continue
             if item is not None:
                 staged.append(item)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from aggregator.metrics import AgentMetrics
 from aggregator.spool import RecordScreen, Spool
+from aggregator.worker_errors import WorkerErrors
 from sinks.backoff import backoff_delay
 from sinks.base import Sink, SinkResult
 
@@ -45,6 +46,7 @@ class SinkConsumer:
         self.spool = spool
         self.screen = screen or RecordScreen(spool)  # share one per spool: counted once
         self.metrics = metrics
+        self._errors = WorkerErrors(metrics, log)
         self.flush_interval_s = flush_interval_s
         self.read_max_bytes = read_max_bytes
         self.backoff_cap_s = backoff_cap_s
@@ -88,9 +90,8 @@ class SinkConsumer:
                 await self._sleep(self.backoff_cap_s)
 
     def _count_exception(self, exc: Exception, during: str) -> None:
-        self.metrics.worker_errors.inc(worker=f"sink:{self.name}", type=type(exc).__name__)
-        log.exception("sink %s raised during %s; treating it as a failed delivery",
-                      self.name, during)
+        self._errors.failed(f"sink:{self.name}", exc, "sink %s raised during %s; treating it "
+                            "as a failed delivery", self.name, during)
 
     async def _step(self) -> SinkResult | None:
         if self._flush_due():

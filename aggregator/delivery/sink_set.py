@@ -18,6 +18,7 @@ from aggregator.delivery.build import build_sink, sink_problem
 from aggregator.delivery.consumer import SinkConsumer
 from aggregator.metrics import AgentMetrics
 from aggregator.spool import RecordScreen, Spool
+from aggregator.worker_errors import WorkerErrors
 from sinks.base import Sink
 
 log = logging.getLogger("evagg.sinks")
@@ -46,6 +47,7 @@ class SinkSet:
                  built: Sequence[tuple[SinkConfig, Sink]]) -> None:
         self.spool = spool
         self.metrics = metrics
+        self._errors = WorkerErrors(metrics, log)
         self.consumers: dict[str, SinkConsumer] = {}
         self._tasks: list[asyncio.Task[None]] = []
         spool.register_sinks([config.name for config, _ in built])
@@ -81,9 +83,8 @@ class SinkSet:
             try:
                 await consumer.close()
             except Exception as exc:  # closing one sink must not keep the others open
-                self.metrics.worker_errors.inc(worker=f"sink:{consumer.name}",
-                                               type=type(exc).__name__)
-                log.exception("closing sink %s failed", consumer.name)
+                self._errors.failed(f"sink:{consumer.name}", exc, "closing sink %s failed; "
+                                    "the other sinks close anyway", consumer.name)
         for name in self.consumers:
             self.metrics.sink_permanent_error.values.pop((("sink", name),), None)
             self.metrics.sink_failing_since.clear(sink=name)

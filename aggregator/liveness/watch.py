@@ -30,6 +30,7 @@ from aggregator.liveness.facts import Fact, facts_of
 from aggregator.liveness.openset import Attempt, OpenSet, Process
 from aggregator.metrics import AgentMetrics
 from aggregator.spool import Spool
+from aggregator.worker_errors import WorkerErrors
 
 log = logging.getLogger("evagg.agent")
 CHECK_INTERVAL_S = 1.0
@@ -42,6 +43,7 @@ class LivenessWatch:
                  state_dir: Path, host: str, grace_s: float) -> None:
         self.ingestor = ingestor
         self.metrics = metrics
+        self._errors = WorkerErrors(metrics, log)
         self.spool = spool
         self.state_dir = state_dir
         self.host = host
@@ -72,9 +74,8 @@ class LivenessWatch:
         try:
             self.open.apply(facts)
         except Exception as exc:  # the batch is stored: only its watching is lost
-            self.metrics.worker_errors.inc(worker="liveness", type=type(exc).__name__)
-            if self.metrics.worker_errors.get(worker="liveness", type=type(exc).__name__) == 1:
-                log.exception("could not note the attempts of a stored batch (counted)")
+            self._errors.failed("liveness", exc, "could not note the attempts of a stored "
+                                "batch; its events are stored, only their watching is lost")
 
     # -- start -----------------------------------------------------------------------------
 
@@ -90,9 +91,8 @@ class LivenessWatch:
             self.seen.begin()
             self.open.on_new = self.seen.add
         except Exception as exc:  # a damaged snapshot: start with what was read
-            self.metrics.worker_errors.inc(worker="liveness", type=type(exc).__name__)
-            log.exception("could not read back the open attempts of the last run; attempts "
-                          "open before this start are not watched")
+            self._errors.failed("liveness", exc, "could not read back the open attempts of "
+                                "the last run; attempts open before this start are not watched")
             return
         if unreadable:
             self.metrics.worker_errors.inc(unreadable, worker="liveness",
@@ -109,13 +109,9 @@ class LivenessWatch:
             await asyncio.sleep(CHECK_INTERVAL_S)
             try:
                 await self.check()
-            except asyncio.CancelledError:
-                raise
             except Exception as exc:  # the next check tries again
-                self.metrics.worker_errors.inc(worker="liveness", type=type(exc).__name__)
-                if self.metrics.worker_errors.get(worker="liveness",
-                                                  type=type(exc).__name__) == 1:
-                    log.exception("liveness check failed (counted; it is tried every second)")
+                self._errors.failed("liveness", exc, "the liveness check failed; it is tried "
+                                    "again every %gs", CHECK_INTERVAL_S)
 
     async def check(self) -> None:
         gone = await self.ingestor.in_thread(procs.gone_of, self.open.living())

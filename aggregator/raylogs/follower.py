@@ -30,6 +30,7 @@ from aggregator.metrics import AgentMetrics
 from aggregator.raylogs.named import NamedFile, inside, named_in, session_logs_dir
 from aggregator.raylogs.reading import APPEAR_WAIT_S, MAX_PIECE_BYTES, Lost, Piece, step
 from aggregator.raylogs.state import Followed, FollowState
+from aggregator.worker_errors import WorkerErrors
 from emitters.ratelimit import RateLimitedLog
 from sinks.parquet.stores import LocalStore, ObjectStore, is_staging_name
 from sinks.raylogs.layout import LOGS_ROOT, compress_piece, piece_key
@@ -61,6 +62,7 @@ class RayLogFollower:
         self._batches: deque[pa.RecordBatch] = deque()
         self._workers: dict[tuple[str, int], tuple[NamedFile, float]] = {}
         self._said = RateLimitedLog(log)
+        self._errors = WorkerErrors(metrics, log)
         self._started = False  # the saved state is read: cycles may write it
         # One thread of its own, at a lower CPU priority: compressing logs yields the
         # cores to the event path (the acks) when both want them.
@@ -102,13 +104,9 @@ class RayLogFollower:
     async def _guarded_cycle(self) -> bool:
         try:
             return await self.cycle()
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # the next cycle starts from the saved state
-            self.metrics.worker_errors.inc(worker="ray_logs", type=type(exc).__name__)
-            self._said.log(logging.ERROR, f"cycle-{type(exc).__name__}",
-                           "shipping Ray log files failed (%s: %s); trying again in %.0fs",
-                           type(exc).__name__, exc, self.interval_s)
+            self._errors.failed("ray_logs", exc, "shipping Ray log files failed; trying again "
+                                "in %.0fs", self.interval_s)
             return False
 
     async def cycle(self) -> bool:
@@ -119,10 +117,9 @@ class RayLogFollower:
             try:
                 await self.store.publish(item.path, item.key)
             except Exception as exc:  # the range stays written down: the same key next time
-                self.metrics.worker_errors.inc(worker="ray_logs", type=type(exc).__name__)
-                self._said.log(logging.WARNING, f"publish-{type(exc).__name__}",
-                               "could not write a Ray log piece to %s (%s); it is sent again "
-                               "in the next cycle", self.store.describe(), exc)
+                self._errors.failed("ray_logs", exc, "could not write a Ray log piece to %s; it "
+                                    "is sent again in the next cycle", self.store.describe(),
+                                    level=logging.WARNING)
                 with contextlib.suppress(OSError):
                     item.path.unlink()
                 continue
