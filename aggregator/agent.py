@@ -40,9 +40,10 @@ from aggregator.memory import (
     keep_pandas_out,
 )
 from aggregator.metrics import AgentMetrics
+from aggregator.on_demand import UsersWatch
 from aggregator.ray.recall import recall_ray_ids
 from aggregator.raylogs.wiring import build_follower
-from aggregator.red.metrics import RedMetrics
+from aggregator.red.wiring import build_red_metrics
 from aggregator.shutdown import (
     StopSignals,
     cancel_until_done,
@@ -52,11 +53,9 @@ from aggregator.shutdown import (
 )
 from aggregator.spool import Spool
 from aggregator.worker_errors import WorkerErrors
-from emitters import autostart
 from sinks.base import Sink
 
 log = logging.getLogger("evagg.agent")
-UNUSED_POLL_S = 0.5  # how often an agent on demand checks whether any user is left
 RAY_LOGS_FINAL_S = 10.0  # the last shipping of Ray log files at a stop, at most
 
 
@@ -71,13 +70,9 @@ class Agent:
         self._errors = WorkerErrors(self.metrics, log)  # the agent's own workers' failures
         self.losses = LossRecorder(self.metrics.dropped_events,  # every loss, one recorder
                                    self.metrics.producer_dropped_events)
-        # -- RED metrics and agent on demand (see aggregator/red/metrics.py, emitters/autostart.py)
-        self.red = RedMetrics(max_names=config.red_max_names) if config.red_metrics else None
-        if self.red is not None:
-            self.metrics.registry.add_renderer(self.red.render)
-        self._exit_when_unused = exit_when_unused
-        self._unused_fd: int | None = None  # held until exit once no user is left
-        # -- end RED metrics and agent on demand
+        self.red = build_red_metrics(config, self.metrics)  # aggregator/red/
+        self._users = (UsersWatch(exit_when_unused, self._errors)  # aggregator/on_demand.py
+                       if exit_when_unused is not None else None)
         self.spool = Spool(config.state_dir / "spool", max_bytes=config.spool_max_bytes,
                            when_full=config.spool_when_full, fsync=config.spool_fsync,
                            segment_bytes=config.spool_segment_bytes, losses=self.losses)
@@ -137,9 +132,9 @@ class Agent:
         heartbeat = asyncio.create_task(self.heartbeat.run(), name="heartbeat")
         liveness = (asyncio.create_task(self.liveness.run(), name="liveness")
                     if self.liveness.enabled else None)
-        watcher = (asyncio.create_task(self._exit_when_unused_loop(self._exit_when_unused),
+        watcher = (asyncio.create_task(self._stop_when_unused(self._users),
                                        name="exit-when-unused")
-                   if self._exit_when_unused is not None else None)
+                   if self._users is not None else None)
         ray_logs = (asyncio.create_task(self.ray_logs.run(), name="ray-logs")
                     if self.ray_logs is not None else None)
         artifacts = (asyncio.create_task(self.artifacts.run(), name="artifacts")
@@ -302,21 +297,9 @@ class Agent:
             async with asyncio.timeout(min(RAY_LOGS_FINAL_S, self.config.drain_timeout_s)):
                 await self.ray_logs.ship_all()
 
-    async def _exit_when_unused_loop(self, users_path: Path) -> None:
-        """Agent on demand: stop once no process holds a shared lock on `users_path`."""
-        while True:
-            await asyncio.sleep(UNUSED_POLL_S)
-            try:
-                fd = autostart.claim_if_unused(users_path)
-            except Exception as exc:  # keep serving; a later poll may succeed
-                self._errors.failed("exit_when_unused", exc, "cannot check the users lock %s; "
-                                    "the agent keeps serving and looks again", users_path)
-                continue
-            if fd is not None:
-                self._unused_fd = fd
-                log.info("no process uses this agent any more (%s): draining", users_path)
-                self.request_stop()
-                return
+    async def _stop_when_unused(self, users: UsersWatch) -> None:
+        await users.wait_until_unused()
+        self.request_stop()
 
 
 def http_port_problem(listen: str, exc: OSError) -> str:
