@@ -1,5 +1,5 @@
-"""The agent's RED metrics, as the config asks for them (docs/metrics.md, "RED metrics derived from events"):
-built and added to /metrics when `red_metrics` is on, None otherwise."""
+"""The agent's RED metrics, as the config asks for them (docs/metrics.md, "RED metrics
+derived from events"): built and added to /metrics when `red_metrics` is on, else None."""
 
 from __future__ import annotations
 

@@ -21,9 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aggregator.spool import Spool, SpoolClosed
-from aggregator.spool._segment import HEADER_SIZE, RECORD_OVERHEAD, SpoolVersionError
-from aggregator.spool._state import SpoolLockedError
+from aggregator.spool import Spool, SpoolClosed, SpoolLockedError, SpoolVersionError
+from aggregator.spool._segment import HEADER_SIZE, RECORD_OVERHEAD
 
 T = TypeVar("T")
 SESSION = bytes(range(1, 17))
