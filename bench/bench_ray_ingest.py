@@ -1,6 +1,6 @@
 """Ray Event Export ingest: 1000-event POST bodies (the Ray >= 2.56 batch size, ~0.9 MB)
 on one core, stage by stage side by side: the reference path (parse, dedupe, map to row
-dicts, `normalize.rows_to_batch`) and the agent's columnar path (`ray_batch`), with the
+dicts, `normalize.rows_to_batch`) and the agent's columnar path (`aggregator.ray.batch`), with the
 wall rate and the CPU time per Ray event; then, with --start-agent or --url, POSTed to a
 running agent's /ray/events one at a time (as Ray sends them) for the answer's latency,
 and with --start-agent the agent process's own CPU time per Ray event: once while its

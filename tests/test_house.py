@@ -180,3 +180,13 @@ def test_every_logger_is_named_under_evagg() -> None:
                         and (first.value == "evagg" or first.value.startswith("evagg."))):
                     strays.append(f"{name}:{node.lineno}")
     assert strays == []
+
+
+def test_docs_architecture_names_every_module() -> None:
+    """docs/architecture.md's tables are how a newcomer finds a module by its job: each
+    module is named there (by its file name in backticks, or by its path)."""
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    unnamed = [str(path.relative_to(REPO)) for path in MODULES.values()
+               if path.name != "__init__.py" and f"`{path.name}`" not in doc
+               and str(path.relative_to(REPO)) not in doc]
+    assert unnamed == [], "name these in docs/architecture.md: " + ", ".join(unnamed)

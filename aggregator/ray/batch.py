@@ -2,10 +2,10 @@
 
 The /ray/events route runs `ray_body_to_batch` in a worker thread: parse (orjson), drop
 the events Ray resends or that another request is writing now (`RecentEventIds`), map
-each event to row tuples and build the Arrow columns directly (`ray_columns`). Task
+each event to row tuples and build the Arrow columns directly (`columns.py`). Task
 definition and lifecycle events, nearly all of the traffic, take the fast path
-(`ray_fast`); every other event, and any task event the fast path declines, takes the
-careful path (`ray_events.careful_rows`, then `normalize.normalize_event`), which also
+(`fast.py`); every other event, and any task event the fast path declines, takes the
+careful path (`events.careful_rows`, then `normalize.normalize_event`), which also
 names the reason for each event or row it refuses. Both paths give the same rows for the
 same event.
 """

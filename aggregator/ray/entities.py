@@ -3,7 +3,7 @@
 Definitions become one row with state DEFINED (name, class, entrypoint, pid...);
 lifecycle events one row per state transition with Ray's state as is (ALIVE, DEAD,
 CREATED, ...) and death causes in the error columns. Row bodies lack the envelope
-(event_id, source, attrs of the envelope), which `ray_events` adds.
+(event_id, source, attrs of the envelope), which `events.py` adds.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Ray Event Export payloads (JSON arrays of RayEvent) -> evagg event rows: the careful path.
 
 Pure mapping, no HTTP. This is the reference mapping of every Ray event to row dicts
-(which `aggregator.decode.normalize` then checks). The /ray/events route (`ray_batch`) sends
-task definition and lifecycle events through `ray_fast` instead, which gives the same
+(which `aggregator.decode.normalize` then checks). The /ray/events route (`batch.py`) sends
+task definition and lifecycle events through `fast.py` instead, which gives the same
 rows straight as Arrow columns, and sends everything else here: the other event types,
 and any task event of a shape the fast path is not sure of.
 
@@ -11,7 +11,7 @@ Handled: camelCase and snake_case keys; Ray >= 2.51 TASK_LIFECYCLE_EVENT
 state transition, states mapped to PENDING/SUBMITTED/RUNNING/FINISHED/FAILED with
 Ray's own in attrs["ray_state"]; task and actor-task definitions as rows with state
 DEFINED (they alone carry the task's name); actor, driver-job, node, worker and profile
-events (`ray_entities`). Any other event type becomes one kind "ray" row holding the
+events (`entities.py`). Any other event type becomes one kind "ray" row holding the
 whole object in attrs["ray_raw"]; nothing is rejected for being new to us. Fields no
 column takes go to attrs["ray_<snake_name>"] unless at their default value. An event
 that yields several rows gives them the ids "<eventId hex>-<i>", so a resend maps to

@@ -1,15 +1,15 @@
 """The fast path for the bulk of Ray's export: task definition and task lifecycle events
-straight to row tuples (`ray_columns.ROW_COLUMNS`), with no row dict and no per-field
+straight to row tuples (`columns.ROW_COLUMNS`), with no row dict and no per-field
 normalization.
 
-It gives exactly the rows that the careful path (`ray_events.map_event`, then
+It gives exactly the rows that the careful path (`events.map_event`, then
 `normalize.normalize_event`) gives for the same event, using the same helpers; the
-differential tests in tests/aggregator/test_ray_batch.py hold it to that. Whatever it is
+differential tests in tests/aggregator/ray/test_ray_batch.py hold it to that. Whatever it is
 not sure of (another event type, a missing eventId, a value of an odd type, an id that is
 not base64, an attempt out of range) it declines by raising, and the caller hands that
 event to the careful path, which maps it or names the reason it cannot.
 
-Times: with `eager=False` a row keeps Ray's RFC 3339 text as is, and `ray_columns`
+Times: with `eager=False` a row keeps Ray's RFC 3339 text as is, and `columns.py`
 converts the whole column in one cast, which takes UTC texts with 0-9 fraction digits
 ("...T12:05:22Z" to "...T12:05:22.487696773Z"). If any text is of another shape (an
 offset, a lower-case "t"), names no real time or is out of range, the caller maps the
@@ -58,7 +58,7 @@ from aggregator.ray.values import (
     to_int,
 )
 
-Time = int | str  # integer ns, or Ray's RFC 3339 text for `ray_columns` to convert
+Time = int | str  # integer ns, or Ray's RFC 3339 text for `columns.py` to convert
 _TIME_LIMIT: Final = 2**63
 _INT32_LIMIT: Final = 2**31
 
@@ -99,7 +99,7 @@ def fast_rows(item: Any, stamp: Stamp, eager: bool = False) -> list[RowTuple]:
 
 
 class _Envelope(NamedTuple):
-    """What every row of one Ray event shares (as `ray_events._stamp_envelope` adds it)."""
+    """What every row of one Ray event shares (as `events._stamp_envelope` adds it)."""
 
     event_hex: str
     node_hex: str | None
@@ -172,7 +172,7 @@ def _hex(p: dict[str, Any], key: str) -> str | None:
 
 
 def _function(p: dict[str, Any], k: Keys) -> str | None:
-    """`ray_events.function_name`, cached: the tasks of a job share a few functions."""
+    """`events.function_name`, cached: the tasks of a job share a few functions."""
     parts = function_parts(p, k)
     if not all(map(_plain, parts)):  # as in _envelope_attrs: 1 and 1.0 are one key
         raise Declined("a function name part is not a string")

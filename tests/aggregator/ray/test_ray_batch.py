@@ -1,4 +1,4 @@
-"""The columnar Ray path (`ray_batch`: fast path + careful fallback, Arrow built directly)
+"""The columnar Ray path (`aggregator.ray.batch`: fast path, careful fallback, Arrow direct)
 against the reference: `ray_events_to_rows` then `normalize.rows_to_batch`, the path every
 Ray event took before. Same rows, same order, same values, same map entry order; the
 same reasons for what is refused.
