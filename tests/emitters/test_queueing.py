@@ -136,7 +136,8 @@ def test_work_run_two_seconds_after_enqueue_carries_queue_s_of_about_two(
         assert 1.95 <= queue_s <= waited + 0.05
         assert run_id == "handoff"  # the producer's run, not the consumer's own
     started = query_lake(agent.lake_dir, "SELECT metrics['queue_s'] FROM events WHERE "
-                                         "kind = 'request' AND state = 'STARTED'")
+                                         "kind = 'request' AND state = 'STARTED' AND "
+                                         "task_id = 'slow-1'")  # this request's only
     assert [value for (value,) in started] == [ops[0][1]]
 
 
