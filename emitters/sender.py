@@ -227,7 +227,7 @@ class Sender:
     def _made_all(self, seqs: Iterable[int]) -> None:
         frames = self.outbox.frames
         for seq in seqs:
-            if frames[seq][0][5] == wire.COLUMNS:
+            if frames[seq].is_columns:
                 self.counts["columns_frames"] += 1
             self._made(seq)
 
@@ -333,7 +333,7 @@ class Sender:
 
     def _columns_out(self) -> bool:
         oldest = self.outbox.oldest()
-        return oldest is not None and self.outbox.frames[oldest][0][5] == wire.COLUMNS
+        return oldest is not None and self.outbox.frames[oldest].is_columns
 
     def _fall_back_to_ndjson(self) -> None:
         """The agent predates COLUMNS (it stored none): make every unacked COLUMNS frame
@@ -344,8 +344,8 @@ class Sender:
                         "evagg); sending it NDJSON from now on, nothing is lost", path)
         self._ndjson_at = path
         self.counts["columns_refused"] += 1
-        sent = sum(count for seq, (frame, count) in self.outbox.frames.items()
-                   if frame[5] == wire.COLUMNS and seq <= self._sent_upto)
+        sent = sum(pending.events for seq, pending in self.outbox.frames.items()
+                   if pending.is_columns and seq <= self._sent_upto)
         removed, made = self.outbox.frames_as_ndjson()
         self.ledger.frames_remade(removed, made, sent)
         self._disconnect()  # the agent closes it too; the reconnect sends the NDJSON frames

@@ -48,6 +48,20 @@ _ACK = struct.Struct(">BB16sQII")
 _NACK = struct.Struct(">BB16sQ")
 
 
+BATCH_HEADER: Final = _BATCH.size  # version, type, session, seq, count: before the payload
+FRAME_OVERHEAD: Final = _LENGTH.size + BATCH_HEADER  # an encoded frame's bytes besides its payload
+
+
+def frame_type(frame: bytes) -> int:
+    """BATCH or COLUMNS: the type byte of an encoded batch frame (after its length)."""
+    return frame[_LENGTH.size + 1]
+
+
+def payload_of(frame: bytes) -> bytes:
+    """The payload of an encoded batch frame."""
+    return frame[_LENGTH.size + _BATCH.size:]
+
+
 class FrameError(ValueError):
     """A frame that cannot be parsed. The message is the reason sent back in a NACK."""
 
