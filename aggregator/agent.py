@@ -71,7 +71,7 @@ class Agent:
         self.losses = LossRecorder(self.metrics.dropped_events,  # every loss, one recorder
                                    self.metrics.producer_dropped_events)
         self.red = build_red_metrics(config, self.metrics)  # aggregator/red/
-        self._users = (UsersWatch(exit_when_unused, self._errors)  # aggregator/on_demand.py
+        self._users = (UsersWatch(exit_when_unused, self.metrics)  # aggregator/on_demand.py
                        if exit_when_unused is not None else None)
         self.spool = Spool(config.state_dir / "spool", max_bytes=config.spool_max_bytes,
                            when_full=config.spool_when_full, fsync=config.spool_fsync,

@@ -13,6 +13,7 @@ import asyncio
 import logging
 from pathlib import Path
 
+from aggregator.metrics import AgentMetrics
 from aggregator.worker_errors import WorkerErrors
 from emitters import autostart
 
@@ -21,10 +22,13 @@ UNUSED_POLL_S = 0.5  # how often an agent on demand checks whether any user is l
 
 
 class UsersWatch:
-    def __init__(self, users_path: Path, errors: WorkerErrors) -> None:
+    def __init__(self, users_path: Path, metrics: AgentMetrics) -> None:
         self.users_path = users_path
-        self._errors = errors
+        self._errors = WorkerErrors(metrics, log)
         self.claimed_fd: int | None = None  # held until exit once no user is left
+        self.checks = metrics.registry.counter(
+            "evagg_on_demand_checks_total",
+            "Looks by an agent on demand at whether any producer still uses it.")
 
     async def wait_until_unused(self) -> None:
         """Return once no process uses the agent any more (the lock is then held)."""
@@ -32,6 +36,7 @@ class UsersWatch:
             await asyncio.sleep(UNUSED_POLL_S)
             try:
                 fd = autostart.claim_if_unused(self.users_path)
+                self.checks.inc()
             except Exception as exc:  # keep serving; a later poll may succeed
                 self._errors.failed("exit_when_unused", exc, "cannot check the users lock %s; "
                                     "the agent keeps serving and looks again", self.users_path)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -88,7 +87,10 @@ def test_every_sink_reports_its_counts_and_the_documented_names_stay(
     assert value(samples, "evagg_producer_dropped_events_total", reason="buffer_full") == 5
     assert value(samples, "evagg_producer_dropped_events_total", reason="other") == 2
     assert not [key for key in samples if key[0] == "evagg_dropped_events_total"]
-    time.sleep(2.5)  # a heartbeat later: still once
+    # a heartbeat later (in the lake, with any loss rows it wrote): still once
+    beats = agent.query("SELECT count(*) FROM events WHERE kind = 'agent'")[0][0]
+    wait_until(lambda: agent.query("SELECT count(*) FROM events WHERE kind = 'agent'")[0][0]
+               > beats, 30, "a heartbeat after the losses, in the lake")
     assert agent.query("SELECT count(*) FROM events WHERE kind = 'loss'") == [(2,)]
 
     missing = [name for name in documented_agent_metrics()

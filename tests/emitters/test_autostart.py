@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,7 +46,7 @@ for i in range(count):
 flushed = emitters.flush(flush_timeout)
 lease = autostart.current_lease()
 print(orjson.dumps({"lease": None if lease is None else [lease.socket_path, lease.started,
-                    lease.pid], "flushed": flushed,
+                    lease.pid], "flushed": flushed, "http": lease and lease.http,
                     "socket_env": os.environ.get("EVAGG_SOCKET")}).decode(), flush=True)
 while not (work / f"release-{prefix}").exists():
     time.sleep(0.01)
@@ -101,6 +103,18 @@ def start_driver(home: dict[str, Any], prefix: str, count: int, mode: str,
         cwd=REPO, env={**home["env"], **(extra_env or {})}, stdout=subprocess.PIPE)
 
 
+def on_demand_checks(http: str) -> float:
+    """How often the agent on demand has looked whether anyone still uses it (0 before
+    its HTTP port opens, a moment after its socket)."""
+    try:
+        with urllib.request.urlopen(f"http://{http}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+    except (urllib.error.URLError, ConnectionError):
+        return 0.0
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("evagg_on_demand_checks_total"))
+
+
 def report(proc: subprocess.Popen[bytes]) -> dict[str, Any]:
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -139,9 +153,11 @@ def test_two_drivers_at_once_share_one_agent_that_leaves_after_the_last(
     pids = agent_pids(home["socket"])
     assert pids == [starters[0][2]], (pids, reports)
 
+    looked = on_demand_checks(reports["a"]["http"])
     release(home, a, "a")
-    time.sleep(1.5)  # three of the agent's polls: it must stay while b holds its lease
-    assert agent_pids(home["socket"]) == pids
+    wait_until(lambda: on_demand_checks(reports["a"]["http"]) >= looked + 3, 60,
+               "three of the agent's looks at the users lock after a left")
+    assert agent_pids(home["socket"]) == pids  # it stays while b holds its lease
     release(home, b, "b")
     wait_until(lambda: not agent_pids(home["socket"]), 60, "the agent to drain and exit")
     assert not home["socket"].exists()
@@ -213,7 +229,8 @@ def test_the_agent_leaves_when_nobody_holds_the_users_lock(home: dict[str, Any])
         cwd=REPO, env=home["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_until(lambda: home["socket"].exists(), 30, "the agent's socket")
-        time.sleep(1.2)
+        http = home["env"]["EVAGG_HTTP_LISTEN"]
+        wait_until(lambda: on_demand_checks(http) >= 3, 60, "three looks at the users lock")
         assert proc.poll() is None  # a user holds the lock
         os.close(fd)
         assert proc.wait(60) == 0
