@@ -154,6 +154,9 @@ class AgentMetrics:
             "Span attribute values cut to the documented length (the span kept), by route.",
         )
         self.connections = r.counter("evagg_connections_total", "Producer connections accepted.")
+        self.unread_ack_pauses = r.counter(
+            "evagg_unread_ack_pauses_total",
+            "Times the agent stopped reading a producer that left its acks unread.")
         self.delivered_events = r.counter(
             "evagg_delivered_events_total", "Events durably delivered, by sink."
         )

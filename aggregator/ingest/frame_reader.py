@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 _LENGTH = struct.Struct(">I")
@@ -29,8 +30,10 @@ class StreamEnd:
 
 
 class FrameReader(asyncio.Protocol):
-    def __init__(self, max_frame_bytes: int, frame_timeout_s: float) -> None:
+    def __init__(self, max_frame_bytes: int, frame_timeout_s: float,
+                 on_acks_unread: Callable[[], None] = lambda: None) -> None:
         self.max_frame_bytes = max_frame_bytes
+        self._on_acks_unread = on_acks_unread  # counted: the producer may be stuck
         self.frame_timeout_s = frame_timeout_s
         self.frames: asyncio.Queue[bytes | StreamEnd] = asyncio.Queue()
         self.transport: asyncio.Transport | None = None
@@ -76,6 +79,7 @@ class FrameReader(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._write_blocked = True
+        self._on_acks_unread()
         self._pause()
 
     def resume_writing(self) -> None:

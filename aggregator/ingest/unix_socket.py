@@ -74,7 +74,8 @@ class SocketIngest:
             await asyncio.gather(*pending, return_exceptions=True)
 
     def _new_connection(self) -> FrameReader:
-        reader = FrameReader(self.max_frame_bytes, self.frame_timeout_s)
+        reader = FrameReader(self.max_frame_bytes, self.frame_timeout_s,
+                             on_acks_unread=self.metrics.unread_ack_pauses.inc)
         task = asyncio.get_running_loop().create_task(self._on_connection(reader))
         self._handlers.add(task)
         self._readers.add(reader)

@@ -42,6 +42,9 @@ def test_a_producer_that_reads_no_acks_is_paused_then_served_again(tmp_path: Pat
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sent = send_until_blocked(sock)
             assert sent < LIMIT, "the agent kept reading although no ack was read"
+            # paused for its unread acks, not merely slow: the agent counts that pause
+            wait_until(lambda: agent.metric("evagg_unread_ack_pauses_total") >= 1, 30,
+                       "the agent pausing the producer that reads no acks")
             frames = sent // len(FRAME)
             sock.setblocking(True)
             sock.settimeout(20)
