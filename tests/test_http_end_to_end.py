@@ -76,7 +76,9 @@ def test_sigterm_while_the_endpoint_is_down_exits_at_the_deadline_and_a_restart_
     took = time.monotonic() - stopping
     log = agent.log()
     print(f"\nexited {took:.1f}s after SIGTERM with a 3 s drain deadline")
-    assert took < 3 + 5 + 5  # the deadline, the in-flight grace, the rest of the shutdown
+    # the deadline and the in-flight grace, then a shutdown of well under a second here;
+    # 15 s for it on a loaded machine: a drain without the deadline never ends at all
+    assert took < 3 + 5 + 15
     said = [line for line in log.splitlines() if "cannot deliver while draining" in line]
     assert len(said) == 1  # said once, with where, how long and what stays
     assert endpoint.server.url in said[0] and "s more" in said[0]

@@ -91,8 +91,10 @@ def test_a_flush_after_a_drop_with_no_agent_returns_at_once(sock_path: Path) -> 
     try:
         emitter.emit(kind="task", name="x" * 10_000)  # too large for any frame: dropped
         started = time.monotonic()
-        assert not emitter.flush(5)
-        assert time.monotonic() - started < 2.5, "the flush waited for an agent that is not there"
+        assert not emitter.flush(30)
+        # at once is well under 1 s; a flush that waited for the missing agent takes its
+        # 30 s timeout: half of that, no load makes a wrong flush pass or a right one fail
+        assert time.monotonic() - started < 15, "the flush waited for an agent that is not there"
         assert emitter.stats().dropped.get("too_large") == 1
     finally:
         emitter.close(1.0)
