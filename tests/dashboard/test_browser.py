@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from playwright.sync_api import Page, expect
@@ -26,9 +27,16 @@ def site(lake: Path) -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """One Chromium for the module; each test has a tab (a browser context) of its own."""
+    with chromium() as launched:
+        yield launched
+
+
 @pytest.fixture
-def page(site: str) -> Iterator[Page]:
-    with chromium() as browser, tab(browser, site, width=1400, height=900) as opened:
+def page(browser: Any, site: str) -> Iterator[Page]:
+    with tab(browser, site, width=1400, height=900) as opened:
         yield opened
 
 
