@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import subprocess
@@ -21,7 +22,7 @@ from moto.server import ThreadedMotoServer
 from dashboard.lake.errors import StoreUnavailable
 from dashboard.lake.store import Store, StoreOptions
 from dashboard.questions.runner import QueryRunner
-from tests.dashboard.lakegen import Expected, local_put, task_events, write_rows
+from tests.dashboard.lakegen import Expected, local_put, task_events, write_rows, write_sample_store
 from tests.dashboard.serve import serving
 from tests.ports import free_port
 
@@ -172,27 +173,36 @@ def test_slow_query_is_interrupted(lake: Path) -> None:
     store.close()
 
 
-def test_dashboard_command(lake: Path, tmp_path: Path) -> None:
+@contextlib.contextmanager
+def dashboard_command(*args: str) -> Iterator[str]:
+    """`evagg dashboard ARGS --port P` as a user starts it; yields its URL once it answers."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "aggregator", "dashboard", "--data", str(lake),
+    proc = subprocess.Popen([sys.executable, "-m", "aggregator", "dashboard", *args,
                              "--port", str(port)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
         while True:
             try:
-                status, info, _ = get(f"http://127.0.0.1:{port}/api/info")
+                get(f"{url}/api/info")
                 break
             except (urllib.error.URLError, ConnectionError):
                 assert proc.poll() is None, proc.communicate()
                 assert time.monotonic() < deadline, "the dashboard did not come up"
                 time.sleep(0.2)
-        assert status == 200 and info["files"] == 8 and info["engine"] == "local"
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as page:
-            assert b"/static/app.js" in page.read()
+        yield url
     finally:
         proc.terminate()
         proc.communicate(timeout=30)
+
+
+def test_dashboard_command(lake: Path, tmp_path: Path) -> None:
+    with dashboard_command("--data", str(lake)) as url:
+        status, info, _ = get(f"{url}/api/info")
+        assert status == 200 and info["files"] == 8 and info["engine"] == "local"
+        with urllib.request.urlopen(f"{url}/", timeout=30) as page:
+            assert b"/static/app.js" in page.read()
     missing = subprocess.run([sys.executable, "-m", "aggregator", "dashboard", "--data",
                               str(tmp_path / "nope")], cwd=REPO, capture_output=True, text=True,
                              timeout=60)
@@ -273,3 +283,22 @@ def test_the_dashboard_warns_only_when_other_machines_can_reach_it() -> None:
 
     assert not any(map(reachable_from_elsewhere, ("127.0.0.1", "127.0.0.2", "::1", "localhost")))
     assert all(map(reachable_from_elsewhere, ("0.0.0.0", "::", "10.1.2.3", "node7.internal")))
+
+
+@pytest.mark.parametrize("engine", ["httpfs", "pyarrow"])
+def test_the_dashboard_command_on_s3_answers_as_over_the_same_files_on_disk(
+        s3_endpoint: str, lake: Path, engine: str) -> None:
+    """`evagg dashboard --data s3://...` as a user types it, with either way of reading S3:
+    the same files in moto's bucket answer what they answer on a local disk."""
+    client: Any = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    prefix = f"cluster-{engine}/events"
+    write_sample_store(lambda relative, data: client.put_object(
+        Bucket=EMPTY_BUCKET, Key=f"{prefix}/{relative}", Body=data))
+    paths = ("/api/overview", "/api/tasks?state=FAILED", "/api/aggregate?by=name")
+    with serving(Store(StoreOptions(str(lake)))) as local:
+        on_disk = [get(local + path)[1] for path in paths]
+    with dashboard_command("--data", f"s3://{EMPTY_BUCKET}/{prefix}", "--endpoint-url",
+                           s3_endpoint, "--region", "us-east-1", "--engine", engine) as url:
+        status, info, _ = get(f"{url}/api/info")
+        assert status == 200 and info["files"] == 8 and info["engine"] == engine, info
+        assert [get(url + path)[1] for path in paths] == on_disk
