@@ -4,7 +4,7 @@ it stops once no process holds a shared lock on its users file.
 Each producer that started or found the agent holds a shared lock on the file while it
 runs; the agent polls for an exclusive one. Taken, it is kept until the agent exits, so a
 producer that starts meanwhile waits for this agent to go and starts the next one
-(docs/emitters.md, "An agent on demand").
+(docs/agent-on-demand.md).
 """
 
 from __future__ import annotations
