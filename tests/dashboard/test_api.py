@@ -17,7 +17,6 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from dashboard.lake.errors import StoreUnavailable
 from dashboard.lake.store import Store, StoreOptions
@@ -25,6 +24,7 @@ from dashboard.questions.runner import QueryRunner
 from tests.dashboard.lakegen import Expected, local_put, task_events, write_rows, write_sample_store
 from tests.dashboard.serve import serving
 from tests.ports import free_port
+from tests.sinks.moto_server import MotoS3, aws_env
 
 REPO = Path(__file__).resolve().parents[2]
 SUMMARY_COLUMNS = ["value", "tasks", "pending", "submitted", "running", "finished", "failed",
@@ -238,14 +238,11 @@ def s3_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     EMPTY_PREFIX."""
     for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(name, raising=False)
-    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                        ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_EC2_METADATA_DISABLED", "true")):
+    for name, value in aws_env().items():
         monkeypatch.setenv(name, value)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
+    server = MotoS3().start()
     try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
+        endpoint = server.endpoint_url
         client: Any = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
         client.create_bucket(Bucket=EMPTY_BUCKET)
         client.put_object(Bucket=EMPTY_BUCKET, Key="elsewhere/readme.txt", Body=b"x")

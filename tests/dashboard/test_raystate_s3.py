@@ -9,11 +9,11 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from dashboard.lake.store import Store, StoreOptions
 from tests.dashboard.raygen import SESSION, write_ray_lake
 from tests.dashboard.serve import serving
+from tests.sinks.moto_server import MotoS3, aws_env
 
 BUCKET = "ray-lake"
 PREFIX = "cluster-7"
@@ -25,19 +25,15 @@ def credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN",
                  "RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    for name, value in aws_env().items():
+        monkeypatch.setenv(name, value)
 
 
 @pytest.fixture
 def lakes(tmp_path: Path) -> Iterator[tuple[Store, Store]]:
     local = write_ray_lake(tmp_path / "lake", TASKS, span_s=60, per_file=100)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
+    server = MotoS3().start()
+    endpoint = server.endpoint_url
     client: Any = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
     client.create_bucket(Bucket=BUCKET)
     for path in local.rglob("*.parquet"):

@@ -12,7 +12,6 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 import dashboard.lake.s3
 from dashboard.cli.query import add_query_parser, run_query
@@ -20,6 +19,7 @@ from dashboard.lake.errors import NoData, NotFound
 from dashboard.lake.store import Store, StoreOptions
 from tests.dashboard.httpfs import NO_HTTPFS, needs_httpfs
 from tests.dashboard.lakegen import Expected, task_events, write_rows, write_sample_store
+from tests.sinks.moto_server import MotoS3, aws_env
 
 BUCKET = "evagg-lake"
 PREFIX = "cluster-1/events"
@@ -33,10 +33,8 @@ CHECKS = (
 
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
+    server = MotoS3().start()
+    yield server.endpoint_url
     server.stop()
 
 
@@ -44,10 +42,8 @@ def endpoint() -> Iterator[str]:
 def credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    for name, value in aws_env().items():
+        monkeypatch.setenv(name, value)
 
 
 @pytest.fixture(scope="module")
