@@ -9,7 +9,7 @@ import signal
 from collections.abc import Callable
 
 from tests.agentproc import AgentProcess
-from tests.aggregator.test_stopping import (
+from tests.aggregator.stopping import (
     down_collector,
     exit_code,
     make_agent,

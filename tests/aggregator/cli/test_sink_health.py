@@ -12,7 +12,7 @@ import pytest
 
 from tests.agentproc import AgentProcess
 from tests.aggregator.cli.newcomer import evagg
-from tests.aggregator.test_stopping import spool_events, wait_for
+from tests.aggregator.stopping import spool_events, wait_for
 from tests.ports import free_port
 
 
