@@ -10,7 +10,6 @@ import asyncio
 import base64
 import copy
 import json
-import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,22 +30,12 @@ from aggregator.ray.batch import ray_body_to_batch, ray_items_to_batch
 from aggregator.ray.columns import row_of_event, rows_to_record_batch
 from aggregator.ray.dedupe import Claim, ray_event_id
 from aggregator.ray.events import RayBodyError, RecentEventIds, ray_events_to_rows
+from tests.aggregator.ray.samples import ALL_FIXTURES, all_samples, b64, generated_events, load
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "ray"
-ALL_FIXTURES = sorted(FIXTURES.glob("*.json"))
 TASK_TYPES = {"TASK_DEFINITION_EVENT", "ACTOR_TASK_DEFINITION_EVENT", "TASK_LIFECYCLE_EVENT",
               "TASK_EXECUTION_EVENT"}
 STAMPS = [Stamp(1_700_000_000_123_456_789, None, None, "agent-node", "agent-host"),
           Stamp(1_700_000_000_000_000_001, 7, 1000, "", "")]
-
-
-def load(name: str) -> list[dict[str, Any]]:
-    data = json.loads((FIXTURES / name).read_text())
-    return data["events"] if isinstance(data, dict) else data
-
-
-def all_samples() -> list[dict[str, Any]]:
-    return [event for path in ALL_FIXTURES for event in load(path.name)]
 
 
 def plain(batch: pa.RecordBatch) -> list[dict[str, Any]]:
@@ -548,27 +537,6 @@ def test_split_new_agrees_with_filter_new() -> None:
 
 
 # ---- helpers -----------------------------------------------------------------------------
-
-
-def b64(raw: bytes) -> str:
-    return base64.b64encode(raw).decode()
-
-
-def generated_events(count: int) -> list[dict[str, Any]]:
-    """Bodies the way a busy Ray node sends them: per task its definition, the owner's
-    lifecycle event and the executor's RUNNING event; one task in 5 fails."""
-    running, _, definition, owner, _, failed = load(
-        "02_excerpt_task_lifecycle_normal_and_failed.json")
-    out: list[dict[str, Any]] = []
-    for task in range(count // 3 + 1):
-        task_id = b64(os.urandom(8) + b"\xff" * 12 + b"\x01\x00\x00\x00")
-        for template in (definition, failed if task % 5 == 4 else owner, running):
-            event = copy.deepcopy(template)
-            event["eventId"] = b64(os.urandom(28))
-            payload = event.get("taskLifecycleEvent") or event["taskDefinitionEvent"]
-            payload["taskId"] = task_id
-            out.append(event)
-    return out[:count]
 
 
 def ray_249_event(number: int) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from aggregator.ray.dedupe import ray_event_id
 from aggregator.ray.recall import ray_ids_of, recall_ray_ids
 from aggregator.spool import Spool
 from sinks.schema import batch_to_bytes
-from tests.aggregator.ray.test_ray_batch import generated_events
+from tests.aggregator.ray.samples import generated_events
 
 STAMP = Stamp.now("node-a", "host-a")
 

@@ -25,7 +25,7 @@ from aggregator.metrics import AgentMetrics
 from aggregator.ray import intake as ray_intake
 from aggregator.ray.events import ray_events_to_rows
 from aggregator.spool import AppendResult, Spool
-from tests.aggregator.ray.test_ray_batch import generated_events
+from tests.aggregator.ray.samples import generated_events
 
 Answer = tuple[int, dict[str, Any]]
 
