@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +40,8 @@ class Peer:
 
     table: dict[str, Any]  # the [[sinks]] table's type, url and type-specific keys
     kept_event_ids: Callable[[], list[str]]  # what the peer keeps, deduplicated its way
-    down: Callable[[], None]
-    up: Callable[[], None]
+    down: Callable[[], object]
+    up: Callable[[], object]
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +61,7 @@ def http_peer(web: ServerThread) -> Peer:
 
     table = {"type": "http", "url": web.url, "batch_interval": "50ms", "timeout": "2s",
              "headers": {"Authorization": f"Bearer {SECRET}"}}
-    return Peer(table, kept, web.stop, lambda: web.call(web.server.start()))
+    return Peer(table, kept, web.stop, web.start)
 
 
 async def _batches(web: ServerThread) -> dict[str, list[Any]]:
@@ -188,4 +187,3 @@ def test_its_counters_gauges_and_description_are_the_contracts(
     description = sink.describe()
     assert description and SECRET not in description
     asyncio.run(sink.close())
-    shutil.rmtree(tmp_path / "state", ignore_errors=True)
