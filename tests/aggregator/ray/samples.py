@@ -17,7 +17,8 @@ ALL_FIXTURES = sorted(FIXTURES.glob("*.json"))
 
 def load(name: str) -> list[dict[str, Any]]:
     data = json.loads((FIXTURES / name).read_text())
-    return data["events"] if isinstance(data, dict) else data
+    events: list[dict[str, Any]] = data["events"] if isinstance(data, dict) else data
+    return events
 
 
 def all_samples() -> list[dict[str, Any]]:
