@@ -130,16 +130,11 @@ class AgentProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(f"{self.http_url}/metrics", timeout=5) as answer:
-            return str(answer.read().decode())
+        return scrape(self.http_url)
 
     def metric(self, series: str) -> float:
         """Sum of every sample whose name{labels} starts with `series`."""
-        total = 0.0
-        for line in self.metrics().splitlines():
-            if line.startswith(series) and not line.startswith("#"):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return sum_of(self.metrics(), series)
 
     def wait_delivered(self, events: int, timeout: float = 60.0, sink: str = "lake") -> None:
         deadline = time.monotonic() + timeout
@@ -208,3 +203,15 @@ def http_sink(name: str, url: str, extra: str = "") -> str:
     return (f'[[sinks]]\nname = "{name}"\ntype = "http"\nurl = "{url}"\n'
             f'batch_max_events = 500\nbatch_interval = "200ms"\ntimeout = "1s"\n'
             f'retry_max_backoff = "2s"\n{extra}\n')
+
+
+def scrape(http_url: str) -> str:
+    """An agent's /metrics at `http_url` (http://host:port)."""
+    with urllib.request.urlopen(f"{http_url}/metrics", timeout=5) as answer:
+        return str(answer.read().decode())
+
+
+def sum_of(metrics: str, series: str) -> float:
+    """Sum of every sample in `metrics` whose name{labels} starts with `series`."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith(series) and not line.startswith("#"))

@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,9 +19,8 @@ from pathlib import Path
 
 from tests.agentproc import REPO
 from tests.ports import free_port
+from tests.raycli import RAY
 from tests.waiting import wait_until
-
-RAY = str(Path(sys.executable).with_name("ray"))
 
 
 @dataclass(frozen=True)

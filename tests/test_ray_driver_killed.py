@@ -28,11 +28,11 @@ from dashboard.lake.store import Store, StoreOptions
 from tests.agentproc import AgentProcess
 from tests.dashboard.serve import serving
 from tests.ports import free_port
+from tests.raycli import RAY, ray_list
 from tests.test_ray_end_to_end import RAY_EXPORT_ENV
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
-RAY = str(Path(sys.executable).with_name("ray"))
 EVAGG = str(Path(sys.executable).with_name("evagg"))
 REPO = Path(__file__).resolve().parents[1]
 Key = tuple[str, int]
@@ -181,9 +181,9 @@ def test_rays_own_cli_against_evagg_gives_rays_answers(killed: Killed) -> None:
                                cache_dir=killed.env["EVAGG_CACHE_DIR"]))
     try:
         with serving(store) as url:
-            listed = _ray_cli(url, "tasks", "--filter", f"job_id={killed.job_id}")
-            actors = _ray_cli(url, "actors")
-            jobs = _ray_cli(url, "jobs")
+            listed = ray_list(url, "tasks", "--filter", f"job_id={killed.job_id}")
+            actors = ray_list(url, "actors")
+            jobs = ray_list(url, "jobs")
     finally:
         store.close()
     got = {(t["task_id"], t["attempt_number"]): t for t in listed}
@@ -198,15 +198,6 @@ def test_rays_own_cli_against_evagg_gives_rays_answers(killed: Killed) -> None:
     ours = {j["job_id"]: j["status"] for j in jobs}
     assert ours[killed.job_id] == next(j["status"] for j in killed.ray_jobs
                                        if j["job_id"] == killed.job_id)
-
-
-def _ray_cli(url: str, resource: str, *args: str) -> list[dict[str, Any]]:
-    done = subprocess.run([RAY, "list", resource, "--address", url, "--detail", "--format",
-                           "json", "--limit", "10000", *args], capture_output=True, text=True,
-                          timeout=180)
-    assert done.returncode == 0, done.stderr
-    found: list[dict[str, Any]] = json.loads(done.stdout)
-    return found
 
 
 def _ended_job(killed: Killed) -> dict[str, Any] | None:

@@ -79,3 +79,11 @@ def stopped_line(log: str, stopped: str, after: str) -> str:
     earlier = [i for i, line in enumerate(lines) if after in line]
     assert earlier and earlier[0] < said[0], f"{stopped!r} is not after {after!r}:\n{log}"
     return lines[said[0]]
+
+
+def first_stop_signal(agent: AgentProcess, signum: int, sink: str = "collector") -> str:
+    """The first SIGINT or SIGTERM, then the line that says what the drain waits for
+    for `sink`; returns the log up to there."""
+    signal_agent(agent, signum)
+    wait_for(lambda: f"waiting for sink {sink}" in agent.log(), "the waiting line", agent)
+    return agent.log()

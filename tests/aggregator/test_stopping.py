@@ -14,6 +14,7 @@ from tests.aggregator.stopping import (
     down_collector,
     events_left,
     exit_code,
+    first_stop_signal,
     lag,
     make_agent,
     signal_agent,
@@ -30,9 +31,7 @@ def test_a_first_ctrl_c_says_what_it_waits_for_and_a_second_stops_at_once(
     agent = make_agent(agent_factory, setup)
     spool_events(agent, 40, "collector")
 
-    signal_agent(agent, signal.SIGINT)
-    wait_for(lambda: "waiting for sink collector" in agent.log(), "the waiting line", agent)
-    log = agent.log()
+    log = first_stop_signal(agent, signal.SIGINT)
     waiting = next(line for line in log.splitlines() if "waiting for sink collector" in line)
     assert setup["url"] in waiting and events_left(waiting, "collector") >= 40
     assert "for up to 60s (until " in log and "Ctrl-C again stops at once" in log
@@ -69,9 +68,7 @@ def test_a_second_sigterm_stops_at_once_with_exit_143(
     """What systemd's or Kubernetes' second TERM (or `kill` typed twice) meets."""
     agent = make_agent(agent_factory, down_collector(drain_timeout="60s"))
     spool_events(agent, 15, "collector")
-    signal_agent(agent, signal.SIGTERM)
-    wait_for(lambda: "waiting for sink collector" in agent.log(), "the waiting line", agent)
-    assert "SIGTERM again stops at once" in agent.log()
+    assert "SIGTERM again stops at once" in first_stop_signal(agent, signal.SIGTERM)
     signal_agent(agent, signal.SIGTERM)
     assert exit_code(agent) == 143  # 128 + SIGTERM
     last = stopped_line(agent.log(), "evagg agent stopped at once (SIGTERM during the drain, "

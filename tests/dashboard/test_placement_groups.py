@@ -11,11 +11,8 @@ user runs after the cluster is gone.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,8 +21,8 @@ from dashboard.lake.store import Store, StoreOptions
 from tests.agentproc import AgentProcess
 from tests.dashboard.ray_export import DRIVER, JOB, NIL_ACTOR, NODE, at, attempt, b64, envelope
 from tests.dashboard.serve import serving
+from tests.raycli import ray_list
 
-RAY = str(Path(sys.executable).with_name("ray"))
 TRAINING = bytes.fromhex("7d1f3c0a9b2e4f6d8c1a5b3e") + JOB + bytes(2)  # 18 bytes, as Ray's
 SCRATCH = bytes.fromhex("0c4b7a2e9d1f3a6b5c8e0d2f") + JOB + bytes(2)
 
@@ -79,18 +76,9 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
-def ray_list(url: str, *args: str) -> list[dict[str, Any]]:
-    done = subprocess.run([RAY, "list", "placement-groups", "--address", url, "--detail",
-                           "--format", "json", *args], capture_output=True, text=True,
-                          timeout=180)
-    assert done.returncode == 0, done.stderr
-    found: list[dict[str, Any]] = json.loads(done.stdout)
-    return found
-
-
 def test_ray_list_placement_groups_shows_each_group_as_its_events_left_it(
         dashboard: str) -> None:
-    groups = {g["name"]: g for g in ray_list(dashboard)}
+    groups = {g["name"]: g for g in ray_list(dashboard, "placement-groups")}
     assert set(groups) == {"training", "scratch"}
     training, scratch = groups["training"], groups["scratch"]
     assert training["placement_group_id"] == TRAINING.hex()
@@ -102,5 +90,9 @@ def test_ray_list_placement_groups_shows_each_group_as_its_events_left_it(
 
 
 def test_rays_filter_on_state_is_answered_by_evagg(dashboard: str) -> None:
-    assert [g["name"] for g in ray_list(dashboard, "--filter", "state=CREATED")] == ["training"]
-    assert [g["name"] for g in ray_list(dashboard, "--filter", "state!=CREATED")] == ["scratch"]
+    def named(state_filter: str) -> list[str]:
+        return [g["name"] for g in ray_list(dashboard, "placement-groups", "--filter",
+                                            state_filter)]
+
+    assert named("state=CREATED") == ["training"]
+    assert named("state!=CREATED") == ["scratch"]

@@ -27,9 +27,9 @@ from dashboard.lake.store import Store, StoreOptions
 from tests.agentproc import AgentProcess, query_lake
 from tests.dashboard.rayrecord import Recorded, record_session, second_workload
 from tests.dashboard.serve import serving
+from tests.raycli import RAY
 
 pytestmark = pytest.mark.slow
-RAY = str(Path(sys.executable).with_name("ray"))
 EVAGG = str(Path(sys.executable).with_name("evagg"))
 TASK_KEYS = ("name", "state", "type", "func_or_class_name", "job_id", "actor_id",
              "parent_task_id", "error_type", "worker_pid")

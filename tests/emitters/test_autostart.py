@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from emitters.autostart import agent_log_path, users_lock_path
-from tests.agentproc import REPO, AgentProcess, query_lake, short_socket_dir
+from tests.agentproc import REPO, AgentProcess, query_lake, scrape, short_socket_dir, sum_of
 from tests.ports import free_port
 from tests.waiting import wait_until
 
@@ -107,12 +107,9 @@ def on_demand_checks(http: str) -> float:
     """How often the agent on demand has looked whether anyone still uses it (0 before
     its HTTP port opens, a moment after its socket)."""
     try:
-        with urllib.request.urlopen(f"http://{http}/metrics", timeout=10) as answer:
-            text = answer.read().decode()
+        return sum_of(scrape(f"http://{http}"), "evagg_on_demand_checks_total")
     except (urllib.error.URLError, ConnectionError):
         return 0.0
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("evagg_on_demand_checks_total"))
 
 
 def report(proc: subprocess.Popen[bytes]) -> dict[str, Any]:
