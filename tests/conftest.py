@@ -3,6 +3,7 @@ each test."""
 
 from __future__ import annotations
 
+import os
 import ssl
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,6 +13,16 @@ import pytest
 
 from tests.agentproc import AgentProcess
 from tests.sinks.server_thread import ServerThread
+
+
+MAX_WORKERS = 8  # each worker may hold a Ray cluster or a JVM: memory, not CPU, bounds more
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: two workers per CPU this process may use (at most MAX_WORKERS). A test
+    mostly waits on the peers it started (an agent, Ray, Chromium, Spark): run in one
+    process, the suite kept half of one core busy."""
+    return min(MAX_WORKERS, 2 * len(os.sched_getaffinity(0)))
 
 
 @pytest.fixture
