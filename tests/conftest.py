@@ -14,7 +14,6 @@ import pytest
 from tests.agentproc import AgentProcess
 from tests.sinks.server_thread import ServerThread
 
-
 MAX_WORKERS = 8  # each worker may hold a Ray cluster or a JVM: memory, not CPU, bounds more
 
 

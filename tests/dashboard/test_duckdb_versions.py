@@ -5,8 +5,9 @@ The test runs a small CLI scenario twice over one store: with the DuckDB of this
 environment and with "the other one" (2.x when this is 1.x, 1.5.5 when this is 2.x).
 The other one is $EVAGG_OTHER_DUCKDB (a folder holding a `duckdb` package, put first on
 PYTHONPATH), or installed with pip into a temporary folder; the test fails, saying why
-and naming EVAGG_OTHER_DUCKDB, when neither works (no package index and no wheel at hand). To run every dashboard test
-under the other version, install it in a second virtual environment
+and naming EVAGG_OTHER_DUCKDB, when neither works (no package index and no wheel at
+hand). To run every dashboard test under the other version, install it in a second
+virtual environment
 (`pip install -e '.[test]' 'duckdb>=2'`) and run `pytest tests/dashboard` there.
 """
 
