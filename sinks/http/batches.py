@@ -184,13 +184,17 @@ class Batch:
 class Batcher:
     """Cuts pending rows into batches. It remembers the boundaries of batches the cursor
     has not passed, across `reset()`, so that a resend after a failure cuts exactly the
-    same rows under the same key, even for a batch that was cut by age."""
+    same rows under the same key, even for a batch that was cut by age. The cursor moves
+    by whole records: when a delivered batch ended inside a record, the loop reads that
+    record again after a failure, and the rows of it that batch delivered are dropped,
+    not sent again under a new key."""
 
     def __init__(self, sink: str, spool_id: str, body_format: BodyFormat, max_events: int,
                  max_bytes: int, interval_s: float) -> None:
         self.sink, self.spool_id, self.body_format = sink, spool_id, body_format
         self.max_events, self.max_bytes, self.interval_s = max_events, max_bytes, interval_s
         self._plan: dict[Position, tuple[Position, bool]] = {}  # first -> (stop, answered)
+        self._delivered_into: Position | None = None  # rows of its record before it: sent
         self.reset()
 
     def reset(self) -> None:
@@ -204,6 +208,8 @@ class Batcher:
         if self.seen_through is None:  # starting from the cursor: what lies before is done
             for position in [p for p in self._plan if p[0] < first_offset]:
                 del self._plan[position]
+            if self._delivered_into is not None and self._delivered_into[0] < first_offset:
+                self._delivered_into = None
         self.pending.add(chunks, row_offsets, now)
         self.seen_through = last_offset
 
@@ -212,6 +218,12 @@ class Batcher:
         cut = []
         while len(self.pending):
             first = self.pending.position()
+            delivered = self._delivered_into
+            if delivered is not None and first[0] == delivered[0] and first < delivered:
+                if not self.pending.reaches(delivered):
+                    break
+                self.pending.take(2**62, 2**62, stop=delivered)  # sent already: dropped
+                continue
             planned = self._plan.get(first)
             if planned and (final or self.pending.reaches(planned[0])):
                 taken = self.pending.take(2**62, 2**62, stop=planned[0])
@@ -228,6 +240,8 @@ class Batcher:
     def passed(self, batch: Batch) -> None:
         """The cursor moved over the batch: it is never resent."""
         self._plan.pop(batch.first, None)
+        ends_inside_a_record = batch.through < batch.stop[0]
+        self._delivered_into = batch.stop if ends_inside_a_record else None
 
     def _due(self, now: float) -> bool:
         pending, since = self.pending, self.pending.since

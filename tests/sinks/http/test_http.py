@@ -266,6 +266,27 @@ async def test_batches_acknowledged_after_a_failed_one_are_not_sent_again(
 
 
 @run
+async def test_a_failure_after_a_batch_that_ended_inside_a_record_sends_no_row_twice(
+        server: FlakyServer) -> None:
+    """Batches of 100 over records of 150: the second batch ends inside the second record,
+    where the cursor (whole records) stops. A failure after it makes the loop read again
+    from that record: its rows the second batch delivered must not go again under a new key."""
+    records = make_records(4, 150)
+    third = {e["step"] for e in [record_row(i) for i in range(200, 300)]}
+    server.answer_when(lambda events: events[0]["step"] in third, 404)  # permanent: the loop's
+    sink = HttpSink("c", server.url, HttpOptions(batch_max_events=100, max_in_flight=1),
+                    spool_id="s")
+    failures = await deliver(sink, records)
+    await sink.close()
+    assert [f.error_kind for f in failures] == ["http_4xx"]
+    stored = [s for s in server.requests if s.stored]
+    steps = [e["step"] for s in stored for e in s.events]
+    assert sorted(steps) == list(range(600))  # every row once
+    sent = [(s.key, s.status) for s in server.requests]
+    assert len({key for key, _ in sent}) == 6  # 600 rows in six batches, one key each
+
+
+@run
 async def test_a_permanent_4xx_without_a_dead_letter_directory_stops_the_sink(
         server: FlakyServer) -> None:
     server.answer(404)
@@ -303,6 +324,11 @@ def test_random_refusals_lose_nothing_and_keep_keys_stable(seed: int, tmp_path: 
         dead = {orjson.loads(line)["event_id"] for letter in list_dead_letters(tmp_path / "dlq")
                 for line in letter.body_path.read_bytes().splitlines()}
         assert len(server.event_ids | dead) == 210  # every event delivered or kept
+        keys_of: dict[str, set[str]] = {}
+        for stored in (s for s in server.requests if s.stored):
+            for event in stored.events:
+                keys_of.setdefault(event["event_id"], set()).add(stored.key)
+        assert [k for k in keys_of.values() if len(k) > 1] == []  # one key per event, ever
         for key, seen in server.batches().items():  # a key always names the same rows
             # (a batch resent after the loop backed off is encoded again, and the padding
             # between columns follows the other rows encoded with it: compare rows)
