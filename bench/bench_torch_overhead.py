@@ -15,7 +15,7 @@ default to 1 because the box is shared; pass --threads 0 for torch's default. Pr
 steps/s by the wall clock, and this process's CPU per step (all threads, the emitter's
 sender included), which other load on a shared machine disturbs less than wall time.
 
---compare REV: the tracker of git revision REV (emitters/torch.py and torch_steps.py as
+--compare REV: the tracker of git revision REV (emitters/integrations/torch.py and torch_steps.py as
 committed there, loaded beside the working tree's) and this one, side by side in one
 process on the tiny model: plain, REV's tracker and this tracker in rotating order each
 round, so that the load of the moment hits all three alike. Printed: each tracker's CPU
@@ -151,10 +151,16 @@ def tracker_at(rev: str) -> Any:
         return subprocess.run(["git", "show", f"{rev}:{path}"], cwd=REPO, check=True,
                               capture_output=True, text=True).stdout
 
+    def module_source(name: str) -> str:  # in emitters/integrations/ since it has a room
+        try:
+            return source(f"emitters/integrations/{name}.py")
+        except subprocess.CalledProcessError:
+            return source(f"emitters/{name}.py")
+
     steps_name, torch_name = "_bench_old_torch_steps", "_bench_old_torch"
-    for name, text in ((steps_name, source("emitters/torch_steps.py")),
-                       (torch_name, source("emitters/torch.py").replace(
-                           "emitters.torch_steps", steps_name))):
+    tracker_text = module_source("torch").replace(
+        "emitters.integrations.torch_steps", steps_name).replace("emitters.torch_steps", steps_name)
+    for name, text in ((steps_name, module_source("torch_steps")), (torch_name, tracker_text)):
         spec = importlib.util.spec_from_loader(name, loader=None)
         assert spec is not None
         module = importlib.util.module_from_spec(spec)

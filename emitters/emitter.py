@@ -95,9 +95,10 @@ class Emitter:
         return Op(self._op_put, name, step, fields)
 
     def enqueue_built(self, events: Sequence[dict[str, Any]]) -> None:
-        """Queue events that evagg's own integrations built finished (emitters.otel_fast),
-        past emit()'s per-field checks: each must be what the sender would make of its
-        fields (typed columns, text attrs, an event_id); the sender adds the context.
+        """Queue events that evagg's own integrations built finished
+        (emitters/integrations/otel_fast.py), past emit()'s per-field checks: each must be
+        what the sender would make of its fields (typed columns, text attrs, an event_id);
+        the sender adds the context.
         Never raises, never blocks; what does not fit the queue is dropped and counted."""
         pending = self._pending
         n = len(pending)

@@ -2,7 +2,8 @@
 
 Each room may import only the rooms below it (the dashboard's rooms too); nothing imports
 the command line but the command line; the spool's private modules are reached only
-through its public face, the store's source objects only from the lake; and no chain of
+through its public face, the store's source objects only from the lake, the producer's
+integrations only through their faces; and no chain of
 module-level imports comes back to where it started.
 """
 
@@ -112,6 +113,21 @@ def test_only_the_lake_reaches_a_source_objects_private_module() -> None:
              for target in imports(path, top_level_only=False)
              if target.startswith("dashboard.lake.sources._")
              and not name.startswith("dashboard.lake.")]
+    assert found == []
+
+
+# The integrations' public faces (emitters/torch.py, ...): the core's only way into the room.
+INTEGRATION_FACES = ("emitters.torch", "emitters.ray", "emitters.otel", "emitters.queueing")
+# The one helper of the room that the agent shares: the span row of its OTLP route.
+SHARED_WITH_THE_AGENT = "emitters.integrations.otel_rows"
+
+
+def test_the_core_of_emitters_reaches_its_integrations_only_through_their_faces() -> None:
+    found = [f"{name} imports {target}" for name, path in MODULES.items()
+             for target in imports(path, top_level_only=False)
+             if target.startswith("emitters.integrations")
+             and not name.startswith("emitters.integrations") and name not in INTEGRATION_FACES
+             and not (target == SHARED_WITH_THE_AGENT and name.startswith("aggregator."))]
     assert found == []
 
 

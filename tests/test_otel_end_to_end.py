@@ -251,7 +251,7 @@ def test_a_span_sent_both_ways_is_stored_under_one_id_and_counted_once(
 def test_a_span_with_a_huge_attribute_is_kept_with_the_value_cut_on_both_paths(
         agent: AgentProcess, tmp_path: Path) -> None:
     from aggregator.cli.export_traces import export_traces
-    from emitters.otel_rows import VALUE_LIMIT
+    from emitters.integrations.otel_rows import VALUE_LIMIT
 
     provider, socket_exporter = both_ways_provider(agent)
     with provider.get_tracer("rl").start_as_current_span(

@@ -23,7 +23,13 @@ from typing import Any
 
 import orjson
 
-from emitters.otel_rows import CUT_KEY, EXCEPTION_EVENT, end_problem, resource_text, span_event
+from emitters.integrations.otel_rows import (
+    CUT_KEY,
+    EXCEPTION_EVENT,
+    end_problem,
+    resource_text,
+    span_event,
+)
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"

@@ -1,6 +1,6 @@
 """Spans already counted: the RED metrics count a span once however often it arrives.
 
-A span's event_id is fixed by the span (emitters/otel_rows.py `span_event_id`), so the
+A span's event_id is fixed by the span (emitters/integrations/otel_rows.py `span_event_id`), so the
 two copies a provider with both the socket and the OTLP exporter sends, or a batch an
 OTLP exporter resends after a timeout, carry one id. The agent stores both copies (it
 dedupes frames and Ray events, not events by id; readers dedupe on event_id), and

@@ -1,6 +1,6 @@
 """A finished training step as op events: what TrainingTracker hands the emitter.
 
-Kept apart from the hooks in emitters/torch.py: these functions need no torch, only the
+Kept apart from the hooks in emitters/integrations/torch.py: these functions need no torch, only the
 marks (wall-clock ns, and a CUDA event pair's elapsed time where there is one).
 """
 

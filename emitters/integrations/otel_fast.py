@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from emitters.otel_rows import (
+from emitters.integrations.otel_rows import (
     EXCEPTION_EVENT,
     JOB_ID_KEYS,
     NOTHING,

@@ -166,7 +166,7 @@ def test_failures_inside_the_integration_never_reach_the_caller(
     import ray
 
     import emitters
-    from emitters import ray as ray_integration
+    from emitters.integrations import ray as ray_integration  # its private counters
 
     if not ray.is_initialized():  # this module's cluster may be up: tests run in any order
         assert ray_ids() == {}
@@ -305,7 +305,7 @@ RAY_JOB = textwrap.dedent("""
 
 def test_a_traced_function_of_a_script_keeps_the_name_ray_gives_it(tmp_path: Path) -> None:
     """Ray names a script's function after the script's file (ray_job.work): the
-    wrapper's own file (emitters/ray.py) must not rename it ray.work."""
+    wrapper's own file (emitters/integrations/ray.py) must not rename it ray.work."""
     script = tmp_path / "ray_job.py"
     script.write_text(RAY_JOB)
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}

@@ -1,5 +1,6 @@
-"""The socket exporter's fast path (emitters.otel_fast + Emitter.enqueue_built) against the
-generic path (readable_span_event through emit()), with the real OTel SDK and a wire peer."""
+"""The socket exporter's fast path (emitters/integrations/otel_fast.py and
+Emitter.enqueue_built) against the generic path (readable_span_event through emit()), with
+the real OTel SDK and a wire peer."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanContext, Status, StatusCode
 
 from aggregator.decode import otlp
-from emitters import Emitter, otel, otel_fast
-from emitters.otel_fast import SpanRows
-from emitters.otel_rows import CUT_KEY, VALUE_LIMIT
+from emitters import Emitter
+from emitters.integrations import otel, otel_fast  # the fast path is patched where it is used
+from emitters.integrations.otel_fast import SpanRows
+from emitters.integrations.otel_rows import CUT_KEY, VALUE_LIMIT
 from tests.emitters.fakeagent import FakeAgent, short_socket_path
 
 CONTEXT = {"job_id": "ctx-job", "node_id": "n7", "attrs": {"team": "ml", "service.name": "ctx"}}

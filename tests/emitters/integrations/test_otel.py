@@ -21,7 +21,8 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
 import emitters
 from aggregator.decode import otlp
-from emitters import otel, otel_rows, tracecontext
+from emitters import otel, tracecontext
+from emitters.integrations import otel_rows
 
 
 @pytest.fixture(autouse=True)

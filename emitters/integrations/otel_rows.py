@@ -1,7 +1,7 @@
 """The `span` event row: one mapping from span fields to evagg columns for every span path.
 
 `span_event` serves the agent's OTLP decoder and the socket exporter's generic path
-(`readable_span_event`), so both store identical rows; `emitters.otel_fast` builds the
+(`readable_span_event`), so both store identical rows; `emitters.integrations.otel_fast` builds the
 same rows faster for the common SDK spans and leans on the helpers here for the rest.
 """
 

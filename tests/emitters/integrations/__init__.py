@@ -1,0 +1,1 @@
+"""Tests of emitters/integrations/: the torch, Ray, OpenTelemetry and queueing integrations."""
