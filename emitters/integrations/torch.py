@@ -59,7 +59,12 @@ class TrainingTracker:
         max_pending_steps: int = 256,
         emitter: Emitter | None = None,
     ) -> None:
-        import torch
+        try:
+            import torch
+        except ImportError as exc:  # the base install has no torch: say which install adds it
+            raise ImportError("emitters.torch.TrainingTracker needs PyTorch in this "
+                              "environment: pip install torch (or evagg[torch] with "
+                              "-c constraints.txt for the CPU build)") from exc
 
         self._torch: Any = torch
         # A step's events are built in the emitter's sender thread, finished (none of

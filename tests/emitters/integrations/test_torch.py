@@ -179,3 +179,10 @@ def test_module_imports_without_torch() -> None:
                           timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "no torch"
+
+
+def test_a_tracker_without_pytorch_installed_says_which_install_adds_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # what `import torch` meets without it
+    with pytest.raises(ImportError, match=r"needs PyTorch.*pip install torch.*evagg\[torch\]"):
+        TrainingTracker()
