@@ -18,3 +18,15 @@ def sock_path() -> Iterator[Path]:
     yield path
     with contextlib.suppress(OSError):
         path.parent.rmdir()
+
+
+@pytest.fixture(scope="module")
+def torch_one_thread() -> Iterator[None]:
+    """torch without intra-op threads for a module's tests (`pytestmark`): a tiny model on
+    a shared 2-core machine runs 10x faster so. torch is imported only by modules asking."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

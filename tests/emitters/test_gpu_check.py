@@ -7,7 +7,7 @@ import dataclasses
 import importlib.util
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -36,12 +36,7 @@ NAN_STEP = STEPS[2]
 Rows = list[Any]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def good_rows(steps: range = STEPS, nan_step: int = NAN_STEP) -> Rows:

@@ -20,13 +20,7 @@ NAN_STEP = 137
 START = 1000
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    # A tiny model on a shared 2-core machine runs 10x faster without intra-op threads.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:

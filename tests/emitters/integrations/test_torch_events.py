@@ -9,7 +9,6 @@ that carry the backward hook differently (a tensor made by an op, a leaf tensor,
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,12 +23,7 @@ PHASES = ("forward", "backward", "optimizer_step")
 SLACK_US = 2  # the lake keeps microseconds: a start and a duration round apart by < 1 us each
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 class Leaf(torch.nn.Module):
