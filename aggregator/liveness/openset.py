@@ -95,8 +95,10 @@ class OpenSet:
         self.closed: OrderedDict[Key, None] = OrderedDict()
         self.untracked = Untracked()
         self.own_pid = os.getpid()
-        self.known: dict[int, Identity] = {}  # seen by the last run (restart.read_seen)
+        self.known: dict[int, Identity] = {}  # seen by the last run (restart.SeenLog)
+        self.known_drivers: set[int] = set()  # of those, the ones it took for a job's driver
         self.on_new: Callable[[Identity], None] | None = None  # each first sighting
+        self.on_driver: Callable[[Identity], None] | None = None  # each driver found here
         self.changed = False  # since the last snapshot
         self._messengers: dict[int, bool] = {}  # pid -> runs `evagg emit` (_messenger)
 
@@ -188,13 +190,21 @@ class OpenSet:
 
     def _local_driver(self, fact: Fact) -> bool:
         """The driver runs here: its pid is alive, started before the job, and its command
-        line is the entrypoint Ray recorded (Ray writes the driver's own argv there)."""
-        assert fact.worker_pid is not None
-        line = procs.command_line(fact.worker_pid)
+        line is the entrypoint Ray recorded (Ray writes the driver's own argv there); or
+        the last run found it so, and it may have exited since (a job defined after the
+        last snapshot, its driver killed while the agent was down)."""
+        pid = fact.worker_pid
+        assert pid is not None
+        if pid in self.known_drivers:
+            self.known_drivers.discard(pid)
+            return self.see(pid, fact.time_ns)
+        line = procs.command_line(pid)
         name = (fact.name or "").removeprefix("(interactive_shell) ")
-        if not line or line != name:
+        if not line or line != name or not self.see(pid, fact.time_ns):
             return False
-        return self.see(fact.worker_pid, fact.time_ns)
+        if self.on_driver is not None:
+            self.on_driver(self.processes[pid].identity)
+        return True
 
     def _actor_fact(self, fact: Fact) -> None:
         key = (fact.session, fact.key_id)

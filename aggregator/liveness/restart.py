@@ -75,10 +75,13 @@ def _load_parts(open_set: OpenSet, saved: dict[str, Any], same_boot: bool) -> No
 
 
 class SeenLog:
-    """One line per process at its first sighting, appended at once (no fsync: a kill -9
-    of the agent keeps it; a power cut starts a new boot, in which every pid it names is
-    gone anyway). It closes the gap between two snapshots; each start reads it and then
-    begins it again after writing a snapshot that holds what it said."""
+    """One line per process at its first sighting ("pid ticks"), and one more for each
+    process found to be a job's driver ("pid ticks driver"), appended at once (no fsync:
+    a kill -9 of the agent keeps it; a power cut starts a new boot, in which every pid it
+    names is gone anyway). It closes the gap between two snapshots: the replayed records
+    say which attempts and jobs were open, this which of their processes were here, which
+    the next agent can no longer ask of a process that exited meanwhile. Each start reads
+    it and then begins it again after writing a snapshot that holds what it said."""
 
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / SEEN
@@ -91,9 +94,11 @@ class SeenLog:
             return
         same_boot = bool(lines) and lines[0] == f"boot {procs.boot_id()}"
         for line in lines[1:]:
-            pid, _, ticks = line.partition(" ")
+            pid, ticks, *role = line.split(" ")
             if pid.isdigit() and ticks.isdigit():
                 open_set.known[int(pid)] = Identity(int(pid), int(ticks) if same_boot else -1)
+                if role == ["driver"]:
+                    open_set.known_drivers.add(int(pid))
 
     def begin(self) -> None:
         self.close()
@@ -103,6 +108,10 @@ class SeenLog:
     def add(self, identity: Identity) -> None:
         if self._handle is not None:
             self._handle.write(f"{identity.pid} {identity.start_ticks}\n")
+
+    def add_driver(self, identity: Identity) -> None:
+        if self._handle is not None:
+            self._handle.write(f"{identity.pid} {identity.start_ticks} driver\n")
 
     def close(self) -> None:
         if self._handle is not None:

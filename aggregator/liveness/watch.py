@@ -86,10 +86,12 @@ class LivenessWatch:
             self.seen.read(self.open)
             unreadable = restart.replay(self.open, self.spool)
             self.open.known.clear()
+            self.open.known_drivers.clear()
             # the snapshot now holds what the seen log said: the log begins again
             restart.save(restart.parts_of(self.open), self.state_dir)
             self.seen.begin()
             self.open.on_new = self.seen.add
+            self.open.on_driver = self.seen.add_driver
         except Exception as exc:  # a damaged snapshot: start with what was read
             self._errors.failed("liveness", exc, "could not read back the open attempts of "
                                 "the last run; attempts open before this start are not watched")

@@ -84,3 +84,48 @@ def test_a_dead_worker_ends_its_attempt_and_rays_late_end_still_wins(
     post(agent, [lifecycle(dies_b64, "FINISHED", workerPid=0)])  # Ray's own end, late
     wait_until(lambda: state_of(agent, dies) == "FINISHED", 60,
                lambda: f"Ray's late FINISHED to win: {tasks(agent).get(dies)}")
+
+
+def job_defined(driver: subprocess.Popen[bytes]) -> dict[str, Any]:
+    """Ray's definition of job 01000000, driven by `driver` (Ray's entrypoint is the
+    driver's own command line)."""
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return {"eventId": base64.b64encode(os.urandom(28)).decode(), "sourceType": "GCS",
+            "eventType": "DRIVER_JOB_DEFINITION_EVENT", "timestamp": now, "severity": "INFO",
+            "sessionName": SESSION,
+            "driverJobDefinitionEvent": {"jobId": JOB, "driverPid": str(driver.pid),
+                                         "entrypoint": subprocess.list2cmdline(driver.args)}}
+
+
+def test_a_job_defined_just_before_the_agent_was_killed_ends_when_its_driver_died_meanwhile(
+        agent_factory: Callable[..., AgentProcess]) -> None:
+    agent = agent_factory(agent_toml='inferred_end_grace = "2s"').start()
+    sleep = [sys.executable, "-c", "import time; time.sleep(3600)"]
+    worker, driver = subprocess.Popen(sleep), subprocess.Popen(sleep)
+    (running_b64, running), (pending_b64, pending) = task_id(9), task_id(10)
+    try:
+        post(agent, [lifecycle(running_b64, "RUNNING", workerPid=worker.pid)])
+        # The agent saves its open set at most every 5 s: once this attempt is in the
+        # saved copy, the job below lands between two saves, as a job defined just
+        # before a crash does.
+        snapshot = agent.state_dir / "liveness.json"
+        wait_until(lambda: snapshot.exists() and b'"RUNNING"' in snapshot.read_bytes(), 30,
+                   "the open set saved with the RUNNING attempt")
+        post(agent, [job_defined(driver), lifecycle(pending_b64, "PENDING")])
+        agent.kill()  # SIGKILL at once: no drain, no last snapshot
+        driver.kill()
+        driver.wait()
+        agent.start()
+
+        row = wait_for(lambda: failed_task(agent, pending), 60,
+                       lambda: f"the dead driver's PENDING attempt FAILED\n{agent.log()}")
+        assert row is not None and row["error_type"] == "WORKER_DIED"
+        [end] = inferred_ends(agent, "task", "task_id", pending)
+        assert f"driver pid {driver.pid} gone at " in end["said"], end
+        [job] = inferred_ends(agent, "job", "job_id", "01000000")
+        assert job["state"] == "FINISHED", job
+        assert state_of(agent, running) == "FAILED"  # its job ended with its driver
+    finally:
+        for process in (worker, driver):
+            process.kill()
+            process.wait()
