@@ -109,12 +109,23 @@ def inferred_rows(agent: AgentProcess, kind: str) -> list[dict[str, Any]]:
                       "AND source = 'evagg' AND attrs['evagg_inferred'] IS NOT NULL")
 
 
+def stored_ends(agent: AgentProcess) -> dict[tuple[str, int, str], dict[str, Any]]:
+    """The task ends the agent inferred and stored, by (task_id, attempt, session)."""
+    return {(r["task_id"], r["attempt"], r["session"]): r for r in inferred_rows(agent, "task")}
+
+
 def assert_everything_ended(agent: AgentProcess, open_before: list[dict[str, Any]]) -> None:
-    wait_until(lambda: not still_open(agent), 60 + GRACE_S,
-               lambda: f"no attempt RUNNING/PENDING/SUBMITTED; still open: "
-                       f"{still_open(agent)}\n{agent.log()}")
+    # Wait for the agent's stored ends, not merely for no open attempt: while a killed
+    # agent is silent past its silent_after_s, readers end its attempts themselves
+    # (dashboard/sql/ends.sql), and take that back when its next heartbeat lands.
+    wanted = {(r["task_id"], r["attempt"], r["ray_session"]) for r in open_before}
+    wait_until(lambda: wanted <= stored_ends(agent).keys() and not still_open(agent),
+               60 + GRACE_S,
+               lambda: f"an end stored for each of {sorted(wanted)} and no attempt "
+                       f"RUNNING/PENDING/SUBMITTED; stored: {sorted(stored_ends(agent))}, "
+                       f"still open: {still_open(agent)}\n{agent.log()}")
     now = tasks(agent)
-    ended = {(r["task_id"], r["attempt"], r["session"]): r for r in inferred_rows(agent, "task")}
+    ended = stored_ends(agent)
     for before in open_before:
         after = now[before["task_id"]]
         assert (after["final_state"], after["error_type"]) == ("FAILED", "WORKER_DIED"), after
