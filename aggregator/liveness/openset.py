@@ -1,12 +1,12 @@
 """The open set: attempts, ops, jobs and actors that started on this node and have not
 ended, with the local process whose exit ends them.
 
-Fed with `Fact`s in any order (Ray's owner and executor events of one attempt arrive in
-any order and POST): an end closes a key for good (a late RUNNING after FINISHED opens
-nothing), and a start of a key only adds what it knows. Only a process the agent saw
-alive itself is tracked (`procs.identity_of` at first sighting, started no later than
-the event that names it), so a pid of another pid namespace or machine is never
-declared gone.
+Fed with each batch's facts and ends (`facts.BatchFacts`), in any order (Ray's owner and
+executor events of one attempt arrive in any order and POST): an end closes a key for
+good (a late RUNNING after FINISHED opens nothing), and a start of a key only adds what
+it knows. Only a process the agent saw alive itself is tracked (`procs.identity_of` at
+first sighting, started no later than the event that names it), so a pid of another pid
+namespace or machine is never declared gone.
 """
 
 from __future__ import annotations
@@ -17,11 +17,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from aggregator.liveness import procs
-from aggregator.liveness.facts import Fact
+from aggregator.liveness.facts import TERMINAL, BatchFacts, Fact, Key
 from aggregator.liveness.procs import Identity
 
-Key = tuple[str, str, str, int]  # kind, session, id, attempt
-TERMINAL = frozenset({"FINISHED", "FAILED"})
 CLOCK_SLACK_NS = 2_000_000_000  # boot time in /proc has whole seconds; clocks differ a little
 MAX_CLOSED = 100_000  # ends remembered, so that a late start does not reopen its key
 # pids known to run `evagg emit` or not; a pid reused later keeps its first answer, which
@@ -104,21 +102,32 @@ class OpenSet:
 
     # -- facts -----------------------------------------------------------------------------
 
-    def apply(self, facts: list[Fact]) -> None:
-        for fact in facts:
+    def apply(self, found: BatchFacts) -> None:
+        for fact in found.facts:
             if fact.kind in ("task", "op"):
                 self._attempt_fact(fact)
             elif fact.source == "ray" and fact.kind == "job":
                 self._job_fact(fact)
             elif fact.source == "ray" and fact.kind == "actor":
                 self._actor_fact(fact)
+        self._close_all(found.ends)
+
+    def _close_all(self, keys: list[Key]) -> None:
+        """Each key's end, in one pass: on the loop for every op a producer ends."""
+        if self.attempts:
+            pop = self.attempts.pop
+            if any([pop(key, None) is not None for key in keys]):
+                self.changed = True
+        self.closed.update(dict.fromkeys(keys))
+        while len(self.closed) > MAX_CLOSED:
+            self.closed.popitem(last=False)
 
     def _attempt_fact(self, fact: Fact) -> None:
         key: Key = (fact.kind, fact.session, fact.key_id, fact.attempt)
         if not fact.key_id:
             return
-        if fact.state in TERMINAL:
-            self._close(key)
+        if fact.state in TERMINAL:  # facts_of gives ends as bare keys; this is the rest
+            self._close_all([key])
             return
         ray = fact.source == "ray" and fact.kind == "task"
         if key in self.closed or fact.inferred:
@@ -166,11 +175,6 @@ class OpenSet:
         elif fact.state == "RUNNING" and fact.worker_pid and self.see(fact.worker_pid,
                                                                       fact.time_ns):
             found.pid = fact.worker_pid
-
-    def _close(self, key: Key) -> None:
-        if self.attempts.pop(key, None) is not None:
-            self.changed = True
-        self._remember_end(key)
 
     def _remember_end(self, key: Key) -> None:
         self.closed[key] = None

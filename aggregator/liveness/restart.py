@@ -21,7 +21,7 @@ from typing import IO, Any
 import orjson
 
 from aggregator.liveness import procs
-from aggregator.liveness.facts import Fact, facts_of
+from aggregator.liveness.facts import BatchFacts, facts_of
 from aggregator.liveness.openset import Actor, Attempt, Job, OpenSet, Process
 from aggregator.liveness.procs import Identity
 from aggregator.spool import Spool
@@ -122,7 +122,7 @@ class SeenLog:
 def replay(open_set: OpenSet, spool: Spool) -> int:
     """Apply the facts of the spool's newest records, oldest first; records that cannot
     be read are skipped and counted in the answer."""
-    found: list[list[Fact]] = []
+    found: list[BatchFacts] = []
     unreadable = 0
     for payload in _newest_payloads(spool):
         try:

@@ -26,7 +26,7 @@ import pyarrow as pa
 from aggregator.ingest.ingestor import Ingestor
 from aggregator.liveness import procs, restart
 from aggregator.liveness.ends import actor_end, attempt_end, job_end
-from aggregator.liveness.facts import Fact, facts_of
+from aggregator.liveness.facts import BatchFacts, facts_of
 from aggregator.liveness.openset import Attempt, OpenSet, Process
 from aggregator.metrics import AgentMetrics
 from aggregator.spool import Spool
@@ -65,11 +65,11 @@ class LivenessWatch:
 
     # -- fed by the ingestor ---------------------------------------------------------------
 
-    def extract(self, batch: pa.RecordBatch) -> list[Fact]:
+    def extract(self, batch: pa.RecordBatch) -> BatchFacts:
         """In the ingestor's worker thread: the few columns that matter."""
         return facts_of(batch)
 
-    def apply(self, facts: list[Fact]) -> None:
+    def apply(self, facts: BatchFacts) -> None:
         """On the loop, after the spool stored the batch; never raises into the ingest."""
         try:
             self.open.apply(facts)

@@ -1,0 +1,93 @@
+"""The open set fed a batch at a time (its facts, then its ends as bare keys) holds the
+same attempts as the open set fed the same rows one by one, in row order: the ends'
+short path is held to the careful one, over Hypothesis's mixes of starts, ends, late
+starts, repeats, Ray's and producers' rows and rows with no key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aggregator.decode.normalize import Stamp, rows_to_batch
+from aggregator.liveness.facts import facts_of
+from aggregator.liveness.openset import OpenSet
+from emitters.ids import new_event_id
+
+
+@pytest.fixture(scope="module")
+def worker_pid() -> Iterator[int]:
+    """A live local process, so that the producers' and Ray's starts are tracked."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    time.sleep(0.2)  # started well before the rows' times
+    yield process.pid
+    process.kill()
+    process.wait()
+
+
+KEYS = st.sampled_from(["a", "b", "c", ""])
+ROW = st.fixed_dictionaries({
+    "kind": st.sampled_from(["task", "op"]),
+    "state": st.sampled_from(["PENDING", "RUNNING", "STARTED", "FINISHED", "FAILED", "DEFINED"]),
+    "key": KEYS,
+    "attempt": st.integers(0, 1),
+    "ray": st.booleans(),
+})
+
+
+def event(row: dict[str, Any], n: int, pid: int) -> dict[str, Any]:
+    now = time.time_ns() + n
+    out: dict[str, Any] = {"kind": row["kind"], "state": row["state"], "attempt": row["attempt"],
+                           "name": "work", "time": now, "event_id": new_event_id(now)}
+    out["span_id" if row["kind"] == "op" else "task_id"] = row["key"]
+    if row["ray"]:
+        out["source"] = "ray"
+        out["attrs"] = {"ray_session": "session_1", "worker_pid": str(pid)}
+    return out
+
+
+def attempts_of(open_set: OpenSet) -> dict[Any, tuple[Any, ...]]:
+    return {key: (a.state, a.pid, a.name) for key, a in open_set.attempts.items()}
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=st.lists(st.lists(ROW, min_size=1, max_size=12), min_size=1, max_size=5))
+def test_a_batch_at_a_time_opens_and_closes_what_its_rows_one_by_one_do(
+        batches: list[list[dict[str, Any]]], worker_pid: int) -> None:
+    stamp = Stamp(time.time_ns(), worker_pid, 0, "node", "host")
+    by_batch, by_row = OpenSet(), OpenSet()
+    for batch_rows in batches:
+        events = [event(row, n, worker_pid) for n, row in enumerate(batch_rows)]
+        by_batch.apply(facts_of(rows_to_batch(events, stamp).batch))
+        for one in events:
+            by_row.apply(facts_of(rows_to_batch([one], stamp).batch))
+        assert attempts_of(by_batch) == attempts_of(by_row)
+    assert set(by_batch.closed) == set(by_row.closed)
+
+
+def test_a_batch_of_lone_ends_opens_nothing_and_closes_an_open_op(worker_pid: int) -> None:
+    stamp = Stamp(time.time_ns(), worker_pid, 0, "node", "host")
+    open_set = OpenSet()
+    open_set.apply(facts_of(rows_to_batch([event(
+        {"kind": "op", "state": "STARTED", "key": "open", "attempt": 0, "ray": False},
+        0, worker_pid)], stamp).batch))
+    assert list(open_set.attempts) == [("op", "", "open", 0)]
+    ends = [event({"kind": "op", "state": "FINISHED", "key": f"s{n}", "attempt": 0,
+                   "ray": False}, n, worker_pid) for n in range(1000)]
+    ends.append(event({"kind": "op", "state": "FINISHED", "key": "open", "attempt": 0,
+                       "ray": False}, 1000, worker_pid))
+    found = facts_of(rows_to_batch(ends, stamp).batch)
+    assert found.facts == [] and len(found.ends) == 1001
+    open_set.apply(found)
+    assert open_set.attempts == {}
+    # a late start of an ended op opens nothing
+    open_set.apply(facts_of(rows_to_batch([event(
+        {"kind": "op", "state": "STARTED", "key": "s7", "attempt": 0, "ray": False},
+        0, worker_pid)], stamp).batch))
+    assert open_set.attempts == {}
