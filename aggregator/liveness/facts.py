@@ -55,17 +55,19 @@ class Fact(NamedTuple):
 
 class BatchFacts(NamedTuple):
     """What one batch says: its facts in row order, then the keys of the task and op
-    attempts it ends. Applying the ends after the facts gives what row order gives: an
-    end closes its key for good, whichever came first (aggregator/liveness/openset.py)."""
+    attempts it ends, producers' and Ray's apart. Applying the ends after the facts gives
+    what row order gives: an end closes its key, whichever came first
+    (aggregator/liveness/openset.py)."""
 
     facts: list[Fact]
     ends: list[Key]
+    ray_ends: list[Key]  # Ray's events of one attempt come in any order: each is kept
 
 
 def facts_of(batch: pa.RecordBatch) -> BatchFacts:
     """The facts and ends of one batch; both empty for a batch with neither."""
     if batch.num_rows == 0:
-        return BatchFacts([], [])
+        return BatchFacts([], [], [])
     kind, state = batch.column("kind"), batch.column("state")
     watched = pc.and_(pc.is_in(kind, value_set=_strings(WATCHED_KINDS)), pc.is_valid(state))
     ending = pc.and_(pc.and_(watched, pc.is_in(kind, value_set=_strings(ATTEMPT_KINDS))),
@@ -73,19 +75,28 @@ def facts_of(batch: pa.RecordBatch) -> BatchFacts:
     # A task's definition opens nothing its lifecycle rows do not (a fifth of Ray's rows).
     defined = pc.and_(pc.equal(kind, "task"), pc.equal(state, "DEFINED"))
     opening = pc.and_(watched, pc.invert(pc.or_(ending, defined)))
-    return BatchFacts(_facts(batch, opening), _ends(batch, ending))
+    if not pc.any(ending).as_py():
+        return BatchFacts(_facts(batch, opening), [], [])
+    ray = pc.fill_null(pc.equal(batch.column("source"), "ray"), False)
+    columns = _key_columns(batch)
+    return BatchFacts(_facts(batch, opening),
+                      _ends(columns, pc.and_(ending, pc.invert(ray))),
+                      _ends(columns, pc.and_(ending, ray)))
 
 
-def _ends(batch: pa.RecordBatch, mask: pa.Array) -> list[Key]:
-    """Four columns of the ending rows (filtering the whole batch would cost more than all
-    the rest), the key ids as `_key_ids` gives them for tasks and ops."""
-    if not pc.any(mask).as_py():
-        return []
+def _key_columns(batch: pa.RecordBatch) -> list[pa.Array]:
+    """An attempt's key of every row (the key ids as `_key_ids` gives them for tasks and
+    ops): four columns, since filtering the whole batch would cost more than the rest."""
     kind = batch.column("kind")
     task = pc.coalesce(_nonempty(batch.column("task_id")), batch.column("event_id"))
-    columns = [kind, pc.fill_null(_attr(batch.column("attrs"), "ray_session"), ""),
-               pc.fill_null(pc.if_else(pc.equal(kind, "op"), batch.column("span_id"), task), ""),
-               pc.fill_null(batch.column("attempt"), 0)]
+    return [kind, pc.fill_null(_attr(batch.column("attrs"), "ray_session"), ""),
+            pc.fill_null(pc.if_else(pc.equal(kind, "op"), batch.column("span_id"), task), ""),
+            pc.fill_null(batch.column("attempt"), 0)]
+
+
+def _ends(columns: list[pa.Array], mask: pa.Array) -> list[Key]:
+    if not pc.any(mask).as_py():
+        return []
     if not pc.all(mask).as_py():
         columns = [column.filter(mask) for column in columns]
     return [key for key in zip(*(column.to_pylist() for column in columns), strict=True)

@@ -22,6 +22,10 @@ from aggregator.liveness.procs import Identity
 
 CLOCK_SLACK_NS = 2_000_000_000  # boot time in /proc has whole seconds; clocks differ a little
 MAX_CLOSED = 100_000  # ends remembered, so that a late start does not reopen its key
+# Of a producer's ends that closed nothing (most of them: a training loop's ops are one
+# FINISHED each), only the latest are: its own start comes before its end on its one
+# connection, and 100,000 of them cost the agent some 20 MiB
+MAX_LONE_ENDS = 10_000
 # pids known to run `evagg emit` or not; a pid reused later keeps its first answer, which
 # at worst leaves a task unwatched (nothing inferred), never ends one wrongly
 MAX_MESSENGERS = 10_000
@@ -91,6 +95,7 @@ class OpenSet:
         self.actors: dict[tuple[str, str], Actor] = {}
         self.processes: dict[int, Process] = {}
         self.closed: OrderedDict[Key, None] = OrderedDict()
+        self.lone_ends: OrderedDict[Key, None] = OrderedDict()  # see MAX_LONE_ENDS
         self.untracked = Untracked()
         self.own_pid = os.getpid()
         self.known: dict[int, Identity] = {}  # seen by the last run (restart.SeenLog)
@@ -110,27 +115,34 @@ class OpenSet:
                 self._job_fact(fact)
             elif fact.source == "ray" and fact.kind == "actor":
                 self._actor_fact(fact)
-        self._close_all(found.ends)
+        self._close_all(found.ends, every_end=False)
+        self._close_all(found.ray_ends, every_end=True)
 
-    def _close_all(self, keys: list[Key]) -> None:
-        """Each key's end, in one pass: on the loop for every op a producer ends."""
+    def _close_all(self, keys: list[Key], *, every_end: bool) -> None:
+        """Each key's end, in one pass (on the loop for every op a producer ends). An end
+        that closed an open attempt is remembered among `closed`, and so is every end
+        with `every_end`; the others only among the latest `lone_ends`."""
+        closed_now = []
         if self.attempts:
             pop = self.attempts.pop
-            if any([pop(key, None) is not None for key in keys]):
-                self.changed = True
-        self.closed.update(dict.fromkeys(keys))
-        while len(self.closed) > MAX_CLOSED:
-            self.closed.popitem(last=False)
+            closed_now = [key for key in keys if pop(key, None) is not None]
+            self.changed |= bool(closed_now)
+        _remember(self.closed, keys if every_end else closed_now, MAX_CLOSED)
+        if not every_end:
+            _remember(self.lone_ends, keys, MAX_LONE_ENDS)
+
+    def ended(self, key: Key) -> bool:
+        return key in self.closed or key in self.lone_ends
 
     def _attempt_fact(self, fact: Fact) -> None:
         key: Key = (fact.kind, fact.session, fact.key_id, fact.attempt)
         if not fact.key_id:
             return
-        if fact.state in TERMINAL:  # facts_of gives ends as bare keys; this is the rest
-            self._close_all([key])
-            return
         ray = fact.source == "ray" and fact.kind == "task"
-        if key in self.closed or fact.inferred:
+        if fact.state in TERMINAL:  # facts_of gives ends as bare keys; this is the rest
+            self._close_all([key], every_end=fact.source == "ray")
+            return
+        if self.ended(key) or fact.inferred:
             return
         if not ray and not self._producer_start(fact):
             return
@@ -177,9 +189,7 @@ class OpenSet:
             found.pid = fact.worker_pid
 
     def _remember_end(self, key: Key) -> None:
-        self.closed[key] = None
-        if len(self.closed) > MAX_CLOSED:
-            self.closed.popitem(last=False)
+        _remember(self.closed, [key], MAX_CLOSED)
 
     def _job_fact(self, fact: Fact) -> None:
         key = (fact.session, fact.key_id)
@@ -303,3 +313,10 @@ class OpenSet:
     def _take(self, key: Key) -> Attempt:
         self._remember_end(key)
         return self.attempts.pop(key)
+
+
+def _remember(memory: OrderedDict[Key, None], keys: list[Key], limit: int) -> None:
+    """Add `keys`, dropping the oldest beyond `limit` (a key already there keeps its place)."""
+    memory.update(dict.fromkeys(keys))
+    while len(memory) > limit:
+        memory.popitem(last=False)

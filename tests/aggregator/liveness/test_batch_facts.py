@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from aggregator.decode.normalize import Stamp, rows_to_batch
 from aggregator.liveness.facts import facts_of
-from aggregator.liveness.openset import OpenSet
+from aggregator.liveness.openset import MAX_LONE_ENDS, OpenSet
 from emitters.ids import new_event_id
 
 
@@ -68,7 +68,9 @@ def test_a_batch_at_a_time_opens_and_closes_what_its_rows_one_by_one_do(
         for one in events:
             by_row.apply(facts_of(rows_to_batch([one], stamp).batch))
         assert attempts_of(by_batch) == attempts_of(by_row)
-    assert set(by_batch.closed) == set(by_row.closed)
+    # an end is remembered as closing an open attempt or as a lone end; a late start
+    # opens nothing either way
+    assert ({*by_batch.closed, *by_batch.lone_ends} == {*by_row.closed, *by_row.lone_ends})
 
 
 def test_a_batch_of_lone_ends_opens_nothing_and_closes_an_open_op(worker_pid: int) -> None:
@@ -91,3 +93,20 @@ def test_a_batch_of_lone_ends_opens_nothing_and_closes_an_open_op(worker_pid: in
         {"kind": "op", "state": "STARTED", "key": "s7", "attempt": 0, "ray": False},
         0, worker_pid)], stamp).batch))
     assert open_set.attempts == {}
+
+
+def test_rays_end_outlasts_any_number_of_producer_ends(worker_pid: int) -> None:
+    """Ray's executor RUNNING may come after the owner's FINISHED: that end is kept
+    however many producers' lone ends follow it."""
+    stamp = Stamp(time.time_ns(), worker_pid, 0, "node", "host")
+    open_set = OpenSet()
+    ray_end = event({"kind": "task", "state": "FINISHED", "key": "r", "attempt": 0,
+                     "ray": True}, 0, worker_pid)
+    lone = [event({"kind": "op", "state": "FINISHED", "key": f"s{n}", "attempt": 0,
+                   "ray": False}, n, worker_pid) for n in range(MAX_LONE_ENDS + 1)]
+    open_set.apply(facts_of(rows_to_batch([ray_end, *lone], stamp).batch))
+    late = event({"kind": "task", "state": "RUNNING", "key": "r", "attempt": 0, "ray": True},
+                 0, worker_pid)
+    open_set.apply(facts_of(rows_to_batch([late], stamp).batch))
+    assert open_set.attempts == {}
+    assert len(open_set.lone_ends) == MAX_LONE_ENDS
