@@ -24,6 +24,7 @@ TERMINAL = frozenset({"FINISHED", "FAILED"})  # the states that end a task or op
 INFERRED = "evagg_inferred"  # the attrs key that marks an end evagg inferred
 
 Key = tuple[str, str, str, int]  # an attempt's: kind, session, id, attempt
+NO_ENDS: frozenset[Key] = frozenset()
 
 
 @functools.cache
@@ -60,14 +61,14 @@ class BatchFacts(NamedTuple):
     (aggregator/liveness/openset.py)."""
 
     facts: list[Fact]
-    ends: list[Key]
-    ray_ends: list[Key]  # Ray's events of one attempt come in any order: each is kept
+    ends: frozenset[Key]
+    ray_ends: frozenset[Key]  # Ray's events of one attempt come in any order: each is kept
 
 
 def facts_of(batch: pa.RecordBatch) -> BatchFacts:
     """The facts and ends of one batch; both empty for a batch with neither."""
     if batch.num_rows == 0:
-        return BatchFacts([], [], [])
+        return BatchFacts([], NO_ENDS, NO_ENDS)
     kind, state = batch.column("kind"), batch.column("state")
     watched = pc.and_(pc.is_in(kind, value_set=_strings(WATCHED_KINDS)), pc.is_valid(state))
     ending = pc.and_(pc.and_(watched, pc.is_in(kind, value_set=_strings(ATTEMPT_KINDS))),
@@ -76,7 +77,7 @@ def facts_of(batch: pa.RecordBatch) -> BatchFacts:
     defined = pc.and_(pc.equal(kind, "task"), pc.equal(state, "DEFINED"))
     opening = pc.and_(watched, pc.invert(pc.or_(ending, defined)))
     if not pc.any(ending).as_py():
-        return BatchFacts(_facts(batch, opening), [], [])
+        return BatchFacts(_facts(batch, opening), NO_ENDS, NO_ENDS)
     ray = pc.fill_null(pc.equal(batch.column("source"), "ray"), False)
     columns = _key_columns(batch)
     return BatchFacts(_facts(batch, opening),
@@ -94,13 +95,15 @@ def _key_columns(batch: pa.RecordBatch) -> list[pa.Array]:
             pc.fill_null(batch.column("attempt"), 0)]
 
 
-def _ends(columns: list[pa.Array], mask: pa.Array) -> list[Key]:
+def _ends(columns: list[pa.Array], mask: pa.Array) -> frozenset[Key]:
+    """The keys of the rows of `mask`, made a set here in the decode thread, not on the
+    loop (aggregator/liveness/end_memory.py keeps them as they are)."""
     if not pc.any(mask).as_py():
-        return []
+        return NO_ENDS
     if not pc.all(mask).as_py():
         columns = [column.filter(mask) for column in columns]
-    return [key for key in zip(*(column.to_pylist() for column in columns), strict=True)
-            if key[2]]
+    return frozenset(key for key in zip(*(column.to_pylist() for column in columns),
+                                        strict=True) if key[2])
 
 
 def _facts(batch: pa.RecordBatch, mask: pa.Array) -> list[Fact]:

@@ -12,11 +12,11 @@ namespace or machine is never declared gone.
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from aggregator.liveness import procs
+from aggregator.liveness.end_memory import EndMemory
 from aggregator.liveness.facts import TERMINAL, BatchFacts, Fact, Key
 from aggregator.liveness.procs import Identity
 
@@ -94,8 +94,8 @@ class OpenSet:
         self.jobs: dict[tuple[str, str], Job] = {}
         self.actors: dict[tuple[str, str], Actor] = {}
         self.processes: dict[int, Process] = {}
-        self.closed: OrderedDict[Key, None] = OrderedDict()
-        self.lone_ends: OrderedDict[Key, None] = OrderedDict()  # see MAX_LONE_ENDS
+        self.closed = EndMemory(MAX_CLOSED)
+        self.lone_ends = EndMemory(MAX_LONE_ENDS)
         self.untracked = Untracked()
         self.own_pid = os.getpid()
         self.known: dict[int, Identity] = {}  # seen by the last run (restart.SeenLog)
@@ -118,18 +118,21 @@ class OpenSet:
         self._close_all(found.ends, every_end=False)
         self._close_all(found.ray_ends, every_end=True)
 
-    def _close_all(self, keys: list[Key], *, every_end: bool) -> None:
+    def _close_all(self, keys: frozenset[Key], *, every_end: bool) -> None:
         """Each key's end, in one pass (on the loop for every op a producer ends). An end
         that closed an open attempt is remembered among `closed`, and so is every end
         with `every_end`; the others only among the latest `lone_ends`."""
-        closed_now = []
-        if self.attempts:
-            pop = self.attempts.pop
-            closed_now = [key for key in keys if pop(key, None) is not None]
-            self.changed |= bool(closed_now)
-        _remember(self.closed, keys if every_end else closed_now, MAX_CLOSED)
+        attempts = self.attempts
+        if len(keys) <= len(attempts):
+            closed_now = [key for key in keys if key in attempts]
+        else:  # the open set is the smaller: most ends close nothing
+            closed_now = [key for key in attempts if key in keys]
+        for key in closed_now:
+            del attempts[key]
+        self.changed |= bool(closed_now)
+        self.closed.add(keys if every_end else closed_now)
         if not every_end:
-            _remember(self.lone_ends, keys, MAX_LONE_ENDS)
+            self.lone_ends.add(keys)
 
     def ended(self, key: Key) -> bool:
         return key in self.closed or key in self.lone_ends
@@ -140,7 +143,7 @@ class OpenSet:
             return
         ray = fact.source == "ray" and fact.kind == "task"
         if fact.state in TERMINAL:  # facts_of gives ends as bare keys; this is the rest
-            self._close_all([key], every_end=fact.source == "ray")
+            self._close_all(frozenset([key]), every_end=fact.source == "ray")
             return
         if self.ended(key) or fact.inferred:
             return
@@ -189,7 +192,7 @@ class OpenSet:
             found.pid = fact.worker_pid
 
     def _remember_end(self, key: Key) -> None:
-        _remember(self.closed, [key], MAX_CLOSED)
+        self.closed.add([key])
 
     def _job_fact(self, fact: Fact) -> None:
         key = (fact.session, fact.key_id)
@@ -314,9 +317,3 @@ class OpenSet:
         self._remember_end(key)
         return self.attempts.pop(key)
 
-
-def _remember(memory: OrderedDict[Key, None], keys: list[Key], limit: int) -> None:
-    """Add `keys`, dropping the oldest beyond `limit` (a key already there keeps its place)."""
-    memory.update(dict.fromkeys(keys))
-    while len(memory) > limit:
-        memory.popitem(last=False)
