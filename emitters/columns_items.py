@@ -1,4 +1,5 @@
-"""emit() tuples straight into columns, without an event dict (runs in the sender thread).
+"""emit() tuples, and deferred builds that can give columns, straight into columns,
+without an event dict (runs in the sender thread).
 
 The common case, emit() called in a loop with the same plain fields, costs one pass per
 column in C (itemgetter, map, set of types) instead of `values.apply_fields` per field
@@ -17,7 +18,7 @@ from itertools import chain, repeat
 from operator import itemgetter
 from typing import Any, Final
 
-from emitters.events import Context, event_ids
+from emitters.events import DEFERRED, Context, event_ids
 from emitters.fields import AGENT_STAMPED, EVENT_FIELDS
 from emitters.values import text
 
@@ -66,6 +67,34 @@ def emit_columns(items: Sequence[tuple[Any, ...]], context: Context) -> dict[str
     attrs = _attrs(context.attrs, unknown, n)
     if attrs is not None:
         columns["attrs"] = attrs
+    return columns
+
+
+def deferred_columns(items: Sequence[tuple[Any, ...]], context: Context
+                     ) -> dict[str, list[Any]] | None:
+    """The columns of these deferred items (Emitter.enqueue_deferred), without the
+    context's base, when every build is of one type whose `columns_of(builds)` gives them
+    ({column: values} for exactly the events the builds were queued for), else None.
+    emitters/integrations/torch_steps.py's StepBuild is one: a training step's events."""
+    builds = []
+    for item in items:
+        if len(item) != 3 or item[1] is not DEFERRED:
+            return None
+        if item[2] is not None:
+            builds.append(item[2])
+    if not builds:
+        return None
+    kind = type(builds[0][0])
+    columns_of = getattr(kind, "columns_of", None)
+    if columns_of is None or any(type(build) is not kind for build, _ in builds):
+        return None
+    columns: dict[str, list[Any]] | None = columns_of([build for build, _ in builds])
+    if columns is None or len(columns["time"]) != len(items):
+        return None  # a build made another count than it was queued for: the rows path
+    if context.attrs:
+        own = columns.get("attrs")
+        columns["attrs"] = ([context.attrs] * len(items) if own is None else
+                            [context.attrs if a is None else {**context.attrs, **a} for a in own])
     return columns
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from emitters import wire
-from emitters.columns_items import emit_columns
+from emitters.columns_items import deferred_columns, emit_columns
 from emitters.columns_read import read_rows
 from emitters.events import BUILT_LENGTH, Context, build_events
 from emitters.ids import new_session_id
@@ -82,11 +82,11 @@ class Outbox:
             yield from self._keep(made)
 
     def add_items(self, items: list[tuple[Any, ...]], context: Context) -> list[int]:
-        """Queued emit()/op()/built items as COLUMNS: plain emit() runs straight into
-        columns, the rest through event rows; the seqs of the frames made. Raises what
-        build_events raises."""
+        """Queued emit()/op()/built items as COLUMNS: plain emit() runs and training
+        steps straight into columns, the rest through event rows; the seqs of the frames
+        made. Raises what build_events raises."""
         try:
-            columns = emit_columns(items, context)
+            columns = emit_columns(items, context) or deferred_columns(items, context)
         except Exception:  # a bug there costs the fast path, not the events
             columns = None
         if columns is not None:

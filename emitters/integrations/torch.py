@@ -28,13 +28,12 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
-from functools import partial
 from typing import Any, TypeVar
 
 import emitters
 from emitters import tracecontext
 from emitters.emitter import Emitter
-from emitters.integrations.torch_steps import PHASES, Mark, step_event_count, step_events
+from emitters.integrations.torch_steps import PHASES, Mark, StepBuild, step_event_count
 from emitters.integrations.torch_steps import Step as _Step
 from emitters.integrations.torch_trace import trace_handler as trace_handler
 from emitters.ops import error_fields
@@ -291,7 +290,7 @@ class TrainingTracker:
             self._guard(self._emit, self._pending.popleft())
 
     def _emit(self, done: _Step) -> None:
-        self._send(step_event_count(done), partial(step_events, done, self.name, self._ids))
+        self._send(step_event_count(done), StepBuild(done, self.name, self._ids))
 
 
 def _cuda_device(model: Any) -> Any:

@@ -7,6 +7,7 @@ marks (wall-clock ns, and a CUDA event pair's elapsed time where there is one).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,69 @@ class Step:
     def active(self) -> bool:
         return bool(self.phases or self.metrics or self.deferred or self.data_wait_s
                     or self.error)
+
+
+class StepBuild:
+    """A finished step as the emitter takes it (Emitter.enqueue_deferred): called, its
+    events as rows (step_events); with the other steps of a frame, their events as columns
+    (columns_of), for the emitter's straight columns path (emitters/columns_items.py)."""
+
+    __slots__ = ("done", "ids", "name")
+
+    def __init__(self, done: Step, name: str, ids: dict[str, str]) -> None:
+        self.done = done
+        self.name = name
+        self.ids = ids
+
+    def __call__(self) -> list[dict[str, Any]]:
+        return step_events(self.done, self.name, self.ids)
+
+    @staticmethod
+    def columns_of(builds: Sequence[StepBuild]) -> dict[str, list[Any]] | None:
+        """The events step_events makes of these steps, as columns; None where a step is
+        not a plain CPU one (failed, in a trace, timed on CUDA, a phase called more than
+        once, a metric that is not a finite float), which the rows path then takes."""
+        keys = tuple(builds[0].ids)
+        times: list[int] = []
+        names: list[str] = []
+        steps: list[int] = []
+        durations: list[float] = []
+        metrics: list[dict[str, float] | None] = []
+        ids: dict[str, list[str]] = {key: [] for key in keys}
+        for build in builds:
+            done = build.done
+            if (done.error or done.trace or done.deferred or done.peak_memory_bytes is not None
+                    or tuple(build.ids) != keys):
+                return None
+            values = done.metrics.copy()
+            values["data_wait_s"] = done.data_wait_s
+            if set(map(type, values.values())) != {float} or not all(
+                    map(math.isfinite, values.values())):
+                return None
+            before = len(times)
+            for phase in PHASES:
+                spans = done.phases.get(phase)
+                if not spans:
+                    continue
+                if len(spans) != 1 or spans[0][0][1] is not None or spans[0][1][1] is not None:
+                    return None
+                (start, _), (end, _) = spans[0]
+                times.append(start)
+                names.append(phase)
+                durations.append((end - start) / 1e9)
+            times.append(done.start[0])
+            names.append(build.name)
+            durations.append(((done.end or done.start)[0] - done.start[0]) / 1e9)
+            rows = len(times) - before
+            steps += [done.step] * rows
+            metrics += [None] * (rows - 1)
+            metrics.append(values)
+            for key, column in ids.items():
+                column += [build.ids[key]] * rows
+        n = len(times)
+        return {"time": times, "kind": ["op"] * n, "source": ["torch"] * n, "name": names,
+                "state": ["FINISHED"] * n, "step": steps, "duration_s": durations,
+                "metrics": metrics, **ids, "event_id": event_ids(times)}
 
 
 def step_event_count(done: Step) -> int:
