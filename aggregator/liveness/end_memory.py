@@ -2,10 +2,12 @@
 nothing: the latest `limit` of them, or a little more.
 
 It is fed once per stored batch, on the event loop, and most batches of a busy node are
-ends (a training loop's ops are each one FINISHED event). So it keeps a few sets instead
-of one ordered dict: a batch's ends arrive as one frozenset made in the decode thread,
-adding it costs an append (small sets are merged, so there are never more than about
-sixteen), forgetting drops the oldest set whole, and a lookup probes each set.
+ends (a training loop's ops are each one FINISHED event), while a lookup comes with every
+start (most of Ray's rows). So a batch's ends arrive as one frozenset made in the decode
+thread and are kept as they are, in arrival order, for forgetting (the oldest set whole;
+small sets are merged, so there are never more than about sixteen), and one set of all of
+them answers lookups. A key ended in two batches leaves that set with the older one,
+which only forgets it early.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class EndMemory:
         self.limit = limit
         self._sets: deque[frozenset[Key]] = deque()
         self._size = 0  # the sum of the sets' sizes (a key in two sets counts twice)
+        self._all: set[Key] = set()
 
     def add(self, keys: Iterable[Key]) -> None:
         added = keys if isinstance(keys, frozenset) else frozenset(keys)
@@ -34,14 +37,17 @@ class EndMemory:
             added = newest | added
         self._sets.append(added)
         self._size += len(added)
+        self._all |= added
         while self._size - len(self._sets[0]) >= self.limit:  # the rest still holds `limit`
-            self._size -= len(self._sets.popleft())
+            oldest = self._sets.popleft()
+            self._size -= len(oldest)
+            self._all -= oldest
 
     def __contains__(self, key: object) -> bool:
-        return any(key in keys for keys in self._sets)
+        return key in self._all
 
     def __len__(self) -> int:
-        return self._size
+        return len(self._all)
 
     def __iter__(self) -> Iterator[Key]:
-        return iter(frozenset().union(*self._sets))
+        return iter(self._all)

@@ -80,6 +80,13 @@ def facts_of(batch: pa.RecordBatch) -> BatchFacts:
         return BatchFacts(_facts(batch, opening), NO_ENDS, NO_ENDS)
     ray = pc.fill_null(pc.equal(batch.column("source"), "ray"), False)
     columns = _key_columns(batch)
+    # A start whose attempt ends in this same batch changes nothing (Ray's executor
+    # RUNNING beside the owner's FINISHED): not made a Fact at all.
+    if pc.any(opening).as_py():
+        keys = pc.binary_join_element_wise(*columns[:3], pc.cast(columns[3], pa.string()),
+                                           "\x1f")
+        ended = pc.fill_null(pc.is_in(keys, value_set=keys.filter(ending)), False)
+        opening = pc.and_(opening, pc.invert(ended))
     return BatchFacts(_facts(batch, opening),
                       _ends(columns, pc.and_(ending, pc.invert(ray))),
                       _ends(columns, pc.and_(ending, ray)))
