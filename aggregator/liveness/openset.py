@@ -316,4 +316,3 @@ class OpenSet:
     def _take(self, key: Key) -> Attempt:
         self._remember_end(key)
         return self.attempts.pop(key)
-
