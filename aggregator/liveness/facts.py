@@ -93,13 +93,11 @@ def facts_of(batch: pa.RecordBatch) -> BatchFacts:
 
 
 def _key_columns(batch: pa.RecordBatch) -> list[pa.Array]:
-    """An attempt's key of every row (the key ids as `_key_ids` gives them for tasks and
-    ops): four columns, since filtering the whole batch would cost more than the rest."""
+    """An attempt's key of every row: four columns, since filtering the whole batch
+    would cost more than the rest."""
     kind = batch.column("kind")
-    task = pc.coalesce(_nonempty(batch.column("task_id")), batch.column("event_id"))
     return [kind, pc.fill_null(_attr(batch.column("attrs"), "ray_session"), ""),
-            pc.fill_null(pc.if_else(pc.equal(kind, "op"), batch.column("span_id"), task), ""),
-            pc.fill_null(batch.column("attempt"), 0)]
+            _key_ids(batch, kind), pc.fill_null(batch.column("attempt"), 0)]
 
 
 def _ends(columns: list[pa.Array], mask: pa.Array) -> frozenset[Key]:

@@ -26,7 +26,7 @@ import pyarrow as pa
 from aggregator.ingest.ingestor import Ingestor
 from aggregator.liveness import procs, restart
 from aggregator.liveness.ends import actor_end, attempt_end, job_end
-from aggregator.liveness.facts import BatchFacts, facts_of
+from aggregator.liveness.facts import NO_ENDS, BatchFacts, facts_of
 from aggregator.liveness.openset import Attempt, OpenSet, Process
 from aggregator.metrics import AgentMetrics
 from aggregator.spool import Spool
@@ -66,8 +66,14 @@ class LivenessWatch:
     # -- fed by the ingestor ---------------------------------------------------------------
 
     def extract(self, batch: pa.RecordBatch) -> BatchFacts:
-        """In the ingestor's worker thread: the few columns that matter."""
-        return facts_of(batch)
+        """In the ingestor's worker thread: the few columns that matter. Never raises:
+        the batch is stored whatever this makes of it, only its watching can be lost."""
+        try:
+            return facts_of(batch)
+        except Exception as exc:
+            self._errors.failed("liveness", exc, "could not pick the attempts of a batch; "
+                                "its events are stored, only their watching is lost")
+            return BatchFacts([], NO_ENDS, NO_ENDS)
 
     def apply(self, facts: BatchFacts) -> None:
         """On the loop, after the spool stored the batch; never raises into the ingest."""
