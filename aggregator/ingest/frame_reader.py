@@ -1,8 +1,11 @@
 """An asyncio protocol that cuts a producer's byte stream into frames.
 
-It keeps one buffer per connection and copies each frame out once. (StreamReader's
-readexactly() moves the whole remaining buffer on every frame, which costs more than
-decoding when a producer pipelines several 1 MiB frames.) When frames pile up faster
+The socket is read straight into one reused buffer per connection (asyncio's
+BufferedProtocol: `recv_into`, no new bytes object per read) and each frame is copied
+out of it once, as the bytes the handler keeps. Only a frame cut by the buffer's end is
+moved, to the buffer's start. (StreamReader's readexactly() moves the whole remaining
+buffer on every frame, which costs more than decoding when a producer pipelines several
+1 MiB frames.) When frames pile up faster
 than they are ingested, it pauses reading, so a fast producer is slowed by TCP-style
 backpressure instead of growing the agent's memory. It pauses reading too while the
 producer does not read its acks (asyncio's pause_writing): each frame read makes an ack,
@@ -19,6 +22,10 @@ from dataclasses import dataclass
 _LENGTH = struct.Struct(">I")
 PAUSE_AT_FRAMES = 8
 RESUME_AT_FRAMES = 2
+# A connection's buffer starts this small (a node may hold hundreds of quiet producers'
+# connections) and grows to the frame in progress; it goes back to this size when a
+# read that was smaller than this left it empty (the producer sends little now).
+SMALL_BUFFER_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +36,7 @@ class StreamEnd:
     label: str | None = None  # bounded metric label for the reason
 
 
-class FrameReader(asyncio.Protocol):
+class FrameReader(asyncio.BufferedProtocol):
     def __init__(self, max_frame_bytes: int, frame_timeout_s: float,
                  on_acks_unread: Callable[[], None] = lambda: None) -> None:
         self.max_frame_bytes = max_frame_bytes
@@ -38,7 +45,9 @@ class FrameReader(asyncio.Protocol):
         self.frames: asyncio.Queue[bytes | StreamEnd] = asyncio.Queue()
         self.transport: asyncio.Transport | None = None
         self.connected = asyncio.Event()
-        self._buffer = bytearray()
+        self._buffer = bytearray(SMALL_BUFFER_BYTES)
+        self._start = 0  # the first byte not yet cut into a frame
+        self._stop = 0  # the end of the bytes read
         self._paused = False
         self._write_blocked = False  # the producer is not reading its acks
         self._stall_timer: asyncio.TimerHandle | None = None
@@ -49,24 +58,50 @@ class FrameReader(asyncio.Protocol):
         self.transport = transport
         self.connected.set()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        """Free space after the bytes read: a frame cut by the buffer's end is moved to
+        its start first, and the buffer grows only for a frame larger than it."""
+        wanted = max(SMALL_BUFFER_BYTES // 2, self._missing())
+        if len(self._buffer) - self._stop < wanted:
+            pending = self._stop - self._start
+            if self._start:
+                self._buffer[:pending] = self._buffer[self._start:self._stop]
+                self._start, self._stop = 0, pending
+            if len(self._buffer) - self._stop < wanted:
+                self._buffer.extend(bytes(pending + wanted - len(self._buffer)))
+        return memoryview(self._buffer)[self._stop:]
+
+    def _missing(self) -> int:
+        """Bytes still to come of the frame in progress (0 before its length is read)."""
+        if self._stop - self._start < _LENGTH.size:
+            return 0
+        length: int = _LENGTH.unpack_from(self._buffer, self._start)[0]
+        return self._start + _LENGTH.size + min(length, self.max_frame_bytes) - self._stop
+
+    def buffer_updated(self, nbytes: int) -> None:
         if self._ended:
             return
-        self._buffer += data
-        start = 0
-        while len(self._buffer) - start >= _LENGTH.size:
-            (length,) = _LENGTH.unpack_from(self._buffer, start)
-            if length > self.max_frame_bytes:
-                self._end(f"frame of {length} bytes exceeds the limit of "
-                          f"{self.max_frame_bytes}", "oversized")
-                return
-            stop = start + _LENGTH.size + length
-            if len(self._buffer) < stop:
-                break
-            self.frames.put_nowait(bytes(self._buffer[start + _LENGTH.size:stop]))
-            start = stop
-        if start:
-            del self._buffer[:start]
+        self._stop += nbytes
+        start, stop, buffer = self._start, self._stop, self._buffer
+        cut = False
+        with memoryview(buffer) as view:
+            while stop - start >= _LENGTH.size:
+                (length,) = _LENGTH.unpack_from(buffer, start)
+                if length > self.max_frame_bytes:
+                    self._end(f"frame of {length} bytes exceeds the limit of "
+                              f"{self.max_frame_bytes}", "oversized")
+                    return
+                end = start + _LENGTH.size + length
+                if stop < end:
+                    break
+                self.frames.put_nowait(bytes(view[start + _LENGTH.size:end]))
+                start, cut = end, True
+        self._start = start
+        if start == stop:
+            self._start = self._stop = 0
+            if nbytes < SMALL_BUFFER_BYTES < len(buffer):  # the producer sends little now
+                self._buffer = bytearray(SMALL_BUFFER_BYTES)
+        if cut:
             self._cancel_stall_timer()  # progress: the next partial frame gets a fresh limit
         if self.frames.qsize() >= PAUSE_AT_FRAMES or self._write_blocked:
             self._pause()
@@ -107,7 +142,7 @@ class FrameReader(asyncio.Protocol):
     def _watch_for_stall(self) -> None:
         """A frame started but not finished must finish within frame_timeout_s of the
         last completed frame (or of its first byte)."""
-        if not self._buffer:
+        if self._start == self._stop:
             self._cancel_stall_timer()
         elif self._stall_timer is None:
             self._stall_timer = asyncio.get_running_loop().call_later(
@@ -123,7 +158,7 @@ class FrameReader(asyncio.Protocol):
     def eof_received(self) -> bool:
         """The producer is done sending; keep the transport open so its acks still go out
         (a half-closed producer waits for them). The handler closes it."""
-        if self._buffer:
+        if self._stop > self._start:
             self._end("connection closed inside a frame", "truncated")
         else:
             self._end(None, None)
@@ -138,5 +173,5 @@ class FrameReader(asyncio.Protocol):
         self._ended = True
         if self._stall_timer is not None:
             self._stall_timer.cancel()
-        self._buffer.clear()
+        self._start = self._stop = 0
         self.frames.put_nowait(StreamEnd(reason, label))

@@ -4,6 +4,7 @@ stream never mistaken for a stall."""
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 
 from aggregator.ingest.frame_reader import FrameReader, StreamEnd
@@ -69,3 +70,52 @@ def test_oversized_length_ends_the_stream_with_a_reason() -> None:
         return item
 
     assert asyncio.run(main()).label == "oversized"
+
+
+def test_frames_of_every_size_in_any_pieces_come_out_whole_and_in_order() -> None:
+    """Small frames, frames larger than the connection's first buffer, one just under the
+    limit, sent in pieces that cut lengths and bodies anywhere: each comes out as sent."""
+    rng = random.Random(7)
+    sizes = [0, 1, 3, 100, 40_000, 65_536, 70_000, 300_000, (1 << 20) - 1, 5, 200_000, 2]
+    bodies = [rng.randbytes(n) for n in sizes]
+    stream = b"".join(len(b).to_bytes(4, "big") + b for b in bodies)
+
+    async def main() -> list[bytes | StreamEnd]:
+        reader, peer = await reader_over_socketpair(timeout_s=30)
+        got: list[bytes | StreamEnd] = []
+        position = 0
+        while position < len(stream):
+            piece = stream[position:position + rng.choice((1, 3, 4, 7, 1000, 70_000, 400_000))]
+            sent = 0
+            while sent < len(piece):
+                try:
+                    sent += peer.send(piece[sent:])
+                except BlockingIOError:
+                    await asyncio.sleep(0.001)
+            position += len(piece)
+            await asyncio.sleep(0)
+            while not reader.frames.empty():
+                got.append(reader.frames.get_nowait())
+                reader.frame_taken()
+        peer.close()
+        while not got or not isinstance(got[-1], StreamEnd):
+            got.append(await asyncio.wait_for(reader.frames.get(), 10))
+            reader.frame_taken()
+        return got
+
+    items = asyncio.run(main())
+    assert items[-1] == StreamEnd(None, None)
+    assert items[:-1] == bodies
+
+
+def test_a_connection_closed_inside_a_frame_says_truncated() -> None:
+    async def main() -> StreamEnd:
+        reader, peer = await reader_over_socketpair(timeout_s=5)
+        peer.send(frame(1) + frame(2)[:-3])
+        peer.close()
+        while True:
+            item = await asyncio.wait_for(reader.frames.get(), 5)
+            if isinstance(item, StreamEnd):
+                return item
+
+    assert asyncio.run(main()).label == "truncated"
