@@ -5,11 +5,11 @@ BufferedProtocol: `recv_into`, no new bytes object per read) and each frame is c
 out of it once, as the bytes the handler keeps. Only a frame cut by the buffer's end is
 moved, to the buffer's start. (StreamReader's readexactly() moves the whole remaining
 buffer on every frame, which costs more than decoding when a producer pipelines several
-1 MiB frames.) When frames pile up faster
-than they are ingested, it pauses reading, so a fast producer is slowed by TCP-style
-backpressure instead of growing the agent's memory. It pauses reading too while the
-producer does not read its acks (asyncio's pause_writing): each frame read makes an ack,
-and acks nobody reads would otherwise pile up in the agent without bound.
+1 MiB frames.) When frames pile up faster than they are ingested, it pauses reading, so
+a fast producer is slowed by TCP-style backpressure instead of growing the agent's
+memory. It pauses reading too while the producer does not read its acks (asyncio's
+pause_writing): each frame read makes an ack, and acks nobody reads would otherwise
+pile up in the agent without bound.
 """
 
 from __future__ import annotations
@@ -174,4 +174,5 @@ class FrameReader(asyncio.BufferedProtocol):
         if self._stall_timer is not None:
             self._stall_timer.cancel()
         self._start = self._stop = 0
+        self._buffer = bytearray()  # nothing more is cut: a grown buffer goes now
         self.frames.put_nowait(StreamEnd(reason, label))
