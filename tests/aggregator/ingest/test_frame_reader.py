@@ -7,7 +7,7 @@ import asyncio
 import random
 import socket
 
-from aggregator.ingest.frame_reader import FrameReader, StreamEnd
+from aggregator.ingest.frame_reader import SMALL_BUFFER_BYTES, FrameReader, StreamEnd
 from emitters import wire
 
 
@@ -119,3 +119,28 @@ def test_a_connection_closed_inside_a_frame_says_truncated() -> None:
                 return item
 
     assert asyncio.run(main()).label == "truncated"
+
+
+def test_a_buffer_grown_for_a_large_frame_shrinks_when_the_producer_sends_little() -> None:
+    """The memory promise of docs/performance.md: a quiet connection holds the small
+    buffer, whatever large frame it carried before, and an ended one holds none."""
+    big = (300_000).to_bytes(4, "big") + bytes(300_000)
+
+    async def main() -> tuple[int, int, int]:
+        reader, peer = await reader_over_socketpair(timeout_s=30)
+        peer.setblocking(True)
+        sending = asyncio.create_task(asyncio.to_thread(peer.sendall, big))  # > the socket's buffer
+        assert await asyncio.wait_for(reader.frames.get(), 10) == big[4:]
+        reader.frame_taken()
+        await sending
+        grown = len(reader._buffer)
+        peer.sendall(frame(1))
+        assert isinstance(await asyncio.wait_for(reader.frames.get(), 10), bytes)
+        reader.frame_taken()
+        quiet = len(reader._buffer)
+        peer.close()
+        assert await asyncio.wait_for(reader.frames.get(), 10) == StreamEnd(None, None)
+        return grown, quiet, len(reader._buffer)
+
+    grown, quiet, ended = asyncio.run(main())
+    assert grown >= 300_000 and quiet == SMALL_BUFFER_BYTES and ended == 0
