@@ -29,7 +29,7 @@ from tests.agentproc import AgentProcess
 from tests.dashboard.serve import serving
 from tests.ports import free_port
 from tests.raycli import RAY, ray_list
-from tests.test_ray_end_to_end import RAY_EXPORT_ENV
+from tests.rayexport import RAY_EXPORT_ENV
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow

@@ -1,11 +1,11 @@
 """A real Ray session exporting into a real agent, and Ray's own State API answers
 recorded while it lives, for the tests that compare evagg's answers with Ray's.
 
-`record_session` runs the workload of tests/test_ray_end_to_end.py (plain tasks,
-failures, a retried task whose worker dies, nested tasks, an actor with a failing
-method), waits until Ray's State API has every attempt settled and every profile event
-flushed, records what Ray says (the State API, its raw HTTP envelopes, `ray.timeline()`),
-shuts Ray down and waits until the agent delivered every event to its lake.
+`record_session` runs the workload of tests/rayexport.py (plain tasks, failures, a
+retried task whose worker dies, nested tasks, an actor with a failing method), waits
+until Ray's State API has every attempt settled and every profile event flushed, records
+what Ray says (the State API, its raw HTTP envelopes, `ray.timeline()`), shuts Ray down
+and waits until the agent delivered every event to its lake.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.agentproc import AgentProcess
+from tests.rayexport import RAY_EXPORT_ENV, ray_state_tasks, run_workload
 from tests.raylocal import local_ray
-from tests.test_ray_end_to_end import RAY_EXPORT_ENV, ray_state_tasks, run_workload
 from tests.waiting import wait_for
 
 EXPORT_ALL = {**RAY_EXPORT_ENV, "RAY_DASHBOARD_AGGREGATOR_AGENT_EXPOSABLE_EVENT_TYPES": "ALL"}

@@ -20,8 +20,8 @@ from emitters.ray import ray_op, trace_kwargs, traced_remote
 from tests.agentproc import AgentProcess
 from tests.dashboard.chromium import ARTIFACTS, chromium, tab
 from tests.dashboard.serve import serving
+from tests.rayexport import lake_query
 from tests.raylocal import local_ray
-from tests.test_ray_end_to_end import lake_query
 from tests.waiting import wait_for
 
 pytest.importorskip("ray")

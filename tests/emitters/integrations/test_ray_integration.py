@@ -37,8 +37,8 @@ from emitters.tracecontext import (
     span,
 )
 from tests.agentproc import REPO, AgentProcess
+from tests.rayexport import lake_query
 from tests.raylocal import local_ray
-from tests.test_ray_end_to_end import lake_query
 from tests.waiting import wait_for
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
