@@ -20,6 +20,7 @@ import pytest
 
 from emitters.autostart import agent_log_path, users_lock_path
 from tests.agentproc import REPO, AgentProcess, query_lake, scrape, short_socket_dir, sum_of
+from tests.emitters.ondemand import agent_pids
 from tests.ports import free_port
 from tests.waiting import wait_until
 
@@ -75,23 +76,6 @@ def home(tmp_path: Path) -> Iterator[dict[str, Any]]:
            "work": tmp_path}
     for pid in agent_pids(sock):  # only agents of this test's socket
         os.kill(pid, 9)
-
-
-def agent_pids(socket_path: Path) -> list[int]:
-    """Live processes started as agents on demand for this socket (zombies excluded)."""
-    marker = str(users_lock_path(socket_path)).encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if b"--exit-when-unused" in args and marker in args and state != "Z":
-            found.append(int(entry.name))
-    return found
 
 
 def start_driver(home: dict[str, Any], prefix: str, count: int, mode: str,

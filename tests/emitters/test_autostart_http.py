@@ -23,7 +23,7 @@ import pytest
 
 from emitters.autostart import users_lock_path
 from tests.agentproc import REPO, query_lake, short_socket_dir
-from tests.emitters.test_autostart import agent_pids
+from tests.emitters.ondemand import agent_pids
 
 # A driver: asks for an agent, reports what it was told, starts two workers that send a
 # span each over OTLP/HTTP (one with the SDK's own exporter, which reads
