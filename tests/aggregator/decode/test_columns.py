@@ -20,19 +20,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from aggregator.decode.columns import ColumnsRefused, decode_columns
-from aggregator.decode.ndjson import decode_ndjson
-from aggregator.decode.normalize import Stamp
 from emitters import wire
-from emitters.events import Context, build_events
 from emitters.ops import Op
-from emitters.outbox import Outbox
 from emitters.snapshot import PLAIN, snapshot_fields
-from sinks.schema import EVENT_SCHEMA
-
-STAMP = Stamp(1_700_000_000_000_000_000, 4242, 1000, "node-a", "host-a")
-STAMPED = ("pid", "uid", "received")
-CONTEXT = Context.of({"job_id": "job-1", "run_id": "run-ü", "attrs": {"team": "ml"}})
-
+from tests.aggregator.decode.framing import STAMP, STAMPED, frames, spooled
 
 # -- calls -------------------------------------------------------------------------------
 
@@ -98,33 +89,6 @@ class _nothing:
 
 
 # -- both ways through the sender's framing and the agent's decoders -------------------
-
-def frames(items: list[tuple[Any, ...]], columns: bool, max_frame: int = 1 << 20) -> list[bytes]:
-    outbox = Outbox(max_frame, 1 << 30)
-    if columns:
-        outbox.add_items(items, CONTEXT)  # as the sender frames them
-    else:
-        list(outbox.add_events(build_events(items, CONTEXT, outbox.lost)))
-    list(outbox.close_frame())
-    return [frame for frame, _ in outbox.frames.values()]
-
-
-def spooled(raw_frames: list[bytes]) -> tuple[pa.Table, int]:
-    """What the agent would spool of these frames, and how many events it rejected."""
-    batches: list[pa.RecordBatch] = []
-    rejected = 0
-    for raw in raw_frames:
-        frame = wire.decode_body(raw[4:])
-        if isinstance(frame, wire.Columns):
-            result = decode_columns(frame.payload, frame.count, STAMP)
-        else:
-            assert isinstance(frame, wire.Batch)
-            result = decode_ndjson(frame.payload, STAMP)
-        batches.append(result.batch)
-        rejected += len(result.rejected)
-    # no frames at all when the sender refused every event (a `nonfinite` that is no list)
-    return pa.Table.from_batches(batches, schema=EVENT_SCHEMA).combine_chunks(), rejected
-
 
 def assert_same_batches(ndjson: pa.Table, columns: pa.Table, items: list[tuple[Any, ...]]) -> None:
     assert ndjson.num_rows == columns.num_rows

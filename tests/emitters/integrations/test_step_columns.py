@@ -20,7 +20,7 @@ from emitters.integrations.torch_steps import (
     step_event_count,
     step_events,
 )
-from tests.aggregator.decode.test_columns import CONTEXT, STAMPED, frames, spooled
+from tests.aggregator.decode.framing import CONTEXT, STAMPED, frames, spooled
 
 T0 = 1_796_000_000_000_000_000
 
