@@ -20,7 +20,7 @@ from sinks.parquet.s3 import S3Store
 from sinks.parquet.stores import LocalStore, ObjectStore
 from tests.agentproc import AgentProcess, query_lake
 from tests.sinks.moto_server import MotoS3, aws_env
-from tests.sinks.parquet.test_parquet import HOUR_NS, T10, Clock, duck, record
+from tests.sinks.parquet.records import HOUR_NS, T10, Clock, duck, record
 
 FILES_PER_HOUR = 12
 

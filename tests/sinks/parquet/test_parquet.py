@@ -27,53 +27,7 @@ from sinks.parquet.stores import LocalStore, is_staging_name
 from sinks.parquet.writer import written_schema
 from sinks.records import SpoolRecord
 from sinks.schema import EVENT_SCHEMA, batch_to_bytes
-
-HOUR_NS = 3600 * 10**9
-T10 = 1_714_557_600 * 10**9  # 2024-05-01 10:00:00 UTC
-SESSION = bytes(16)
-
-
-def events(
-    offset: int, count: int, received_ns: int, kinds: Sequence[str] = ("task",)
-) -> list[dict[str, Any]]:
-    return [
-        {
-            "event_id": f"{offset:06d}-{i:04d}",
-            "time": received_ns - 1000 + i,
-            "kind": kinds[i % len(kinds)],
-            "source": "test",
-            "name": f"step-{i % 7}",
-            "attempt": 0,
-            "pid": 77,
-            "step": i,
-            "metrics": {"loss": 1.0 / (i + 1), "lr": 0.001},
-            "nonfinite": ["grad"] if i % 5 == 0 else None,
-            "attrs": {"zone": "eu", "run": str(offset)},
-            "received": received_ns,
-        }
-        for i in range(count)
-    ]
-
-
-def record(
-    offset: int, count: int = 100, received_ns: int = T10, kinds: Sequence[str] = ("task",)
-) -> SpoolRecord:
-    batch = pa.RecordBatch.from_pylist(
-        events(offset, count, received_ns, kinds), schema=EVENT_SCHEMA
-    )
-    return SpoolRecord(offset, SESSION, offset, received_ns, count, batch_to_bytes(batch))
-
-
-def records(first: int, last: int, **kwargs: Any) -> list[SpoolRecord]:
-    return [record(offset, **kwargs) for offset in range(first, last + 1)]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.sinks.parquet.records import HOUR_NS, SESSION, T10, Clock, duck, record, records
 
 
 def make_sink(root: Path, store: LocalStore | None = None, *, clock: Clock | None = None,
@@ -106,12 +60,6 @@ def parquet_files(root: Path) -> list[Path]:
 
 def all_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file())
-
-
-def duck(root: Path, sql: str) -> list[tuple[Any, ...]]:
-    source = f"read_parquet('{root}/**/*.parquet', hive_partitioning=true)"
-    with duckdb.connect() as con:
-        return con.execute(sql.replace("EVENTS", source)).fetchall()
 
 
 @pytest.fixture

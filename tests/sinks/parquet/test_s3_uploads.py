@@ -22,7 +22,7 @@ from sinks.parquet.s3_uploads import encryption_args, upload_args
 from sinks.schema import EVENT_SCHEMA
 from tests.agentproc import REPO
 from tests.sinks.moto_server import MotoS3, aws_env
-from tests.sinks.parquet.test_s3 import KEY, MIB, make_store, publish, stage_events
+from tests.sinks.parquet.moto_store import KEY, MIB, make_store, publish, stage_events
 
 KMS_KEY = "arn:aws:kms:us-east-1:123456789012:key/evagg-test"
 KMS = encryption_args("aws:kms", KMS_KEY)
