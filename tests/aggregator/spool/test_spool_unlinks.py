@@ -24,7 +24,7 @@ from aggregator.spool import Spool
 from aggregator.spool._reaper import THREAD_NAME
 from aggregator.spool._segment import HEADER_SIZE
 from aggregator.spool._state import write_cursor as real_write
-from tests.aggregator.spool.test_spool import (
+from tests.aggregator.spool.records import (
     FRAME,
     SEGMENT,
     fill,
