@@ -13,12 +13,9 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tests.agentproc import AgentProcess
-from tests.producers import producer_report, start_producer
+from tests.producers import assert_exactly_once_on_s3, producer_report, start_producer
 from tests.sinks.moto_server import MotoS3, aws_env
 from tests.waiting import wait_until
-
-KEY = re.compile(r"^lake/date=\d{4}-\d\d-\d\d/hour=\d\d/node=test-node/"
-                 r"part-[A-Za-z0-9_.%-]+-\d{20}\.parquet$")
 
 
 @pytest.fixture(scope="module")
@@ -46,26 +43,6 @@ def delivery_errors(agent: AgentProcess) -> dict[str, float]:
             kind = re.search(r'kind="([^"]*)"', line)
             found[kind.group(1) if kind else ""] = float(line.rsplit(" ", 1)[1])
     return found
-
-
-def assert_exactly_once_on_s3(moto: MotoS3, bucket: str, expected: dict[str, int]) -> None:
-    """Every task_id '<prefix>-<i>' for i < count is in the bucket exactly once."""
-    con = moto.duckdb()
-    con.execute(f"CREATE VIEW events AS SELECT * FROM read_parquet("
-                f"'s3://{bucket}/lake/**/*.parquet', hive_partitioning = true)")
-    seen = dict(con.execute("SELECT task_id, count(*) FROM events WHERE kind = 'task' "
-                            "GROUP BY task_id").fetchall())
-    duplicates = {k: v for k, v in seen.items() if v != 1}
-    assert not duplicates, f"duplicated: {list(duplicates.items())[:5]}"
-    wanted = {f"{prefix}-{i}" for prefix, count in expected.items() for i in range(count)}
-    missing = wanted - set(seen)
-    assert not missing, f"{len(missing)} missing, e.g. {sorted(missing)[:5]}"
-    (rows, distinct), = con.execute(
-        "SELECT count(*), count(DISTINCT event_id) FROM events").fetchall()
-    assert rows == distinct
-    keys = moto.keys(bucket)
-    assert keys and all(KEY.match(key) for key in keys), keys[:5]
-    assert moto.open_uploads(bucket) == []
 
 
 def test_s3_outage_mid_run_loses_and_duplicates_nothing(

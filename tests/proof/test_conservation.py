@@ -13,11 +13,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tests.agentproc import AgentProcess
-from tests.producers import producer_report, start_producer
+from tests.producers import assert_exactly_once_on_s3, producer_report, start_producer
 from tests.proof import expected_ids, task_ids, wait_caught_up
 from tests.sinks.moto_server import MotoS3, aws_env
 from tests.sinks.server_thread import ServerThread
-from tests.test_s3_end_to_end import assert_exactly_once_on_s3
 
 PRODUCERS = 3
 EVENTS_EACH = 12_000
