@@ -13,7 +13,7 @@ from pathlib import Path
 from tests.agentproc import REPO, AgentProcess, http_sink
 from tests.producers import producer_report, start_producer
 from tests.sinks.certs import make_pki
-from tests.sinks.http.test_http_retries import ONE_IN_THREE
+from tests.sinks.flaky_server import ONE_IN_THREE
 from tests.sinks.http.through_loop import resent_after_stored
 from tests.sinks.server_thread import ServerThread
 from tests.waiting import wait_until

@@ -63,6 +63,11 @@ class Reply:
     hold: asyncio.Event | None = None  # answer only once the test sets it
 
 
+# One request in three fails, in rotation: a 500 or a 429 asking for a second; now and
+# then a 200 takes two seconds (well within the timeout).
+ONE_IN_THREE = [Reply(200), Reply(200), Reply(500), Reply(200), Reply(200, delay_s=2.0),
+                Reply(429, retry_after="1"), Reply(200), Reply(200), Reply(500), Reply(200),
+                Reply(200), Reply(429, retry_after="1")]
 
 
 @dataclass

@@ -10,15 +10,9 @@ from pathlib import Path
 
 from sinks.http import HttpOptions, HttpSink
 from sinks.http.retries import DOWN_AFTER
-from tests.sinks.flaky_server import RESET, FlakyServer, Reply
+from tests.sinks.flaky_server import ONE_IN_THREE, RESET, FlakyServer
 from tests.sinks.http.records import make_records
 from tests.sinks.http.through_loop import LoopRun, first_steps, resent_after_stored, serve
-
-# One request in three fails, in rotation: a 500 or a 429 asking for a second; now and
-# then a 200 takes two seconds (well within the timeout).
-ONE_IN_THREE = [Reply(200), Reply(200), Reply(500), Reply(200), Reply(200, delay_s=2.0),
-                Reply(429, retry_after="1"), Reply(200), Reply(200), Reply(500), Reply(200),
-                Reply(200), Reply(429, retry_after="1")]
 
 
 def sink_for(server: FlakyServer, tmp: Path, **options: object) -> HttpSink:
