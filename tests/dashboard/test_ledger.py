@@ -15,7 +15,7 @@ from emitters import Emitter
 from tests.agentproc import AgentProcess
 from tests.commands import evagg
 from tests.dashboard.serve import serving
-from tests.emitters.integrations.test_queueing import scripted_run, wait_for_rows
+from tests.emitters.integrations.queue_requests import scripted_run, wait_for_rows
 
 
 @pytest.fixture(scope="module")

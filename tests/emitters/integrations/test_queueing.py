@@ -4,7 +4,6 @@ Parquet read back through DuckDB and the dashboard's views."""
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import datetime as dt
 import json
 import subprocess
@@ -24,6 +23,7 @@ from emitters.emitter import Emitter
 from emitters.tracecontext import span
 from tests.agentproc import REPO, AgentProcess, query_lake
 from tests.emitters.fakeagent import FakeAgent, short_socket_path
+from tests.emitters.integrations.queue_requests import scripted_run, wait_for_rows
 
 # The consumer: another process that gets meta as JSON and does the work.
 CONSUMER = r"""
@@ -139,39 +139,6 @@ def test_work_run_two_seconds_after_enqueue_carries_queue_s_of_about_two(
                                          "kind = 'request' AND state = 'STARTED' AND "
                                          "task_id = 'slow-1'")  # this request's only
     assert [value for (value,) in started] == [ops[0][1]]
-
-
-def wait_for_rows(agent: AgentProcess, where: str, count: int, timeout: float = 60) -> None:
-    """Until the lake holds `count` rows matching `where` (the sink rolls every second)."""
-    deadline = time.monotonic() + timeout
-    sql = f"SELECT count(*) FROM events WHERE {where}"
-    while True:
-        found = query_lake(agent.lake_dir, sql)[0][0] if list(agent.lake_dir.rglob(
-            "*.parquet")) else 0
-        if found >= count:
-            assert found == count, f"{found} rows where {where}, expected {count}"
-            return
-        assert time.monotonic() < deadline, f"{found} of {count} rows where {where}"
-        time.sleep(0.2)
-
-
-def scripted_run(emitter: Emitter) -> None:
-    """q0, q1 answered; q2 fails; q3 fails, then a retry answers; q4 starts and never
-    ends; q5 is never picked up. Another run has one request of its own."""
-    metas = [queueing.enqueue({}, request_id=f"q{i}", name="infer", emitter=emitter)
-             for i in range(6)]
-    for meta in metas[:2]:
-        with queueing.start_work(meta, emitter=emitter):
-            pass
-    for meta in (metas[2], metas[3]):
-        with pytest.raises(RuntimeError), queueing.start_work(meta, emitter=emitter):
-            raise RuntimeError("out of memory")
-    with queueing.start_work(metas[3], emitter=emitter):
-        pass
-    # a consumer that died inside its work; in a copied context so its trace context
-    # does not stay attached in this test process
-    contextvars.copy_context().run(queueing.start_work(metas[4], emitter=emitter).__enter__)
-    queueing.enqueue({}, request_id="q0", name="infer", run_id="other-run", emitter=emitter)
 
 
 def test_the_ledger_counts_a_scripted_run(agent: AgentProcess) -> None:
