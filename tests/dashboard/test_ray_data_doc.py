@@ -13,8 +13,6 @@ the definition, tasks without a task_id).
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import math
 import re
@@ -30,6 +28,7 @@ import duckdb
 import pytest
 
 from tests.agentproc import REPO, AgentProcess
+from tests.dashboard.rayshaped import S, b64, definition, lifecycle
 from tests.raylocal import local_ray
 
 DOC = REPO / "docs" / "queries.md"
@@ -38,11 +37,8 @@ RAY_PATH = '"s3://lake/evagg/"'
 DUCKDB_PATH = "'lake/**/*.parquet'"
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0",
            "RAY_AUTH_MODE": "disabled"}  # else Ray writes a token into the home directory
-SESSION = "session_2026-11-29_12-05-18_302995_6318"  # the fixtures' first Ray session
 OTHER_SESSION = "session_doc_second"
 SQUARE = "Ho/20jYTJ4T///////////////8BAAAA"  # the fixtures' `square` task
-NODE = "9ICDcBb+TVaILC9Ret99uT7V4qFoS77oZ/foyg=="
-S = 10**9
 
 
 def doc_block(section: str, language: str) -> str:
@@ -54,39 +50,6 @@ def doc_block(section: str, language: str) -> str:
 
 
 # ---- Ray-shaped events ------------------------------------------------------------------
-
-
-def b64(label: str, size: int) -> str:
-    return base64.b64encode(hashlib.sha256(label.encode()).digest()[:size]).decode()
-
-
-def rfc3339(ns: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns // S)) + f".{ns % S:09d}Z"
-
-
-def envelope(kind: str, body_key: str, body: dict[str, Any], session: str,
-             at: int) -> dict[str, Any]:
-    return {"eventId": b64(json.dumps([kind, body, session]), 28), "sourceType": "CORE_WORKER",
-            "eventType": kind, "timestamp": rfc3339(at), "severity": "INFO",
-            "sessionName": session, body_key: body, "nodeId": NODE, "message": ""}
-
-
-def definition(task: str, name: str, at: int, session: str = SESSION,
-               attempt: int = 0) -> dict[str, Any]:
-    body = {"taskId": task, "taskName": name, "jobId": "AQAAAA==", "taskAttempt": attempt,
-            "taskType": "NORMAL_TASK", "language": "PYTHON",
-            "taskFunc": {"pythonFunctionDescriptor": {
-                "moduleName": "workload", "functionName": name, "className": ""}}}
-    return envelope("TASK_DEFINITION_EVENT", "taskDefinitionEvent", body, session, at)
-
-
-def lifecycle(task: str, *transitions: tuple[str, int], session: str = SESSION,
-              attempt: int = 0) -> dict[str, Any]:
-    body = {"taskId": task, "jobId": "AQAAAA==", "taskAttempt": attempt, "nodeId": NODE,
-            "workerId": "", "workerPid": 0,
-            "stateTransitions": [{"state": s, "timestamp": rfc3339(t)} for s, t in transitions]}
-    return envelope("TASK_LIFECYCLE_EVENT", "taskLifecycleEvent", body, session,
-                    transitions[-1][1])
 
 
 def tie_rule_bodies(base: int) -> list[list[dict[str, Any]]]:
