@@ -4,7 +4,8 @@ Each room may import only the rooms below it (the dashboard's rooms too); nothin
 the command line but the command line; the spool's private modules are reached only
 through its public face, the store's source objects only from the lake, the producer's
 integrations only through their faces; and no chain of
-module-level imports comes back to where it started.
+module-level imports comes back to where it started. The tests keep one rule of their own:
+no test module imports another.
 """
 
 from __future__ import annotations
@@ -206,3 +207,31 @@ def test_docs_architecture_names_every_module() -> None:
                if path.name != "__init__.py" and f"`{path.name}`" not in doc
                and str(path.relative_to(REPO)) not in doc]
     assert unnamed == [], "name these in docs/architecture.md: " + ", ".join(unnamed)
+
+
+# Imports of a test module that wait for the work under way in tests/dashboard/test_fold.py
+# to move its shared helpers out; each line goes when its helper has a home of its own.
+AWAITING_A_HELPER_MODULE = {
+    "tests/dashboard/test_fold_fragments.py imports tests.dashboard.test_fold",
+    "tests/dashboard/test_ray_views.py imports tests.dashboard.test_fold",
+}
+
+
+def test_modules_named_test_are_imported_by_no_other() -> None:
+    """A helper two test modules share lives in a named helper module beside them
+    (tests/agentproc.py, tests/sinks/parquet/records.py, ...) or in a conftest.py, where
+    the next test finds it: one test module importing another runs that module's imports
+    and setup too, and ties a change to one module's tests to the other's."""
+    found = set()
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            found |= {f"{path.relative_to(REPO)} imports {target}" for target in targets
+                      if target.split(".")[0] == "tests"
+                      and target.split(".")[-1].startswith("test_")}
+    assert sorted(found - AWAITING_A_HELPER_MODULE) == []
