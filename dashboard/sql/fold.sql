@@ -99,32 +99,40 @@ FROM (
 -- Ray's driver task counts only under `driver` (by job), as Ray's own summary leaves it
 -- out; a failure counts under its exception class where Ray parsed one (summaries.sql).
 CREATE OR REPLACE TEMP MACRO fold_is_driver(task_type) AS coalesce(task_type, '') = 'DRIVER_TASK';
+-- The rows are first counted per combination of every dimension, state and bin (an
+-- hour of a busy cluster has far fewer combinations than attempts): the dimensions are
+-- then taken from those counts, not from each attempt six times.
 CREATE OR REPLACE TEMP MACRO fold_bins_of(rows) AS TABLE
 WITH t AS (
     SELECT sign, coalesce(final_state, 'UNKNOWN') AS state, coalesce(name, actor_repr) AS name,
            CASE WHEN fold_error_shown(error_key, final_key)
                 THEN coalesce(error.exception_class, error.error_type) END AS error,
-           job_id, node_id, duration_s, bin, fold_is_driver(task_type) AS driver
+           job_id, node_id, duration_s IS NOT NULL AS timed, bin,
+           fold_is_driver(task_type) AS driver
     FROM query_table(rows)
     WHERE has_state OR name IS NOT NULL
 ),
-counted AS (SELECT * FROM t WHERE NOT driver),
+combinations AS (
+    SELECT state, name, error, job_id, node_id, timed, bin, driver, sum(sign) AS sign
+    FROM t GROUP BY ALL
+),
+counted AS (SELECT * FROM combinations WHERE NOT driver),
 d AS (
-    SELECT sign, 'all' AS dimension, CAST(NULL AS VARCHAR) AS value, state, duration_s, bin
+    SELECT sign, 'all' AS dimension, CAST(NULL AS VARCHAR) AS value, state, timed, bin
     FROM counted
-    UNION ALL SELECT sign, 'state', state, state, duration_s, bin FROM counted
-    UNION ALL SELECT sign, 'name', name, state, duration_s, bin FROM counted
-    UNION ALL SELECT sign, 'error_type', error, state, duration_s, bin FROM counted
+    UNION ALL SELECT sign, 'state', state, state, timed, bin FROM counted
+    UNION ALL SELECT sign, 'name', name, state, timed, bin FROM counted
+    UNION ALL SELECT sign, 'error_type', error, state, timed, bin FROM counted
         WHERE error IS NOT NULL
-    UNION ALL SELECT sign, 'job', job_id, state, duration_s, bin FROM counted
-    UNION ALL SELECT sign, 'node', node_id, state, duration_s, bin FROM counted
-    UNION ALL SELECT sign, 'driver', job_id, state, duration_s, bin FROM t WHERE driver
+    UNION ALL SELECT sign, 'job', job_id, state, timed, bin FROM counted
+    UNION ALL SELECT sign, 'node', node_id, state, timed, bin FROM counted
+    UNION ALL SELECT sign, 'driver', job_id, state, timed, bin FROM combinations WHERE driver
 )
 SELECT dimension, value, bin,
     CAST(sum(sign) AS BIGINT) AS tasks,
     CAST(coalesce(sum(sign) FILTER (WHERE state = 'FINISHED'), 0) AS BIGINT) AS finished,
     CAST(coalesce(sum(sign) FILTER (WHERE state = 'FAILED'), 0) AS BIGINT) AS failed,
-    CAST(coalesce(sum(sign) FILTER (WHERE duration_s IS NOT NULL), 0) AS BIGINT) AS durations
+    CAST(coalesce(sum(sign) FILTER (WHERE timed), 0) AS BIGINT) AS durations
 FROM d
 GROUP BY ALL;
 
