@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -95,20 +94,38 @@ def watch_while_filling(agent: AgentProcess, until: Callable[[], bool], cap: int
     return most
 
 
-def run_producers(agent: AgentProcess, buffer_bytes: int = 2**20
-                  ) -> tuple[dict[str, int], list[subprocess.Popen[bytes]]]:
+@dataclass
+class Producers:
+    counts: dict[str, int]
+    procs: list[subprocess.Popen[bytes]]
+    done_files: list[Path]  # each touched once its producer's last emit() returned
+
+    def all_emitted(self) -> bool:
+        return all(done.exists() for done in self.done_files)
+
+
+def run_producers(agent: AgentProcess, buffer_bytes: int = 2**20) -> Producers:
     """Producers with small emitter buffers, so a spool that stops taking frames makes
     them drop (and count) within the run."""
     counts = {f"d{n}": EVENTS_EACH for n in range(PRODUCERS)}
+    done_files = [agent.workdir / f"{prefix}.emitted" for prefix in counts]
     procs = [start_producer(agent.socket_path, prefix, count, seconds=EMIT_SECONDS,
-                            flush_timeout=60, buffer_bytes=buffer_bytes)
-             for prefix, count in counts.items()]
-    return counts, procs
+                            flush_timeout=60, buffer_bytes=buffer_bytes, done_file=done)
+             for (prefix, count), done in zip(counts.items(), done_files, strict=True)]
+    return Producers(counts, procs, done_files)
 
 
-def until_emitted(started: float, also: Callable[[], bool]) -> Callable[[], bool]:
-    """`also` holds and the producers have emitted everything (their buffers overflowed)."""
-    return lambda: time.monotonic() > started + EMIT_SECONDS + 1 and also()
+def until_emitted(producers: Producers, also: Callable[[], bool]) -> Callable[[], bool]:
+    """`also` holds and every producer's last emit() has returned while the sink is down:
+    an emit() that waited for the full spool would wait until the sink is back, so the
+    producers would never get there (watch_while_filling gives up after 60 s)."""
+    return lambda: producers.all_emitted() and also()
+
+
+def slowest_emit_ms(reports: list[dict[str, Any]]) -> float:
+    """The figure a test prints: no test bounds it by the clock, since a loaded machine
+    can stop a producer between two lines for as long as it likes."""
+    return float(max(report["slowest_ns"] for report in reports)) / 1e6
 
 
 def assert_segments_collected(agent: AgentProcess) -> None:
@@ -169,13 +186,13 @@ def test_block_policy_stops_reading_and_emitters_count_their_drops(
     agent = pressured_agent(small_state, receiver, 'max_bytes = "8MiB"\nwhen_full = "block"')
     agent.start()
     try:
-        started = time.monotonic()
-        counts, procs = run_producers(agent)
+        producers = run_producers(agent)
+        counts, procs = producers.counts, producers.procs
         cap = 8 * 2**20
         most = watch_while_filling(agent, until_emitted(
-            started, lambda: agent.metric("evagg_spool_bytes") > cap - 2**21), cap)
+            producers, lambda: agent.metric("evagg_spool_bytes") > cap - 2**21), cap)
         assert most > cap - 2**21
-        assert all(proc.poll() is None for proc in procs)  # flushing, not stuck in emit()
+        assert all(proc.poll() is None for proc in procs)  # past every emit(), flushing
         receiver.start()
         reports = [producer_report(proc) for proc in procs]
         wait_caught_up(agent, ["collector"], timeout=60)
@@ -183,8 +200,9 @@ def test_block_policy_stops_reading_and_emitters_count_their_drops(
         assert agent.stop() == 0
     finally:
         agent.kill()
+    print(f"\nslowest emit() {slowest_emit_ms(reports):.1f} ms, the spool full all along")
     for report in reports:
-        assert report["raised"] == 0 and report["slowest_ns"] < 1e9, report
+        assert report["raised"] == 0, report
     events = receiver.accepted_events()
     assert assert_spooled_equals_delivered_plus_dropped(events) == 0  # block never drops
     received = Counter(task_ids(events))
@@ -203,7 +221,8 @@ def test_drop_oldest_policy_drops_counted_and_reported_as_loss_events(
     agent = pressured_agent(small_state, receiver, 'max_bytes = "8MiB"\nwhen_full = "drop_oldest"')
     agent.start()
     try:
-        counts, procs = run_producers(agent, buffer_bytes=64 * 2**20)
+        producers = run_producers(agent, buffer_bytes=64 * 2**20)
+        counts, procs = producers.counts, producers.procs
         cap = 8 * 2**20
         watch_while_filling(agent,
                             lambda: agent.metric("evagg_dropped_events_total") > 0, cap)
@@ -214,8 +233,11 @@ def test_drop_oldest_policy_drops_counted_and_reported_as_loss_events(
         assert agent.stop() == 0
     finally:
         agent.kill()
-    for report in reports:  # the agent never stopped taking frames
-        assert report["flushed"] and report["raised"] == 0 and report["slowest_ns"] < 1e9
+    # Every emit() returned and every frame was acknowledged while the sink still hung:
+    # the agent never stopped taking frames.
+    print(f"\nslowest emit() {slowest_emit_ms(reports):.1f} ms, the sink hanging all along")
+    for report in reports:
+        assert report["flushed"] and report["raised"] == 0, report
     events = receiver.accepted_events()
     dropped = assert_spooled_equals_delivered_plus_dropped(events)
     assert not emitter_losses(events)
@@ -234,10 +256,10 @@ def test_filesystem_full_before_the_cap_keeps_the_agent_serving(
     agent = pressured_agent(small_state, receiver, 'max_bytes = "1GiB"\nwhen_full = "block"')
     agent.start()
     try:
-        started = time.monotonic()
-        counts, procs = run_producers(agent)
+        producers = run_producers(agent)
+        counts, procs = producers.counts, producers.procs
         watch_while_filling(agent, until_emitted(
-            started, lambda: _filesystem_full(small_state / "state")), 2**30)
+            producers, lambda: _filesystem_full(small_state / "state")), 2**30)
         assert agent.running, agent.log()[-3000:]
         assert metric_where(agent, "evagg_bad_input_total", route="socket",
                             reason="spool_write_failed") > 0
@@ -250,8 +272,9 @@ def test_filesystem_full_before_the_cap_keeps_the_agent_serving(
         assert agent.stop() == 0
     finally:
         agent.kill()
+    print(f"\nslowest emit() {slowest_emit_ms(reports):.1f} ms, the disk full all along")
     for report in reports:
-        assert report["raised"] == 0 and report["slowest_ns"] < 1e9, report
+        assert report["raised"] == 0, report
     events = receiver.accepted_events()
     received = Counter(task_ids(events))
     dropped = emitter_losses(events)
