@@ -209,14 +209,6 @@ def test_docs_architecture_names_every_module() -> None:
     assert unnamed == [], "name these in docs/architecture.md: " + ", ".join(unnamed)
 
 
-# Imports of a test module that wait for the work under way in tests/dashboard/test_fold.py
-# to move its shared helpers out; each line goes when its helper has a home of its own.
-AWAITING_A_HELPER_MODULE = {
-    "tests/dashboard/test_fold_fragments.py imports tests.dashboard.test_fold",
-    "tests/dashboard/test_ray_views.py imports tests.dashboard.test_fold",
-}
-
-
 def test_modules_named_test_are_imported_by_no_other() -> None:
     """A helper two test modules share lives in a named helper module beside them
     (tests/agentproc.py, tests/sinks/parquet/records.py, ...) or in a conftest.py, where
@@ -234,4 +226,4 @@ def test_modules_named_test_are_imported_by_no_other() -> None:
             found |= {f"{path.relative_to(REPO)} imports {target}" for target in targets
                       if target.split(".")[0] == "tests"
                       and target.split(".")[-1].startswith("test_")}
-    assert sorted(found - AWAITING_A_HELPER_MODULE) == []
+    assert sorted(found) == []

@@ -8,7 +8,6 @@ files are added, after compaction, and after files are deleted.
 
 from __future__ import annotations
 
-import math
 import random
 import stat
 import subprocess
@@ -16,7 +15,6 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import duckdb
 import pytest
@@ -26,14 +24,11 @@ import dashboard.lake.fold_files as fold_files
 from dashboard.lake.fold import cache_file
 from dashboard.lake.listing import Listing
 from dashboard.lake.store import Store, StoreOptions
-from dashboard.lake.views import NANOS_TYPES
 from dashboard.questions import queries
-from dashboard.questions.overview import overview
 from sinks.parquet.compact import run_compact
 from tests.commands import evagg, in_process
+from tests.dashboard.fold_checks import assert_same
 from tests.dashboard.lakegen import Row, at, event, local_put, task_events, write_rows
-
-TASKS_SQL = "SELECT * FROM tasks ORDER BY task_id, attempt, ray_session"
 
 
 def random_attempts(rng: random.Random, count: int, prefix: str) -> list[Row]:
@@ -69,38 +64,9 @@ def random_attempts(rng: random.Random, count: int, prefix: str) -> list[Row]:
     return rows
 
 
-def assert_same_figures(mine: list[list[Any]], reference: list[list[Any]]) -> None:
-    """The fold's summary against quantile_cont's: on DuckDB 1.x the same arithmetic, equal
-    to the last bit; DuckDB 2 interpolates with a fused multiply-add, which SQL cannot
-    write, so there the quantiles may differ in the last bit or two."""
-    if not NANOS_TYPES:
-        assert mine == reference
-        return
-    assert len(mine) == len(reference)
-    for got, want in zip(mine, reference, strict=True):
-        assert len(got) == len(want)
-        for a, b in zip(got, want, strict=True):
-            if isinstance(a, float) and isinstance(b, float):
-                assert math.isclose(a, b, rel_tol=1e-13), (got, want)
-            else:
-                assert a == b, (got, want)
-
-
 def write_in_files(root: Path, rows: list[Row], stem: str, files: int) -> None:
     for index in range(files):
         write_rows(local_put(root), rows[index::files], f"{stem}-{index:03d}.parquet")
-
-
-def assert_same(cached: Store, scratch: Store) -> None:
-    cached.refresh(force=True)
-    scratch.refresh(force=True)
-    mine, reference = cached.execute(TASKS_SQL), scratch.execute(TASKS_SQL)
-    assert mine.columns == reference.columns
-    assert mine.rows == reference.rows
-    summary, expected = queries.summary(cached), queries.summary(scratch)
-    assert summary.columns == expected.columns
-    assert_same_figures(summary.rows, expected.rows)
-    assert overview(cached) == overview(scratch)
 
 
 @pytest.fixture

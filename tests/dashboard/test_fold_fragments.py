@@ -23,8 +23,8 @@ from dashboard.lake.store import Store, StoreOptions
 from sinks.parquet.compact import run_compact
 from sinks.parquet.layout import TASKS_ROOT
 from tests.agentproc import REPO
+from tests.dashboard.fold_checks import TASKS_SQL, assert_same
 from tests.dashboard.httpfs import needs_httpfs
-from tests.dashboard.test_fold import TASKS_SQL, assert_same
 from tests.sinks.moto_server import MotoS3, aws_env
 from tests.split_task_lake import split_lake_rows, write_lake
 

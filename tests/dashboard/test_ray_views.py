@@ -18,9 +18,9 @@ import pytest
 from aggregator.ray.events import ray_events_to_rows
 from dashboard.lake.store import Store, StoreOptions
 from dashboard.questions import queries
+from tests.dashboard.fold_checks import assert_same_figures
 from tests.dashboard.lakegen import local_put, write_rows
 from tests.dashboard.rayshaped import S, b64, definition, envelope, lifecycle
-from tests.dashboard.test_fold import assert_same_figures
 
 BASE = 1_764_000_000 * S
 ACTOR_INIT = b64("actor-init", 24)
