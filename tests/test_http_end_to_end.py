@@ -3,12 +3,14 @@ its pace meanwhile, and permanent 4xx answers go to dead letters that replay del
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tests.agentproc import REPO, AgentProcess, http_sink
 from tests.producers import producer_report, start_producer
@@ -19,6 +21,12 @@ from tests.sinks.server_thread import ServerThread
 from tests.waiting import wait_until
 
 
+def task_ids(server: ServerThread) -> set[str]:
+    """The tasks of every batch `server` answered with a 2xx."""
+    return {str(e.get("task_id")) for s in list(server.server.requests)
+            if 200 <= s.status < 300 for e in s.events if e.get("kind") == "task"}
+
+
 def test_flaky_endpoint_gets_everything_while_a_healthy_sink_keeps_pace(
         agent_factory: Callable[..., AgentProcess],
         servers: Callable[..., ServerThread]) -> None:
@@ -27,18 +35,26 @@ def test_flaky_endpoint_gets_everything_while_a_healthy_sink_keeps_pace(
     flaky.do(lambda: flaky.server.answer(429, times=2, retry_after="1"))
     flaky.do(lambda: flaky.server.answer(503, times=1, retry_after="1"))
     flaky.do(lambda: flaky.server.answer(200, times=1, delay_s=2.0))  # past the 1 s timeout
+
+    def two_batches_stored(events: list[dict[str, Any]]) -> bool:
+        return len({s.key for s in flaky.server.requests if s.stored}) >= 2
+
+    # The outage starts between successes: the request after the endpoint has stored two
+    # batches waits, unanswered, until the port closes under it. Stopping on a poll instead
+    # races the rest of the batches, which go in a fraction of a second once one succeeds.
+    unanswered = asyncio.Event()
+    flaky.do(lambda: flaky.server.answer_when(two_batches_stored, 200, hold=unanswered))
     agent = agent_factory(sinks_toml=http_sink("flaky", flaky.server.url, "gzip = true")
                           + http_sink("healthy", healthy.server.url, 'format = "json"')).start()
     producers = [start_producer(agent.socket_path, f"h{n}", 4000) for n in range(3)]
-    time.sleep(1.0)
+    wait_until(lambda: flaky.server.held == 1, 60,
+               "the scripted answers, two stored batches and a request after them")
     flaky.call(flaky.server.stop())  # connections refused for a while
+    flaky.do(unanswered.set)  # nothing is waiting on it once the port closed
+    total = 12_000
+    assert 0 < len(task_ids(flaky)) < total
     for proc in producers:
         assert producer_report(proc)["flushed"]
-    total = 12_000
-
-    def task_ids(server: ServerThread) -> set[str]:
-        return {str(e.get("task_id")) for s in list(server.server.requests)
-                if 200 <= s.status < 300 for e in s.events if e.get("kind") == "task"}
 
     wait_until(lambda: len(task_ids(healthy)) == total, 60, "the healthy sink")
     # the healthy sink finished while the flaky one was still refusing connections

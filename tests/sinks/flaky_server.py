@@ -89,6 +89,7 @@ class FlakyServer:
     ssl_context: ssl.SSLContext | None = None  # serve https:// with it
     in_flight: int = 0
     most_in_flight: int = 0
+    held: int = 0  # requests whose answer now waits for its Reply.hold
 
     @property
     def url(self) -> str:
@@ -190,7 +191,11 @@ class FlakyServer:
         if self._stall_s or answer.delay_s:
             await asyncio.sleep(self._stall_s or answer.delay_s)
         if answer.hold is not None:
-            await answer.hold.wait()
+            self.held += 1
+            try:
+                await answer.hold.wait()
+            finally:
+                self.held -= 1
         seen = Seen(request.headers.get("Idempotency-Key", ""), answer.status,
                     request.content_type, encoding, dict(request.headers), body, wire_bytes,
                     events, arrived, time.monotonic(), concurrent)
