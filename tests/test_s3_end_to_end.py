@@ -7,7 +7,6 @@ still land exactly once, with no multipart upload left behind.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -15,7 +14,7 @@ import pytest
 from tests.agentproc import AgentProcess
 from tests.producers import assert_exactly_once_on_s3, producer_report, start_producer
 from tests.sinks.moto_server import MotoS3, aws_env
-from tests.waiting import wait_until
+from tests.waiting import wait_for, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +50,17 @@ def test_s3_outage_mid_run_loses_and_duplicates_nothing(
     agent = s3_agent(agent_factory, moto, bucket, multipart_threshold="1KiB").start()
     producers = {f"o{n}": start_producer(agent.socket_path, f"o{n}", 20_000, seconds=6)
                  for n in range(3)}
-    time.sleep(1.5)
+    # mid-run: files are on S3 already, and the producers go on sending through the outage
+    delivered = 'evagg_delivered_events_total{sink="lake"}'
+    wait_until(lambda: agent.metric(delivered) > 0, 60, "a first file on S3")
+    received = 'evagg_received_events_total{route="socket"}'
     moto.stop()  # uploads in flight fail, their aborts fail too
     try:
+        at_outage = agent.metric(received)
         wait_until(lambda: sum(delivery_errors(agent).values()) > 0, 60,
                    "an upload to meet the outage")
-        time.sleep(2)  # and the producers carry on into it
+        wait_until(lambda: agent.metric(received) >= at_outage + 1000, 60,
+                   "the producers to carry on into the outage")
     finally:
         moto.start()  # same port, same buckets
     for proc in producers.values():
@@ -74,11 +78,9 @@ def test_agent_killed_mid_upload_rewrites_the_same_key(
     moto.part_delay_s = 3.0  # every part upload hangs: the kill lands inside one
     try:
         assert producer_report(start_producer(agent.socket_path, "k", 5000))["flushed"]
-        deadline = time.monotonic() + 30
-        while not moto.open_uploads(bucket):
-            assert time.monotonic() < deadline, "no upload started"
-            time.sleep(0.05)
-        orphan = moto.open_uploads(bucket)[0]["Key"]
+        uploads = wait_for(lambda: moto.open_uploads(bucket), 30, "a multipart upload",
+                           interval=0.05)
+        orphan = uploads[0]["Key"]
         agent.kill()
     finally:
         moto.part_delay_s = 0.0
