@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -162,8 +161,10 @@ def test_no_agent_is_started_when_one_already_runs(home: dict[str, Any],
         assert not agent_pids(agent.socket_path)
         agent.wait_delivered(50)
         release(home, driver, "c")
-        time.sleep(1.0)
+        wait_until(lambda: agent.metric("evagg_open_connections") == 0, 30,
+                   "the agent to see the driver's connection close")
         assert agent.running  # an agent someone else started is not ours to stop
+        assert ": stopping" not in agent.log()  # nor signalled: a stop would be said there
         assert not agent_pids(agent.socket_path)
     assert query_lake(agent.lake_dir, "SELECT count(*) FROM events WHERE run_id = 'c'") \
         == [(50,)]
