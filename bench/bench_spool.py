@@ -5,7 +5,8 @@ Each append scenario runs for a fixed time; a sink commits as it goes, so the di
 stays bounded. "loop CPU" is the event-loop thread's CPU time per append (commits and
 segment deletions included): what an append costs the agent, apart from the time it waits
 for the fsync thread. A 100 KB append is about 5 us of Python, 25-35 us of CRC32 and
-35 us of write syscall.
+35 us of write syscall. "keep up" is a sink reading each record as it is appended, from
+the newest records kept in memory and from the segment files, side by side.
 
     .venv/bin/python bench/bench_spool.py [--seconds 2] [--record-kb 100] [--dir PATH]
 """
@@ -77,6 +78,31 @@ async def bench_read_and_recover(directory: Path, payload: bytes, records: int) 
     spool.close()
 
 
+async def bench_keeping_up(directory: Path, payload: bytes, records: int,
+                           from_memory: bool) -> None:
+    """A sink that keeps up: each append is read back at once, as the delivery loop reads
+    it; the loop's CPU for the reads alone, from the newest records the spool keeps in
+    memory (its default) or from the segment files (none kept)."""
+    spool = (Spool(directory, max_bytes=2 * 2**30) if from_memory
+             else Spool(directory, max_bytes=2 * 2**30, recent_bytes=0))
+    spool.open()
+    spool.register_sinks(["bench"])
+    reading = 0.0
+    for i in range(records):
+        offset = (await spool.append(payload, EVENTS_PER_RECORD, received_ns=0)).offset
+        assert offset is not None
+        cpu = time.thread_time()
+        got = spool.read(offset)
+        reading += time.thread_time() - cpu
+        assert got and got[0].offset == offset
+        if i % 256 == 0:
+            spool.commit("bench", offset)
+    spool.close()
+    where = "memory" if from_memory else "files"
+    print(f"keep up  reads from {where:<6} {reading / records * 1e6:>6.1f} us of loop CPU per "
+          f"record read ({reading / records / EVENTS_PER_RECORD * 1e9:,.0f} ns per event)")
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="per append scenario")
@@ -93,6 +119,10 @@ async def main() -> None:
                 await bench_append(base / f"{fsync}-{writers}", fsync, writers, payload,
                                    args.seconds)
         await bench_read_and_recover(base / "recover", payload, 5000)
+        for round_ in range(2):  # alternating, side by side
+            for from_memory in (False, True):
+                await bench_keeping_up(base / f"keep-{round_}-{from_memory}", payload, 3000,
+                                       from_memory)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from aggregator.spool._counters import SpoolCounters
 from aggregator.spool._reaper import Doomed, SegmentReaper
+from aggregator.spool._recent import RECENT_BYTES, RecentRecords
 from aggregator.spool._recovery import Recovered, recover_segment
 from aggregator.spool._segment import (
     FORMAT_VERSION,
@@ -55,7 +56,7 @@ class SegmentLog:
     def __init__(self, directory: Path, *, segment_bytes: int, fsync_always: bool,
                  counters: SpoolCounters, on_recovered: Callable[[Recovered], None],
                  on_visible: Callable[[int], None], on_freed: Callable[[], None],
-                 unlink: Callable[[Path], None]) -> None:
+                 unlink: Callable[[Path], None], recent_bytes: int = RECENT_BYTES) -> None:
         self.directory = directory
         self.segment_bytes = segment_bytes
         self.fsync_always = fsync_always
@@ -80,6 +81,8 @@ class SegmentLog:
         self._dir_dirty = False
         self._sync_job: asyncio.Future[int] | None = None
         self._fd_lock = threading.Lock()  # fds are closed by the sync thread or by close()
+        # what readers that keep up read, instead of the files
+        self._recent = RecentRecords(recent_bytes, RECORD_OVERHEAD)
 
     # -- recovery --------------------------------------------------------------------------
 
@@ -149,6 +152,7 @@ class SegmentLog:
             active.fd = None
             raise
         active.add(offset, position, count, position + size)
+        self._recent.add(SpoolRecord(offset, session, seq, received_ns, count, payload))
         self.next_offset = offset + 1
         self.bytes_used += size
         if not self.fsync_always:
@@ -292,6 +296,9 @@ class SegmentLog:
     def _read(self, start: int, max_bytes: int, max_records: int) -> list[SpoolRecord]:
         out: list[SpoolRecord] = []
         start = max(start, self.first_offset)
+        recent = self._recent.read(start, self.visible, max_bytes, max_records)
+        if recent is not None:
+            return recent
         budget = max_bytes
         for segment in self.segments:
             if segment.last_offset < start:
@@ -329,6 +336,7 @@ class SegmentLog:
 
     def _repair(self, segment: SegmentIndex) -> None:
         """A record failed its checksum on read: recover that segment as at start-up."""
+        self._recent.clear()  # readers go by what the repaired files hold
         if segment is self.segments[-1]:
             self.roll()
         i = self.segments.index(segment)

@@ -22,6 +22,7 @@ from aggregator.losses import LossRecorder
 from aggregator.spool._counters import SpoolCounters
 from aggregator.spool._cursors import Cursors
 from aggregator.spool._log import SegmentLog
+from aggregator.spool._recent import RECENT_BYTES
 from aggregator.spool._recovery import Recovered
 from aggregator.spool._segment import HEADER_SIZE, RECORD_OVERHEAD
 from aggregator.spool._state import (
@@ -71,6 +72,7 @@ class Spool:
         fsync: Literal["os", "always"] = "os",
         segment_bytes: int = 64 * 2**20,
         losses: LossRecorder | None = None,
+        recent_bytes: int = RECENT_BYTES,  # the newest records' payloads kept for readers
     ) -> None:
         if when_full not in ("block", "drop_oldest"):
             raise ValueError(f"when_full must be 'block' or 'drop_oldest', not {when_full!r}")
@@ -91,7 +93,8 @@ class Spool:
         self._log = SegmentLog(self.directory, segment_bytes=segment_bytes,
                                fsync_always=fsync == "always", counters=self.counters,
                                on_recovered=self._count_recovery, on_visible=self._wake_readers,
-                               on_freed=self._notify_room, unlink=self._unlink_segment)
+                               on_freed=self._notify_room, unlink=self._unlink_segment,
+                               recent_bytes=recent_bytes)
         self._marks = DedupeMarks(self.directory / MARKS_FILE, SESSION_TTL_NS)
         self._cursors = Cursors(self.directory)
         self._room_queue: deque[object] = deque()
