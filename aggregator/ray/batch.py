@@ -12,6 +12,7 @@ same event.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +31,7 @@ from aggregator.ray.dedupe import Claim, RecentEventIds
 from aggregator.ray.events import RayValueError, careful_rows, parse_ray_body
 from aggregator.ray.fast import OtherEventType, fast_rows
 from aggregator.ray.json_columns import ColumnarReadError, read_events
-from aggregator.ray.json_rows import TakenRows, columnar_rows
+from aggregator.ray.json_rows import ColumnarBody
 
 # What the fast path may raise for an event it cannot take; the careful path then decides.
 _DECLINED = (ValueError, TypeError, AttributeError, KeyError, IndexError)
@@ -71,19 +72,20 @@ def ray_body_to_batch(body: bytes, recent: RecentEventIds, stamp: Stamp,
     index in the body. The new events' ids are in flight under `claim` (a new one if
     None) until the caller settles it; if mapping raises, they are released here.
 
-    A body of COLUMNAR_MIN_BYTES or more goes through the columnar path first
+    With COLUMNAR_MIN_BYTES set, a body that large goes through the columnar path first
     (`json_columns`, `json_rows`); the events it does not take are parsed and mapped as
     a smaller body is, and every row is in the body's order either way."""
     claim = Claim() if claim is None else claim
-    taken = _columnar(body, stamp) if len(body) >= COLUMNAR_MIN_BYTES else None
-    items = parse_ray_body(body) if taken is None else _others(taken, body)
-    keys = items if taken is None else _keys(items, taken)
+    least = COLUMNAR_MIN_BYTES
+    columnar = _columnar(body, stamp) if least is not None and len(body) >= least else None
+    items = parse_ray_body(body) if columnar is None else _others(columnar, body)
+    keys = items if columnar is None else _keys(items, columnar)
     found = recent.split_new(keys, claim)
     try:
-        if taken is None:
+        if columnar is None:
             result = ray_items_to_batch([(i, items[i]) for i in found.indexes], stamp)
         else:
-            result = merge(taken, found.indexes, items, stamp)
+            result = merge(columnar, found.indexes, items, stamp)
     except BaseException:
         recent.settle(claim, stored=False)
         raise
@@ -94,62 +96,69 @@ def ray_body_to_batch(body: bytes, recent: RecentEventIds, stamp: Stamp,
     return result
 
 
-COLUMNAR_MIN_BYTES = 32 * 1024  # about 35 of Ray's events; below, Python is as cheap
+def _columnar_min_bytes(setting: str | None) -> int | None:
+    """EVAGG_RAY_COLUMNAR_MIN_BYTES: bodies of at least this many bytes take the columnar
+    path; unset (the default), none do: on our machines it costs more CPU than the fast
+    path (docs/performance.md, "The columnar path")."""
+    return int(setting) if setting and setting.strip().isdigit() else None
 
 
-def _columnar(body: bytes, stamp: Stamp) -> TakenRows | None:
-    """The columnar path's rows, or None when DuckDB should not read this body."""
+COLUMNAR_MIN_BYTES = _columnar_min_bytes(os.environ.get("EVAGG_RAY_COLUMNAR_MIN_BYTES"))
+
+
+def _columnar(body: bytes, stamp: Stamp) -> ColumnarBody | None:
+    """The body as the columnar path reads it, or None when DuckDB should not read it."""
     try:
-        return columnar_rows(read_events(body), stamp)
+        return ColumnarBody(read_events(body), stamp)
     except ColumnarReadError:
         return None
 
 
-def _others(taken: TakenRows, body: bytes) -> list[Any]:
-    """The body's events the columnar path did not take, parsed (None where it did); the
-    body parsed whole, to refuse it as before, when one of them is not a JSON object."""
-    texts = iter(taken.others)
+def _others(columnar: ColumnarBody, body: bytes) -> list[Any]:
+    """The body's events the columnar path does not take, parsed (None where it does);
+    the body parsed whole, to refuse it as before, when one of them is not an object."""
     items: list[Any] = []
-    for taken_here in taken.taken.tolist():
-        if taken_here:
-            items.append(None)
-            continue
-        try:
-            item = orjson.loads(next(texts) or b"null")
-        except orjson.JSONDecodeError:
-            item = None  # JSON only DuckDB reads
-        if type(item) is not dict:
+    for index, taken_here in enumerate(columnar.taken.tolist()):
+        item = None if taken_here else _parsed(columnar.text(index))
+        if not taken_here and type(item) is not dict:
             return parse_ray_body(body)  # raises RayBodyError
         items.append(item)
     return items
 
 
-def _keys(items: list[Any], taken: TakenRows) -> list[Any]:
+def _parsed(text: str | None) -> Any:
+    try:
+        return orjson.loads(text or "null")
+    except orjson.JSONDecodeError:
+        return None  # JSON only DuckDB reads
+
+
+def _keys(items: list[Any], columnar: ColumnarBody) -> list[Any]:
     """The dedupe key of each event: the taken ones' eventIds, the other events whole."""
-    ids = iter(taken.event_ids)
+    ids = iter(columnar.event_ids)
     return [next(ids) if taken_here else item
-            for item, taken_here in zip(items, taken.taken.tolist(), strict=True)]
+            for item, taken_here in zip(items, columnar.taken.tolist(), strict=True)]
 
 
-def merge(taken: TakenRows, fresh: list[int], items: list[Any], stamp: Stamp) -> RayBatch:
+def merge(columnar: ColumnarBody, fresh: list[int], items: list[Any], stamp: Stamp) -> RayBatch:
     """The fresh events' rows: the taken ones' from the columnar path, the others mapped
     as `ray_items_to_batch` maps them, in the body's order."""
-    mask = taken.taken.tolist()
-    others = ray_items_to_batch([(i, items[i]) for i in fresh if not mask[i]], stamp)
-    is_fresh = np.zeros(len(mask), dtype=bool)
+    is_fresh = np.zeros(len(items), dtype=bool)
     is_fresh[fresh] = True
-    keep = is_fresh[taken.row_events]
-    columnar = taken.batch.filter(pa.array(keep))
-    owners = np.concatenate([taken.row_events[keep], np.array(others.row_events, np.int64)])
+    rows, row_events, failed = columnar.rows(is_fresh)
+    for index in failed:  # taken, then not convertible after all: the Python path's
+        items[index] = _parsed(columnar.text(index))
+    python = set(failed) | {i for i in fresh if not columnar.taken[i]}
+    others = ray_items_to_batch([(i, items[i]) for i in fresh if i in python], stamp)
+    owners = np.concatenate([row_events, np.array(others.row_events, np.int64)])
+    order = np.argsort(owners, kind="stable")
+    batch = rows
     if others.normalized.batch.num_rows:
-        both = pa.Table.from_batches([columnar, others.normalized.batch])
-        batch = both.take(pa.array(np.argsort(owners, kind="stable"))).combine_chunks() \
-            .to_batches()[0]
-    else:
-        batch = columnar
+        both = pa.Table.from_batches([rows, others.normalized.batch])
+        batch = both.take(pa.array(order)).combine_chunks().to_batches()[0]
     others.normalized = Normalized(batch, others.normalized.rejected)
-    others.columnar = int(np.count_nonzero(taken.taken[fresh])) if fresh else 0
-    others.row_events = owners[np.argsort(owners, kind="stable")].tolist()
+    others.columnar = len(fresh) - len(python)
+    others.row_events = owners[order].tolist()
     return others
 
 

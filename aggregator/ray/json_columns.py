@@ -16,6 +16,8 @@ values, so a body with one, or with a byte order mark, is not read here at all.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
 import re
@@ -91,7 +93,7 @@ def read_events(body: bytes) -> pa.Table:
 
 
 class _ThreadState(threading.local):
-    """One DuckDB connection and one file per decode thread, reused across bodies."""
+    """One DuckDB cursor and one file per decode thread, reused across bodies."""
 
     connection: Any = None
     path = ""
@@ -99,17 +101,33 @@ class _ThreadState(threading.local):
 
 
 _STATE = _ThreadState()
+_DATABASE: list[Any] = []  # the one in-memory DuckDB the decode threads' cursors share
+_OPENING = threading.Lock()
+# DuckDB's allocator keeps what a query freed up to 128 MiB by default: the agent's RSS
+# budget (docs/performance.md) cannot lend it that.
+_SETTINGS: Final[dict[str, str | bool | int | float | list[str]]] = {
+    "threads": 1, "allocator_flush_threshold": "4MB",
+    "allocator_bulk_deallocation_flush_threshold": "4MB"}
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def _thread_state() -> _ThreadState:
     state = _STATE
     if state.connection is None:
-        import duckdb  # about 36 MiB of RSS: loaded with the first Ray body only
+        import duckdb  # about 30 MiB of RSS: loaded with the first body that needs it
 
+        with _OPENING:
+            if not _DATABASE:
+                _DATABASE.append(duckdb.connect(config=_SETTINGS))
         folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
         fd, path = tempfile.mkstemp(prefix="evagg-ray-", suffix=".json", dir=folder)
         os.close(fd)
-        connection = duckdb.connect(config={"threads": 1})
+        atexit.register(_remove, path)
+        connection = _DATABASE[0].cursor()
         connection.execute("PREPARE ray_body AS " + QUERY.replace("{path}", path))
         state.path, state.errors, state.connection = path, (duckdb.Error,), connection
     return state

@@ -9,7 +9,6 @@ declines drops its event from the taken ones, for `batch.py` to map the Python w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
@@ -18,6 +17,7 @@ import pyarrow.compute as pc
 
 from aggregator.decode.normalize import Stamp
 from aggregator.ray import json_checks as check
+from aggregator.ray import json_values as convert
 from aggregator.ray.json_attrs import Definitions, LifecycleAttrs
 from aggregator.ray.json_checks import field
 from aggregator.ray.json_columns import DEFINITIONS, LIFECYCLE_KEY
@@ -28,30 +28,36 @@ _SUFFIXES: Final = pa.array([f"-{i}" for i in range(64)], pa.string())
 _NO_TEXT: Final = pa.scalar(None, pa.string())
 
 
-@dataclass(slots=True)
-class TakenRows:
-    """What the columnar path made of a body's events."""
+class ColumnarBody:
+    """A body read by `json_columns`: which events the columnar path takes and their
+    eventIds (the dedupe keys) at once; their rows once the dedupe said which are new."""
 
-    taken: np.ndarray  # per event of the body: mapped here
-    event_ids: list[str | None]  # each taken event's eventId as sent (the dedupe key)
-    others: list[str | None]  # the text of each event not taken, for the Python path
-    batch: pa.RecordBatch  # the rows of the taken events, in the body's order
-    row_events: np.ndarray  # each row's event: its place in the body
+    def __init__(self, table: pa.Table, stamp: Stamp) -> None:
+        self._texts = table.column("text")
+        body = check.Body(table)
+        self._event, self._stamp = body.event, stamp
+        self.taken = check.sure(body)
+        ids = pc.utf8_slice_codeunits(field(self._event, "eventId"), 1, -1)
+        self.event_ids: list[str | None] = ids.filter(pa.array(self.taken)).to_pylist()
 
+    def text(self, index: int) -> str | None:
+        """An event's minified JSON text, for the Python path to parse."""
+        found: str | None = self._texts[index].as_py()
+        return found
 
-def columnar_rows(table: pa.Table, stamp: Stamp) -> TakenRows:
-    body = check.Body(table)
-    event = body.event
-    taken = check.sure(body)
-    places = np.nonzero(taken)[0]
-    mapped = _Mapped(event.take(pa.array(places)), stamp)
-    if mapped.failed.any():  # one more pass without them; each event fails on its own
-        taken[places[mapped.failed]] = False
-        places = np.nonzero(taken)[0]
-        mapped = _Mapped(event.take(pa.array(places)), stamp)
-        assert not mapped.failed.any()
-    others = table.column("text").filter(pa.array(~taken)).to_pylist()
-    return TakenRows(taken, mapped.event_ids, others, mapped.batch, places[mapped.row_events])
+    def rows(self, fresh: np.ndarray) -> tuple[pa.RecordBatch, np.ndarray, list[int]]:
+        """The rows of the fresh taken events, in the body's order, and each row's event;
+        and the events that failed to convert after all, for the Python path."""
+        wanted = self.taken & fresh
+        places = np.nonzero(wanted)[0]
+        mapped = _Mapped(self._event.take(pa.array(places)), self._stamp)
+        failed = places[mapped.failed].tolist()
+        if failed:  # one more pass without them: each event fails on its own
+            wanted[failed] = False
+            places = np.nonzero(wanted)[0]
+            mapped = _Mapped(self._event.take(pa.array(places)), self._stamp)
+            assert not mapped.failed.any()
+        return mapped.batch, places[mapped.row_events], failed
 
 
 def _definition_payload(event: pa.Array) -> pa.Array:
@@ -65,9 +71,8 @@ class _Mapped:
         life_payload = field(events, LIFECYCLE_KEY)
         payload = _definition_payload(events)
         life = check.mask(life_payload.is_valid())
-        self.event_ids = pc.utf8_slice_codeunits(field(events, "eventId"), 1, -1).to_pylist()
         hexes, failed = self._ids(events, life_payload, payload)
-        attempts = check.int32s(pc.coalesce(field(life_payload, "taskAttempt"),
+        attempts = convert.int32s(pc.coalesce(field(life_payload, "taskAttempt"),
                                             field(payload, "taskAttempt")))[0]
         envelope_ns, envelope_ok = _envelope_times(field(events, "timestamp"), stamp)
         steps = life_payload.take(pa.array(np.nonzero(life)[0])).field("stateTransitions") \
@@ -98,7 +103,7 @@ class _Mapped:
         failed = np.zeros(len(events), dtype=bool)
         hexes = {}
         for name, values in texts.items():
-            hexes[name], ok = check.hex_ids(values, cache=name != "event_id")
+            hexes[name], ok = convert.hex_ids(values, cache=name != "event_id")
             failed |= ~ok
         return hexes, failed
 
@@ -106,7 +111,7 @@ class _Mapped:
 def _envelope_times(texts: pa.Array, stamp: Stamp) -> tuple[np.ndarray, np.ndarray]:
     """Each event's own time in ns: its timestamp, or the receive time when it has none."""
     unset = check.mask(texts.is_null()) | check.mask(pc.equal(texts, '""'))
-    parsed, ok = check.times_ns(pc.if_else(pa.array(unset), _NO_TEXT, texts))
+    parsed, ok = convert.times_ns(pc.if_else(pa.array(unset), _NO_TEXT, texts))
     ns = parsed.cast(pa.int64()).fill_null(stamp.received_ns).to_numpy(zero_copy_only=False)
     return np.asarray(ns, dtype=np.int64), ok | unset
 
@@ -117,7 +122,7 @@ def _steps(steps: pa.Array) -> tuple[np.ndarray, pa.Array, np.ndarray]:
     if not len(flat):
         return np.zeros(0, dtype=np.int64), pa.array([], pa.string()), \
             np.ones(len(steps), dtype=bool)
-    parsed, ok = check.times_ns(field(flat, "timestamp"))
+    parsed, ok = convert.times_ns(field(flat, "timestamp"))
     ns = np.asarray(parsed.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False),
                     dtype=np.int64)
     states = pc.utf8_slice_codeunits(field(flat, "state"), 1, -1)

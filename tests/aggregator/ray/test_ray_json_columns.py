@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from aggregator.decode.normalize import Stamp, rows_to_batch
 from aggregator.ray import batch as ray_batch
-from aggregator.ray import json_checks
+from aggregator.ray import json_values
 from aggregator.ray.batch import RayBatch, ray_body_to_batch
 from aggregator.ray.events import RayBodyError, RecentEventIds, parse_ray_body, ray_events_to_rows
 from tests.aggregator.ray.samples import ALL_FIXTURES, all_samples, b64, generated_events, load
@@ -233,5 +233,5 @@ def test_the_columnar_checks_see_a_field_ray_adds_by_the_event_s_length() -> Non
 
 def test_ids_decode_at_once_as_binascii_does() -> None:
     values = pa.array(['"AB=="', '"AQ=="', None, '""', '"//8A"'])
-    found, ok = json_checks.hex_ids(values)
+    found, ok = json_values.hex_ids(values)
     assert found.to_pylist() == ["00", "01", None, None, "ffff00"] and ok.all()
