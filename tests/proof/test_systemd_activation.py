@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -140,13 +139,15 @@ def test_a_connection_made_while_the_agent_restarts_is_served_after(
     agent.start()
     assert systemd.next_state()["READY"] == "1"
     producer = start_producer(agent.socket_path, "across", 20_000, seconds=4)
-    time.sleep(1)
+    received = 'evagg_received_events_total{route="socket"}'
+    wait_until(lambda: agent.metric(received) >= 1000, 30, "the producer to be under way")
     agent.kill()  # the listening socket stays open in "systemd": connections queue
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as waiting:
         waiting.settimeout(30)
+        # connect() and sendall() returning is the condition: the connection waits in the
+        # listening socket's queue, its frame in the kernel's buffer, before the agent starts
         waiting.connect(str(agent.socket_path))
         waiting.sendall(one_event_frame("sent-while-down"))
-        time.sleep(0.5)
         agent.start()
         assert systemd.next_state()["READY"] == "1"
         answer = read_answer(waiting)
