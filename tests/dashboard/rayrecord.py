@@ -11,7 +11,6 @@ and waits until the agent delivered every event to its lake.
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from typing import Any
 from tests.agentproc import AgentProcess
 from tests.rayexport import RAY_EXPORT_ENV, ray_state_tasks, run_workload
 from tests.raylocal import local_ray
-from tests.waiting import wait_for
+from tests.waiting import wait_for, wait_until
 
 EXPORT_ALL = {**RAY_EXPORT_ENV, "RAY_DASHBOARD_AGGREGATOR_AGENT_EXPOSABLE_EVENT_TYPES": "ALL"}
 RAW_ROUTES = ("tasks?limit=1000&detail=1", "actors?detail=1", "nodes?detail=1",
@@ -82,6 +81,7 @@ def record_session(agent: AgentProcess, flag_dir: Path,
     with local_ray(env) as job_id:
         ran = workload(str(flag_dir))
         session = ray._private.worker.global_worker.node.session_name
+        assert session_processes(session), "no process names the session: nothing to wait on"
         ray_state_tasks(job_id, ran["attempts"])  # every attempt settled in Ray
         recorded = Recorded(job_id=job_id, session=session, outer_id=ran["outer_id"])
         # Ray's State API of this cluster, named: without an address it looks for a
@@ -101,7 +101,7 @@ def record_session(agent: AgentProcess, flag_dir: Path,
             address=address, detail=True)]
         for route in RAW_ROUTES:
             recorded.raw[route] = _get_json(f"http://{webui}/api/v0/{route}")
-    _wait_all_delivered(agent)
+    _wait_all_delivered(agent, session)
     return recorded
 
 
@@ -151,17 +151,27 @@ def _profiled(task: dict[str, Any]) -> bool:
     return any(e["event_name"].startswith("task::") for e in events)
 
 
-def _wait_all_delivered(agent: AgentProcess) -> None:
-    """Until the agent stopped receiving and its lake holds everything it received."""
-    last = [-1.0]
+def _wait_all_delivered(agent: AgentProcess, session: str) -> None:
+    """Until every process of the Ray session is gone (its exporter, which may post a last
+    batch while it stops, included) and the lake holds everything the agent received."""
+    wait_until(lambda: not session_processes(session), 60,
+               f"the processes of Ray's {session} to exit")
+    received = agent.metric("evagg_received_events_total{")
+    agent.wait_delivered(int(received))
 
-    def settled() -> bool:
-        received = agent.metric("evagg_received_events_total")
-        delivered = agent.metric("evagg_delivered_events_total")
-        quiet = received == last[0]
-        last[0] = received
-        return quiet and delivered >= received
 
-    time.sleep(2)
-    # A poll a second apart: "quiet" is a second without an event, not a tenth.
-    wait_for(settled, 60, "the agent to deliver every Ray event to its lake", interval=1.0)
+def session_processes(session: str) -> list[int]:
+    """Live processes whose command line names the Ray session (zombies excluded)."""
+    marker = session.encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in args and state != "Z":
+            found.append(int(entry.name))
+    return found
