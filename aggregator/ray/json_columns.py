@@ -79,17 +79,20 @@ def read_events(body: bytes) -> pa.Table:
     JSON text (the same values as the body's: an event this path does not take is parsed
     from it alone), `size`, its length, and `event`, its fields as `_structure` names
     them (null where the event is not an object of objects there)."""
-    if body.startswith(_BOM) or _TRAILING_COMMA.search(body):
-        raise ColumnarReadError("JSON that only DuckDB reads")
+    if not body.strip() or body.startswith(_BOM) or _TRAILING_COMMA.search(body):
+        raise ColumnarReadError("JSON that only DuckDB reads")  # it reads nothing as []
     state = _thread_state()
-    with open(state.path, "wb") as file:
-        file.write(body)
     try:
+        with open(state.path, "wb") as file:
+            file.write(body)
         return state.connection.execute("EXECUTE ray_body").to_arrow_table()
+    except OSError as exc:  # a full tmpfs, a file size limit: the Python path needs none
+        raise ColumnarReadError(f"the body's file: {exc}") from None
     except state.errors as exc:
         raise ColumnarReadError(str(exc)[:200]) from None
     finally:
-        os.truncate(state.path, 0)  # the tmpfs holds no body between requests
+        with contextlib.suppress(OSError):
+            os.truncate(state.path, 0)  # the tmpfs holds no body between requests
 
 
 class _ThreadState(threading.local):

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from aggregator.decode.normalize import Stamp, rows_to_batch
 from aggregator.ray import batch as ray_batch
-from aggregator.ray import json_values
+from aggregator.ray import json_columns, json_values
 from aggregator.ray.batch import RayBatch, ray_body_to_batch
 from aggregator.ray.events import RayBodyError, RecentEventIds, parse_ray_body, ray_events_to_rows
 from tests.aggregator.ray.samples import ALL_FIXTURES, all_samples, b64, generated_events, load
@@ -127,9 +127,21 @@ def test_a_small_body_takes_the_python_path(monkeypatch: pytest.MonkeyPatch) -> 
     b'[{"eventId": "AAAA", "eventType": "TASK_LIFECYCLE_EVENT", "x": 1e400}]',
     b'[{"eventId": "AAAA", "eventId": "AAAB"}]',  # a repeated key: orjson keeps the last
     b"[null]", b"[5]", b"[[]]", b"[]", b"{}", b'[{"a": "\\ud800"}]', b"[1, 2",
+    b"", b" \n", b"[] []", b"[]x",
 ])
 def test_json_only_duckdb_reads_is_refused_as_before(body: bytes) -> None:
     assert_same_as_careful(body)
+
+
+def test_a_body_that_cannot_be_written_for_duckdb_takes_the_python_path(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A full tmpfs or the agent's file size limit (a full spool's test sets one) fails
+    the body's file: the Python path, which writes none, maps the body instead."""
+    state = json_columns._thread_state()
+    monkeypatch.setattr(state, "path", str(tmp_path / "gone" / "body.json"))
+    events = clean(generated_events(30))
+    result = assert_same_as_careful(body_of(events))
+    assert result is not None and result.columnar == 0 and result.batch.num_rows == 60
 
 
 def test_odd_values_in_every_field_of_a_taken_event() -> None:
