@@ -16,7 +16,6 @@ values, so a body with one, or with a byte order mark, is not read here at all.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
@@ -92,7 +91,7 @@ def read_events(body: bytes) -> pa.Table:
         raise ColumnarReadError(str(exc)[:200]) from None
     finally:
         with contextlib.suppress(OSError):
-            os.truncate(state.path, 0)  # the tmpfs holds no body between requests
+            os.unlink(state.path)  # no body stays in the tmpfs, nor a file after a kill
 
 
 class _ThreadState(threading.local):
@@ -113,11 +112,6 @@ _SETTINGS: Final[dict[str, str | bool | int | float | list[str]]] = {
     "allocator_bulk_deallocation_flush_threshold": "4MB"}
 
 
-def _remove(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
-
-
 def _thread_state() -> _ThreadState:
     state = _STATE
     if state.connection is None:
@@ -128,8 +122,7 @@ def _thread_state() -> _ThreadState:
                 _DATABASE.append(duckdb.connect(config=_SETTINGS))
         folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
         fd, path = tempfile.mkstemp(prefix="evagg-ray-", suffix=".json", dir=folder)
-        os.close(fd)
-        atexit.register(_remove, path)
+        os.close(fd)  # a name of our own; each body is written there, read and removed
         connection = _DATABASE[0].cursor()
         connection.execute("PREPARE ray_body AS " + QUERY.replace("{path}", path))
         state.path, state.errors, state.connection = path, (duckdb.Error,), connection
