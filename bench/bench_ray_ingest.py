@@ -11,13 +11,6 @@ and times: per task a TASK_DEFINITION_EVENT, the owner's lifecycle event (4 tran
 and the executor's RUNNING event; one task in 50 fails with a traceback.
 
     .venv/bin/python bench/bench_ray_ingest.py [--seconds 3] [--events 1000] [--start-agent]
-    .venv/bin/python bench/bench_ray_ingest.py --compare [--rounds 3] [--start-agent]
-
---compare: the Python path (fast, then careful) and the columnar path (DuckDB's reader,
-`aggregator/ray/json_columns.py`) side by side, in alternating rounds so the load of the
-moment hits both alike: body -> batch in process, and with --start-agent the agent's CPU
-per Ray event for POST -> spool + Parquet, one agent per path and round
-(EVAGG_RAY_COLUMNAR_MIN_BYTES).
 """
 
 from __future__ import annotations
@@ -41,7 +34,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from aggregator.decode.normalize import Stamp, rows_to_batch  # noqa: E402
-from aggregator.ray import batch as ray_batch  # noqa: E402
 from aggregator.ray.batch import ray_body_to_batch  # noqa: E402
 from aggregator.ray.events import RecentEventIds, parse_ray_body, ray_events_to_rows  # noqa: E402
 from sinks.schema import batch_to_bytes  # noqa: E402
@@ -208,49 +200,6 @@ def process_cpu(pid: int) -> Callable[[], float] | None:
     return seconds
 
 
-PATHS = {"python": None, "columnar": 0}  # EVAGG_RAY_COLUMNAR_MIN_BYTES of each
-
-
-def compare_stages(bodies: list[bytes], events: int, seconds: float, rounds: int) -> None:
-    """body -> batch (and its IPC bytes), CPU per Ray event, both paths each round."""
-    stamp = Stamp.now("bench-node")
-    found: dict[str, list[float]] = {name: [] for name in PATHS}
-    for index in range(rounds):
-        for name in (list(PATHS) if index % 2 == 0 else list(PATHS)[::-1]):
-            ray_batch.COLUMNAR_MIN_BYTES = PATHS[name]
-            ray_body_to_batch(bodies[0], RecentEventIds(), stamp)  # DuckDB loaded, warm
-            done, cpu = 0, time.process_time()
-            deadline = time.perf_counter() + seconds
-            while time.perf_counter() < deadline or done < 3:
-                result = ray_body_to_batch(bodies[done % len(bodies)], RecentEventIds(), stamp)
-                batch_to_bytes(result.batch)
-                done += 1
-            found[name].append((time.process_time() - cpu) / (done * events) * 1e6)
-    print(f"body -> batch, CPU per Ray event, {rounds} alternating rounds of {seconds:.0f} s:")
-    for name, figures in found.items():
-        print(f"  {name:<10} median {statistics.median(figures):6.2f} us  "
-              f"(rounds: {', '.join(f'{f:.2f}' for f in figures)})")
-
-
-def compare_agents(maker: BodyMaker, events: int, seconds: float, rounds: int) -> None:
-    """POST -> spool + Parquet, the agent's CPU per Ray event, one agent per path and round."""
-    from tests.agentproc import AgentProcess
-
-    for index in range(rounds):
-        for name in (list(PATHS) if index % 2 == 0 else list(PATHS)[::-1]):
-            setting = PATHS[name]
-            env = {} if setting is None else {"EVAGG_RAY_COLUMNAR_MIN_BYTES": str(setting)}
-            with tempfile.TemporaryDirectory(prefix="evagg-bench-") as workdir:
-                agent = AgentProcess(Path(workdir), env=env,
-                                     spool_toml='max_bytes = "8GiB"').start()
-                assert agent.proc is not None
-                try:
-                    bench_post(f"{agent.http_url}/ray/events", maker, events, seconds,
-                               process_cpu(agent.proc.pid), f"{name}, round {index + 1}")
-                finally:
-                    agent.stop()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0)
@@ -258,17 +207,8 @@ def main() -> None:
     parser.add_argument("--url", help="a running agent's /ray/events URL")
     parser.add_argument("--start-agent", action="store_true",
                         help="start an agent (Parquet sink in a temp dir) and POST to it")
-    parser.add_argument("--compare", action="store_true",
-                        help="the Python and the columnar path side by side")
-    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     maker = BodyMaker()
-    if args.compare:
-        compare_stages([maker.body(args.events) for _ in range(16)], args.events,
-                       args.seconds, args.rounds)
-        if args.start_agent:
-            compare_agents(maker, args.events, args.seconds, args.rounds)
-        return
     bench_stages([maker.body(args.events) for _ in range(16)], args.events, args.seconds)
     if args.start_agent:
         from tests.agentproc import AgentProcess
