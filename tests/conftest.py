@@ -24,16 +24,6 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return min(MAX_WORKERS, 2 * len(os.sched_getaffinity(0)))
 
 
-@pytest.hookimpl(trylast=True)  # after pytest-random-order has shuffled the modules
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The modules with a slow test first, each group in its random order: the workers
-    take modules in this order (`--no-loadscope-reorder`), so the long ones (a Ray cluster,
-    Spark, a minute of subprocesses) start at once and the short ones fill in behind them,
-    rather than one starting last and leaving the other workers idle until it ends."""
-    slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow)  # a stable sort: the order within
-
-
 @pytest.fixture
 def agent_factory(tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:
     made: list[AgentProcess] = []

@@ -39,8 +39,6 @@ from tests.agentproc import REPO, AgentProcess, short_socket_dir
 from tests.sinks.moto_server import REGION, MotoS3, aws_env
 from tests.waiting import wait_for, wait_until
 
-pytestmark = pytest.mark.slow  # about 55 s of the suite's time on 2 cores
-
 NODE = "test-node"  # AgentProcess's [agent] node_id: the earlier run's files are its own
 HOUR_NS = 3600 * 10**9
 PAST_FILES = 6

@@ -26,8 +26,6 @@ import pytest
 
 from tests.dashboard.lakegen import at, event, local_put, write_rows, write_sample_store
 
-pytestmark = pytest.mark.slow  # about 80 s of the suite's time on 2 cores
-
 REPO = Path(__file__).resolve().parents[2]
 THIS_MAJOR = int(duckdb.__version__.split(".")[0])
 OTHER = "duckdb>=2,<3" if THIS_MAJOR < 2 else "duckdb==1.5.5"

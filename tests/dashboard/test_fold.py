@@ -30,8 +30,6 @@ from tests.commands import evagg, in_process
 from tests.dashboard.fold_checks import assert_same
 from tests.dashboard.lakegen import Row, at, event, local_put, task_events, write_rows
 
-pytestmark = pytest.mark.slow  # about 100 s of the suite's time on 2 cores
-
 
 def random_attempts(rng: random.Random, count: int, prefix: str) -> list[Row]:
     """Task attempts cut into pieces, some pieces sent twice, with Ray sessions, errors

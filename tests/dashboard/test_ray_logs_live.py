@@ -23,8 +23,6 @@ from tests.dashboard.serve import serving
 from tests.rayhead import RayHead, make_temp_dir, ray_head
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.slow  # about 55 s of the suite's time on 2 cores
-
 EXPORT_ENV = {"RAY_enable_core_worker_ray_event_to_aggregator": "1",
               "RAY_enable_ray_event": "1"}
 

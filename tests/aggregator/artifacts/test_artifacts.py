@@ -18,8 +18,6 @@ import pytest
 from tests.agentproc import REPO, AgentProcess
 from tests.waiting import wait_for, wait_until
 
-pytestmark = pytest.mark.slow  # about 60 s of the suite's time on 2 cores
-
 SETTLE = "1s"
 
 

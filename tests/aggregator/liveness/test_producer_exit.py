@@ -7,8 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import pytest
-
 from tests.agentproc import AgentProcess
 from tests.aggregator.liveness.lake import (
     failed_task,
@@ -21,8 +19,6 @@ from tests.aggregator.liveness.lake import (
     tasks,
 )
 from tests.waiting import wait_for, wait_until
-
-pytestmark = pytest.mark.slow  # about 45 s of the suite's time on 2 cores
 
 GRACE = 'inferred_end_grace = "2s"'
 

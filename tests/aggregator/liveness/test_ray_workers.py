@@ -15,13 +15,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-import pytest
 
 from tests.agentproc import AgentProcess
 from tests.aggregator.liveness.lake import failed_task, inferred_ends, state_of, tasks
 from tests.waiting import wait_for, wait_until
-
-pytestmark = pytest.mark.slow  # about 40 s of the suite's time on 2 cores
 
 SESSION = "session_2026-12-01_10-00-00_000000_1"
 JOB = base64.b64encode(bytes.fromhex("01000000")).decode()

@@ -41,8 +41,6 @@ from tests.rayexport import lake_query
 from tests.raylocal import local_ray
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.slow  # about 50 s of the suite's time on 2 cores
-
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 SPAN = "00f067aa0ba902b7"
 

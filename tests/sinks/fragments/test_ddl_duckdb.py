@@ -23,8 +23,6 @@ from tests.sinks.fragments.ddl_lake import (
     two_agent_lake,
 )
 
-pytestmark = pytest.mark.slow  # about 40 s of the suite's time on 2 cores
-
 
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
