@@ -33,12 +33,14 @@ def produce_demo_events(socket_path: str, events: int, run_id: str = "demo-run")
                     op.metric(loss=math.exp(-step / 50) + random.random() * 0.05)
         task_id = f"{run_id}-task-{step}"  # each demo's tasks its own, like its run
         duration_s = random.uniform(0.01, 0.2)
-        # Started `duration_s` ago, so the tasks view's time between states agrees with it.
+        # Started `duration_s` before it ended, both times stated, so the tasks view's time
+        # between states is the duration it reports, however the machine schedules this.
+        ended_ns = time.time_ns()
         emitter.emit(kind="task", name="preprocess", state="RUNNING", task_id=task_id,
-                     time=time.time_ns() - int(duration_s * 1e9))
+                     time=ended_ns - int(duration_s * 1e9))
         failed = step % 17 == 16
         emitter.emit(kind="task", name="preprocess", state="FAILED" if failed else "FINISHED",
-                     task_id=task_id, duration_s=duration_s,
+                     task_id=task_id, duration_s=duration_s, time=ended_ns,
                      error_type="ValueError" if failed else None,
                      error_message="bad shard" if failed else None)
     ok = emitter.flush(10.0)
