@@ -24,53 +24,24 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.agentproc import query_lake, short_socket_dir  # noqa: E402
 from tests.aggregator.cli.newcomer import evagg, evagg_command  # noqa: E402
+from tests.freshness import (  # noqa: E402
+    default_lake,
+    lake_rows,
+    newcomer_env,
+    page_body,
+    seconds_until,
+)
 from tests.ports import free_port  # noqa: E402
 
 PROMISE_S = 10.0  # docs/queries.md, "Freshness"
 GIVE_UP_S = 60.0
-
-
-def newcomer_env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "EVAGG_"))}
-    return {**env, "HOME": str(home), "XDG_RUNTIME_DIR": str(short_socket_dir()),
-            "EVAGG_HTTP_LISTEN": f"127.0.0.1:{free_port()}", "PYTHONPATH": str(REPO)}
-
-
-def answers(url: str) -> str:
-    """The body of a 200 answer, or "" while the server is not there or answers otherwise."""
-    try:
-        with urllib.request.urlopen(url, timeout=10) as answer:
-            return str(answer.read().decode())
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return ""
-
-
-def seconds_until(found: Callable[[], bool], since: float, what: str) -> float:
-    """Seconds from `since` to the asking of the first `found()` that said yes."""
-    while True:
-        asked = time.monotonic() - since
-        if found():
-            return asked
-        if asked > GIVE_UP_S:
-            raise SystemExit(f"{what}: not visible after {GIVE_UP_S:.0f}s")
-        time.sleep(0.1)
-
-
-def in_lake(lake: Path, task_id: str) -> bool:
-    if not any(lake.rglob("*.parquet")):
-        return False
-    sql = f"SELECT count(*) FROM events WHERE task_id = '{task_id}'"
-    return bool(query_lake(lake, sql)[0][0])
 
 
 def wait_up(check: Callable[[], bool], proc: subprocess.Popen[bytes], what: str) -> None:
@@ -88,9 +59,11 @@ def time_one(env: dict[str, str], lake: Path, base: str, task_id: str) -> tuple[
     if sent.returncode != 0:
         raise SystemExit(sent.stderr)
     taken = time.monotonic()  # `evagg emit` returns once the agent acknowledged it
-    in_files = seconds_until(lambda: in_lake(lake, task_id), taken, task_id)
+    sql = f"SELECT count(*) FROM events WHERE task_id = '{task_id}'"
+    in_files = seconds_until(lambda: bool(lake_rows(lake, sql)), taken, GIVE_UP_S, task_id)
     url = f"{base}/api/tasks?name=freshness"
-    return in_files, seconds_until(lambda: task_id in answers(url), taken, task_id)
+    return in_files, seconds_until(lambda: task_id in page_body(url), taken, GIVE_UP_S,
+                                   task_id)
 
 
 def main() -> None:
@@ -101,7 +74,7 @@ def main() -> None:
         home = Path(tmp) / "home"
         home.mkdir()
         env = newcomer_env(home)
-        lake = home / ".local" / "share" / "evagg" / "parquet"  # the default sink
+        lake = default_lake(env)
         port = free_port()
         log = (Path(tmp) / "processes.log").open("wb")
         agent = subprocess.Popen([*evagg_command(), "run"], cwd=REPO, env=env,
@@ -113,7 +86,7 @@ def main() -> None:
             wait_up(lambda: evagg("status", env=env, inherit=False).returncode == 0,
                     agent, "agent")
             base = f"http://127.0.0.1:{port}"
-            wait_up(lambda: bool(answers(f"{base}/api/info")), dashboard, "dashboard")
+            wait_up(lambda: bool(page_body(f"{base}/api/info")), dashboard, "dashboard")
             lake_s, dashboard_s = [], []
             for n in range(args.events):
                 in_files, on_page = time_one(env, lake, base, f"fresh{n}")

@@ -9,20 +9,19 @@ past any figure. bench/bench_freshness.py measures it on a quiet one against the
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.agentproc import REPO, query_lake, short_socket_dir
+from tests.agentproc import REPO
 from tests.aggregator.cli.newcomer import evagg, evagg_command
+from tests.freshness import default_lake, lake_rows, page_body, seconds_until
+from tests.freshness import newcomer_env as environment_of
 from tests.ports import free_port
 
 VISIBLE_WITHIN_S = 10.0  # the promise in docs/queries.md, "Freshness"
@@ -36,9 +35,7 @@ STATUS_INTERVAL = "0.1"  # its two scrapes fall well inside a file's 5 s
 def newcomer_env(tmp_path: Path) -> dict[str, str]:
     home = tmp_path / "home"
     home.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "EVAGG_"))}
-    return {**env, "HOME": str(home), "XDG_RUNTIME_DIR": str(short_socket_dir()),
-            "EVAGG_HTTP_LISTEN": f"127.0.0.1:{free_port()}", "PYTHONPATH": str(REPO)}
+    return environment_of(home)
 
 
 @pytest.fixture
@@ -67,7 +64,9 @@ def test_an_emitted_task_is_in_the_lake_within_seconds_and_query_tasks_shows_it(
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     # timed in this process: an `evagg query` per poll costs seconds on a busy machine
-    visible_after = seconds_until_in_lake(lake_of(newcomer_env), "visible_check", emitted_at)
+    sql = "SELECT count(*) FROM events WHERE name = 'visible_check'"
+    visible_after = seconds_until(lambda: bool(lake_rows(default_lake(newcomer_env), sql)),
+                                  emitted_at, GIVE_UP_AFTER_S, "the task in the lake")
     print(f"\nin the lake {visible_after:.1f}s after the agent took it")
     found = evagg("query", "tasks", "--name", "visible_check", env=newcomer_env,
                   inherit=False)
@@ -87,29 +86,6 @@ def emit_task(env: dict[str, str], name: str, task_id: str) -> float:
                  "--field", f'task_id="{task_id}"', env=env, inherit=False)
     assert sent.returncode == 0, sent.stderr
     return time.monotonic()
-
-
-def lake_of(env: dict[str, str]) -> Path:
-    return Path(env["HOME"]) / ".local" / "share" / "evagg" / "parquet"  # the default sink
-
-
-def seconds_until_in_lake(lake: Path, name: str, emitted_at: float) -> float:
-    """How long after `emitted_at` a query of the lake first found a task called `name`,
-    counted when that query was asked; fails once GIVE_UP_AFTER_S has passed."""
-    sql = f"SELECT count(*) FROM events WHERE name = '{name}'"
-    while True:
-        asked = time.monotonic() - emitted_at
-        if lake_rows(lake, sql):
-            return asked
-        assert asked < GIVE_UP_AFTER_S, f"not in the lake after {asked:.1f}s"
-        time.sleep(0.2)
-
-
-def lake_rows(lake: Path, sql: str) -> int:
-    """The count `sql` gives, 0 while the lake has no file yet."""
-    if not any(lake.rglob("*.parquet")):
-        return 0
-    return int(query_lake(lake, sql)[0][0])
 
 
 def status_of_an_open_file(first: subprocess.Popen[str], env: dict[str, str]) -> str:
@@ -141,30 +117,17 @@ def test_a_dashboard_started_before_any_data_shows_the_task_once_it_lands(
         base = f"http://127.0.0.1:{port}"
         url = f"{base}/api/tasks?name=visible_in_dashboard"
         deadline = time.monotonic() + 60
-        while not _answers(f"{base}/api/info"):  # up, with no file in the lake yet
+        while not page_body(f"{base}/api/info"):  # up, with no file in the lake yet
             assert dashboard.poll() is None, (tmp_path / "dashboard.log").read_text()
             assert time.monotonic() < deadline, "the dashboard did not start"
             time.sleep(0.3)
         sent = evagg("emit", "--kind", "task", "--name", "visible_in_dashboard", "--state",
                      "FINISHED", "--field", "task_id=vd1", env=newcomer_env, inherit=False)
         assert sent.returncode == 0, sent.stderr
-        emitted_at = time.monotonic()
-        while True:  # counted when asked: one slow answer is not the dashboard's delay
-            asked = time.monotonic() - emitted_at
-            if "vd1" in _answers(url):
-                break
-            assert asked < GIVE_UP_AFTER_S, f"not on the dashboard after {asked:.1f}s"
-            time.sleep(0.2)
+        asked = seconds_until(lambda: "vd1" in page_body(url), time.monotonic(),
+                              GIVE_UP_AFTER_S, "the task on the dashboard")
         print(f"\non the dashboard {asked:.1f}s after the agent took it")
     finally:
         dashboard.terminate()
         dashboard.wait(30)
 
-
-def _answers(url: str) -> str:
-    """The body of a 200 answer, or "" while the server is not there or answers otherwise."""
-    try:
-        with urllib.request.urlopen(url, timeout=10) as answer:
-            return str(answer.read().decode())
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return ""
