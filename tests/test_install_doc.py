@@ -22,3 +22,14 @@ def test_every_extra_is_in_the_install_section() -> None:
     named = {extra for extra in extras if f"`[{extra}]`" in section}
     assert named == set(extras), "an extra without a word in README's Install"
     assert "-c constraints.txt" in section and (REPO / "constraints.txt").exists()
+
+
+def test_ci_runs_exactly_the_readme_test_command() -> None:
+    """CI's script and the README's "Run the tests" command are one command: a change to
+    one (the compile step, an apt package) that misses the other fails here."""
+    readme = (REPO / "README.md").read_text()
+    start = readme.index("## Run the tests")
+    opened = readme.index("```bash\n", start) + len("```bash\n")
+    block = readme[opened:readme.index("\n```", opened)]
+    script = (REPO / ".ci" / "run").read_text().strip().splitlines()
+    assert block.strip() == script[-1]
