@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import quote, unquote
 
-import pyarrow as pa
-
 LOGS_ROOT: Final = "_logs"
 PIECE_SUFFIX: Final = ".zst"
 _PIECE_NAME: Final = re.compile(r"^(\d{20})-(\d{20})\.zst$")
@@ -66,6 +64,8 @@ def compress_piece(data: bytes) -> bytes:
     """The object's body: one zstd frame (level 1, about 3.5 times gzip's speed on
     training output), the same bytes always the same object; `zstd -dc` reads it, and
     pieces joined in name order (`cat *.zst | zstd -dc`) give the file."""
+    import pyarrow as pa  # here: `evagg query` reads this module's layout, not its pieces
+
     return bytes(pa.compress(data, codec="zstd", asbytes=True))
 
 
@@ -73,6 +73,8 @@ def decompress_piece(body: bytes, size: int) -> bytes:
     """`size` is the piece's end minus its start, from its name."""
     if not size:
         return b""
+    import pyarrow as pa
+
     return bytes(pa.decompress(body, decompressed_size=size, codec="zstd", asbytes=True))
 
 
