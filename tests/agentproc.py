@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import http.client
 import os
 import shutil
 import signal
@@ -97,7 +98,10 @@ class AgentProcess:
                 with urllib.request.urlopen(f"{self.http_url}/readyz", timeout=1) as answer:
                     if answer.status == 200:
                         return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
+            except (urllib.error.URLError, ConnectionError, TimeoutError,
+                    http.client.HTTPException):
+                # HTTPException: something else (a Ray gRPC server) holds the port; the
+                # agent exits saying so, and start() moves it to another port
                 pass
             time.sleep(0.05)
         raise RuntimeError(f"agent not ready after {timeout}s:\n{self.log()}")
