@@ -62,6 +62,7 @@ class Store:
         self._listing: Listing | None = None
         self._listed_at = float("-inf")
         self._built_for: str | None = None
+        self._built_schema: list[tuple[str, str]] | None = None  # events_raw's, once built
         self._synced_for: str | None = None
         self._relation = Relation("")  # what the views read; registered on every cursor
         self._columns: dict[str, list[str]] = {}
@@ -153,9 +154,15 @@ class Store:
         relation = self._source.relation(listing, DATASET_NAME)
         relation.register(self._con)
         self._relation = relation
-        views.create_views(self._con, relation.sql)
-        if self.fold is not None:
-            self.fold.create_views(self._con)
+        if self._built_schema is not None:  # the views stand: point them at the new files
+            views.replace_source(self._con, relation.sql)
+        if (self._built_schema is None
+                or views.view_schema(self._con, views.SOURCE_VIEW) != self._built_schema):
+            # a first build, or files with other columns: the `SELECT *` views bind again
+            views.create_views(self._con, relation.sql)
+            if self.fold is not None:
+                self.fold.create_views(self._con)
+            self._built_schema = views.view_schema(self._con, views.SOURCE_VIEW)
         self._columns.clear()
         self._built_for = listing.fingerprint
         log.debug("views over %d files of %s (%s)", len(listing.files), self.location, self.engine)

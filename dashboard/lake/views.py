@@ -9,6 +9,7 @@ that reads the store's Parquet files (dashboard/lake/store.py builds it); `{{tim
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 
 import duckdb
@@ -28,6 +29,10 @@ ORDER = (
 )
 NOT_VIEWS = ("fold.sql",)
 SOURCE_MARK = "{{source}}"
+SOURCE_FILE = "events.sql"
+SOURCE_VIEW = "events_raw"  # SOURCE_FILE's view, the only one that reads SOURCE_MARK
+_SOURCE_STATEMENT = re.compile(rf"^CREATE OR REPLACE VIEW {SOURCE_VIEW} AS\b.*?;$",
+                               re.MULTILINE | re.DOTALL)
 # DuckDB 2 reads Parquet nanosecond timestamps as TIMESTAMPTZ_NS; 1.x as TIMESTAMPTZ.
 NANOS_TYPES = int(duckdb.__version__.split(".")[0]) >= 2
 
@@ -69,11 +74,31 @@ def create_views(con: duckdb.DuckDBPyConnection, source_sql: str) -> list[str]:
     return done
 
 
-def view_columns(con: duckdb.DuckDBPyConnection, view: str) -> list[str]:
-    """The column names of a view (empty when it does not exist)."""
+def replace_source(con: duckdb.DuckDBPyConnection, source_sql: str) -> None:
+    """Point the one view over the files (events.sql's events_raw) at `source_sql`. The
+    other views read it by name and are bound again on every query, so while the files'
+    columns stay the same (`view_schema(con, SOURCE_VIEW)`) this is all a new listing
+    needs: binding every view again took half a CPU second on each new file."""
+    found = _SOURCE_STATEMENT.search(dict(view_files())[SOURCE_FILE])
+    assert found is not None, f"{SOURCE_FILE} lost its {SOURCE_VIEW} view"
+    try:
+        con.execute(fill_marks(found.group(0), source_sql))
+    except duckdb.Error as exc:
+        raise StoreUnavailable(f"view file dashboard/sql/{SOURCE_FILE} failed: {exc}"
+                               ) from None
+
+
+def view_schema(con: duckdb.DuckDBPyConnection, view: str) -> list[tuple[str, str]]:
+    """The column names and types of a view, from the catalog (empty when it does not
+    exist)."""
     rows = con.execute(
-        "SELECT column_name FROM information_schema.columns "
+        "SELECT column_name, data_type FROM information_schema.columns "
         "WHERE table_name = $view ORDER BY ordinal_position",
         {"view": view},
     ).fetchall()
-    return [str(r[0]) for r in rows]
+    return [(str(r[0]), str(r[1])) for r in rows]
+
+
+def view_columns(con: duckdb.DuckDBPyConnection, view: str) -> list[str]:
+    """The column names of a view (empty when it does not exist)."""
+    return [name for name, _ in view_schema(con, view)]

@@ -224,6 +224,28 @@ def test_old_files_with_fewer_columns_still_read(tmp_path: Path) -> None:
         ["t1", "FINISHED"], ["t2", "RUNNING"]]
 
 
+def test_a_newer_file_with_more_columns_reaches_every_view(tmp_path: Path) -> None:
+    """A new file of the same columns only points the views at the new listing; one that
+    brings a column the older files lack binds them all again, as a first open would."""
+    folder = tmp_path / "date=2025-03-01/hour=10/node=nodeA"
+    folder.mkdir(parents=True)
+    for name, start in (("old.parquet", 0.0), ("same.parquet", 2.0)):  # files before `uid`
+        rows = task_events(f"t{int(start)}", "f", start=start, run_s=1.0, end_state="FINISHED")
+        pq.write_table(table_of(rows).drop_columns(["uid"]), folder / name)
+        if name == "old.parquet":
+            store = Store(StoreOptions(str(tmp_path), refresh_s=0.0))
+            assert "uid" not in store.columns("events")
+    assert store.execute("SELECT task_id, final_state FROM tasks ORDER BY 1").rows == [
+        ["t0", "FINISHED"], ["t2", "FINISHED"]]
+    newer = task_events("t4", "f", start=4, run_s=1.0, end_state="FAILED")
+    write_rows(local_put(tmp_path), [{**row, "uid": 1000} for row in newer], "new.parquet")
+    assert "uid" in store.columns("events")
+    assert store.execute("SELECT task_id, count(uid) FROM events GROUP BY 1 ORDER BY 1"
+                         ).rows == [["t0", 0], ["t2", 0], ["t4", len(newer)]]
+    assert one(store, "SELECT count(*) FROM tasks WHERE final_state = 'FAILED'") == 1
+    store.close()
+
+
 def test_files_outside_the_hive_layout(tmp_path: Path) -> None:
     rows = task_events("t1", "f", start=0, run_s=1.0, end_state="FINISHED")
     pq.write_table(table_of(rows), tmp_path / "loose.parquet")
