@@ -98,9 +98,9 @@ def test_a_producer_that_dies_while_the_agent_is_down_is_ended_after_the_restart
     kill(producer)
     agent.start()
 
-    # The end itself is waited for, not the task's FAILED: while the agent was down (a
-    # loaded machine restarts it slowly) the tasks view may already read the attempt
-    # FAILED with its silent node, before the agent's inferred end is in the lake.
+    # The end itself is waited for, not the task's FAILED: on a loaded machine the
+    # tasks view was seen to read the attempt FAILED before the agent's inferred end was
+    # in the lake (ends.sql infers ends of its own, from a silent agent among others).
     ends = wait_for(lambda: inferred_ends(agent, "task", "task_id", "t-restart"), 60,
                     lambda: f"the task's inferred end after the restart\n{agent.log()}")
     [end] = ends
