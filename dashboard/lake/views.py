@@ -10,6 +10,7 @@ that reads the store's Parquet files (dashboard/lake/store.py builds it); `{{tim
 from __future__ import annotations
 
 import re
+from functools import cache
 from importlib import resources
 
 import duckdb
@@ -79,13 +80,19 @@ def replace_source(con: duckdb.DuckDBPyConnection, source_sql: str) -> None:
     other views read it by name and are bound again on every query, so while the files'
     columns stay the same (`view_schema(con, SOURCE_VIEW)`) this is all a new listing
     needs: binding every view again took half a CPU second on each new file."""
-    found = _SOURCE_STATEMENT.search(dict(view_files())[SOURCE_FILE])
-    assert found is not None, f"{SOURCE_FILE} lost its {SOURCE_VIEW} view"
     try:
-        con.execute(fill_marks(found.group(0), source_sql))
+        con.execute(fill_marks(_source_statement(), source_sql))
     except duckdb.Error as exc:
         raise StoreUnavailable(f"view file dashboard/sql/{SOURCE_FILE} failed: {exc}"
                                ) from None
+
+
+@cache
+def _source_statement() -> str:
+    """SOURCE_VIEW's CREATE, read once: replace_source runs on every new file."""
+    found = _SOURCE_STATEMENT.search(dict(view_files())[SOURCE_FILE])
+    assert found is not None, f"{SOURCE_FILE} lost its {SOURCE_VIEW} view"
+    return found.group(0)
 
 
 def view_schema(con: duckdb.DuckDBPyConnection, view: str) -> list[tuple[str, str]]:

@@ -229,12 +229,15 @@ def test_a_newer_file_with_more_columns_reaches_every_view(tmp_path: Path) -> No
     brings a column the older files lack binds them all again, as a first open would."""
     folder = tmp_path / "date=2025-03-01/hour=10/node=nodeA"
     folder.mkdir(parents=True)
-    for name, start in (("old.parquet", 0.0), ("same.parquet", 2.0)):  # files before `uid`
-        rows = task_events(f"t{int(start)}", "f", start=start, run_s=1.0, end_state="FINISHED")
-        pq.write_table(table_of(rows).drop_columns(["uid"]), folder / name)
-        if name == "old.parquet":
-            store = Store(StoreOptions(str(tmp_path), refresh_s=0.0))
-            assert "uid" not in store.columns("events")
+
+    def write_without_uid(task_id: str, start: float) -> None:  # as files before `uid`
+        rows = task_events(task_id, "f", start=start, run_s=1.0, end_state="FINISHED")
+        pq.write_table(table_of(rows).drop_columns(["uid"]), folder / f"{task_id}.parquet")
+
+    write_without_uid("t0", 0.0)
+    store = Store(StoreOptions(str(tmp_path), refresh_s=0.0))
+    assert "uid" not in store.columns("events")
+    write_without_uid("t2", 2.0)
     assert store.execute("SELECT task_id, final_state FROM tasks ORDER BY 1").rows == [
         ["t0", "FINISHED"], ["t2", "FINISHED"]]
     newer = task_events("t4", "f", start=4, run_s=1.0, end_state="FAILED")
