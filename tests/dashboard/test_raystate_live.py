@@ -107,7 +107,11 @@ def test_state_api_in_python_gives_ray_s_details(live: Live) -> None:
             assert abs(a["created_ms"] - b["created_ms"]) <= 1, key
         assert mine["required_resources"] == ray_task["required_resources"], key
         assert mine["language"] == ray_task["language"]
-        if ray_task["error_message"]:
+        # A worker's death races in Ray itself: when the GCS learns of it before the
+        # owner's FAILED event, it writes its own "Worker running the task ... died"
+        # text into the attempt, which Event Export never carries; otherwise the owner's
+        # (often empty) text stands. Only the exported text can be held to Ray's.
+        if ray_task["error_message"] and ray_task["error_type"] != "WORKER_DIED":
             assert mine["error_message"].splitlines()[-1] == (
                 ray_task["error_message"].splitlines()[-1]), key
         if ray_task["task_log_info"]:
