@@ -10,6 +10,7 @@ that reads the store's Parquet files (dashboard/lake/store.py builds it); `{{tim
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from functools import cache
 from importlib import resources
 
@@ -63,12 +64,15 @@ def view_files() -> list[tuple[str, str]]:
     return [(name, texts[name]) for name in first + rest]
 
 
-def create_views(con: duckdb.DuckDBPyConnection, source_sql: str) -> list[str]:
-    """Create (or replace) every view over `source_sql`; returns the files that ran."""
+def create_views(con: duckdb.DuckDBPyConnection, source_sql: str,
+                 instead: Mapping[str, str] | None = None) -> list[str]:
+    """Create (or replace) every view over `source_sql`; returns the files that ran.
+    `instead` gives SQL to run in a file's place (the task fold's views for tasks.sql):
+    the views after it bind against what it made."""
     done: list[str] = []
     for name, text in view_files():
         try:
-            con.execute(fill_marks(text, source_sql))
+            con.execute(fill_marks((instead or {}).get(name, text), source_sql))
         except duckdb.Error as exc:
             raise StoreUnavailable(f"view file dashboard/sql/{name} failed: {exc}") from None
         done.append(name)
