@@ -18,7 +18,7 @@ from typing import Final
 
 from sinks.records import SpoolRecord
 
-RECENT_BYTES: Final = 8 * 2**20  # about 35 of the pipeline bench's 233 kB batches
+RECENT_BYTES: Final = 4 * 2**20  # about 11 of the pipeline bench's 367 kB records
 
 
 class RecentRecords:
