@@ -82,7 +82,7 @@ def _show(lake: str, run_id: str) -> None:
     # files. Ops take microseconds and tasks tenths of a second: one unit would not do.
     sql = ("SELECT kind, name, state, count(*) AS events,\n"
            "       CASE WHEN avg(duration_s) < 0.001 "
-           "THEN printf('%.0f µs', avg(duration_s) * 1e6)\n"
+           "THEN printf('%.1f µs', avg(duration_s) * 1e6)\n"
            "            ELSE printf('%.1f ms', avg(duration_s) * 1e3) END AS avg_duration\n"
            f"FROM read_parquet('{lake}/**/*.parquet', hive_partitioning = true)\n"
            f"WHERE run_id = '{run_id}'\n"
@@ -90,8 +90,9 @@ def _show(lake: str, run_id: str) -> None:
     print(f"\nParquet written under {lake} (this demo is run {run_id}; earlier runs "
           f"stay there too)\nQuery it with DuckDB:\n\n{sql};\n")
     print(duckdb.sql(sql))
-    print("The demo's ops do no work and are timed for real, so they take microseconds; "
-          "its preprocess\ntasks report made-up durations of 10 to 200 ms.")
+    print("The demo's ops do no work and are timed for real, so they take a few "
+          "microseconds\nor less; its preprocess tasks report made-up durations of 10 to "
+          "200 ms.")
     print(_left_behind(lake))
 
 
