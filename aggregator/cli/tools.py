@@ -83,7 +83,9 @@ def _add_compact(commands: Parsers) -> None:
              "of a single file; times are cut down to the microsecond, which every evagg "
              "view already works in. Run it once over an older lake; with --dry-run it "
              "lists the partitions it would rewrite")
-    compact.add_argument("--dry-run", action="store_true")
+    compact.add_argument("--dry-run", action="store_true",
+                         help="print what would be merged and deleted, and change "
+                              "nothing")
     compact.set_defaults(command=_compact)
 
 
@@ -191,7 +193,8 @@ def _add_export_traces(commands: Parsers) -> None:
     export.add_argument("--since", type=_since,
                         help="ISO time (2026-11-29T12:00, UTC unless it says) or an age "
                              "such as 30m, 2h, 3d")
-    export.add_argument("--out", type=Path, default=Path("traces.json"))
+    export.add_argument("--out", type=Path, default=Path("traces.json"),
+                        help="the OTLP JSON file to write (default traces.json)")
     export.set_defaults(command=_export_traces)
 
 

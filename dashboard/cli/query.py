@@ -6,7 +6,8 @@
     evagg query search "bad shard"
     evagg query sql "SELECT name, count(*) FROM tasks GROUP BY 1"
 
-Bad input prints one line to stderr and exits 2; missing data exits 1.
+Bad input (a flag, a value, SQL that does not parse) says what is wrong on stderr and
+exits 2; missing data exits 1.
 """
 
 from __future__ import annotations
@@ -115,10 +116,14 @@ def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
                        "TASK_EXECUTION_EXCEPTION)")
     tasks.add_argument("--since", help="ISO time or an age such as 15m, 2h, 3d")
     tasks.add_argument("--until", help="ISO time or an age")
-    tasks.add_argument("--sort", choices=sorted(TASK_SORTS), default="time")
+    tasks.add_argument("--sort", choices=sorted(TASK_SORTS), default="time",
+                       help="the order, newest or largest first (default time: when the "
+                            "attempt was first seen pending, submitted, running or ended)")
     tasks.add_argument("--asc", action="store_true", help="oldest/smallest first")
-    tasks.add_argument("--limit", type=int, default=100)
-    tasks.add_argument("--offset", type=int, default=0)
+    tasks.add_argument("--limit", type=int, default=100,
+                       help="at most this many rows (default 100; at most 100000)")
+    tasks.add_argument("--offset", type=int, default=0,
+                       help="skip this many rows first, for the next page")
     shown = tasks.add_mutually_exclusive_group()
     shown.add_argument("--wide", action="store_true",
                        help="every column (the table shows a short set by default; --json "
@@ -144,7 +149,8 @@ def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
                                help="list the outstanding requests instead of the counts")
     search = add("search", "find tasks, ops and spans by id, name, error or stack", _search)
     search.add_argument("text")
-    search.add_argument("--limit", type=int, default=100)
+    search.add_argument("--limit", type=int, default=100,
+                        help="at most this many rows (default 100; at most 100000)")
     trace = add("timeline", "Ray tasks as a Chrome trace (as `ray timeline` writes it)",
                 _timeline)
     trace.add_argument("--job", default="", help="Ray job id (default: every job)")
