@@ -73,15 +73,18 @@ class PartitionReport:
     fragments: int = 0  # task fragments built for compacted files that lacked one
     too_few: bool = False  # files to merge, but fewer than min_files
     error: str | None = None
+    dry_run: bool = False  # what would be done: nothing was read, written or deleted
 
     def __str__(self) -> str:
         if self.error:
             return f"{self.partition}: error: {self.error}"
-        merged = (f"{len(self.inputs)} files -> {self.output} ({self.rows} rows, and its "
-                  f"task fragment)") if self.output else "no merge"
+        rows = "" if self.dry_run else f"{self.rows} rows, "
+        merged = (f"{len(self.inputs)} files -> {self.output} ({rows}and its task fragment)"
+                  if self.output else "no merge")
         plural = "s" if self.fragments != 1 else ""
         built = f"; {self.fragments} task fragment{plural} built" if self.fragments else ""
-        return (f"{self.partition}: {merged}; deleted {len(self.deleted)}; "
+        deleted = "would delete" if self.dry_run else "deleted"
+        return (f"{self.partition}: {merged}; {deleted} {len(self.deleted)}; "
                 f"young {self.young}{built}")
 
 
@@ -108,9 +111,11 @@ class CompactReport:
         return [str(p) for p in self.partitions if p.error]
 
     def __str__(self) -> str:
-        verb = "would merge" if self.dry_run else "merged"
-        lines = [f"{self.target}: {len(self.partitions)} partitions; {verb} {self.merged_files} "
-                 f"files into {self.written_files}; deleted {self.deleted_files}; "
+        merged, deleted = ("would merge", "would delete") if self.dry_run else ("merged",
+                                                                                "deleted")
+        lines = [f"{self.target}: {len(self.partitions)} partitions; {merged} "
+                 f"{self.merged_files} files into {self.written_files}; {deleted} "
+                 f"{self.deleted_files}; "
                  f"{len(self.errors)} errors"]
         few = sum(p.too_few for p in self.partitions)
         if few:
@@ -154,7 +159,7 @@ def run_compact(target: str, *, partition: str | None = None, min_files: int = 2
             leaves.setdefault(directory, []).append(entry)
     deadline = (time.time() if now is None else now) - grace_s
     for directory, entries in sorted(leaves.items()):
-        result = PartitionReport(directory)
+        result = PartitionReport(directory, dry_run=dry_run)
         try:
             _compact_partition(store, entries, result, min_files, deadline, dry_run,
                                rewrite_types)

@@ -224,7 +224,8 @@ def test_dry_run_min_files_and_partition_filter(lake: Lake) -> None:
     fill(lake, files=1, partition=OTHER_HOUR)
     before = lake.names(), lake.names(OTHER_HOUR)
     dry = lake.compact(dry_run=True)
-    assert dry.merged_files == 3 and "would merge" in str(dry)
+    assert dry.merged_files == 3 and "would merge 3 files into 1; would delete 3" in str(dry)
+    assert "deleted" not in str(dry) and " rows" not in str(dry)  # nothing was, nor read
     assert (lake.names(), lake.names(OTHER_HOUR)) == before
     assert lake.compact(min_files=4).written_files == 0
     report = lake.compact(partition="date=2026-01-02/hour=04")
