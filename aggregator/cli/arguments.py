@@ -2,13 +2,42 @@
 
 argparse reports a flag that no sub-command knows with the top-level usage line (`usage:
 evagg [-h] {query} ...`), which names neither the command typed nor its options; the
-command's own parser says both.
+command's own parser says both. A mistyped command or choice is answered with the
+nearest one (`evagg querry` -> did you mean 'query'?), as Python 3.14's argparse would.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
+from typing import Any, NoReturn, TypeAlias, cast
+
+Parsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)'")
+
+
+class EvaggParser(argparse.ArgumentParser):
+    """argparse's parser, whose error for a value that is not one of the choices names
+    the nearest choice. Sub-command parsers are made of the same class."""
+
+    def error(self, message: str) -> NoReturn:
+        found = _INVALID_CHOICE.search(message)
+        if found:
+            import difflib  # only on this error path
+
+            # this parser's choices: its sub-commands' names, or a flag's values
+            choices = [str(choice) for action in self._actions if action.choices is not None
+                       for choice in action.choices]
+            near = difflib.get_close_matches(found.group(1), choices, n=1)
+            if near:
+                message += f"; did you mean {near[0]!r}?"
+        super().error(message)
+
+
+def subcommands(parser: EvaggParser, **options: Any) -> Parsers:
+    """`parser.add_subparsers(**options)`: its sub-commands are EvaggParsers too."""
+    return cast(Parsers, parser.add_subparsers(**options))
 
 
 def parse_naming_the_command(parser: argparse.ArgumentParser,

@@ -10,13 +10,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any
 
 import orjson
 
+from aggregator.cli.arguments import Parsers
 from aggregator.cli.status import format_status, parse_metrics
-
-Parsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 class NoAgentUrl(Exception):

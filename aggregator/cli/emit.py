@@ -15,14 +15,14 @@ import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, TypeAlias
+from typing import IO, Any
 
 import orjson
 
+from aggregator.cli.arguments import Parsers
 from emitters.fields import EVENT_FIELDS, KINDS, OP_STATES, TASK_STATES
 from emitters.stats import EmitterStats
 
-Parsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 DEFAULT_MAX_FRAME = 2**20  # the emitter's own default (docs/emitters.md)
 EXIT_CODES = """\
 exit codes:

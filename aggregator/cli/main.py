@@ -10,7 +10,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aggregator.cli.arguments import parse_naming_the_command
+from aggregator.cli.arguments import (
+    EvaggParser,
+    Parsers,
+    parse_naming_the_command,
+    subcommands,
+)
 from aggregator.log_format import FORMATS, configure_logging, log_format_from_environment
 from aggregator.memory import keep_pandas_out, prefer_returning_pool
 
@@ -60,15 +65,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="evagg", description=DESCRIPTION, epilog=EPILOG,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = EvaggParser(prog="evagg", description=DESCRIPTION, epilog=EPILOG,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"evagg {evagg_version()}")
     def usage(_args: argparse.Namespace) -> int:
         parser.print_help()
         return 2
 
     parser.set_defaults(command=usage)
-    commands = parser.add_subparsers(title="commands")
+    commands = subcommands(parser, title="commands")
     _add_run(commands)
     _add_check_config(commands)
     _add_client_commands(commands)
@@ -114,7 +119,7 @@ def load_from_args(args: argparse.Namespace) -> AgentConfig:
     return load_checked(args.config, overrides_from_args(args))
 
 
-def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_run(commands: Parsers) -> None:
     run = commands.add_parser(
         "run", help="run the agent",
         description="Run the agent in the foreground until Ctrl-C or SIGTERM. The first "
@@ -151,7 +156,7 @@ def _run(args: argparse.Namespace) -> int:
         return 1
 
 
-def _add_check_config(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_check_config(commands: Parsers) -> None:
     check = commands.add_parser("check-config", help="validate a config; exit 2 if it is wrong")
     _agent_flags(check)
     check.set_defaults(command=_check_config)
@@ -190,7 +195,7 @@ def _say(message: str, as_log: bool, level: int = logging.ERROR) -> None:
         print(f"evagg: {message}", file=sys.stderr)
 
 
-def _add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_client_commands(commands: Parsers) -> None:
     from aggregator.cli import client as cli_client
     from aggregator.cli import emit as cli_emit
 
@@ -199,7 +204,7 @@ def _add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
     cli_client.add_status_parser(commands)
 
 
-def _add_optional_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_optional_commands(commands: Parsers) -> None:
     """Commands that live in other packages register their own arguments."""
     from aggregator.cli import tools as cli_tools
 

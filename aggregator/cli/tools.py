@@ -10,15 +10,19 @@ import argparse
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
-from aggregator.cli.arguments import parse_naming_the_command
+from aggregator.cli.arguments import (
+    EvaggParser,
+    Parsers,
+    parse_naming_the_command,
+    subcommands,
+)
 from sinks.locations import is_s3_url
 
 if TYPE_CHECKING:
     from aggregator.config.sinks import SinkConfig
 
-Parsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def add_tool_parsers(commands: Parsers) -> None:
@@ -38,8 +42,8 @@ def _add_deferred(commands: Parsers, name: str, summary: str) -> None:
 
 
 def run_deferred(name: str, rest: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="evagg")
-    commands = parser.add_subparsers()
+    parser = EvaggParser(prog="evagg")
+    commands = subcommands(parser)
     if name == "query":  # each imports only its own layer: a query never loads aiohttp
         from aggregator.cli.query_ddl import add_ddl_parser
         from dashboard.cli.query import add_query_parser, default_data

@@ -149,6 +149,15 @@ def test_a_wrong_flag_is_told_by_the_command_it_was_given_to(command: tuple[str,
     assert "Traceback" not in wrong.stderr
 
 
+@pytest.mark.parametrize(("typed", "meant"), [
+    (("querry", "summary"), "query"), (("query", "summry"), "summary"),
+    (("query", "tasks", "--sort", "duratoin"), "duration"), (("dashbord",), "dashboard")])
+def test_a_typo_is_answered_with_the_nearest_choice(typed: tuple[str, ...], meant: str) -> None:
+    wrong = evagg(*typed)
+    assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
+    assert wrong.stderr.rstrip().endswith(f"did you mean {meant!r}?"), wrong.stderr
+
+
 def test_tail_says_what_it_waits_for(agent: AgentProcess) -> None:
     tail = subprocess.Popen([*evagg_command(), "tail", "--url", agent.http_url], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
