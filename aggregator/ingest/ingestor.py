@@ -54,7 +54,7 @@ class SpoolUnavailable(RuntimeError):
 
 class Ingestor:
     def __init__(self, spool: Spool, metrics: AgentMetrics, *, node_id: str, host: str,
-                 decode_threads: int = 2, red: RedMetrics | None = None,
+                 decode_threads: int = 1, red: RedMetrics | None = None,
                  losses: LossRecorder | None = None) -> None:
         self.spool = spool
         self.losses = losses  # counts the losses producers report in `loss` events
@@ -63,6 +63,10 @@ class Ingestor:
         self.node_id = node_id
         self.host = host
         self.watcher: BatchWatcher | None = None  # set by the agent
+        # One thread: decoding is mostly Python under the GIL, and a second thread only
+        # traded the GIL with the first and the event loop. Measured (bench_pipeline.py,
+        # docs/performance.md) it cost more CPU per event, and 10 MiB more RSS, than it
+        # gained, on one core and on two alike.
         self._executor = ThreadPoolExecutor(decode_threads, thread_name_prefix="evagg-decode")
 
     def stamp(self, pid: int | None = None, uid: int | None = None) -> Stamp:

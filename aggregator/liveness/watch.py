@@ -122,7 +122,10 @@ class LivenessWatch:
                                     "again every %gs", CHECK_INTERVAL_S)
 
     async def check(self) -> None:
-        gone = await self.ingestor.in_thread(procs.gone_of, self.open.living())
+        # /proc and the snapshot's fsync in the loop's own worker threads, not the ingest's
+        # decode thread, which a slow disk would otherwise hold up
+        loop = asyncio.get_running_loop()
+        gone = await loop.run_in_executor(None, procs.gone_of, self.open.living())
         now = time.time_ns()
         self.open.mark_gone(gone, now)
         due = self.open.due(now, self.grace_ns)
@@ -136,8 +139,8 @@ class LivenessWatch:
         if self.open.changed and time.monotonic() >= self._next_snapshot:
             self.open.changed = False
             self._next_snapshot = time.monotonic() + SNAPSHOT_INTERVAL_S
-            await self.ingestor.in_thread(restart.save, restart.parts_of(self.open),
-                                          self.state_dir)
+            await loop.run_in_executor(None, restart.save, restart.parts_of(self.open),
+                                       self.state_dir)
 
     async def _write_ends(self) -> None:
         """Write the ends in spool records of a bounded size; what fails waits for the
