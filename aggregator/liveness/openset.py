@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from aggregator.liveness import procs
 from aggregator.liveness.end_memory import EndMemory
-from aggregator.liveness.facts import TERMINAL, BatchFacts, Fact, Key
+from aggregator.liveness.facts import TERMINAL, BatchFacts, Fact, Key, attempt_key
 from aggregator.liveness.procs import Identity
 
 CLOCK_SLACK_NS = 2_000_000_000  # boot time in /proc has whole seconds; clocks differ a little
@@ -138,7 +138,7 @@ class OpenSet:
         return key in self.closed or key in self.lone_ends
 
     def _attempt_fact(self, fact: Fact) -> None:
-        key: Key = (fact.kind, fact.session, fact.key_id, fact.attempt)
+        key = attempt_key(fact.kind, fact.session, fact.key_id, fact.attempt)
         if not fact.key_id:
             return
         ray = fact.source == "ray" and fact.kind == "task"
@@ -228,9 +228,9 @@ class OpenSet:
         if fact.state == "DEAD":
             if self.actors.pop(key, None) is not None:
                 self.changed = True
-            self._remember_end(("actor", *key, 0))
+            self._remember_end(attempt_key("actor", *key, 0))
             return
-        if ("actor", *key, 0) in self.closed or fact.inferred:
+        if attempt_key("actor", *key, 0) in self.closed or fact.inferred:
             return
         actor = self.actors.get(key)
         if actor is None:

@@ -21,7 +21,7 @@ from typing import IO, Any
 import orjson
 
 from aggregator.liveness import procs
-from aggregator.liveness.facts import BatchFacts, facts_of
+from aggregator.liveness.facts import BatchFacts, attempt_key, facts_of
 from aggregator.liveness.openset import Actor, Attempt, Job, OpenSet, Process
 from aggregator.liveness.procs import Identity
 from aggregator.spool import Spool
@@ -66,8 +66,8 @@ def _load_parts(open_set: OpenSet, saved: dict[str, Any], same_boot: bool) -> No
         open_set.processes[pid] = Process(Identity(pid, ticks if same_boot else -1), gone_ns)
     for item in saved.get("attempts", []):
         attempt = Attempt(**item)
-        open_set.attempts[(attempt.kind, attempt.session, attempt.key_id,
-                           attempt.attempt)] = attempt
+        open_set.attempts[attempt_key(attempt.kind, attempt.session, attempt.key_id,
+                                      attempt.attempt)] = attempt
     for item in saved.get("jobs", []):
         open_set.jobs[(item["session"], item["job_id"])] = Job(**item)
     for item in saved.get("actors", []):

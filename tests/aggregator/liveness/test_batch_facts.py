@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aggregator.decode.normalize import Stamp, rows_to_batch
-from aggregator.liveness.facts import facts_of
+from aggregator.liveness.facts import attempt_key, facts_of
 from aggregator.liveness.openset import MAX_LONE_ENDS, OpenSet
 from emitters.ids import new_event_id
 
@@ -79,7 +79,7 @@ def test_a_batch_of_lone_ends_opens_nothing_and_closes_an_open_op(worker_pid: in
     open_set.apply(facts_of(rows_to_batch([event(
         {"kind": "op", "state": "STARTED", "key": "open", "attempt": 0, "ray": False},
         0, worker_pid)], stamp).batch))
-    assert list(open_set.attempts) == [("op", "", "open", 0)]
+    assert list(open_set.attempts) == [attempt_key("op", "", "open", 0)]
     ends = [event({"kind": "op", "state": "FINISHED", "key": f"s{n}", "attempt": 0,
                    "ray": False}, n, worker_pid) for n in range(1000)]
     ends.append(event({"kind": "op", "state": "FINISHED", "key": "open", "attempt": 0,
