@@ -145,6 +145,9 @@ def _facts(batch: pa.RecordBatch, mask: pa.Array) -> list[Fact]:
 def _key_ids(rows: pa.RecordBatch, kind: pa.Array) -> pa.Array:
     """What the readers key the row on (dashboard/sql/tasks.sql, ops.sql, raystate): a
     task's task_id (its event_id without one), an op's span_id, a job's or actor's id."""
+    kinds = kind.unique()
+    if len(kinds) == 1 and kinds[0].as_py() == "op":  # a training loop's batch: one call
+        return pc.fill_null(rows.column("span_id"), "")
     task = pc.coalesce(_nonempty(rows.column("task_id")), rows.column("event_id"))
     other = pc.if_else(pc.equal(kind, "op"), rows.column("span_id"),
                        pc.if_else(pc.equal(kind, "job"), rows.column("job_id"),
