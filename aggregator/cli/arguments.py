@@ -3,7 +3,8 @@
 argparse reports a flag that no sub-command knows with the top-level usage line (`usage:
 evagg [-h] {query} ...`), which names neither the command typed nor its options; the
 command's own parser says both. A mistyped command or choice is answered with the
-nearest one (`evagg querry` -> did you mean 'query'?), as Python 3.14's argparse would.
+nearest one (`evagg querry` -> did you mean 'query'?), as Python 3.14's argparse can
+(`suggest_on_error`).
 """
 
 from __future__ import annotations
