@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from aggregator.config.sinks import SinkConfig
 
 
-
 def add_tool_parsers(commands: Parsers) -> None:
     _add_deferred(commands, "query", "query the Parquet store (summary, tasks, steps, ...)")
     _add_deferred(commands, "dashboard", "serve the web dashboard over a Parquet store")

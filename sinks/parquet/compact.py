@@ -73,7 +73,7 @@ class PartitionReport:
     fragments: int = 0  # task fragments built for compacted files that lacked one
     too_few: bool = False  # files to merge, but fewer than min_files
     error: str | None = None
-    dry_run: bool = False  # what would be done: nothing was read, written or deleted
+    dry_run: bool = False  # what would be done: nothing was merged, written or deleted
 
     def __str__(self) -> str:
         if self.error:
