@@ -161,8 +161,6 @@ class Store:
             # a first build, or files with other columns: the `SELECT *` views bind again
             views.create_views(self._con, relation.sql,
                                self.fold.view_texts() if self.fold is not None else None)
-            if self.fold is not None:  # its counts, and its ends over any later file's
-                self.fold.create_views(self._con)
             self._built_schema = views.view_schema(self._con, views.SOURCE_VIEW)
         self._columns.clear()
         self._built_for = listing.fingerprint
