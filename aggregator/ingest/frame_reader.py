@@ -24,7 +24,9 @@ PAUSE_AT_FRAMES = 8
 RESUME_AT_FRAMES = 2
 # A connection's buffer starts this small (a node may hold hundreds of quiet producers'
 # connections) and grows to the frame in progress; it goes back to this size when a
-# read that was smaller than this left it empty (the producer sends little now).
+# read smaller than this, into an empty buffer, left it empty (the producer sends whole
+# small frames now). The last read of a large frame is often small too, but it does not
+# start empty: shrinking then cost each next frame a new buffer (bench_pipeline.py).
 SMALL_BUFFER_BYTES = 64 * 1024
 
 
@@ -81,6 +83,7 @@ class FrameReader(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         if self._ended:
             return
+        read_into_empty = self._start == self._stop
         self._stop += nbytes
         start, stop, buffer = self._start, self._stop, self._buffer
         cut = False
@@ -99,7 +102,7 @@ class FrameReader(asyncio.BufferedProtocol):
         self._start = start
         if start == stop:
             self._start = self._stop = 0
-            if nbytes < SMALL_BUFFER_BYTES < len(buffer):  # the producer sends little now
+            if read_into_empty and nbytes < SMALL_BUFFER_BYTES < len(buffer):
                 self._buffer = bytearray(SMALL_BUFFER_BYTES)
         if cut:
             self._cancel_stall_timer()  # progress: the next partial frame gets a fresh limit

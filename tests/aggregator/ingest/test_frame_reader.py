@@ -144,3 +144,22 @@ def test_a_buffer_grown_for_a_large_frame_shrinks_when_the_producer_sends_little
 
     grown, quiet, ended = asyncio.run(main())
     assert grown >= 300_000 and quiet == SMALL_BUFFER_BYTES and ended == 0
+
+
+def test_a_large_frame_ended_by_a_small_read_keeps_the_grown_buffer() -> None:
+    """The next large frame from a busy producer reuses the buffer, not a new one."""
+    big = (300_000).to_bytes(4, "big") + bytes(300_000)
+
+    async def main() -> int:
+        reader, peer = await reader_over_socketpair(timeout_s=30)
+        peer.setblocking(True)
+        await asyncio.to_thread(peer.sendall, big[:-1000])
+        while reader._stop < len(big) - 1000:  # every byte sent so far is read
+            await asyncio.sleep(0.01)
+        peer.sendall(big[-1000:])  # the frame's end, in one read smaller than the buffer
+        assert await asyncio.wait_for(reader.frames.get(), 10) == big[4:]
+        reader.frame_taken()
+        peer.close()
+        return len(reader._buffer)
+
+    assert asyncio.run(main()) >= 300_000
