@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from aggregator.ray.errors import death_columns
+from aggregator.ray.task_shapes import PROFILE_ENTRY_TAKEN, PROFILE_TAKEN
 from aggregator.ray.values import (
     Keys,
     Taken,
@@ -46,8 +47,6 @@ _DEFINITION_TAKEN = {
 }
 _TRANSITION_TAKEN = Taken("state", "timestamp", "node_id", "worker_id", "pid", "death_cause",
                      "death_info", "restart_reason", "alive_sub_state")
-_PROFILE_TAKEN = Taken("events", "component_id")
-_ENTRY_TAKEN = Taken("event_name", "start_time", "end_time")
 
 
 def map_definition(p: dict[str, Any], k: Keys, event_type: str) -> list[Row]:
@@ -120,12 +119,12 @@ def map_profile(p: dict[str, Any], k: Keys, event_type: str) -> list[Row]:
     }
     if profile.get(k["component_type"]) == "worker":
         common["worker_id"] = b64_hex(profile.get(k["component_id"]), k["component_id"])
-    attrs = extra_attrs(profile, k, _PROFILE_TAKEN)
+    attrs = extra_attrs(profile, k, PROFILE_TAKEN)
     rows = []
     for entry in profile.get("events") or []:
         start = to_int(entry.get(k["start_time"], 0), k["start_time"])
         end = to_int(entry.get(k["end_time"], 0), k["end_time"])
-        extra = extra_attrs(entry, k, _ENTRY_TAKEN)
+        extra = extra_attrs(entry, k, PROFILE_ENTRY_TAKEN)
         rows.append({**common, "name": entry.get(k["event_name"]) or None,
                      "time": start or None,
                      "duration_s": (end - start) / 1e9 if end >= start > 0 else None,

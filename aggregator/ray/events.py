@@ -38,6 +38,7 @@ from aggregator.ray.task_shapes import (
     DEFINITION_TAKEN,
     ERROR_TAKEN,
     LIFECYCLE_TAKEN,
+    PROFILE_PAYLOAD,
     STATE_OF,
     envelope_attrs,
     function_name,
@@ -126,7 +127,7 @@ def map_event(item: Any) -> list[Row]:
     event_type = event_type_of(item)
     payload_name = event_type.lower()
     if event_type == "TASK_PROFILE_EVENT":
-        payload_name = "task_profile_events"
+        payload_name = PROFILE_PAYLOAD
     payload_key = k[payload_name]
     payload = item.get(payload_key)
     mapper = _MAPPERS.get(event_type)

@@ -1,5 +1,5 @@
-"""The fast path for the bulk of Ray's export: task definition and task lifecycle events
-straight to row tuples (`columns.ROW_COLUMNS`), with no row dict and no per-field
+"""The fast path for the bulk of Ray's export: task definition, task lifecycle and task
+profile events straight to row tuples (`columns.ROW_COLUMNS`), with no row dict and no per-field
 normalization.
 
 It gives exactly the rows that the careful path (`events.map_event`, then
@@ -36,6 +36,9 @@ from aggregator.ray.task_shapes import (
     ENVELOPE_TAKEN,
     ERROR_TAKEN,
     LIFECYCLE_TAKEN,
+    PROFILE_ENTRY_TAKEN,
+    PROFILE_PAYLOAD,
+    PROFILE_TAKEN,
     STATE_OF,
     envelope_attrs,
     function_name,
@@ -68,7 +71,8 @@ class Declined(ValueError):
 
 
 class OtherEventType(Declined):
-    """Not a task definition or lifecycle event: the careful path's to map, as planned."""
+    """Not a task definition, lifecycle or profile event: the careful path's to map, as
+    planned."""
 
 
 def fast_rows(item: Any, stamp: Stamp, eager: bool = False) -> list[RowTuple]:
@@ -166,6 +170,13 @@ def _attempt(p: dict[str, Any], key: str) -> int:
     return attempt
 
 
+def _int64(value: Any, key: str) -> int:
+    """`to_int` for the int64 Ray sends as text, with the common case first."""
+    if type(value) is str and value.isascii() and value.isdigit():
+        return int(value)
+    return to_int(value, key)
+
+
 def _hex(p: dict[str, Any], key: str) -> str | None:
     value: Any = p.get(key)
     return (HEX_CACHE.get(value) or b64_hex(value, key)) if value else None
@@ -248,6 +259,38 @@ def _lifecycle(p: dict[str, Any], k: Keys, env: _Envelope) -> list[RowTuple]:
     return rows
 
 
+def _profile(p: dict[str, Any], k: Keys, env: _Envelope) -> list[RowTuple]:
+    """One "ray_profile" row per timed entry (a worker's deserialize, execute, store
+    steps of one attempt), as `entities.map_profile`; none declines (the careful path
+    keeps such an event whole)."""
+    profile = p.get(k["profile_events"])
+    if type(profile) is not dict:
+        raise Declined("no profileEvents")
+    attempt = _attempt(p, k["attempt_number"])
+    task_id, job_id = _hex(p, k["task_id"]), _hex(p, k["job_id"])
+    worker_id = (_hex(profile, k["component_id"])
+                 if profile.get(k["component_type"]) == "worker" else None)
+    shared = {**extra_attrs(profile, k, PROFILE_TAKEN)}
+    rows = []
+    for entry in profile.get("events") or ():
+        name = entry.get(k["event_name"]) or None
+        if name is not None and type(name) is not str:
+            raise Declined("eventName is not a string")
+        start = _int64(entry.get(k["start_time"], 0), k["start_time"])
+        end = _int64(entry.get(k["end_time"], 0), k["end_time"])
+        attrs = {**shared, **extra_attrs(entry, k, PROFILE_ENTRY_TAKEN), **env.attrs}
+        rows.append((
+            None, _checked(start) if start else env.time(), "ray_profile", "ray", name, None,
+            task_id, attempt, None, job_id, None, env.node_hex, worker_id, None, env.host,
+            None, None, None, None, (end - start) / 1e9 if end >= start > 0 else None,
+            None, None, None, None, None, attrs))
+    if not rows:
+        raise Declined("no profile entries")
+    many = len(rows) > 1
+    return [(env.event_hex + _SUFFIXES[i] if many else env.event_hex, *row[1:])
+            for i, row in enumerate(rows)]
+
+
 def _transitions(p: dict[str, Any], k: Keys, eager: bool) -> list[tuple[str, Time]]:
     """(Ray's state, time) in order; [] when there are none."""
     listed = p.get(k["state_transitions"])
@@ -297,3 +340,4 @@ _MAPPERS: Final[dict[str, tuple[Mapper, str, str]]] = {
                                ("TASK_LIFECYCLE_EVENT", _lifecycle),
                                ("TASK_EXECUTION_EVENT", _lifecycle))
 }
+_MAPPERS["TASK_PROFILE_EVENT"] = (_profile, K_CAMEL[PROFILE_PAYLOAD], PROFILE_PAYLOAD)

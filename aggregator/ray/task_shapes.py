@@ -27,6 +27,12 @@ def envelope_attrs(item: dict[str, Any], k: Keys, event_type: str,
     return attrs
 
 
+# A profile event's `profileEvents` and each of its timed entries: component_type and
+# node_ip_address stay as attrs (ray_component_type, ray_node_ip_address).
+PROFILE_TAKEN = Taken("events", "component_id")
+PROFILE_ENTRY_TAKEN = Taken("event_name", "start_time", "end_time")
+PROFILE_PAYLOAD = "task_profile_events"  # the payload's name is not the type's, lower-cased
+
 DEFINITION_TAKEN = Taken("task_id", "task_attempt", "task_name", "actor_task_name", "job_id",
                      "actor_id", "parent_task_id", "task_func", "actor_func",
                      "serialized_runtime_env", "placement_group_id")

@@ -33,7 +33,8 @@ from aggregator.ray.events import RayBodyError, RecentEventIds, ray_events_to_ro
 from tests.aggregator.ray.samples import ALL_FIXTURES, all_samples, b64, generated_events, load
 
 TASK_TYPES = {"TASK_DEFINITION_EVENT", "ACTOR_TASK_DEFINITION_EVENT", "TASK_LIFECYCLE_EVENT",
-              "TASK_EXECUTION_EVENT"}
+              "TASK_EXECUTION_EVENT", "TASK_PROFILE_EVENT"}  # the fast path's
+PROFILES = "07_excerpt_task_profile_events_camelCase.json"
 STAMPS = [Stamp(1_700_000_000_123_456_789, None, None, "agent-node", "agent-host"),
           Stamp(1_700_000_000_000_000_001, 7, 1000, "", "")]
 
@@ -259,6 +260,48 @@ def test_odd_envelope_values_of_lifecycle_events_fall_back_too() -> None:
         item["sessionName"] = session
         odd.append(item)
     assert assert_same_as_reference(odd) == len(odd)
+
+
+def _profile(e: dict[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = e["taskProfileEvents"]["profileEvents"]
+    return found
+
+
+PROFILE_CHANGES: list[Callable[[dict[str, Any]], None]] = [
+    lambda e: _profile(e).update(events=[]),  # nothing timed: the event is kept whole
+    lambda e: e["taskProfileEvents"].pop("profileEvents"),
+    lambda e: _profile(e).update(events="task:execute"),
+    lambda e: _profile(e)["events"].append("task:execute"),
+    lambda e: _profile(e)["events"][0].update(eventName=5),
+    lambda e: _profile(e)["events"][0].update(startTime="12x"),
+    lambda e: _profile(e)["events"][0].update(startTime=str(2**64)),  # past int64 ns
+    lambda e: _profile(e)["events"][0].update(startTime="-5"),
+    lambda e: _profile(e).update(componentId=7),
+    lambda e: e["taskProfileEvents"].update(attemptNumber=str(2**40)),
+]
+
+
+@pytest.mark.parametrize("change", range(len(PROFILE_CHANGES)))
+def test_odd_profile_events_fall_back_to_the_careful_path(change: int) -> None:
+    """Each odd shape is declined and the careful path maps it, keeps it whole or refuses
+    it with its reason; the good events beside it take the fast path."""
+    events = load(PROFILES)
+    profile = next(e for e in events if e["eventType"] == "TASK_PROFILE_EVENT")
+    PROFILE_CHANGES[change](profile)
+    assert assert_same_as_reference(events) == 1
+
+
+def test_profile_events_take_the_fast_path_with_their_odd_but_valid_values() -> None:
+    """What the fast path takes as it is: no times (the envelope's), an end before the
+    start (no duration), an int64 as a JSON number, a worker-less component, extra fields."""
+    events = [e for e in load(PROFILES) if e["eventType"] == "TASK_PROFILE_EVENT"]
+    first, second = _profile(events[0]), _profile(events[1])
+    first["events"][0].pop("startTime")
+    first["events"][1]["endTime"] = "1"
+    first["events"][2]["startTime"] = 1796589877251474744
+    first["events"][3]["extraThing"] = {"a": 1}
+    second.update(componentType="driver", newField="x")
+    assert assert_same_as_reference(events) == 0
 
 
 # ---- caches: shrunk, cleared, bounded in size -------------------------------------------
