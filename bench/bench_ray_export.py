@@ -2,7 +2,8 @@
 
 A real local Ray head (`ray start --head`, its own ports and temp dir) exports events of
 every type (`--types ALL`, as the issue measured; `--types default` for Ray's default,
-which leaves out the task profile events) to a real evagg agent (Parquet sink in a temp dir), as a node does in production:
+which leaves out the task profile events) to a real evagg agent (Parquet sink in a temp
+dir), as a node does in production:
 Ray's core workers send their events over gRPC to Ray's per-node agent (the
 `ray::DashboardAgent` process, which hosts Ray's event aggregator), and that agent POSTs
 them as JSON to evagg's /ray/events. A driver then runs tiny tasks, and the CPU both
@@ -66,6 +67,22 @@ def _commands() -> dict[int, tuple[int, str]]:
             continue
         found[int(proc.name)] = (parent, command)
     return found
+
+
+def threads_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of a process's threads by role: the event loop (its main thread), and
+    the others by name with their pool's number cut off (evagg-decode, asyncio, ...)."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        role = "event loop" if task.name == str(pid) else name.rstrip("0123456789").rstrip("_-")
+        seconds = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        out[role] = out.get(role, 0.0) + seconds
+    return out
 
 
 class Clock:
@@ -163,9 +180,12 @@ def measure(agent: AgentProcess, address: str, temp_dir: Path, tasks: int,
     idle_wall, idle_ray_s, idle_evagg_s = clock.read()
     before = agent.metric(STORED)
     clock.reset()
+    threads_before = threads_cpu(agent.proc.pid)
     run_tasks(tasks)
     stored = settle(agent) - int(before)
     wall, ray_s, evagg_s = clock.read()
+    threads = {role: seconds - threads_before.get(role, 0.0)
+               for role, seconds in threads_cpu(agent.proc.pid).items()}
     ray_net = ray_s - idle_ray_s / idle_wall * wall
     evagg_net = evagg_s - idle_evagg_s / idle_wall * wall
     print(f"{tasks:,} tiny tasks, {stored:,} rows stored by evagg, {wall:.1f} s until they "
@@ -176,6 +196,10 @@ def measure(agent: AgentProcess, address: str, temp_dir: Path, tasks: int,
                                     ("evagg's agent", evagg_s, idle_evagg_s, evagg_net)):
         print(f"{label:16s}{total:9.2f}{idle / idle_wall:14.3f}{net:17.2f}"
               f"{net / tasks * 1e6:8.0f} us")
+    print("evagg's agent by thread, per task: " + ", ".join(
+        f"{role} {seconds / tasks * 1e6:.0f} us"
+        for role, seconds in sorted(threads.items(), key=lambda item: -item[1])
+        if seconds / tasks * 1e6 >= 1))
     careful = agent.metric("evagg_ray_careful_events_total")
     print(f"Ray events evagg mapped by its careful path (other types, declined): {careful:,.0f}")
     print(f"evagg / Ray's agent: {evagg_s / ray_s:.2f} of its CPU, {evagg_net / ray_net:.2f} "
