@@ -286,8 +286,11 @@ def _profile(p: dict[str, Any], k: Keys, env: _Envelope) -> list[RowTuple]:
             None, None, None, None, None, attrs))
     if not rows:
         raise Declined("no profile entries")
-    many = len(rows) > 1
-    return [(env.event_hex + _SUFFIXES[i] if many else env.event_hex, *row[1:])
+    if len(rows) == 1:
+        return [(env.event_hex, *rows[0][1:])]
+    # A driver's profile event holds an entry per task it submitted: hundreds, not the few
+    # transitions of a lifecycle event, so its suffixes are not all in the table.
+    return [(env.event_hex + (_SUFFIXES[i] if i < len(_SUFFIXES) else f"-{i}"), *row[1:])
             for i, row in enumerate(rows)]
 
 

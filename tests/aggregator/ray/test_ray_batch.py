@@ -304,6 +304,16 @@ def test_profile_events_take_the_fast_path_with_their_odd_but_valid_values() -> 
     assert assert_same_as_reference(events) == 0
 
 
+def test_a_driver_s_profile_event_of_hundreds_of_entries_takes_the_fast_path() -> None:
+    """A driver records a `submit_task` entry per task it submits, all in one event."""
+    events = [e for e in load(PROFILES) if e["eventType"] == "TASK_PROFILE_EVENT"]
+    entry = _profile(events[0])["events"][0]
+    _profile(events[0])["events"] = [{**entry, "eventName": "submit_task"}] * 300
+    assert assert_same_as_reference(events) == 0
+    rows = ray_items_to_batch(list(enumerate(events)), STAMPS[0]).batch
+    assert rows.column("event_id")[299].as_py().endswith("-299")
+
+
 # ---- caches: shrunk, cleared, bounded in size -------------------------------------------
 
 CACHES: list[dict[Any, Any]] = [ray_fast._ENVELOPE_ATTRS, ray_fast._FUNCTIONS, ray_values.HEX_CACHE,
