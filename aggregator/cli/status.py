@@ -90,6 +90,9 @@ class StatusReport:
     producer_dropped: dict[str, float] = field(default_factory=dict)
     # events an HTTP endpoint refused for good: not delivered, kept for `evagg dlq replay`
     dead_lettered: dict[str, float] = field(default_factory=dict)
+    # events producers sent since the agent started (its own heartbeats left out): a
+    # rate of 0 right after one test event does not say whether it arrived; this does
+    received_total: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -97,7 +100,8 @@ class StatusReport:
     def as_text(self) -> str:
         used = 100 * self.spool_bytes / self.spool_max_bytes if self.spool_max_bytes else 0.0
         lines = [
-            f"received   {self.received_per_s:,.0f} events/s",
+            f"received   {self.received_per_s:,.0f} events/s, "
+            f"{self.received_total:,.0f} from producers since the agent started",
             f"spool      {self.spool_bytes / 2**20:,.1f} MiB of "
             f"{self.spool_max_bytes / 2**20:,.0f} MiB ({used:.1f}%)",
         ]
@@ -195,6 +199,8 @@ def format_status(first: dict[str, float], second: dict[str, float],
         retried=_by_label(second, "evagg_sink_retries_total", "sink"),
         producer_dropped=_by_label(second, "evagg_producer_dropped_events_total", "reason"),
         dead_lettered=_by_label(second, "evagg_sink_dead_lettered_events_total", "sink"),
+        received_total=sum(v for route, v in _by_label(
+            second, "evagg_received_events_total", "route").items() if route != "agent"),
     )
 
 

@@ -84,6 +84,20 @@ def test_status_shows_rates_lag_and_spool(agent: AgentProcess) -> None:
     assert "lake" in as_json["lag_events"]
 
 
+def test_status_counts_the_one_event_a_newcomer_sends(agent: AgentProcess) -> None:
+    """Right after one test event the rate may read 0 events/s; the total says it came."""
+    def received() -> float:
+        found = evagg("status", "--url", agent.http_url, "--interval", "0.1", "--json")
+        assert found.returncode == 0, found.stderr
+        return float(orjson.loads(found.stdout)["received_total"])
+
+    before = received()
+    assert evagg("emit", "--socket", str(agent.socket_path), "--name", "hello").returncode == 0
+    assert received() == before + 1  # the agent's own heartbeats are not counted
+    text = evagg("status", "--url", agent.http_url, "--interval", "0.1").stdout.decode()
+    assert f"{before + 1:,.0f} from producers since the agent started" in text
+
+
 def test_status_without_an_agent_is_a_clear_error() -> None:
     for command in (("status", "--interval", "0.1"), ("tail",)):
         result = evagg(*command, "--url", "127.0.0.1:9")
