@@ -336,11 +336,13 @@ Mapper = Callable[[dict[str, Any], Keys, _Envelope], list[RowTuple]]
 _STATE: Final = _States(STATE_OF)
 _SUFFIXES: Final = [f"-{i}" for i in range(64)]  # beyond that, the IndexError declines
 _NO_ERROR: Final[dict[str, Any]] = {}
+# event type -> (its mapper, its payload's key in camelCase and in snake_case)
 _MAPPERS: Final[dict[str, tuple[Mapper, str, str]]] = {
-    event_type: (mapper, K_CAMEL[event_type.lower()], event_type.lower())
-    for event_type, mapper in (("TASK_DEFINITION_EVENT", _definition),
-                               ("ACTOR_TASK_DEFINITION_EVENT", _definition),
-                               ("TASK_LIFECYCLE_EVENT", _lifecycle),
-                               ("TASK_EXECUTION_EVENT", _lifecycle))
+    event_type: (mapper, K_CAMEL[payload], payload)
+    for event_type, mapper, payload in (
+        ("TASK_DEFINITION_EVENT", _definition, "task_definition_event"),
+        ("ACTOR_TASK_DEFINITION_EVENT", _definition, "actor_task_definition_event"),
+        ("TASK_LIFECYCLE_EVENT", _lifecycle, "task_lifecycle_event"),
+        ("TASK_EXECUTION_EVENT", _lifecycle, "task_execution_event"),
+        ("TASK_PROFILE_EVENT", _profile, PROFILE_PAYLOAD))
 }
-_MAPPERS["TASK_PROFILE_EVENT"] = (_profile, K_CAMEL[PROFILE_PAYLOAD], PROFILE_PAYLOAD)
