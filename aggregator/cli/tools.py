@@ -72,7 +72,8 @@ def _add_compact(commands: Parsers) -> None:
                               "left as it is)")
     compact.add_argument("--endpoint-url", help="S3-compatible endpoint")
     compact.add_argument("--grace", type=float, default=600.0,
-                         help="leave files younger than this many seconds alone")
+                         help="leave files younger than this many seconds alone (default "
+                              "%(default)g: the agent may still be merging their hour)")
     compact.add_argument("--sse", help="S3 server-side encryption of merged files: AES256, "
                          "aws:kms or aws:kms:dsse (as the sink's `sse`)")
     compact.add_argument("--sse-kms-key-id", help="the KMS key for --sse aws:kms")

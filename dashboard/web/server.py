@@ -132,7 +132,8 @@ def run_dashboard(args: argparse.Namespace) -> int:
     def announce(_: str) -> None:  # aiohttp calls it once the port is open
         described = store.describe()
         print(f"evagg dashboard: {described['location']} ({described['engine']}, "
-              f"{described['files']} files) on http://{host}:{port}/", flush=True)
+              f"{described['files']} file{'' if described['files'] == 1 else 's'}) on "
+              f"http://{host}:{port}/", flush=True)
         if store.note:
             print(f"evagg dashboard: {store.note}", flush=True)
         if reachable_from_elsewhere(host):

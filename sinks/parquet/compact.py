@@ -113,17 +113,25 @@ class CompactReport:
     def __str__(self) -> str:
         merged, deleted = ("would merge", "would delete") if self.dry_run else ("merged",
                                                                                 "deleted")
-        lines = [f"{self.target}: {len(self.partitions)} partitions; {merged} "
+        lines = [f"{self.target}: {_count(len(self.partitions), 'partition')}; {merged} "
                  f"{self.merged_files} files into {self.written_files}; {deleted} "
                  f"{self.deleted_files}; "
-                 f"{len(self.errors)} errors"]
+                 f"{_count(len(self.errors), 'error')}"]
         few = sum(p.too_few for p in self.partitions)
         if few:
-            lines[0] += (f"; {few} partitions with too few files to merge (--min-files) "
-                         f"left as they are")
+            lines[0] += (f"; {_count(few, 'partition')} with too few files to merge "
+                         f"(--min-files) left as they are")
+        young = sum(p.young for p in self.partitions)
+        if young:  # else a compact right after a run says it did nothing, and not why
+            lines[0] += (f"; {_count(young, 'file')} younger than the grace period left "
+                         f"for later (--grace)")
         lines += [f"  {p}" for p in self.partitions
                   if p.output or p.deleted or p.error or p.fragments]
         return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def run_compact(target: str, *, partition: str | None = None, min_files: int = 2,

@@ -145,11 +145,16 @@ def test_counts_of_a_none_group_are_not_links(page: Page, lake: Path) -> None:
 def test_auto_refresh_shows_new_files_and_escapes_text(page: Page, lake: Path) -> None:
     page.goto("/#/tasks")
     expect(page.locator("#task-count")).to_have_text(f"{Expected.tasks} task attempts")
+    files = page.request.get("/api/info").json()["files"]  # what the store lists
+    expect(page.locator("#store-info")).to_contain_text(f" · {files} files · ")
     hostile = "<img src=x onerror=alert(1)>"
     write_rows(local_put(lake), task_events("new1", hostile, start=60.0, run_s=1.0,
                                             end_state="FINISHED"), "part-00010.parquet")
     expect(page.locator("#task-count")).to_have_text(f"{Expected.tasks + 1} task attempts",
                                                      timeout=30_000)
+    more = page.request.get("/api/info").json()["files"]
+    assert more > files
+    expect(page.locator("#store-info")).to_contain_text(f" · {more} files · ")
     expect(page.locator("table.grid tbody td", has_text=hostile)).to_have_count(1)
     expect(page.locator("table.grid img")).to_have_count(0)
 

@@ -48,7 +48,8 @@ async function poll() {
   try {
     const info = await getJSON("/api/info");
     delay = Math.max(2000, (info.refresh_s || 5) * 1000);
-    const where = `${info.location} · ${info.engine} · ${info.files} files · ${fmtBytes(info.bytes)}`;
+    const files = `${info.files} file${info.files === 1 ? "" : "s"}`;
+    const where = `${info.location} · ${info.engine} · ${files} · ${fmtBytes(info.bytes)}`;
     const storeInfo = document.getElementById("store-info");
     storeInfo.textContent = where;
     storeInfo.title = where;

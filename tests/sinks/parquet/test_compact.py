@@ -156,8 +156,11 @@ def test_files_younger_than_the_grace_period_are_left_alone(lake: Lake) -> None:
     if lake.kind == "s3":  # everything was uploaded just now
         assert report.written_files == 0 and report.partitions[0].young == 4
         assert len(lake.names()) == 4
+        # what the command prints says why nothing was merged
+        assert "4 files younger than the grace period left for later (--grace)" in str(report)
         return
     assert report.partitions[0].young == 3 and report.merged_files == 4
+    assert "3 files younger than the grace period left for later" in str(report)
     assert young < set(lake.names()) and len(lake.names()) == 4
     assert lake.counts() == (203, 203)
 
