@@ -7,7 +7,8 @@ sink gets them and the dashboard's node view works after the cluster is gone. Ea
 how long readers may go without one before they take the node for dead (attrs
 `silent_after_s`: three beats plus the slowest roll of the agent's Parquet sinks, the
 time a heartbeat may wait before a reader can see it); readers then end the attempts
-left open on it (dashboard/sql/ends.sql).
+left open on it (dashboard/sql/ends.sql). Each also says when its agent process started
+(attrs `started_at`), so readers count a restart whatever the counters did.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,8 @@ class Heartbeat:
         self.interval_s = interval_s
         self.silent_after_s = (silent_after_s if silent_after_s is not None
                                else SILENT_BEATS * interval_s)
+        # One per agent process: a new one in the next beat is a restart (agents.sql).
+        self.started_at = datetime.now(UTC).isoformat(timespec="microseconds")
 
     async def run(self) -> None:
         """Write one every `interval_s` until cancelled; a failure is counted and logged."""
@@ -85,7 +89,8 @@ class Heartbeat:
             "node_id": self.node_id, "metrics": self.metrics.registry.snapshot(),
             "attrs": {"version": _version(), "spool": str(self.spool_directory),
                       "heartbeat_interval_s": f"{self.interval_s:g}",
-                      "silent_after_s": f"{self.silent_after_s:g}"},
+                      "silent_after_s": f"{self.silent_after_s:g}",
+                      "started_at": self.started_at},
         }
 
 

@@ -20,6 +20,7 @@ SELECT
         lambda e: e.value)), 0)) AS BIGINT) AS dropped_total,
     CAST(round(metrics['evagg_spool_bytes']) AS BIGINT) AS spool_bytes,
     TRY_CAST(attrs['heartbeat_interval_s'] AS DOUBLE) AS interval_s,
+    attrs['started_at'] AS started_at,
     metrics
 FROM events
 WHERE kind = 'agent';
@@ -37,33 +38,42 @@ WHERE kind = 'loss';
 
 -- agents: one row per node. Throughput is the received counter's rise between the last
 -- two heartbeats, per second (NULL until there are two, or after an agent restart).
--- A restart shows as the counters going down (a new agent counts from 0); a gap is the
--- time between two heartbeats, counted as missed when over 1.5x the interval the agent
--- said it beats at (attrs heartbeat_interval_s; 30 s, the default, where none is said).
+-- A restart is a heartbeat of another agent process than the one before (attrs
+-- started_at), or, in heartbeats written before agents said so, the counters going down
+-- (a new agent counts from 0, but one that received as much as its predecessor shows no
+-- fall). A gap is the time between two heartbeats, counted as missed when over 1.5x the
+-- interval the agent said it beats at (attrs heartbeat_interval_s; 30 s, the default,
+-- where none is said); the time after an agent's final heartbeat (state STOPPING: it was
+-- stopped, not lost) until the next agent starts is not a gap.
 CREATE OR REPLACE VIEW agents AS
 WITH beats AS (
     SELECT *,
            lag(received_total) OVER w AS prev_received,
            lag(delivered_total) OVER w AS prev_delivered,
            lag(time) OVER w AS prev_time,
+           lag(state) OVER w AS prev_state,
+           lag(started_at) OVER w AS prev_started_at,
            row_number() OVER (PARTITION BY node_id ORDER BY time DESC) AS newest,
            count(*) OVER (PARTITION BY node_id) AS heartbeats
     FROM heartbeats
     WINDOW w AS (PARTITION BY node_id ORDER BY time)
 ),
+marked AS (
+    SELECT *,
+           prev_time IS NOT NULL AND (started_at IS DISTINCT FROM prev_started_at
+                                      OR received_total < prev_received
+                                      OR delivered_total < prev_delivered) AS restart,
+           CASE WHEN coalesce(prev_state, '') <> 'STOPPING'
+                THEN epoch_us(time) / 1e6 - epoch_us(prev_time) / 1e6 END AS gap_s
+    FROM beats
+),
 ordered AS (
     SELECT *,
-           count(*) FILTER (WHERE received_total < prev_received
-                               OR delivered_total < prev_delivered)
-               OVER n AS restarts,
-           max(time) FILTER (WHERE received_total < prev_received
-                                OR delivered_total < prev_delivered)
-               OVER n AS restarted_at,
-           max(epoch_us(time) / 1e6 - epoch_us(prev_time) / 1e6) OVER n AS longest_gap_s,
-           count(*) FILTER (WHERE epoch_us(time) / 1e6 - epoch_us(prev_time) / 1e6
-                                  > 1.5 * coalesce(interval_s, 30))
-               OVER n AS missed_gaps
-    FROM beats
+           count(*) FILTER (WHERE restart) OVER n AS restarts,
+           max(time) FILTER (WHERE restart) OVER n AS restarted_at,
+           max(gap_s) OVER n AS longest_gap_s,
+           count(*) FILTER (WHERE gap_s > 1.5 * coalesce(interval_s, 30)) OVER n AS missed_gaps
+    FROM marked
     WINDOW n AS (PARTITION BY node_id)
 ),
 lost AS (
@@ -87,11 +97,11 @@ SELECT
     o.restarted_at,
     o.longest_gap_s,
     o.missed_gaps,
-    CASE WHEN o.received_total >= o.prev_received AND o.time > o.prev_time
+    CASE WHEN NOT o.restart AND o.time > o.prev_time
          THEN (o.received_total - o.prev_received)
               / (epoch_us(o.time) / 1e6 - epoch_us(o.prev_time) / 1e6)
     END AS received_per_s,
-    CASE WHEN o.delivered_total >= o.prev_delivered AND o.time > o.prev_time
+    CASE WHEN NOT o.restart AND o.time > o.prev_time
          THEN (o.delivered_total - o.prev_delivered)
               / (epoch_us(o.time) / 1e6 - epoch_us(o.prev_time) / 1e6)
     END AS delivered_per_s,

@@ -68,6 +68,9 @@ def test_a_restarted_agent_is_counted_and_its_counts_are_integers(agent: AgentPr
     after = wait_for(restarted, 60, "a heartbeat of the restarted agent", interval=0.5)
     assert after is not None
     assert after["restarted_at"] > before["last_seen"]
+    # each process names its start in its heartbeats: a restart counts whatever the counters
+    starts = agent.query("SELECT DISTINCT attrs['started_at'] FROM events WHERE kind = 'agent'")
+    assert len(starts) == 2 and all(s for s, in starts), starts
     assert isinstance(after["received_total"], int) and after["received_total"] < EVENTS
     assert after["longest_gap_s"] > 0 and after["heartbeat_interval_s"] == 2
 

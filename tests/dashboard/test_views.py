@@ -181,6 +181,34 @@ def test_agent_totals_are_zero_without_their_counters(tmp_path: Path) -> None:
     with_store.close()
 
 
+def test_a_restart_is_a_new_agent_process_and_a_clean_stop_is_no_gap(tmp_path: Path) -> None:
+    """An agent stopped (its final beat says STOPPING) and started again a minute later,
+    having received as much as before: the new process is a restart though no counter
+    fell, and the minute between is not a missed heartbeat. One that vanished without a
+    final beat leaves a gap that is."""
+    def beat(node: str, t: float, received: float, started: str,
+             state: str = "RUNNING") -> dict[str, object]:
+        return event(kind="agent", source="evagg", name="heartbeat", state=state,
+                     node_id=node, time=at(t), attrs={"heartbeat_interval_s": "10",
+                                                      "started_at": started},
+                     metrics={'evagg_received_events_total{route="socket"}': received})
+
+    write_rows(local_put(tmp_path), [
+        beat("stopped", 0, 100, "a"), beat("stopped", 10, 200, "a", "STOPPING"),
+        beat("stopped", 70, 200, "b"), beat("stopped", 80, 300, "b"),
+        beat("lost", 0, 100, "a"), beat("lost", 70, 200, "b"), beat("lost", 80, 300, "b"),
+        beat("steady", 0, 100, "a"), beat("steady", 10, 200, "a"),
+    ], "part-1.parquet")
+    with_store = Store(StoreOptions(str(tmp_path)))
+    rows = with_store.execute(
+        "SELECT node_id, restarts, restarted_at, longest_gap_s, missed_gaps, received_per_s "
+        "FROM agents ORDER BY node_id").rows
+    assert rows == [["lost", 1, "2025-03-01T10:01:10.000000Z", pytest.approx(70), 1, 10.0],
+                    ["steady", 0, None, pytest.approx(10), 0, 10.0],
+                    ["stopped", 1, "2025-03-01T10:01:10.000000Z", pytest.approx(10), 0, 10.0]]
+    with_store.close()
+
+
 def test_duplicate_op_counts_once_in_steps(store: Store) -> None:
     assert one(store, "SELECT count(*) FROM ops WHERE run_id = 'run1'") == 13
     assert one(store, "SELECT sum(ops) FROM steps WHERE run_id = 'run1'") == 13
