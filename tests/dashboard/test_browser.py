@@ -62,6 +62,10 @@ def test_overview_error_count_filters_the_task_table(page: Page) -> None:
     shot(page, "tasks-filtered-by-error")
     page.locator(".chip[data-filter=error_type] a").click()  # remove one filter
     expect(page.locator("#task-count")).to_have_text("4 task attempts")
+    page.goto("/")  # the Failed card's foot says where it leads, not its number again
+    page.get_by_role("link", name="failed tasks", exact=True).click()
+    expect(page.locator("#task-count")).to_have_text("4 task attempts")
+    assert page.url.endswith("#/tasks?state=FAILED")
 
 
 def test_search_stack_trace_and_task_detail(page: Page) -> None:

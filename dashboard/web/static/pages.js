@@ -37,7 +37,8 @@ export async function overview() {
   }).catch((err) => { ofOps.textContent = err.message; });
   const cards = h("div", { class: "cards" },
     card("Tasks", fmtNum(data.tasks), h("span", null, hashLink("tasks", {}, "all tasks"), driversNote(data.drivers))),
-    card("Failed", fmtNum(failed), countLink({ state: "FAILED" }, failed, "failed tasks")),
+    card("Failed", fmtNum(failed), failed ? hashLink("tasks", { state: "FAILED" }, "failed tasks")
+      : h("span", { class: "muted" }, "none")),
     card("Failed ops", failedOps, ofOps),
     card("Events", fmtNum(data.events), `${data.kinds.length} kinds`));
   const states = h("div", { class: "state-counts" }, data.states.map((s) =>
