@@ -67,6 +67,14 @@ def restarted_agent() -> list[Row]:
     return [beat(0, 2000.0), beat(10, 2159.0), beat(55, 3.0), beat(65, 50.0)]
 
 
+def stopped_agent() -> list[Row]:
+    """nodeS: an agent stopped cleanly (its final heartbeat says STOPPING)."""
+    return [event(kind="agent", source="evagg", name="heartbeat", state=state, node_id="nodeS",
+                  time=at(t), attrs={"heartbeat_interval_s": "10", "started_at": "s1"},
+                  metrics={'evagg_received_events_total{route="socket"}': 5.0})
+            for t, state in ((0, "RUNNING"), (10, "RUNNING"), (12, "STOPPING"))]
+
+
 def ray_failures() -> list[Row]:
     """Ray failures whose message holds no traceback: grouped by Ray's own error type."""
     rows: list[Row] = []
@@ -83,8 +91,8 @@ def ray_failures() -> list[Row]:
 def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("platform") / "lake"
     write_sample_store(local_put(root))
-    write_rows(local_put(root), ray_ops() + small_metrics() + restarted_agent() + ray_failures(),
-               "part-00050.parquet")
+    write_rows(local_put(root), ray_ops() + small_metrics() + restarted_agent()
+               + stopped_agent() + ray_failures(), "part-00050.parquet")
     return root
 
 
@@ -242,6 +250,9 @@ def test_the_agents_page_shows_a_restart_and_a_heartbeat_gap(page: Page) -> None
     shot(page, "agents")
     quiet = page.locator("table.grid tbody tr", has_text="nodeA")
     expect(quiet.locator("td[data-col=restarts]")).to_have_text("0")
+    stopped = page.locator("table.grid tbody tr", has_text="nodeS")  # stopped, not lost
+    expect(stopped.locator("td[data-col=state]")).to_have_text("stopped")
+    expect(stopped.locator("td[data-col=state] .error-text")).to_have_count(0)
 
 
 def test_evagg_query_agents_prints_counts_as_integers(lake: Path) -> None:

@@ -340,18 +340,24 @@ export async function trace(params) {
 
 // An agent silent for longer than it said it may be: readers take its node for dead
 // and end what was open there (docs/ray.md, "Ends readers infer").
+// A final heartbeat (STOPPING) means the agent was stopped, not lost: it reads "stopped"
+// at once, and is not shown as an error once silent.
 function agentState(row) {
+  const ended = "tasks left open on this node read as ended with it";
+  if (row.state === "STOPPING") {
+    return h("span", { class: "muted", title: "its final heartbeat: the agent was stopped"
+      + (row.silent ? `; ${ended}` : "") }, "stopped");
+  }
   if (!row.silent) return row.state ?? "";
-  const said = row.state === "STOPPING" ? "stopped" : "silent: taken for dead";
   return h("span", { class: "error-text", title: `no heartbeat for over ${fmtDur(row.silent_after_s)}; `
-    + "tasks left open on this node read as ended with it" }, said);
+    + ended }, "silent: taken for dead");
 }
 
-// A restart shows as counters that went down (a new agent counts from 0): the counters
-// shown are the new agent's, so say when it restarted.
+// A restart is a heartbeat of another agent process: the counters shown are the new
+// agent's, so say when it restarted.
 function restartsCell(row) {
   if (!row.restarts) return h("span", { class: "muted" }, "0");
-  return h("span", { class: "warn-text", title: `counters went down: the agent restarted, last at ${fmtTime(row.restarted_at)}; `
+  return h("span", { class: "warn-text", title: `a new agent process, last at ${fmtTime(row.restarted_at)}; `
     + "the counts shown are since then" }, fmtNum(row.restarts),
   h("div", { class: "cell-note" }, `last ${fmtClock(row.restarted_at, row.last_seen)}`));
 }
