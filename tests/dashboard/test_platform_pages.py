@@ -75,6 +75,16 @@ def stopped_agent() -> list[Row]:
             for t, state in ((0, "RUNNING"), (10, "RUNNING"), (12, "STOPPING"))]
 
 
+LONG_IDS = [f"demo-20261206-210838-task-{n}" for n in (206, 207)]
+
+
+def long_ids() -> list[Row]:
+    """Two tasks of one producer whose ids differ only at their end."""
+    return [event(kind="task", source="emitter", name="long_ids", task_id=task_id, attempt=0,
+                  state="FINISHED", time=at(950 + n))
+            for n, task_id in enumerate(LONG_IDS)]
+
+
 def ray_failures() -> list[Row]:
     """Ray failures whose message holds no traceback: grouped by Ray's own error type."""
     rows: list[Row] = []
@@ -92,7 +102,7 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("platform") / "lake"
     write_sample_store(local_put(root))
     write_rows(local_put(root), ray_ops() + small_metrics() + restarted_agent()
-               + stopped_agent() + ray_failures(), "part-00050.parquet")
+               + stopped_agent() + ray_failures() + long_ids(), "part-00050.parquet")
     return root
 
 
@@ -224,6 +234,16 @@ def test_quantile_labels_and_error_names_are_whole_and_apart(page: Page) -> None
                              histogram.locator("text.quantile-label").all()) if b]
         for left, right in itertools.pairwise(boxes):
             assert left["x"] + left["width"] + 2 <= right["x"], (left, right)
+
+
+def test_long_ids_show_both_ends_and_whole_in_their_tooltip(page: Page) -> None:
+    page.goto("/#/tasks?name=long_ids")
+    links = page.locator("table.grid tbody td[data-col=task_id] a")
+    expect(links).to_have_count(2)
+    shown = sorted(links.all_inner_texts())
+    assert shown == ["demo-…task-206", "demo-…task-207"], shown
+    assert sorted(a.get_attribute("title") or "" for a in links.all()) == LONG_IDS
+    assert not_cut(page, "table.grid tbody td[data-col=task_id] a") == []
 
 
 def test_the_page_uses_the_width_and_a_24_hour_utc_clock(page: Page) -> None:

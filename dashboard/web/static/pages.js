@@ -123,6 +123,15 @@ const firstTime = (row) => STATE_TIMES.map((k) => row[k]).filter(Boolean).sort()
 function clipped(text, attrs = {}) {
   return h("span", { title: text, ...attrs }, text);
 }
+
+// An id cut to its column keeps both ends: ids of one producer or job share their start
+// (demo-20261206-2108…) and differ at the end, Ray's share their end (the job) and differ
+// at the start. Whole in the tooltip.
+const ID_CHARS = 14;  // what the column holds at 1280 px
+function idText(id) {
+  const text = String(id ?? "");
+  return text.length <= ID_CHARS ? text : `${text.slice(0, 5)}…${text.slice(-(ID_CHARS - 6))}`;
+}
 const FILTER_KEYS = ["state", "name", "job", "node", "error_type", "worker", "since", "until"];
 
 export async function tasks(params) {
@@ -144,7 +153,7 @@ export async function tasks(params) {
   const newest = data.rows.map(firstTime).filter(Boolean).sort().pop();
   const filtered = [...FILTER_KEYS, "q"].some((k) => query[k]);
   const grid = data.rows.length ? table(columns, data.rows, (row, c) => {
-    if (c.key === "task_id") return hashLink("task", { task_id: row.task_id, attempt: row.attempt }, row.task_id, { class: "mono", title: row.task_id });
+    if (c.key === "task_id") return hashLink("task", { task_id: row.task_id, attempt: row.attempt }, idText(row.task_id), { class: "mono", title: row.task_id });
     if (c.key === "final_state") return inferredBadge(row);
     if (c.key === "time") { const t = firstTime(row); return t ? h("span", { title: fmtTime(t) }, fmtClock(t, newest)) : ""; }
     if (c.key === "duration_s") return fmtDur(row.duration_s);
@@ -157,6 +166,7 @@ export async function tasks(params) {
         ? hashLink("task", { task_id: row.task_id, attempt: row.attempt },
           clipped(shown, { class: "error-text", title: full }), { class: "error-link" }) : "";
     }
+    if (c.cls === "clip id") return h("span", { title: row[c.key] ?? "" }, idText(row[c.key]));
     if (c.cls && c.cls.startsWith("clip")) return clipped(row[c.key] ?? "");
     return row[c.key] ?? "";
   }, { class: "tasks" }) : filtered || data.total ? h("p", { class: "muted empty" }, "No tasks match.") : noTasks();
