@@ -261,18 +261,22 @@ def _lifecycle(p: dict[str, Any], k: Keys, env: _Envelope) -> list[RowTuple]:
 
 def _profile(p: dict[str, Any], k: Keys, env: _Envelope) -> list[RowTuple]:
     """One "ray_profile" row per timed entry (a worker's deserialize, execute, store
-    steps of one attempt), as `entities.map_profile`; none declines (the careful path
-    keeps such an event whole)."""
+    steps of one attempt), as `entities.map_profile`; an event with no entries declines
+    (the careful path keeps it whole)."""
     profile = p.get(k["profile_events"])
     if type(profile) is not dict:
         raise Declined("no profileEvents")
+    entries = profile.get("events") or ()
+    if not entries:
+        raise Declined("no profile entries")
     attempt = _attempt(p, k["attempt_number"])
     task_id, job_id = _hex(p, k["task_id"]), _hex(p, k["job_id"])
     worker_id = (_hex(profile, k["component_id"])
                  if profile.get(k["component_type"]) == "worker" else None)
-    shared = {**extra_attrs(profile, k, PROFILE_TAKEN)}
+    shared = extra_attrs(profile, k, PROFILE_TAKEN)
+    many = len(entries) > 1
     rows = []
-    for entry in profile.get("events") or ():
+    for index, entry in enumerate(entries):
         name = entry.get(k["event_name"]) or None
         if name is not None and type(name) is not str:
             raise Declined("eventName is not a string")
@@ -280,18 +284,18 @@ def _profile(p: dict[str, Any], k: Keys, env: _Envelope) -> list[RowTuple]:
         end = _int64(entry.get(k["end_time"], 0), k["end_time"])
         attrs = {**shared, **extra_attrs(entry, k, PROFILE_ENTRY_TAKEN), **env.attrs}
         rows.append((
-            None, _checked(start) if start else env.time(), "ray_profile", "ray", name, None,
+            env.event_hex + _suffix(index) if many else env.event_hex,
+            _checked(start) if start else env.time(), "ray_profile", "ray", name, None,
             task_id, attempt, None, job_id, None, env.node_hex, worker_id, None, env.host,
             None, None, None, None, (end - start) / 1e9 if end >= start > 0 else None,
             None, None, None, None, None, attrs))
-    if not rows:
-        raise Declined("no profile entries")
-    if len(rows) == 1:
-        return [(env.event_hex, *rows[0][1:])]
-    # A driver's profile event holds an entry per task it submitted: hundreds, not the few
-    # transitions of a lifecycle event, so its suffixes are not all in the table.
-    return [(env.event_hex + (_SUFFIXES[i] if i < len(_SUFFIXES) else f"-{i}"), *row[1:])
-            for i, row in enumerate(rows)]
+    return rows
+
+
+def _suffix(index: int) -> str:
+    """A row's event_id suffix. A driver's profile event holds an entry per task it
+    submitted: hundreds, not the few transitions of a lifecycle event."""
+    return _SUFFIXES[index] if index < len(_SUFFIXES) else f"-{index}"
 
 
 def _transitions(p: dict[str, Any], k: Keys, eager: bool) -> list[tuple[str, Time]]:
