@@ -118,4 +118,4 @@ def test_compact_refuses_fewer_than_two_files_with_exit_2_and_says_why_it_merged
     pq.write_table(pa.Table.from_pylist([{"event_id": "e1", "kind": "task"}],
                                         schema=EVENT_SCHEMA), partition / "part-a-0.parquet")
     done = evagg("compact", "--grace", "0", str(tmp_path))
-    assert "1 partitions with too few files to merge (--min-files)" in done.stdout
+    assert "1 partition with too few files to merge (--min-files)" in done.stdout
