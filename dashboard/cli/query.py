@@ -111,6 +111,9 @@ def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
     tasks.add_argument("--name", help="function name")
     tasks.add_argument("--job", help="job id")
     tasks.add_argument("--node", help="node id")
+    tasks.add_argument("--session", help="a Ray session's name (session_2026-...): Ray "
+                       "numbers jobs from 01000000 again in every cluster, and "
+                       "`evagg query jobs` lists each with its session")
     tasks.add_argument("--error-type", help="error type or exception class, e.g. ValueError "
                        "(a Ray failure is found by its class or by Ray's "
                        "TASK_EXECUTION_EXCEPTION)")
@@ -215,7 +218,8 @@ def _summary(store: Store, _args: argparse.Namespace) -> Result:
 def _tasks(store: Store, args: argparse.Namespace) -> Result:
     flt = TaskFilter.from_mapping({
         "state": args.state, "name": args.name, "job": args.job, "node": args.node,
-        "error_type": args.error_type, "since": args.since, "until": args.until})
+        "session": args.session, "error_type": args.error_type, "since": args.since,
+        "until": args.until})
     if not 1 <= args.limit <= 100_000 or args.offset < 0:
         raise BadInput("--limit must be 1..100000 and --offset not negative")
     columns = _task_columns(args, store.columns("tasks"))

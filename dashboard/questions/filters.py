@@ -27,6 +27,9 @@ TASK_EQUALS = {
     "node": "node_id",
     "error_type": "error_type",
     "worker": "worker_id",
+    # Ray numbers jobs from 01000000 again in every cluster: a lake of many clusters
+    # tells their tasks apart by session (`evagg query jobs` lists them)
+    "session": "ray_session",
 }
 # when a task happened, for --since/--until: its first known state time
 TASK_TIME = "coalesce(pending_at, submitted_at, running_at, finished_at, failed_at)"
@@ -78,6 +81,7 @@ class TaskFilter:
     node: str | None = None
     error_type: str | None = None
     worker: str | None = None
+    session: str | None = None  # a Ray session's name
     since: dt.datetime | None = None
     until: dt.datetime | None = None
     text: str | None = None  # searched in ids, names, error messages and stack traces
@@ -100,7 +104,8 @@ class TaskFilter:
         return TaskFilter(
             state=given.get("state"), name=given.get("name"), job=given.get("job"),
             node=given.get("node"), error_type=given.get("error_type"),
-            worker=given.get("worker"), text=given.get("text"), since=since, until=until)
+            worker=given.get("worker"), session=given.get("session"), text=given.get("text"),
+            since=since, until=until)
 
     def where(self, columns: list[str]) -> tuple[str, dict[str, Any]]:
         """A WHERE clause (or "") over the tasks view, and its parameters."""

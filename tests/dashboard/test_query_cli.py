@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.commands import evagg, in_process
-from tests.dashboard.lakegen import Expected
+from tests.dashboard.lakegen import Expected, at, event, local_put, write_rows
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,6 +47,23 @@ def test_tasks_filters(lake: Path) -> None:
                               "2025-03-01T10:00:30Z", "--until", "2025-03-01T10:00:41",
                               "--sort", "time", "--asc", "--json").stdout)
     assert [r["task_id"] for r in window] == ["slow1", "sq03", "sq04", "wait1"]
+
+
+@pytest.mark.parametrize("cache", [True, False], ids=["task-cache", "no-cache"])
+def test_tasks_of_one_ray_cluster_by_session(tmp_path: Path, cache: bool) -> None:
+    """Every Ray cluster numbers its jobs from 01000000: a lake of two clusters tells
+    their tasks apart by the session `evagg query jobs` names."""
+    first, second = "session_2026-12-06_10-00-00_000001_1", "session_2026-12-06_11-00-00_000002_2"
+    rows = [event(kind="task", source="ray", task_id=f"t{n}", attempt=0, job_id="01000000",
+                  name="tiny", state="FINISHED", time=at(n), attrs={"ray_session": session})
+            for n, session in enumerate([first, first, second])]
+    write_rows(local_put(tmp_path), rows, "part-1.parquet")
+    where = ["--data", str(tmp_path)] + ([] if cache else ["--no-cache"])
+    both = json.loads(evagg("query", *where, "tasks", "--job", "01000000", "--json").stdout)
+    assert len(both) == 3
+    one = evagg("query", *where, "tasks", "--job", "01000000", "--session", second, "--json")
+    assert one.returncode == 0, one.stderr
+    assert [(r["task_id"], r["ray_session"]) for r in json.loads(one.stdout)] == [("t2", second)]
 
 
 def test_steps_search_and_sql(lake: Path, expected: type[Expected]) -> None:

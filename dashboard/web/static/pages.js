@@ -132,7 +132,7 @@ function idText(id) {
   const text = String(id ?? "");
   return text.length <= ID_CHARS ? text : `${text.slice(0, 5)}…${text.slice(-(ID_CHARS - 6))}`;
 }
-const FILTER_KEYS = ["state", "name", "job", "node", "error_type", "worker", "since", "until"];
+const FILTER_KEYS = ["state", "name", "job", "session", "node", "error_type", "worker", "since", "until"];
 
 export async function tasks(params) {
   const query = Object.fromEntries(params.entries());
