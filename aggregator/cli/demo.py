@@ -99,8 +99,10 @@ def _show(lake: str, run_id: str) -> None:
 def _left_behind(lake: str) -> str:
     """What stays after the demo, said once: its events share the default store with
     whatever the agent stores next, and nothing removes them by itself."""
-    return (f"\nThe demo's events stay in {lake}, beside the events you send next: "
-            "evagg query and\nthe dashboard count them too (source 'demo'). To clear them "
+    # The path on a line of its own: it is as long as the home directory makes it, so a
+    # sentence wrapped around it breaks at odd places.
+    return (f"\nThe demo's events stay in\n  {lake}\nbeside the events you send next: "
+            "evagg query and the dashboard count them too\n(source 'demo'). To clear them "
             f"while nothing of yours is there yet:\n  rm -r {lake}\nor leave them out of "
             "your own SQL with WHERE source <> 'demo'.")
 

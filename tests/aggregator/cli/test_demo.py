@@ -30,7 +30,7 @@ def test_demo_writes_parquet_whose_task_durations_agree_with_their_states(
     op_rows = [line for line in done.stdout.splitlines() if "│ op" in line and "FINISHED" in line]
     assert len(op_rows) == 3 and all(re.search(r"│ \d+\.\d µs", r) for r in op_rows), op_rows
     # The demo's events outlive it in the default store: it says so, and how to clear them.
-    assert f"The demo's events stay in {lake}" in done.stdout
+    assert f"The demo's events stay in\n  {lake}\nbeside" in done.stdout
     assert f"rm -r {lake}\n" in done.stdout and "WHERE source <> 'demo'" in done.stdout
     con = duckdb.connect()
     rows = con.execute(
