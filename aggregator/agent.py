@@ -15,6 +15,7 @@ import errno
 import logging
 import signal
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ from aggregator.shutdown import (
     log_waiting_for,
 )
 from aggregator.spool import Spool
+from aggregator.thread_names import name_this_thread
 from aggregator.worker_errors import WorkerErrors
 from sinks.base import Sink
 
@@ -109,6 +111,10 @@ class Agent:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def run(self) -> int:
+        # The loop's own pool (Parquet writes, /proc reads, fsyncs), its threads named for
+        # `top -H` as the agent's others are (aggregator/thread_names.py).
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(
+            thread_name_prefix="evagg-worker", initializer=name_this_thread))
         report = self.spool.open()
         if report.truncated_bytes or report.corrupt_records:
             log.warning("spool recovery: truncated %d bytes, %d corrupt records, quarantined %s",

@@ -102,7 +102,8 @@ class Sampler(threading.Thread):
         return _cpu(Path(f"/proc/{self.pid}/stat"))
 
     def thread_cpu(self) -> dict[str, float]:
-        """CPU seconds by thread role: the event loop (the main thread), decode, the rest."""
+        """CPU seconds by thread role: the event loop (the main thread), decode, the loop's
+        pool (the Parquet writes), the rest (threads name themselves: thread_names.py)."""
         out: dict[str, float] = {}
         for task in Path(f"/proc/{self.pid}/task").iterdir():
             try:
@@ -111,7 +112,9 @@ class Sampler(threading.Thread):
             except OSError:
                 continue  # the thread ended meanwhile
             role = ("event loop" if task.name == str(self.pid) else
-                    "decode" if name.startswith("evagg-decode") else "other threads")
+                    "decode" if name.startswith("evagg-decode") else
+                    "parquet and I/O pool" if name.startswith("evagg-worker") else
+                    "other threads")
             out[role] = out.get(role, 0.0) + seconds
         return out
 

@@ -23,6 +23,7 @@ from aggregator.losses import LossRecorder, reported_losses
 from aggregator.metrics import AgentMetrics
 from aggregator.red.metrics import RedMetrics
 from aggregator.spool import Spool, SpoolClosed
+from aggregator.thread_names import name_this_thread
 from emitters.wire import NO_SESSION
 from sinks.schema import batch_to_bytes
 
@@ -67,7 +68,8 @@ class Ingestor:
         # traded the GIL with the first and the event loop. Measured (bench_pipeline.py,
         # docs/performance.md) it cost more CPU per event, and 10 MiB more RSS, than it
         # gained, on one core and on two alike.
-        self._executor = ThreadPoolExecutor(decode_threads, thread_name_prefix="evagg-decode")
+        self._executor = ThreadPoolExecutor(decode_threads, thread_name_prefix="evagg-decode",
+                                            initializer=name_this_thread)
 
     def stamp(self, pid: int | None = None, uid: int | None = None) -> Stamp:
         return Stamp(time.time_ns(), pid, uid, self.node_id, self.host)

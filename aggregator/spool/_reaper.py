@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from aggregator.thread_names import name_this_thread
+
 log = logging.getLogger("evagg.spool")
 
 THREAD_NAME = "evagg-spool-unlink"
@@ -112,6 +114,7 @@ class SegmentReaper:
     # -- the worker thread -----------------------------------------------------------------
 
     def _run(self) -> None:
+        name_this_thread()
         while True:
             item = self._next()
             if item is None:
