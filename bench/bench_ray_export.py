@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -35,7 +36,7 @@ sys.path.insert(0, str(REPO))
 from bench.bench_ray_ingest import process_cpu  # noqa: E402
 from tests.agentproc import AgentProcess  # noqa: E402
 from tests.rayexport import RAY_EXPORT_ENV  # noqa: E402
-from tests.rayhead import ray_head  # noqa: E402
+from tests.rayhead import make_temp_dir, ray_head  # noqa: E402
 
 RAY_AGENT_TITLES = ("ray::DashboardAgent", "dashboard/agent.py")  # retitled once started
 STORED = 'evagg_received_events_total{route="ray"'  # rows from Ray, not heartbeats
@@ -144,18 +145,25 @@ def main() -> None:
                              "as the issue measured, or 'default' for Ray's own default, "
                              "which leaves out TASK_PROFILE_EVENT")
     args = parser.parse_args()
+    ray_temp = make_temp_dir()
     with tempfile.TemporaryDirectory(prefix="evagg-bench-") as workdir:
-        agent = AgentProcess(Path(workdir), spool_toml='max_bytes = "8GiB"').start()
+        # As docs/ray.md sets a node up: the lake with its default roll, and the agent
+        # following Ray's log files under Ray's temp dir.
+        agent = AgentProcess(Path(workdir), spool_toml='max_bytes = "8GiB"',
+                             sinks_toml=f'[[sinks]]\nname = "lake"\ntype = "parquet"\n'
+                                        f'url = "{Path(workdir) / "lake"}"\n',
+                             extra_toml=f'[ray]\nlog_dir = "{ray_temp}"\n').start()
         try:
             env = {**RAY_EXPORT_ENV,
                    "RAY_DASHBOARD_AGGREGATOR_AGENT_EVENTS_EXPORT_ADDR":
                        f"{agent.http_url}/ray/events"}
             if args.types != "default":
                 env["RAY_DASHBOARD_AGGREGATOR_AGENT_EXPOSABLE_EVENT_TYPES"] = args.types
-            with ray_head(env) as head:
+            with ray_head(env, temp_dir=ray_temp) as head:
                 measure(agent, head.address, head.temp_dir, args.tasks, args.idle_seconds)
         finally:
             agent.stop()
+            shutil.rmtree(ray_temp, ignore_errors=True)
 
 
 def join_cluster(address: str) -> None:

@@ -30,6 +30,7 @@ from aggregator.metrics import AgentMetrics
 from aggregator.raylogs.named import NamedFile, inside, named_in, session_logs_dir
 from aggregator.raylogs.reading import APPEAR_WAIT_S, MAX_PIECE_BYTES, Lost, Piece, step
 from aggregator.raylogs.state import Followed, FollowState
+from aggregator.thread_names import name_this_thread
 from aggregator.worker_errors import WorkerErrors
 from emitters.ratelimit import RateLimitedLog
 from sinks.parquet.stores import LocalStore, ObjectStore, is_staging_name
@@ -37,6 +38,10 @@ from sinks.raylogs.layout import LOGS_ROOT, compress_piece, piece_key
 
 log = logging.getLogger("evagg.raylogs")
 MAX_WAITING_BATCHES: Final = 10_000  # Ray bodies not yet looked at (about 10 minutes' worth)
+# Paths refused once, not resolved again each time a task names them: with log_dir unset
+# to Ray's temp dir every executor event names two, and resolving them cost a fifth of
+# the agent's CPU on Ray's export (bench/bench_ray_export.py).
+MAX_REFUSED_PATHS: Final = 10_000
 LOGS_NICENESS: Final = 10  # added to the follower thread's nice value
 T = TypeVar("T")
 
@@ -61,6 +66,7 @@ class RayLogFollower:
         self.interval_s = interval_s
         self._batches: deque[pa.RecordBatch] = deque()
         self._workers: dict[tuple[str, int], tuple[NamedFile, float]] = {}
+        self._refused_paths: set[str] = set()
         self._said = RateLimitedLog(log)
         self._errors = WorkerErrors(metrics, log)
         self._started = False  # the saved state is read: cycles may write it
@@ -193,9 +199,12 @@ class RayLogFollower:
                 del self._workers[worker]
 
     def _follow(self, session: str, node: str, path: str, now: float) -> None:
-        if path in self.state.files:
+        if path in self.state.files or path in self._refused_paths:
             return
         if not inside(self.log_dir, path):
+            if len(self._refused_paths) >= MAX_REFUSED_PATHS:
+                self._refused_paths.clear()
+            self._refused_paths.add(path)  # counted once per file, not per mention
             self.refused.inc(reason="outside_log_dir")
             self._said.log(logging.WARNING, "outside", "Ray named a log file outside "
                            "[ray] log_dir %s (%s): not collected; set log_dir to Ray's "
@@ -237,7 +246,9 @@ def _where(followed: Followed) -> tuple[object, ...]:
 
 
 def _lower_priority() -> None:
-    """Linux sets a nice value per thread; elsewhere the thread keeps the process's."""
+    """The thread's name for `top`, and a lower priority: Linux sets a nice value per
+    thread; elsewhere the thread keeps the process's."""
+    name_this_thread()
     with contextlib.suppress(OSError, AttributeError):
         thread = threading.get_native_id()
         nice = os.getpriority(os.PRIO_PROCESS, thread)

@@ -8,6 +8,7 @@ found by worker id and pid). Nothing else under `log_dir` is ever opened.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 _LOG_SUFFIXES = (".out", ".err")
 _WORKER_FILE = re.compile(r"worker-([0-9a-f]+)-([0-9a-f]+)-(\d+)\.(out|err)")  # Ray's own
@@ -40,7 +42,10 @@ class NamedFile:
 
 
 def named_in(batch: pa.RecordBatch) -> list[NamedFile]:
-    """The files a batch of Ray rows names (rows of other sources are skipped)."""
+    """The files a batch of Ray rows names (rows of other sources are skipped). Arrow
+    picks the few rows that can name one first: making every row's attrs Python objects
+    cost a quarter of the agent's CPU on Ray's export (bench/bench_ray_export.py)."""
+    batch = batch.filter(_may_name_files(batch))
     rows = zip(*(batch.column(name).to_pylist()
                  for name in ("source", "kind", "node_id", "worker_id", "attrs")), strict=True)
     out: list[NamedFile] = []
@@ -55,6 +60,20 @@ def named_in(batch: pa.RecordBatch) -> list[NamedFile]:
         if kind in ("worker", "actor") and worker and pid.isdigit():
             out.append(NamedFile(session, node or "", "", (worker, int(pid))))
     return out
+
+
+def _may_name_files(batch: pa.RecordBatch) -> pa.Array:
+    """Ray's rows with a task's log info, and Ray's worker and actor rows."""
+    log_info = pc.map_lookup(batch.column("attrs"), pa.scalar("ray_task_log_info"), "first")
+    worker = pc.is_in(batch.column("kind"), value_set=_worker_kinds())
+    ray = pc.equal(batch.column("source"), "ray")
+    return pc.fill_null(pc.and_kleene(ray, pc.or_kleene(pc.is_valid(log_info), worker)), False)
+
+
+@functools.cache
+def _worker_kinds() -> pa.Array:
+    """Made on first use, not at import (as aggregator/liveness/facts.py's `_strings`)."""
+    return pa.array(["worker", "actor"], type=pa.string())
 
 
 def _task_files(session: str, node: str, text: str) -> list[NamedFile]:
