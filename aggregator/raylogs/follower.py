@@ -38,9 +38,9 @@ from sinks.raylogs.layout import LOGS_ROOT, compress_piece, piece_key
 
 log = logging.getLogger("evagg.raylogs")
 MAX_WAITING_BATCHES: Final = 10_000  # Ray bodies not yet looked at (about 10 minutes' worth)
-# Paths refused once, not resolved again each time a task names them: with log_dir unset
-# to Ray's temp dir every executor event names two, and resolving them cost a fifth of
-# the agent's CPU on Ray's export (bench/bench_ray_export.py).
+# Paths refused once, not resolved again each time a task names them: with log_dir not
+# set to Ray's temp dir every executor event names two, and resolving them cost a fifth
+# of the agent's CPU on Ray's export (bench/bench_ray_export.py).
 MAX_REFUSED_PATHS: Final = 10_000
 LOGS_NICENESS: Final = 10  # added to the follower thread's nice value
 T = TypeVar("T")
@@ -72,7 +72,7 @@ class RayLogFollower:
         self._started = False  # the saved state is read: cycles may write it
         # One thread of its own, at a lower CPU priority: compressing logs yields the
         # cores to the event path (the acks) when both want them.
-        self._thread = ThreadPoolExecutor(1, "ray-logs", initializer=_lower_priority)
+        self._thread = ThreadPoolExecutor(1, "ray-logs", initializer=_set_up_thread)
         registry = metrics.registry
         self.shipped_bytes = registry.counter(
             "evagg_ray_log_bytes_total", "Bytes of Ray log files written to the lake")
@@ -245,9 +245,9 @@ def _where(followed: Followed) -> tuple[object, ...]:
             followed.intent_end, followed.done)
 
 
-def _lower_priority() -> None:
-    """The thread's name for `top`, and a lower priority: Linux sets a nice value per
-    thread; elsewhere the thread keeps the process's."""
+def _set_up_thread() -> None:
+    """The follower thread's name for `top`, and a lower priority: Linux sets a nice
+    value per thread; elsewhere the thread keeps the process's."""
     name_this_thread()
     with contextlib.suppress(OSError, AttributeError):
         thread = threading.get_native_id()
