@@ -45,7 +45,11 @@ def named_in(batch: pa.RecordBatch) -> list[NamedFile]:
     """The files a batch of Ray rows names (rows of other sources are skipped). Arrow
     picks the few rows that can name one first: making every row's attrs Python objects
     cost a quarter of the agent's CPU on Ray's export (bench/bench_ray_export.py)."""
-    batch = batch.filter(_may_name_files(batch))
+    return files_named_by_rows(batch.filter(_may_name_files(batch)))
+
+
+def files_named_by_rows(batch: pa.RecordBatch) -> list[NamedFile]:
+    """The files a batch names, each row made Python and looked at."""
     rows = zip(*(batch.column(name).to_pylist()
                  for name in ("source", "kind", "node_id", "worker_id", "attrs")), strict=True)
     out: list[NamedFile] = []

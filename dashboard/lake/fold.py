@@ -152,9 +152,8 @@ class TaskFold:
 
     def create_views(self, con: duckdb.DuckDBPyConnection) -> None:
         """task_attempts over the fold, ends.sql's `tasks` over it, then what reads that."""
-        con.execute(self.sql["views"])
-        con.execute(self.ends_sql["overlay"])
-        con.execute(self.sql["counts"])
+        for text in self.view_texts().values():
+            con.execute(text)
 
     # -- folding ---------------------------------------------------------------------
 

@@ -166,7 +166,7 @@ export async function tasks(params) {
         ? hashLink("task", { task_id: row.task_id, attempt: row.attempt },
           clipped(shown, { class: "error-text", title: full }), { class: "error-link" }) : "";
     }
-    if (c.cls === "clip id") return h("span", { title: row[c.key] ?? "" }, idText(row[c.key]));
+    if (c.cls === "clip id") return clipped(idText(row[c.key]), { title: row[c.key] ?? "" });
     if (c.cls && c.cls.startsWith("clip")) return clipped(row[c.key] ?? "");
     return row[c.key] ?? "";
   }, { class: "tasks" }) : filtered || data.total ? h("p", { class: "muted empty" }, "No tasks match.") : noTasks();

@@ -10,29 +10,11 @@ import pyarrow as pa
 
 from aggregator.decode.normalize import Stamp, rows_to_batch
 from aggregator.ray.batch import ray_items_to_batch
-from aggregator.raylogs.named import NamedFile, _task_files, named_in
+from aggregator.raylogs.named import files_named_by_rows, named_in
 from tests.aggregator.ray.samples import all_samples
 from tests.aggregator.raylogs.rayevents import running_event
 
 STAMP = Stamp(1_700_000_000_000_000_000, None, None, "agent-node", "agent-host")
-
-
-def every_row(batch: pa.RecordBatch) -> list[NamedFile]:
-    """The reference: each row made Python and looked at (how named_in read them all)."""
-    out: list[NamedFile] = []
-    rows = zip(*(batch.column(name).to_pylist()
-                 for name in ("source", "kind", "node_id", "worker_id", "attrs")), strict=True)
-    for source, kind, node, worker, attrs in rows:
-        if source != "ray" or not attrs:
-            continue
-        found = dict(attrs)
-        session = found.get("ray_session", "")
-        if "ray_task_log_info" in found:
-            out.extend(_task_files(session, node or "", found["ray_task_log_info"]))
-        pid = found.get("worker_pid", "")
-        if kind in ("worker", "actor") and worker and pid.isdigit():
-            out.append(NamedFile(session, node or "", "", (worker, int(pid))))
-    return out
 
 
 def test_ray_payloads_and_other_rows_name_the_same_files_either_way() -> None:
@@ -48,7 +30,7 @@ def test_ray_payloads_and_other_rows_name_the_same_files_either_way() -> None:
     ], STAMP).batch
     for batch in (ray, others, pa.concat_batches([others, ray])):
         found = named_in(batch)
-        assert found == every_row(batch)
+        assert found == files_named_by_rows(batch)  # every row looked at
     assert any(f.path == "/tmp/ray/s/logs/a.out" for f in named_in(ray))
     assert any(f.worker is not None for f in named_in(ray))  # the recorded workers
     assert [f.worker for f in named_in(others)] == [("w2", 7)]
