@@ -109,7 +109,8 @@ def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
     tasks = add("tasks", "the task table, filtered", _tasks)
     tasks.add_argument("--state", help=f"final state: {', '.join(FINAL_STATES)}")
     tasks.add_argument("--name", help="function name")
-    tasks.add_argument("--job", help="job id")
+    tasks.add_argument("--job", help="job id; a Ray job as the summary names it, "
+                       "01000000@session_2026-..., keeps to that cluster's job")
     tasks.add_argument("--node", help="node id")
     tasks.add_argument("--session", help="a Ray session's name (session_2026-...): Ray "
                        "numbers jobs from 01000000 again in every cluster, and "

@@ -76,8 +76,12 @@ def task_fold_macros() -> str:
             f"{merge_select_split(duck, 'query_table(parts)')};\n")
 
 
+def read_sql(name: str) -> str:
+    return resources.files("dashboard").joinpath("sql", name).read_text("utf-8")
+
+
 def sql_sections(name: str = "fold.sql") -> dict[str, str]:
-    text = resources.files("dashboard").joinpath("sql", name).read_text("utf-8")
+    text = read_sql(name)
     parts = re.split(r"^-- @(\w+)\s*$", text, flags=re.MULTILINE)
     return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
 
@@ -90,11 +94,13 @@ class TaskFold:
         self.sql = sql_sections()
         self.sql["macros"] = task_fold_macros() + self.sql["macros"]
         self.ends_sql = sql_sections("ends.sql")
+        self.keys_sql = read_sql("keys.sql")
         self.version = hashlib.blake2b(
-            (FORMAT + "".join(self.sql.values()) + self.ends_sql["macros"]).encode(),
-            digest_size=8).hexdigest()
+            (FORMAT + "".join(self.sql.values()) + self.ends_sql["macros"]
+             + self.keys_sql).encode(), digest_size=8).hexdigest()
         self.path, self.note = attach_cache(con, key, cache_dir)
-        con.execute(self.ends_sql["macros"])  # shared by every cursor: the views use them
+        # shared by every cursor: the views use them too
+        con.execute(self.keys_sql + self.ends_sql["macros"])
         self.generation = 0
         self.rebuilds = 0
         self.folded_files = 0  # read and folded by this process

@@ -20,6 +20,7 @@ from dashboard.lake.errors import StoreUnavailable
 from sinks.fragments.build import duckdb_micros
 
 ORDER = (
+    "keys.sql",
     "events.sql",
     "tasks.sql",
     "ends.sql",

@@ -137,6 +137,10 @@ def _equals(key: str, column: str, columns: list[str]) -> str:
     # link asks for the class; Ray's own error type (TASK_EXECUTION_EXCEPTION) still finds it.
     if key == "error_type" and "exception_class" in columns:
         return f"({column} = ${key} OR exception_class = ${key})"
+    # A job's group is its job_key (dashboard/sql/keys.sql: a Ray job at its session),
+    # so its link asks for that; a bare job id still finds the job in every cluster.
+    if key == "job" and "ray_session" in columns:
+        return f"({column} = ${key} OR job_key({column}, ray_session) = ${key})"
     return f"{column} = ${key}"
 
 

@@ -107,13 +107,13 @@ WITH t AS (
     SELECT sign, coalesce(final_state, 'UNKNOWN') AS state, coalesce(name, actor_repr) AS name,
            CASE WHEN fold_error_shown(error_key, final_key)
                 THEN coalesce(error.exception_class, error.error_type) END AS error,
-           job_id, node_id, duration_s IS NOT NULL AS timed, bin,
+           job_key(job_id, session) AS job, node_id, duration_s IS NOT NULL AS timed, bin,
            fold_is_driver(task_type) AS driver
     FROM query_table(rows)
     WHERE has_state OR name IS NOT NULL
 ),
 combinations AS (
-    SELECT state, name, error, job_id, node_id, timed, bin, driver, sum(sign) AS sign
+    SELECT state, name, error, job, node_id, timed, bin, driver, sum(sign) AS sign
     FROM t GROUP BY ALL
 ),
 counted AS (SELECT * FROM combinations WHERE NOT driver),
@@ -124,9 +124,9 @@ d AS (
     UNION ALL SELECT sign, 'name', name, state, timed, bin FROM counted
     UNION ALL SELECT sign, 'error_type', error, state, timed, bin FROM counted
         WHERE error IS NOT NULL
-    UNION ALL SELECT sign, 'job', job_id, state, timed, bin FROM counted
+    UNION ALL SELECT sign, 'job', job, state, timed, bin FROM counted
     UNION ALL SELECT sign, 'node', node_id, state, timed, bin FROM counted
-    UNION ALL SELECT sign, 'driver', job_id, state, timed, bin FROM combinations WHERE driver
+    UNION ALL SELECT sign, 'driver', job, state, timed, bin FROM combinations WHERE driver
 )
 SELECT dimension, value, bin,
     CAST(sum(sign) AS BIGINT) AS tasks,
@@ -556,7 +556,8 @@ near AS (
            coalesce(f.name, r.sibling_name, f.actor_repr) AS name,
            CASE WHEN fold_error_shown(f.error_key, f.final_key)
                 THEN coalesce(f.error.exception_class, f.error.error_type) END AS error,
-           f.job_id, f.node_id, f.duration_s, f.bin, fold_is_driver(f.task_type) AS driver
+           job_key(f.job_id, f.session) AS job, f.node_id, f.duration_s, f.bin,
+           fold_is_driver(f.task_type) AS driver
     FROM fold.task_fold AS f LEFT JOIN fold_renamed AS r USING (task_id, attempt, session)
     ANTI JOIN fold_ended AS x
         ON x.task_id = f.task_id AND x.attempt = f.attempt AND x.session = f.session
@@ -565,7 +566,7 @@ near AS (
     SELECT f.end_state, coalesce(f.name, r.sibling_name, f.actor_repr),
            coalesce(CASE WHEN fold_error_shown(f.error_key, f.final_key)
                          THEN f.error.exception_class END, f.end_error_type),
-           f.job_id, f.node_id, f.end_duration_s, fold_bin(f.end_duration_s),
+           job_key(f.job_id, f.session), f.node_id, f.end_duration_s, fold_bin(f.end_duration_s),
            fold_is_driver(f.task_type)
     FROM fold_ended AS f LEFT JOIN fold_renamed AS r USING (task_id, attempt, session)
     WHERE fold_bin(f.end_duration_s) IN (@bins)
@@ -577,9 +578,9 @@ near_dims AS (
     UNION ALL SELECT 'name', name, duration_s, bin FROM counted
     UNION ALL SELECT 'error_type', error, duration_s, bin FROM counted
         WHERE error IS NOT NULL
-    UNION ALL SELECT 'job', job_id, duration_s, bin FROM counted
+    UNION ALL SELECT 'job', job, duration_s, bin FROM counted
     UNION ALL SELECT 'node', node_id, duration_s, bin FROM counted
-    UNION ALL SELECT 'driver', job_id, duration_s, bin FROM near WHERE driver
+    UNION ALL SELECT 'driver', job, duration_s, bin FROM near WHERE driver
 ),
 ordered AS (
     SELECT dimension, value, bin, duration_s,

@@ -9,9 +9,11 @@ CREATE OR REPLACE MACRO duration_bin(d) AS
 -- What the summaries count, as Ray's own summary counts: every attempt but Ray's driver
 -- task (the `driver` dimension of task_summary holds those, by job); a failure's error is
 -- its exception class where Ray parsed one from its traceback (ValueError, not Ray's
--- TASK_EXECUTION_EXCEPTION, which stays in the tasks view's error_type).
+-- TASK_EXECUTION_EXCEPTION, which stays in the tasks view's error_type); a job is its
+-- job_key (keys.sql: a Ray job at its session).
 CREATE OR REPLACE VIEW counted_tasks AS
-SELECT *, coalesce(exception_class, error_type) AS error FROM tasks
+SELECT *, coalesce(exception_class, error_type) AS error, job_key(job_id, ray_session) AS job
+FROM tasks
 WHERE coalesce(task_type, '') <> 'DRIVER_TASK';
 
 -- Quantiles are exact (quantile_cont, interpolated); asking for the three in one list
@@ -40,7 +42,7 @@ FROM (
 
 CREATE OR REPLACE VIEW summary_by_state AS SELECT * FROM task_stats_by(final_state);
 CREATE OR REPLACE VIEW summary_by_name AS SELECT * FROM task_stats_by(name);
-CREATE OR REPLACE VIEW summary_by_job AS SELECT * FROM task_stats_by(job_id);
+CREATE OR REPLACE VIEW summary_by_job AS SELECT * FROM task_stats_by(job);
 CREATE OR REPLACE VIEW summary_by_node AS SELECT * FROM task_stats_by(node_id);
 CREATE OR REPLACE VIEW summary_by_error AS
 SELECT * FROM task_stats_by(error) WHERE value IS NOT NULL;
@@ -54,11 +56,11 @@ SELECT
         WHEN grouping(final_state) = 0 THEN 'state'
         WHEN grouping(name) = 0 THEN 'name'
         WHEN grouping(error) = 0 THEN 'error_type'
-        WHEN grouping(job_id) = 0 THEN 'job'
+        WHEN grouping(job) = 0 THEN 'job'
         WHEN grouping(node_id) = 0 THEN 'node'
         ELSE 'all'
     END AS dimension,
-    coalesce(final_state, name, error, job_id, node_id) AS value,
+    coalesce(final_state, name, error, job, node_id) AS value,
     count(*) AS tasks,
     count(*) FILTER (WHERE final_state = 'FINISHED') AS finished,
     count(*) FILTER (WHERE final_state = 'FAILED') AS failed,
@@ -66,14 +68,14 @@ SELECT
     quantile_cont(duration_s, [0.5, 0.9, 0.99]) AS q,
     max(duration_s) AS max_s
 FROM counted_tasks
-GROUP BY GROUPING SETS ((), (final_state), (name), (error), (job_id), (node_id))
+GROUP BY GROUPING SETS ((), (final_state), (name), (error), (job), (node_id))
 HAVING grouping(error) = 1 OR error IS NOT NULL
 UNION ALL
-SELECT 'driver', job_id, count(*),
+SELECT 'driver', job_key(job_id, ray_session), count(*),
     count(*) FILTER (WHERE final_state = 'FINISHED'),
     count(*) FILTER (WHERE final_state = 'FAILED'),
     count(*) FILTER (WHERE final_state NOT IN ('FINISHED', 'FAILED')),
     quantile_cont(duration_s, [0.5, 0.9, 0.99]), max(duration_s)
 FROM tasks WHERE task_type = 'DRIVER_TASK'
-GROUP BY job_id
+GROUP BY ALL
 );

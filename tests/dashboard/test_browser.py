@@ -146,6 +146,27 @@ def test_counts_of_a_none_group_are_not_links(page: Page, lake: Path) -> None:
     expect(job1.locator("a.count-link").first).to_have_attribute("href", "#/tasks?job=job1")
 
 
+def test_each_ray_cluster_s_job_is_a_group_of_its_own(page: Page, lake: Path) -> None:
+    # Every Ray cluster numbers its jobs from 01000000: two clusters' first jobs are two
+    # groups, and each group's link opens that cluster's tasks alone.
+    sessions = ["session_2026-12-06_10-00-00_000001_1", "session_2026-12-06_11-00-00_000002_2"]
+    rows = []
+    for n, session in enumerate([sessions[0], sessions[0], sessions[1]]):
+        for row in task_events(f"c{n}", "tiny", start=70.0 + n, run_s=0.5,
+                               end_state="FINISHED", job="01000000"):
+            row["attrs"] = {**row["attrs"], "ray_session": session}
+            rows.append(row)
+    write_rows(local_put(lake), rows, "part-00013.parquet")
+    page.goto("/#/groups?by=job")
+    expect(page.locator("table.grid tbody tr", has_text="01000000")).to_have_count(2)
+    first = page.locator("table.grid tbody tr", has_text=sessions[0])
+    expect(first.locator(".group-session")).to_have_text(sessions[0])  # a line of its own
+    expect(first.locator("a.count-link").first).to_have_text("2")
+    first.locator("a.count-link").first.click()
+    expect(page.locator("#task-count")).to_have_text("2 task attempts")
+    assert task_ids(page) == ["c0", "c1"]
+
+
 def test_auto_refresh_shows_new_files_and_escapes_text(page: Page, lake: Path) -> None:
     page.goto("/#/tasks")
     expect(page.locator("#task-count")).to_have_text(f"{Expected.tasks} task attempts")

@@ -52,7 +52,8 @@ def test_tasks_filters(lake: Path) -> None:
 @pytest.mark.parametrize("cache", [True, False], ids=["task-cache", "no-cache"])
 def test_tasks_of_one_ray_cluster_by_session(tmp_path: Path, cache: bool) -> None:
     """Every Ray cluster numbers its jobs from 01000000: a lake of two clusters tells
-    their tasks apart by the session `evagg query jobs` names."""
+    their tasks apart by the session `evagg query jobs` names, and the summary's job rows
+    by job and session."""
     first, second = "session_2026-12-06_10-00-00_000001_1", "session_2026-12-06_11-00-00_000002_2"
     rows = [event(kind="task", source="ray", task_id=f"t{n}", attempt=0, job_id="01000000",
                   name="tiny", state="FINISHED", time=at(n), attrs={"ray_session": session})
@@ -64,6 +65,13 @@ def test_tasks_of_one_ray_cluster_by_session(tmp_path: Path, cache: bool) -> Non
     one = evagg("query", *where, "tasks", "--job", "01000000", "--session", second, "--json")
     assert one.returncode == 0, one.stderr
     assert [(r["task_id"], r["ray_session"]) for r in json.loads(one.stdout)] == [("t2", second)]
+    # the summary counts each cluster's job apart, under the name its --job takes
+    summary = json.loads(evagg("query", *where, "summary", "--json").stdout)
+    jobs = {r["value"]: r["tasks"] for r in summary if r["dimension"] == "job"}
+    assert jobs == {f"01000000@{first}": 2, f"01000000@{second}": 1}
+    keyed = evagg("query", *where, "tasks", "--job", f"01000000@{first}", "--json")
+    assert keyed.returncode == 0, keyed.stderr
+    assert sorted(r["task_id"] for r in json.loads(keyed.stdout)) == ["t0", "t1"]
 
 
 def test_steps_search_and_sql(lake: Path, expected: type[Expected]) -> None:

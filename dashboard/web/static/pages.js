@@ -92,7 +92,7 @@ function groupTable(by, rows) {
     const none = row.value === null;
     const count = (filters, n, label) => none ? plainCount(n) : countLink(filters, n, label);
     const base = { [key]: row.value };
-    if (c.key === "value") return none ? h("span", { class: "muted" }, "(none)") : h("span", { title: row.value }, row.value);
+    if (c.key === "value") return none ? h("span", { class: "muted" }, "(none)") : groupLabel(row.value);
     if (c.key === "tasks") return count(base, row.tasks);
     if (c.state) return count({ ...base, state: c.state }, row[c.key], `${c.state} tasks`);
     if (c.key === "hist") {
@@ -101,6 +101,15 @@ function groupTable(by, rows) {
     }
     return fmtDur(row[c.key]);
   });
+}
+
+// A Ray job's group is job@session (dashboard/sql/keys.sql): the session goes on a line
+// of its own, as a clipped line would cut off what tells two clusters' jobs apart.
+function groupLabel(value) {
+  const at = value.lastIndexOf("@session_");
+  if (at < 0) return h("span", { title: value }, value);
+  return h("span", { title: value }, value.slice(0, at),
+    h("span", { class: "muted group-session" }, value.slice(at + 1)));
 }
 
 // -- task table ----------------------------------------------------------------------
