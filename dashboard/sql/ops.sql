@@ -1,7 +1,9 @@
 -- ops: one row per training op (kind = 'op'). Events of one op share span_id: a
 -- STARTED event and a terminal FINISHED/FAILED event fold into one row. An op event
 -- without span_id is an op by itself when it is terminal; a STARTED event without
--- span_id cannot be matched to its end and is left out.
+-- span_id cannot be matched to its end and is left out. An op that is one event (the
+-- torch tracker's, like OpenTelemetry's spans: spans.sql) is stamped at its start: its
+-- end (`time`) is start + duration_s, as steps.sql's step_intervals reads it too.
 CREATE OR REPLACE VIEW ops AS
 WITH op_events AS (
     SELECT *, coalesce(span_id, event_id) AS op_id
@@ -19,7 +21,12 @@ SELECT
         max(state)
     ) AS state,
     coalesce(min(time) FILTER (WHERE state = 'STARTED'), min(time)) AS started_at,
-    max(time) FILTER (WHERE state IS NULL OR state <> 'STARTED') AS time,
+    -- the terminal event's time, or start + duration_s where that is later
+    greatest(max(time) FILTER (WHERE state IS NULL OR state <> 'STARTED'),
+             CASE WHEN max(duration_s) BETWEEN 0 AND 1e9
+                  THEN coalesce(min(time) FILTER (WHERE state = 'STARTED'), min(time))
+                       + to_microseconds(CAST(round(max(duration_s) * 1e6) AS BIGINT)) END)
+        AS time,
     max(duration_s) AS duration_s,
     arg_max(metrics, time) FILTER (WHERE metrics IS NOT NULL) AS metrics,
     arg_max(nonfinite, time) FILTER (WHERE nonfinite IS NOT NULL) AS nonfinite,

@@ -163,6 +163,32 @@ def test_step_seconds_count_nested_ops_once(trained: dict[str, Any]) -> None:
         assert row["summed"] > row["seconds"]
 
 
+def test_a_step_ends_when_its_train_step_ends(trained: dict[str, Any]) -> None:
+    # The tracker stamps each op's one event at its start, with its duration: the op's end
+    # (`time`), its step's ended_at and its run's are start + duration, not the start.
+    query = trained["query"]
+    ops = query("SELECT name, epoch_us(started_at) AS started, epoch_us(time) AS ended, "
+                "duration_s FROM ops WHERE run_id = 'raise-after-forward'")
+    assert len(ops) == 8  # 4 + 2 (a NaN loss: no backward) + 2 (raised after forward)
+    for op in ops:
+        assert op["ended"] - op["started"] == round(op["duration_s"] * 1e6), op
+    steps = query("SELECT s.step, epoch_us(s.ended_at) - epoch_us(s.started_at) AS wall_us, "
+                  "s.seconds, epoch_us(s.ended_at) AS ended, epoch_us(o.time) AS step_end "
+                  "FROM steps s JOIN ops o ON o.run_id = s.run_id AND o.step = s.step "
+                  "AND o.name = 'train_step' WHERE s.run_id = 'raise-after-forward'")
+    for step in steps:
+        assert step["ended"] == step["step_end"], step
+        assert step["wall_us"] >= round(step["seconds"] * 1e6) - 1, step
+    (run,) = query("SELECT epoch_us(ended_at) AS ended FROM runs "
+                   "WHERE run_id = 'raise-after-forward'")
+    assert run["ended"] == max(s["ended"] for s in steps)
+    # an op of two events (STARTED, FINISHED) ends when its FINISHED event says
+    (rollout,) = query("SELECT epoch_us(o.time) AS ended, (SELECT max(epoch_us(time)) "
+                       "FROM events e WHERE e.span_id = o.op_id) AS finished "
+                       "FROM ops o WHERE run_id = 'rollout-run'")
+    assert rollout["ended"] >= rollout["finished"]
+
+
 def test_ops_join_the_span_that_ran_them(trained: dict[str, Any]) -> None:
     query = trained["query"]
     trace, parent = trained["trace_id"], trained["span_id"]
