@@ -12,6 +12,7 @@ import orjson
 from dashboard.lake.results import Result
 
 MAX_CELL = 60
+SMALL_FLOAT = 0.01  # below this, a float keeps significant digits, not three decimals
 _ISO = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)(\.\d{3})?\d*Z$")
 
 
@@ -68,7 +69,7 @@ def table_cell(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        return f"{value:.3f}" if abs(value) < 1e12 else f"{value:.4g}"
+        return float_cell(value)
     if isinstance(value, dict):
         text = ", ".join(f"{k}={spread(v)}" for k, v in value.items())
     elif isinstance(value, list):
@@ -80,6 +81,14 @@ def table_cell(value: Any) -> str:
             text = f"{iso.group(1)} {iso.group(2)}{iso.group(3) or ''}"
     text = text.replace("\r", "").replace("\n", " ⏎ ")
     return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+
+
+def float_cell(value: float) -> str:
+    """Three decimals, as durations in seconds read; a small value (a learning rate, an
+    op's 198 us) keeps three significant digits instead of reading 0.000."""
+    if value != 0 and abs(value) < SMALL_FLOAT:
+        return f"{value:.3g}"
+    return f"{value:.3f}" if abs(value) < 1e12 else f"{value:.4g}"
 
 
 def spread(value: Any) -> str:

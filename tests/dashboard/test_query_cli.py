@@ -90,6 +90,15 @@ def test_steps_search_and_sql(lake: Path, expected: type[Expected]) -> None:
     assert counted.stdout.splitlines() == ["n", str(expected.distinct_events)]
 
 
+def test_small_numbers_keep_their_digits_in_the_table(lake: Path) -> None:
+    # an op of 198 us and a learning rate of 1e-5 used to read 0.000
+    out = evagg("query", "--data", str(lake), "sql",
+                "SELECT 0.000198149::DOUBLE AS backward_s, 1e-5::DOUBLE AS lr, "
+                "2.5::DOUBLE AS loss, 0.0::DOUBLE AS zero")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[2].split() == ["0.000198", "1e-05", "2.500", "0.000"]
+
+
 def test_data_from_the_environment(lake: Path) -> None:
     import os
 
