@@ -38,7 +38,9 @@ FINAL_STATES = ("PENDING", "SUBMITTED", "RUNNING", "FINISHED", "FAILED", "DEFINE
 SHORT_TASK_COLUMNS = ("task_id", "attempt", "name", "final_state", "node_id", "duration_s",
                       "error_type")
 NO_RUN_ID = "(no run_id)"
-NO_JOB_ID = "(no job id)"  # a summary's job row for tasks sent without a job_id
+# what a summary's row with no value stands for, by dimension
+NO_VALUE = {"job": "(no job id)", "driver": "(no job id)",
+            "error_type": "(no error type)"}  # failures sent without an error_type
 SUMMARY_NOTE = ("tasks counts task attempts, as Ray's own summary does: a task Ray ran "
                 "twice (a retry) counts 2")
 DRIVERS_NOTE = ("; Ray's driver tasks ({n}) are counted only in the driver rows, as Ray "
@@ -200,7 +202,8 @@ def run_query(args: argparse.Namespace) -> int:
 
 
 def _summary(store: Store, _args: argparse.Namespace) -> Result:
-    """Tasks sent without a job id are one job row; it says so instead of reading empty.
+    """Tasks sent without a job id are one job row, failures without an error type one
+    error row; each says so instead of reading empty.
     Under the table, a line says what `tasks` counts and where Ray's drivers went."""
     result = queries.summary(store)
     if not {"dimension", "value", "tasks"} <= set(result.columns):
@@ -208,8 +211,8 @@ def _summary(store: Store, _args: argparse.Namespace) -> Result:
     dimension, value = result.columns.index("dimension"), result.columns.index("value")
     drivers = 0
     for row in result.rows:
-        if row[dimension] in ("job", "driver") and not row[value]:
-            row[value] = NO_JOB_ID
+        if row[dimension] in NO_VALUE and not row[value]:
+            row[value] = NO_VALUE[row[dimension]]
         if row[dimension] == "driver":
             drivers += int(row[result.columns.index("tasks")])
     result.extra["note"] = SUMMARY_NOTE + (DRIVERS_NOTE.format(n=drivers) if drivers else "")

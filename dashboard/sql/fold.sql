@@ -123,7 +123,7 @@ d AS (
     UNION ALL SELECT sign, 'state', state, state, timed, bin FROM counted
     UNION ALL SELECT sign, 'name', name, state, timed, bin FROM counted
     UNION ALL SELECT sign, 'error_type', error, state, timed, bin FROM counted
-        WHERE error IS NOT NULL
+        WHERE error IS NOT NULL OR state = 'FAILED'
     UNION ALL SELECT sign, 'job', job, state, timed, bin FROM counted
     UNION ALL SELECT sign, 'node', node_id, state, timed, bin FROM counted
     UNION ALL SELECT sign, 'driver', job, state, timed, bin FROM combinations WHERE driver
@@ -577,7 +577,7 @@ near_dims AS (
     UNION ALL SELECT 'state', state, duration_s, bin FROM counted
     UNION ALL SELECT 'name', name, duration_s, bin FROM counted
     UNION ALL SELECT 'error_type', error, duration_s, bin FROM counted
-        WHERE error IS NOT NULL
+        WHERE error IS NOT NULL OR state = 'FAILED'
     UNION ALL SELECT 'job', job, duration_s, bin FROM counted
     UNION ALL SELECT 'node', node_id, duration_s, bin FROM counted
     UNION ALL SELECT 'driver', job, duration_s, bin FROM near WHERE driver

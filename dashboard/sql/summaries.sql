@@ -10,16 +10,20 @@ CREATE OR REPLACE MACRO duration_bin(d) AS
 -- task (the `driver` dimension of task_summary holds those, by job); a failure's error is
 -- its exception class where Ray parsed one from its traceback (ValueError, not Ray's
 -- TASK_EXECUTION_EXCEPTION, which stays in the tasks view's error_type); a job is its
--- job_key (keys.sql: a Ray job at its session).
+-- job_key (keys.sql: a Ray job at its session). The error dimension counts every task
+-- with an error and every failure, one without an error under NULL ("no error type"), so
+-- that its rows add up to the failures.
 CREATE OR REPLACE VIEW counted_tasks AS
-SELECT *, coalesce(exception_class, error_type) AS error, job_key(job_id, ray_session) AS job
+SELECT *, coalesce(exception_class, error_type) AS error, job_key(job_id, ray_session) AS job,
+       error IS NOT NULL OR final_state = 'FAILED' AS erred
 FROM tasks
 WHERE coalesce(task_type, '') <> 'DRIVER_TASK';
+CREATE OR REPLACE VIEW erred_tasks AS SELECT * FROM counted_tasks WHERE erred;
 
 -- Quantiles are exact (quantile_cont, interpolated); asking for the three in one list
 -- sorts each group once instead of three times. max_s, mean_s and duration_bins leave
 -- `*` and come back after the quantiles, so each column appears once.
-CREATE OR REPLACE MACRO task_stats_by(dim) AS TABLE
+CREATE OR REPLACE MACRO task_stats_by(dim, counted := 'counted_tasks') AS TABLE
 SELECT * EXCLUDE (q, max_s, mean_s, duration_bins),
        q[1] AS p50_s, q[2] AS p90_s, q[3] AS p99_s, max_s, mean_s, duration_bins
 FROM (
@@ -36,7 +40,7 @@ FROM (
         avg(duration_s) AS mean_s,
         histogram(duration_bin(duration_s)) FILTER (WHERE duration_s IS NOT NULL)
             AS duration_bins
-    FROM counted_tasks
+    FROM query_table(counted)
     GROUP BY dim
 );
 
@@ -45,7 +49,7 @@ CREATE OR REPLACE VIEW summary_by_name AS SELECT * FROM task_stats_by(name);
 CREATE OR REPLACE VIEW summary_by_job AS SELECT * FROM task_stats_by(job);
 CREATE OR REPLACE VIEW summary_by_node AS SELECT * FROM task_stats_by(node_id);
 CREATE OR REPLACE VIEW summary_by_error AS
-SELECT * FROM task_stats_by(error) WHERE value IS NOT NULL;
+SELECT * FROM task_stats_by(error, counted := 'erred_tasks');
 
 -- All dimensions in one pass over `tasks` (what `evagg query summary` prints): the
 -- fold of task events runs once instead of once per dimension.
@@ -68,8 +72,8 @@ SELECT
     quantile_cont(duration_s, [0.5, 0.9, 0.99]) AS q,
     max(duration_s) AS max_s
 FROM counted_tasks
-GROUP BY GROUPING SETS ((), (final_state), (name), (error), (job), (node_id))
-HAVING grouping(error) = 1 OR error IS NOT NULL
+GROUP BY GROUPING SETS ((), (final_state), (name), (erred, error), (job), (node_id))
+HAVING grouping(error) = 1 OR erred
 UNION ALL
 SELECT 'driver', job_key(job_id, ray_session), count(*),
     count(*) FILTER (WHERE final_state = 'FINISHED'),

@@ -132,18 +132,32 @@ def test_groups_and_agents_pages(page: Page) -> None:
 
 
 def test_counts_of_a_none_group_are_not_links(page: Page, lake: Path) -> None:
-    # A link for the (none) row could carry no job filter, so it would open every task.
+    # A link for the (no job id) row could carry no job filter: it would open every task.
     rows = task_events("nojob1", "orphan", start=65.0, run_s=1.0, end_state="FINISHED")
     for row in rows:
         row["job_id"] = None
     write_rows(local_put(lake), rows, "part-00012.parquet")
     page.goto("/#/groups?by=job")
-    none_row = page.locator("table.grid tbody tr", has_text="(none)")
+    none_row = page.locator("table.grid tbody tr", has_text="(no job id)")
     expect(none_row).to_have_count(1)
     expect(none_row.locator("a")).to_have_count(0)
     expect(none_row.locator(".count-plain")).to_have_count(2)  # tasks and finished: 1 each
     job1 = page.locator("table.grid tbody tr", has_text="job1")
     expect(job1.locator("a.count-link").first).to_have_attribute("href", "#/tasks?job=job1")
+
+
+def test_a_failure_without_an_error_type_is_among_the_failures_by_error(
+        page: Page, lake: Path) -> None:
+    write_rows(local_put(lake), task_events("mute1", "mute", start=66.0, run_s=1.0,
+                                            end_state="FAILED"), "part-00014.parquet")
+    page.goto("/")
+    expect(page.locator(".state-chip[data-state=FAILED]")).to_contain_text("5")
+    section = page.locator("section", has_text="Failures by error")
+    mute = section.locator("table.grid tbody tr", has_text="(no error type)")
+    expect(mute).to_have_count(1)
+    expect(mute.locator(".count-plain").first).to_have_text("1")
+    counts = section.locator("table.grid tbody tr td:nth-child(2)").all_inner_texts()
+    assert sum(int(n) for n in counts) == 5  # the error rows add up to the failures
 
 
 def test_each_ray_cluster_s_job_is_a_group_of_its_own(page: Page, lake: Path) -> None:

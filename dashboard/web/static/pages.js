@@ -12,6 +12,9 @@ const STATES = ["PENDING", "SUBMITTED", "RUNNING", "FINISHED", "FAILED"];
 // the error type (docs/dashboard.md); the dimension keeps its name for old links.
 const DIMENSIONS = { name: "Function name", error_type: "Error", job: "Job", node: "Node", state: "State" };
 const FILTER_OF = { name: "name", error_type: "error_type", job: "job", node: "node", state: "state" };
+// What a group without a value holds (failures sent without an error type count under the
+// error dimension, so that its groups add up to the failures).
+const NONE_OF = { error_type: "(no error type)", job: "(no job id)" };
 
 function countLink(filters, n, label) {
   if (!n) return h("span", { class: "muted" }, "0");
@@ -92,7 +95,7 @@ function groupTable(by, rows) {
     const none = row.value === null;
     const count = (filters, n, label) => none ? plainCount(n) : countLink(filters, n, label);
     const base = { [key]: row.value };
-    if (c.key === "value") return none ? h("span", { class: "muted" }, "(none)") : groupLabel(row.value);
+    if (c.key === "value") return none ? h("span", { class: "muted" }, NONE_OF[by] || "(none)") : groupLabel(row.value);
     if (c.key === "tasks") return count(base, row.tasks);
     if (c.state) return count({ ...base, state: c.state }, row[c.key], `${c.state} tasks`);
     if (c.key === "hist") {
