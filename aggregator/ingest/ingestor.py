@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,10 +25,13 @@ from aggregator.metrics import AgentMetrics
 from aggregator.red.metrics import RedMetrics
 from aggregator.spool import Spool, SpoolClosed
 from aggregator.thread_names import name_this_thread
+from emitters.ratelimit import RateLimitedLog
 from emitters.wire import NO_SESSION
 from sinks.schema import batch_to_bytes
 
 T = TypeVar("T")
+log = logging.getLogger("evagg.ingest")
+LOGGED_REASON_CHARS = 300
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +74,9 @@ class Ingestor:
         # gained, on one core and on two alike.
         self._executor = ThreadPoolExecutor(decode_threads, thread_name_prefix="evagg-decode",
                                             initializer=name_this_thread)
+        # refused events, said once a minute per route: a producer sending nothing but
+        # bad events costs a line a minute, not one per batch
+        self._rejections = RateLimitedLog(log)
 
     def stamp(self, pid: int | None = None, uid: int | None = None) -> Stamp:
         return Stamp(time.time_ns(), pid, uid, self.node_id, self.host)
@@ -114,9 +121,10 @@ class Ingestor:
     async def store(self, normalized: Normalized, stamp: Stamp, *, route: str,
                     session: bytes = NO_SESSION, seq: int = 0, raw_bytes: int = 0) -> IngestResult:
         rejected = len(normalized.rejected)
+        reasons = tuple(f"event {i}: {r}" for i, r in normalized.rejected[:10])
         if rejected:
             self.metrics.rejected_events.inc(rejected, route=route)
-        reasons = tuple(f"event {i}: {r}" for i, r in normalized.rejected[:10])
+            self._say_rejected(route, rejected, reasons[0], stamp.pid)
         batch = normalized.batch
         if batch.num_rows == 0:
             return IngestResult(0, rejected, False, normalized.first_reason(), reasons)
@@ -151,6 +159,14 @@ class Ingestor:
         self.metrics.received_frames.inc(route=route)
         self.metrics.received_bytes.inc(raw_bytes or len(payload), route=route)
         return IngestResult(batch.num_rows, rejected, False, normalized.first_reason(), reasons)
+
+    def _say_rejected(self, route: str, count: int, first: str, pid: int | None) -> None:
+        sender = f" from pid {pid}" if pid is not None else ""
+        self._rejections.log(
+            logging.WARNING, route, "refused %d bad event%s on %s%s: %s; the producer was "
+            "told why, the good events beside them were kept, and `evagg status` counts "
+            "them as rejected", count, "" if count == 1 else "s", route, sender,
+            first[:LOGGED_REASON_CHARS])
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

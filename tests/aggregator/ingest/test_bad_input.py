@@ -87,6 +87,27 @@ def test_partly_bad_frame_keeps_good_events_and_says_why(agent: AgentProcess) ->
     assert rows == [("good1", os.getpid(), os.getuid()), ("good2", os.getpid(), os.getuid())]
 
 
+def test_refused_events_are_said_in_the_agent_log_once_a_minute(agent: AgentProcess) -> None:
+    # An operator who sees `rejected` in `evagg status` finds what and from whom in the
+    # log; a producer that keeps sending bad events costs one line a minute, not one each.
+    payload = b'{"kind": "op", "name": "good"}\n{"kind": "op", "step": "x"}'
+    for _ in range(3):
+        with connect(agent) as sock:
+            sock.sendall(batch(payload))
+            answer = read_answer(sock)
+        assert isinstance(answer, wire.Ack) and answer.rejected == 1
+    status, body = post(agent, "/v1/events", b'{"kind": "task", "duration_s": "slow"}')
+    assert status == 400 and body["rejected"] == 1
+    agent.stop()
+    said = [line for line in agent.log().splitlines() if "refused" in line and "bad event" in line]
+    assert len(said) == 2, said  # one for the socket's three, one for HTTP
+    socket_line = next(line for line in said if " on socket " in line)
+    assert f"refused 1 bad event on socket from pid {os.getpid()}: event 1: field 'step' " \
+           "must be an integer" in socket_line
+    assert "counts them as rejected" in socket_line
+    assert any("on http: event 0: field 'duration_s' must be a number" in line for line in said)
+
+
 def test_resent_frame_is_stored_once(agent: AgentProcess) -> None:
     frame = wire.encode_batch(b"S" * 16, 7, 1, b'{"kind": "op", "name": "once"}')
     for _ in range(3):
