@@ -191,13 +191,20 @@ def _step_event(done: Step, name: str, ids: dict[str, str]) -> dict[str, Any]:
 
 
 def _join_trace(events: list[dict[str, Any]], context: object) -> None:
-    """Each op a span of its own, a child of the span that was current in the step."""
+    """Each op a span of its own: the step (the last event) a child of the span that was
+    current in it, its phases children of the step, so a trace nests each step's phases
+    under it instead of listing every step's ops side by side."""
     if not isinstance(context, tracecontext.TraceContext):
         return
-    for event in events:
+    step_span = new_span_id()
+    *phases, step = events
+    for event in phases:
         event["trace_id"] = context.trace_id
         event["span_id"] = new_span_id()
-        event["parent_span_id"] = context.span_id
+        event["parent_span_id"] = step_span
+    step["trace_id"] = context.trace_id
+    step["span_id"] = step_span
+    step["parent_span_id"] = context.span_id
 
 
 def _elapsed_s(start: Mark, end: Mark) -> float:

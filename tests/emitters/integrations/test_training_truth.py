@@ -192,14 +192,23 @@ def test_a_step_ends_when_its_train_step_ends(trained: dict[str, Any]) -> None:
 def test_ops_join_the_span_that_ran_them(trained: dict[str, Any]) -> None:
     query = trained["query"]
     trace, parent = trained["trace_id"], trained["span_id"]
-    spans = query(f"SELECT name, parent_span_id, state FROM spans WHERE trace_id = '{trace}' "
-                  "ORDER BY name")
+    spans = query(f"SELECT name, span_id, parent_span_id, state FROM spans "
+                  f"WHERE trace_id = '{trace}' ORDER BY name")
     names = [s["name"] for s in spans]
     assert names.count("trainer.train") == 1
     assert {"rollout", "forward", "backward", "optimizer_step", "train_step"} <= set(names)
+    steps = {s["span_id"] for s in spans if s["name"] == "train_step"}
+    assert len(steps) == 5  # 3 steps of one run, 2 of the other, each its own span
     for span in spans:
-        if span["name"] != "trainer.train":
+        if span["name"] in ("rollout", "train_step"):
             assert span["parent_span_id"] == parent, span
+        elif span["name"] != "trainer.train":  # a step's phase: inside its step
+            assert span["parent_span_id"] in steps, span
+    # each phase's step holds it: same step number, and the phase within the step's time
+    nested = query(f"SELECT count(*) AS n FROM spans p JOIN spans s ON s.trace_id = "
+                   f"p.trace_id AND s.span_id = p.parent_span_id WHERE p.trace_id = '{trace}' "
+                   "AND s.name = 'train_step' AND p.start_at >= s.start_at")
+    assert nested == [{"n": len(spans) - 1 - 1 - len(steps)}]
     # each op a span of its own, and the ops view still pairs the rollout's two events
     assert query("SELECT count(*) AS n FROM ops WHERE run_id = 'rollout-run'") == [{"n": 1}]
     assert query(f"SELECT count(DISTINCT span_id) AS n FROM spans WHERE trace_id = '{trace}' "
