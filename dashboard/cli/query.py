@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from dashboard.cli.output import render
 from dashboard.cli.query_artifacts import add_artifacts_parser
 from dashboard.cli.query_logs import add_logs_parser
+from dashboard.cli.query_traces import add_traces_parser
 from dashboard.lake.errors import BadInput, DashboardError, NotFound
 from dashboard.lake.results import Result
 from dashboard.lake.store import ENGINES, Store, StoreOptions
@@ -163,6 +164,7 @@ def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
     trace.add_argument("--session", help="Ray session name or a unique prefix of it "
                                          "(default: the newest)")
     trace.add_argument("--out", required=True, help="the trace file to write (JSON)")
+    add_traces_parser(add)
     add_logs_parser(add)
     add_artifacts_parser(add)
     sql = add("sql", "run your own SQL over the views", _sql)

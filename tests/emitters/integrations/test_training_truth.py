@@ -7,8 +7,10 @@ real agent, and the `evagg query sql` command reads the steps and spans views ba
   FINISHED.
 - A step's seconds count each moment of wall time once: the train step spans forward,
   backward and optimizer_step, so the step takes the train step's time, not their sum.
-- Ops that ran while an OpenTelemetry span was current are spans of its trace, children
-  of that span: forward and backward appear under `trainer.train`.
+- A step ends when its train step ends (the tracker stamps each op at its start).
+- Ops that ran while an OpenTelemetry span was current are spans of its trace: each
+  train step a child of `trainer.train`, its forward and backward children of the step;
+  `evagg query traces` lists the trace and `evagg query trace ID` draws it as that tree.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ def run_script(agent: AgentProcess) -> dict[str, Any]:
     # the span
     agent.wait_rows("SELECT 1 FROM events WHERE kind IN ('op', 'span')", 18, timeout=120)
     ids["query"] = evagg_sql(agent.lake_dir)
+    ids["lake"] = agent.lake_dir
     return ids
 
 
@@ -213,3 +216,33 @@ def test_ops_join_the_span_that_ran_them(trained: dict[str, Any]) -> None:
     assert query("SELECT count(*) AS n FROM ops WHERE run_id = 'rollout-run'") == [{"n": 1}]
     assert query(f"SELECT count(DISTINCT span_id) AS n FROM spans WHERE trace_id = '{trace}' "
                  "AND name = 'forward'") == [{"n": 5}]
+
+
+def test_the_trace_reads_as_a_tree_from_the_command_line(trained: dict[str, Any]) -> None:
+    lake = trained["lake"]
+    listed = evagg_query(lake, "traces", "--json")
+    (found,) = [t for t in orjson.loads(listed) if t["trace_id"] == trained["trace_id"]]
+    assert found["root_name"] == "trainer.train" and found["failures"] == 3
+    table = evagg_query(lake, "trace", trained["trace_id"]).splitlines()
+    start, end = table[0].index("name"), table[0].index("state")  # the name column
+    shown = [line[start:end].rstrip() for line in table[2:-1]]
+    assert shown[0] == "trainer.train"
+    # each step under the outer span, its phases under the step
+    assert "  train_step" in shown and "    forward" in shown and "    backward" in shown
+    assert "  rollout" in shown
+    assert not any(name.strip() == "forward" and not name.startswith("    ") for name in shown)
+    missing = subprocess.run(
+        [sys.executable, "-m", "aggregator", "query", "--data", str(lake), "trace", "f" * 32],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert missing.returncode == 1 and f"no spans for trace '{'f' * 32}'" in missing.stderr
+
+
+def evagg_query(lake: Path, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "aggregator", "query", "--data", str(lake),
+         "--cache", str(lake.parent / "cache"), *args],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    return done.stdout
