@@ -1,7 +1,8 @@
 """The training pages in Chromium over a lake a real agent wrote: the hand-off example of
 docs/queueing.md runs as printed and its steps show their queue time; a CPU torch loop
 under TrainingTracker inside an OpenTelemetry span shows each step's wall time once (the
-train step's, not the sum of its nested ops) and its ops inside that span's trace."""
+train step's, not the sum of its nested ops), its metrics readable, and its ops inside
+that span's trace, each step's phases inside the step."""
 
 from __future__ import annotations
 
@@ -118,6 +119,10 @@ def test_a_step_takes_its_train_steps_wall_time_not_the_sum_of_its_ops(page: Pag
         cells = step_cells(page, step)
         assert cells["wall time"] == train_step, (cells, train_step)
         assert cells["queue time"] == "—"
+        # one value a step reads as itself; a wait in seconds reads as a duration
+        spread = cells["metric spread (min … max)"]
+        assert re.search(r"data_wait_s [\d.]+ (µs|ms)\b", spread), spread
+        assert re.search(r"loss [\d.]+(e-\d+)?$", spread, re.M) and "…" not in spread, spread
     page.screenshot(path=str(ARTIFACTS / "training-wall-time.png"), full_page=True)
 
 
@@ -132,5 +137,12 @@ def test_the_steps_ops_appear_inside_the_span_that_ran_them(
     assert sorted(set(names[1:])) == ["backward", "forward", "optimizer_step", "train_step"]
     xs = [float(x) for x in rows.locator("text.span-name").evaluate_all(
         "els => els.map(e => e.getAttribute('x'))")]
-    assert all(x > xs[0] for x in xs[1:])  # one level in: children of trainer.train
+    # each train step one level in (a child of trainer.train), its phases inside it
+    step_x = {x for x, name in zip(xs, names, strict=True) if name == "train_step"}
+    phase_x = {x for x, name in zip(xs, names, strict=True) if name not in
+               ("trainer.train", "train_step")}
+    assert len(step_x) == 1 and len(phase_x) == 1 and xs[0] < min(step_x) < min(phase_x)
+    # the waterfall takes the page's width, not a 960 px box
+    width = page.locator("svg.waterfall").bounding_box()
+    assert width is not None and width["width"] >= 1400 - 80, width
     page.screenshot(path=str(ARTIFACTS / "training-trace.png"), full_page=True)

@@ -1,5 +1,5 @@
 // Charts drawn as inline SVG: no library, nothing fetched from elsewhere.
-import { h, s, fmtDur, fmtNum, fmtTime } from "./dom.js";
+import { h, s, fmtDur, fmtNum, fmtMetric, fmtTime } from "./dom.js";
 
 export const STATE_COLORS = {
   PENDING: "#b0b7c3", SUBMITTED: "#8fa3bf", RUNNING: "#3b6fd4", FINISHED: "#3aa27a", FAILED: "#d14b4b",
@@ -171,7 +171,8 @@ export function metricChart(metric, points, nanSteps = []) {
   const steps = points.map((p) => p.step).concat(nanSteps);
   const lo = points.length ? Math.min(...points.map((p) => p.min)) : 0;
   const hi = points.length ? Math.max(...points.map((p) => p.max)) : 0;
-  const hiText = fmtNum(hi), loText = fmtNum(lo);
+  const fmt = (v) => fmtMetric(metric, v);
+  const hiText = fmt(hi), loText = fmt(lo);
   const width = 420, height = 170, right = 10, top = 22, bottom = 24;
   const left = Math.max(50, Math.ceil(12 + AXIS_CHAR_PX * Math.max(hiText.length, loText.length)));
   const x0 = Math.min(...steps), x1 = Math.max(...steps);
@@ -195,7 +196,7 @@ export function metricChart(metric, points, nanSteps = []) {
   svg.append(s("polyline", { points: points.map((p) => `${xs(p.step)},${ys(p.mean)}`).join(" "), class: "line" }));
   for (const p of points) {
     svg.append(s("circle", { cx: xs(p.step), cy: ys(p.mean), r: 2.5, class: "dot" },
-      s("title", null, `step ${p.step}: mean ${fmtNum(p.mean)} (min ${fmtNum(p.min)}, max ${fmtNum(p.max)}, n ${p.n})`)));
+      s("title", null, `step ${p.step}: mean ${fmt(p.mean)} (min ${fmt(p.min)}, max ${fmt(p.max)}, n ${p.n})`)));
   }
   for (const step of nanSteps) {
     const x = xs(step);
@@ -224,7 +225,9 @@ export function waterfall(spans, onPick) {
   };
   walk(null, 0);
   const total = Math.max(...ordered.map((sp) => sp.offset_ms + (sp.duration_s || 0) * 1000), 1e-3);
-  const rowH = 24, labelW = 280, width = 960, barArea = width - labelW - 90;
+  // as wide as the page (the docs' promise: a wide screen shows more, not a margin)
+  const width = Math.max(960, (document.documentElement.clientWidth || 1280) - 40);
+  const rowH = 24, labelW = 280, barArea = width - labelW - 90;
   const svg = s("svg", { viewBox: `0 0 ${width} ${ordered.length * rowH + 24}`, class: "chart waterfall" });
   svg.append(s("text", { x: labelW, y: 14, class: "axis" }, "0 ms"));
   svg.append(s("text", { x: labelW + barArea, y: 14, "text-anchor": "end", class: "axis" }, fmtDur(total / 1000)));

@@ -55,6 +55,7 @@ export function fmtTime(iso) {
 export function fmtDur(seconds) {
   if (seconds === null || seconds === undefined) return "";
   const v = Number(seconds);
+  if (v < 1e-5) return `${Number((v * 1e6).toFixed(1))} µs`;  // a data wait of 0.8 µs, not 1
   if (v < 1e-3) return `${(v * 1e6).toFixed(0)} µs`;
   if (v < 1) return `${(v * 1e3).toFixed(1)} ms`;
   if (v < 120) return `${v.toFixed(2)} s`;
@@ -67,7 +68,17 @@ export function fmtNum(value, digits = 3) {
   if (value === null || value === undefined) return "";
   if (Number.isInteger(value)) return value.toLocaleString("en-US");
   const v = Number(value);
-  return Math.abs(v) >= 1000 ? v.toFixed(1) : v.toPrecision(digits).replace(/\.?0+$/, "");
+  if (Math.abs(v) >= 1000) return v.toFixed(1);
+  // below 0.001 always as 1.34e-6: toPrecision writes 0.00000134 down to 1e-6 and
+  // 8.14e-7 below it, two ways in one column
+  if (v !== 0 && Math.abs(v) < 1e-3) return v.toExponential(digits - 1).replace(/\.?0+e/, "e");
+  return v.toPrecision(digits).replace(/\.?0+$/, "");
+}
+
+// A metric's value: one whose name ends in _s is seconds (the tracker's data_wait_s,
+// queue_s) and reads as a duration; any other as a number.
+export function fmtMetric(name, value) {
+  return /_s$/.test(name) ? fmtDur(value) : fmtNum(value);
 }
 
 export function fmtBytes(n) {

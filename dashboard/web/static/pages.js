@@ -1,6 +1,6 @@
 // The pages. Each takes the route's parameters and returns a DOM node to show.
 import { getJSON } from "./api.js";
-import { h, hashLink, routeHref, fmtTime, fmtDur, fmtNum, fmtBytes, stateBadge, table, section, errorText,
+import { h, hashLink, routeHref, fmtTime, fmtDur, fmtNum, fmtMetric, fmtBytes, stateBadge, table, section, errorText,
   fmtClock } from "./dom.js";
 import { noAgents, noRuns, noTasks, noTraces } from "./empty.js";
 import { attemptLogs } from "./logs.js";
@@ -283,8 +283,11 @@ export async function run(params) {
     metricChart(name, pts, badSteps.get(name) || [])));
   const rows = data.steps.rows.map((st) => {
     const ops = opsByStep.get(st.step) || [];
-    const spread = Object.entries(st.metrics || {}).map(([k, v]) =>
-      h("div", null, h("b", null, k), ` ${fmtNum(v.min)} … ${fmtNum(v.max)} (mean ${fmtNum(v.mean)})`));
+    // one value (one op reported the metric in the step) reads as itself, not "x … x (mean x)"
+    const spread = Object.entries(st.metrics || {}).map(([k, v]) => {
+      const [lo, hi, mean] = [v.min, v.max, v.mean].map((x) => fmtMetric(k, x));
+      return h("div", null, h("b", null, k), lo === hi ? ` ${lo}` : ` ${lo} … ${hi} (mean ${mean})`);
+    });
     const opList = h("details", null, h("summary", null, `${ops.length} ops: ${(st.op_names || []).join(", ")}`),
       h("ul", { class: "ops" }, ops.map((op) => h("li", null, stateBadge(op.state), ` ${op.name} `,
         h("span", { class: "muted" }, `${fmtDur(op.duration_s)}${op.own_step !== st.step ? ` (own step: ${op.own_step ?? "none"})` : ""}`),
