@@ -12,6 +12,8 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
+import orjson
+
 from emitters import wire
 from emitters.columns_items import deferred_columns, emit_columns
 from emitters.columns_read import read_rows
@@ -30,6 +32,18 @@ class PendingFrame(NamedTuple):
     @property
     def is_columns(self) -> bool:
         return wire.frame_type(self.frame) == wire.COLUMNS
+
+    def event(self, index: int) -> Any:
+        """Its event at `index` as the agent counts them (a batch's non-blank lines, a
+        COLUMNS frame's rows), or None: for naming the events the agent refused."""
+        payload = wire.payload_of(self.frame)
+        try:
+            if self.is_columns:
+                return read_rows(payload, self.events)[index]
+            lines = [line for line in payload.split(b"\n") if line.strip()]
+            return orjson.loads(lines[index])
+        except (IndexError, ValueError):
+            return None
 
 
 class Outbox:

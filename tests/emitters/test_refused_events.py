@@ -33,6 +33,25 @@ def test_a_bad_value_is_refused_by_the_agent_and_counted_by_its_reason(
     assert rows == [("good", 0.5, None)]
 
 
+@pytest.mark.parametrize("frames", ["columns", "ndjson"])
+def test_the_log_names_the_refused_call(agent: AgentProcess, frames: str,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    # "event 2" counts within a frame of many emit() calls: the log names the event
+    emitter = Emitter(socket=agent.socket_path, frames=frames)
+    try:
+        with caplog.at_level("WARNING", logger="evagg"):
+            for n in range(3):
+                emitter.emit(kind="task", name=f"good{n}", duration_s=0.5)
+            emitter.emit(kind="task", name="lib_bad_dur", duration_s="abc")
+            assert not emitter.flush(30)
+    finally:
+        emitter.close(5.0)
+    said = [r.getMessage() for r in caplog.records if "evagg agent re" in r.getMessage()]
+    assert len(said) == 1, said
+    assert ("(task 'lib_bad_dur'): field 'duration_s' must be a number, got str"
+            in said[0]), said
+
+
 def test_an_event_refused_alone_is_counted_as_nacked_with_the_reason(
         agent: AgentProcess) -> None:
     emitter = Emitter(socket=agent.socket_path)
