@@ -182,7 +182,7 @@ class Ledger:
             return True
         return False
 
-    def _settle(self, session: bytes, seq: int) -> tuple[bytes, int] | None:
+    def _settle(self, session: bytes, seq: int) -> PendingFrame | None:
         if session != self.outbox.session:
             self.counts["stray_replies"] += 1
             return None
