@@ -37,6 +37,7 @@ from sinks.http.options import HttpOptions
 from sinks.http.retries import BatchRetry, FailureStreak, retried_here
 
 log = logging.getLogger("evagg.sinks.http")
+MAX_POSTED_KEYS: Final = 100_000  # batches remembered as sent, for counting retries
 NOT_SENT: Final = SinkResult.failure("not sent: the sink stopped for the delivery loop",
                                      "skipped")
 
@@ -82,6 +83,10 @@ class Sender:
         self.answered = False  # a request was answered 2xx since the sink last reported
         self._session: aiohttp.ClientSession | None = None
         self._refusals_log = RateLimitedLog(log)  # a log line a minute, not a flood
+        # The keys of batches POSTed and not yet passed by the cursor: a request under one
+        # of them is a retry ("a batch sent again with a key already used"), counted when
+        # it goes out, not when the loop cuts the batch again and may not send it.
+        self._posted: set[str] = set()
 
     async def send(self, batch: Batch, halt: Halt) -> SinkResult | None:
         """Send `batch` until it is answered 2xx or dead-lettered (then None), retrying a
@@ -103,13 +108,16 @@ class Sender:
                     break
                 if not await halt.sleep(retry.delay_after(result)):
                     return NOT_SENT
-                self.counters["retries"] += 1
         except Exception as exc:  # a sink never raises into the loop
             log.exception("sink %s: unexpected error sending a batch", self.name)
             result = self._failed("internal_errors", SinkResult.failure(
                 f"internal error: {type(exc).__name__}", "internal"))
         halt.stop(result)
         return result
+
+    def passed(self, batch: Batch) -> None:
+        """The cursor moved over the batch: it is never sent again."""
+        self._posted.discard(batch.key)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -124,6 +132,11 @@ class Sender:
         try:
             if halt.failure is not None:  # halted while waiting: the loop resends
                 return NOT_SENT
+            if batch.key in self._posted:
+                self.counters["retries"] += 1
+            elif len(self._posted) >= MAX_POSTED_KEYS:  # batches the spool dropped unsent
+                self._posted.clear()
+            self._posted.add(batch.key)
             result, answer = await self._request(batch, body, headers)
         finally:
             self.limit.release(ticket, answer)

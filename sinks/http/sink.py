@@ -201,7 +201,6 @@ class HttpSink(Sink):
         for batch in self._batcher.cut(final, time.monotonic()):
             flight = _Flight(batch, done=batch.acknowledged)
             self._flights.append(flight)
-            self._sender.counters["retries"] += int(batch.resend and not batch.acknowledged)
             if not flight.done and self._failure is None:
                 flight.task = asyncio.create_task(self._sender.send(batch, self._halt))
         self._harvest()
@@ -230,6 +229,7 @@ class HttpSink(Sink):
             batch = self._flights.popleft().batch
             self._durable, self._delivered = batch.through, self._delivered + batch.events
             self._batcher.passed(batch)
+            self._sender.passed(batch)
         seen = self._batcher.seen_through
         if not self._flights and not len(self._batcher.pending) and seen is not None:
             self._durable = seen  # records the filter dropped entirely

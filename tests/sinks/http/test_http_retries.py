@@ -156,3 +156,20 @@ async def test_every_request_failing_goes_to_the_loop_after_a_few(
     result = await sink.flush(final=True)
     assert not result.ok and len(server.requests) == DOWN_AFTER + 1  # one more probe
     await sink.close()
+
+
+@serve
+async def test_retries_count_the_requests_sent_again_through_an_outage(
+        server: FlakyServer, tmp_path: Path) -> None:
+    # The endpoint is down long enough for the delivery loop to try several times, then
+    # recovers: `retries` (evagg status's "retried N batches") is the requests that went
+    # out again under a key already sent, not every time the loop cut a batch again.
+    server.answer_for(3.0, 503)
+    run = await LoopRun.start(sink_for(server, tmp_path, batch_max_events=10),
+                              make_records(8, 10), tmp_path, backoff_cap_s=0.5)
+    await run.finish()
+    assert run.consumer.state.failures_in_a_row == 0
+    assert len(run.metrics.delivery_errors.values) >= 1  # the loop itself backed off
+    sent_again = len(server.requests) - len(server.batches())
+    assert sent_again >= 1
+    assert run.sink.metrics()["retries"] == sent_again
