@@ -14,6 +14,7 @@ left open on it (dashboard/sql/ends.sql). Each also says when its agent process 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from datetime import UTC, datetime
@@ -29,6 +30,7 @@ from emitters.ids import new_event_id
 
 log = logging.getLogger("evagg.agent")
 SILENT_BEATS = 3  # heartbeats a reader may miss before it takes the node for dead
+LOSS_REPORT_AFTER_S = 1.0  # a loss found is reported this long after, with the rest of its burst
 FINAL_TIMEOUT_S = 2.0  # the last heartbeat must not hold the exit (a full spool, `block`)
 
 
@@ -49,14 +51,39 @@ class Heartbeat:
         self.started_at = datetime.now(UTC).isoformat(timespec="microseconds")
 
     async def run(self) -> None:
-        """Write one every `interval_s` until cancelled; a failure is counted and logged."""
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
+        """Write one every `interval_s` until cancelled, and a loss found in between within
+        a second (at most one such report a second); a failure is counted and logged."""
+        loop = asyncio.get_running_loop()
+        found = asyncio.Event()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(found.set)
+
+        self.losses.on_found = wake
+        next_beat = loop.time() + self.interval_s
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout_at(next_beat):
+                        await found.wait()
+                        await asyncio.sleep(LOSS_REPORT_AFTER_S)  # the rest of a burst too
+                found.clear()
+                beat = loop.time() >= next_beat
+                if beat:
+                    next_beat = loop.time() + self.interval_s
+                await self._write_counted(losses_only=not beat)
+        finally:
+            self.losses.on_found = None
+
+    async def _write_counted(self, *, losses_only: bool) -> None:
+        try:
+            if losses_only:
+                await self.write_losses()
+            else:
                 await self.write(final=False)
-            except Exception as exc:  # a heartbeat must never end the agent
-                self._errors.failed("heartbeat", exc, "the heartbeat was not written; the "
-                                    "next one is due in %gs", self.interval_s)
+        except Exception as exc:  # a heartbeat must never end the agent
+            self._errors.failed("heartbeat", exc, "the heartbeat was not written; the "
+                                "next one is due in %gs", self.interval_s)
 
     async def write_final(self) -> None:
         """The STOPPING heartbeat: best effort and bounded."""
@@ -68,12 +95,20 @@ class Heartbeat:
         except (TimeoutError, SpoolUnavailable, RuntimeError) as exc:
             log.warning("final heartbeat not written: %s", exc or type(exc).__name__)
 
+    async def write_losses(self) -> None:
+        """The `loss` events found since the last report, without a heartbeat."""
+        await self._write([])
+
     async def write(self, *, final: bool) -> None:
-        rows: list[dict[str, Any]] = [self._heartbeat_row(final)]
+        await self._write([self._heartbeat_row(final)])
+
+    async def _write(self, rows: list[dict[str, Any]]) -> None:
         losses = self.losses.take_unreported()
         for reason, events in losses.items():
             total = self.losses.reported_total(reason) + events
             rows.append(loss_row(reason, events, total, self.node_id))
+        if not rows:
+            return
         try:
             await self.ingestor.ingest_rows(rows, self.ingestor.stamp(os.getpid(), os.getuid()),
                                             route="agent")

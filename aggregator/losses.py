@@ -5,9 +5,9 @@ Four places learn of losses and each is given the same `LossRecorder`:
 - the spool: `drop_oldest` (full under that policy) and `corrupt_record` (damaged
   records cut at recovery);
 - the record screen: `undecodable_record` (a record no sink can read);
-- the heartbeat, which turns those into `loss` events and, once they are spooled, counts
-  them in `evagg_dropped_events_total{reason}` (so the metric and the `loss` events in
-  the lake always agree);
+- the heartbeat, which turns those into `loss` events within a second and, once they are
+  spooled, counts them in `evagg_dropped_events_total{reason}` (so the metric and the
+  `loss` events in the lake always agree);
 - the ingest routes, for the losses producers report in their own `loss` events
   (`buffer_full`, `nacked`, `too_large`, `unencodable`, `exit_deadline`;
   docs/wire-protocol.md): counted in `evagg_producer_dropped_events_total{reason}`.
@@ -15,7 +15,7 @@ Four places learn of losses and each is given the same `LossRecorder`:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Final
 
 import pyarrow as pa
@@ -39,12 +39,18 @@ class LossRecorder:
         self._producers = producers or Family("evagg_producer_dropped_events_total", "", "counter")
         self._found: dict[str, int] = {}
         self._unreported: dict[str, int] = {}
+        # Called (from any thread) when a loss is found, so that the heartbeat reports it
+        # within a second instead of at its next beat: until then `evagg status` says
+        # "lost none".
+        self.on_found: Callable[[], None] | None = None
 
     def record(self, reason: str, events: int) -> None:
-        """A loss the agent found itself; the next heartbeat reports it."""
+        """A loss the agent found itself; the heartbeat reports it soon."""
         if events > 0:
             self._found[reason] = self._found.get(reason, 0) + events
             self._unreported[reason] = self._unreported.get(reason, 0) + events
+            if self.on_found is not None:
+                self.on_found()
 
     def totals(self) -> dict[str, int]:
         """Events the agent found lost since it started, by reason (reported or not)."""

@@ -36,7 +36,8 @@ def short_socket_dir() -> Path:
 class AgentProcess:
     def __init__(self, workdir: Path, sinks_toml: str = "", extra_toml: str = "",
                  env: dict[str, str] | None = None, agent_toml: str = "",
-                 spool_toml: str = "", drain_timeout: str = "20s") -> None:
+                 spool_toml: str = "", drain_timeout: str = "20s",
+                 heartbeat_interval: str = "2s") -> None:
         self.workdir = workdir
         self.socket_path = short_socket_dir() / "events.sock"
         self.state_dir = workdir / "state"
@@ -56,7 +57,8 @@ class AgentProcess:
             "[agent]\n"
             f'node_id = "test-node"\nsocket = "{self.socket_path}"\n'
             f'state_dir = "{self.state_dir}"\nhttp_listen = "127.0.0.1:{self.port}"\n'
-            f'heartbeat_interval = "2s"\ndrain_timeout = "{drain_timeout}"\n{agent_toml}\n'
+            f'heartbeat_interval = "{heartbeat_interval}"\ndrain_timeout = "{drain_timeout}"\n'
+            f'{agent_toml}\n'
             f"[spool]\n{spool_toml or DEFAULT_SPOOL}\n\n{sinks}\n{extra_toml}\n"
         )
 

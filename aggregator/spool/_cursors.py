@@ -45,6 +45,12 @@ class Cursors:
         for name in self._registered:
             self._positions.setdefault(name, first_offset)
 
+    def behind(self, offset: int) -> list[str]:
+        """The sinks holding segments whose cursor is below `offset` (what a drop below it
+        takes from them)."""
+        names = self._positions.keys() if self._registered is None else self._registered
+        return sorted(n for n in names if self._positions.get(n, 0) < offset)
+
     def raise_to(self, first_offset: int) -> None:
         """After the oldest segments were dropped: no cursor points below what is left."""
         for sink, position in self._positions.items():

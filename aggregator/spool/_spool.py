@@ -12,6 +12,7 @@ import asyncio
 import errno
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ log = logging.getLogger("evagg.spool")
 
 SESSION_TTL_NS = 7 * 24 * 3600 * 10**9  # dedupe marks of sessions idle this long are forgotten
 FULL_DISK_UNLINK_WAIT_S = 5.0  # a commit on a full disk waits this long for queued unlinks
+DROP_LOG_EVERY_S = 60.0  # drops for room are said at most this often, with their count
 DROP_UNLINK_WAIT_S = 1.0  # drop_oldest waits this long for queued unlinks before dropping
 
 
@@ -102,7 +104,8 @@ class Spool:
         self._data_arrived: asyncio.Future[None] | None = None
         self._lock_fd: int | None = None
         self._state = "new"
-        self._dropping_logged = False
+        self._dropped_unsaid = 0  # events dropped for room since the log last said so
+        self._drop_said_at = -DROP_LOG_EVERY_S
 
     @property
     def bytes_used(self) -> int:
@@ -239,12 +242,25 @@ class Spool:
             floor = self._pin_floor()
             passed = 0 if floor is None else victim.find(floor)  # every sink is past these
             self._remove_oldest(1)
-            self.losses.record("drop_oldest", victim.events_from(passed))
+            events = victim.events_from(passed)
+            self.losses.record("drop_oldest", events)
             self.counters.dropped_records += victim.records - passed
+            behind = self._cursors.behind(self.first_offset)
             self._cursors.raise_to(self.first_offset)
-            if not self._dropping_logged:
-                self._dropping_logged = True
-                log.warning("spool full: dropping the oldest segments (when_full=drop_oldest)")
+            self._dropped_unsaid += events
+            self._say_dropped(behind)
+
+    def _say_dropped(self, behind: list[str]) -> None:
+        """Once a minute at most: how many events went since it last said, and whose."""
+        now = time.monotonic()
+        if not self._dropped_unsaid or now - self._drop_said_at < DROP_LOG_EVERY_S:
+            return
+        whose = f" not yet delivered to {', '.join(behind)}" if behind else ""
+        log.warning("spool full: dropped the oldest %d event%s%s to take new ones "
+                    "(when_full=drop_oldest); `evagg status` and a `loss` event count them. "
+                    "A larger spool.max_bytes, or sinks that keep up, prevent it",
+                    self._dropped_unsaid, "" if self._dropped_unsaid == 1 else "s", whose)
+        self._dropped_unsaid, self._drop_said_at = 0, now
 
     # -- reading ---------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ frames, and one the agent refused alone in its frame (a nack).
 from __future__ import annotations
 
 import os
+import urllib.request
 from collections.abc import Callable
 
 import orjson
@@ -83,3 +84,31 @@ def test_a_sink_whose_endpoint_refused_events_for_good_says_so(
     text = evagg("status", "--url", agent.http_url, "--interval", "0.1").stdout
     line = next(line for line in text.splitlines() if line.startswith("sink collector"))
     assert "dead-lettered " in line and "(evagg dlq list --sink collector)" in line
+
+
+def test_a_spool_that_dropped_for_room_says_so_at_once(
+        agent_factory: Callable[..., AgentProcess]) -> None:
+    """`when_full = "drop_oldest"` with the only sink down: the loss is in `evagg status`
+    and in the log (how many, whose) within seconds, not at the next heartbeat, five
+    minutes away here."""
+    agent = agent_factory(sinks_toml=http_sink("collector", "http://127.0.0.1:9/ingest"),
+                          agent_toml='max_frame = "64KiB"',
+                          spool_toml='max_bytes = "1MiB"\nsegment_bytes = "128KiB"\n'
+                                     'when_full = "drop_oldest"',
+                          heartbeat_interval="300s").start()
+    line = b'{"kind": "task", "name": "filler", "attrs": {"pad": "' + b"x" * 400 + b'"}}\n'
+    while agent.metric('evagg_spool_totals{total="dropped_records"}') == 0:
+        post = urllib.request.Request(f"{agent.http_url}/v1/events", data=line * 100,
+                                      method="POST")
+        with urllib.request.urlopen(post, timeout=10) as answer:
+            assert answer.status == 200
+    wait_until(lambda: agent.metric('evagg_dropped_events_total{reason="drop_oldest"}') > 0,
+               5, lambda: f"the loss on /metrics within 5 s:\n{agent.metrics()}")
+    result = evagg("status", "--url", agent.http_url, "--interval", "0.1")
+    assert result.returncode == 0, result.stderr
+    assert "lost       none" not in result.stdout
+    by_agent = next(x for x in result.stdout.splitlines() if x.startswith("  by the agent"))
+    assert "drop_oldest=" in by_agent, result.stdout
+    said = [x for x in agent.log().splitlines() if "spool full: dropped the oldest" in x]
+    assert len(said) == 1, said  # once a minute, however many segments went
+    assert "not yet delivered to collector" in said[0] and "(when_full=drop_oldest)" in said[0]
