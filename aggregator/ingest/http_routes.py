@@ -32,6 +32,10 @@ log = logging.getLogger("evagg.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 INGEST_PATHS = frozenset({"/v1/events", "/ray/events", "/v1/traces"})
 READABLE_ENCODINGS = frozenset({"identity", "gzip", "deflate"})  # bodies.py inflates these
+# How long a request waits for room in a full spool (when_full = "block") before its 503:
+# an HTTP sender times out and resends anyway, and a request held open forever holds its
+# connection and its sender's thread.
+ROOM_WAIT_S = 5.0
 
 
 class HttpApi:
@@ -117,7 +121,8 @@ class HttpApi:
         body = await self._read(request)
         if not body.strip():
             return self._bad(request, "empty_body", "the body is empty")
-        result = await self.ingestor.ingest_ndjson(body, self.ingestor.stamp(), route="http")
+        result = await self.ingestor.ingest_ndjson(body, self.ingestor.stamp(), route="http",
+                                                   room_wait_s=ROOM_WAIT_S)
         return _ingest_answer(result)
 
     async def post_ray_events(self, request: web.Request) -> web.Response:
@@ -143,7 +148,7 @@ class HttpApi:
         return _ingest_answer(result, all_rejected_status=200, duplicates=duplicates)
 
     async def _store_ray(self, normalized: Normalized, stamp: Stamp) -> IngestResult:
-        return await self.ingestor.store(normalized, stamp, route="ray")
+        return await self.ingestor.store(normalized, stamp, route="ray", room_wait_s=ROOM_WAIT_S)
 
     def _count_ray_paths(self, mapped: RayBatch) -> None:
         if mapped.declined:
@@ -169,7 +174,8 @@ class HttpApi:
             return self._bad(request, "malformed", str(exc), status=exc.status)
         # Spans refused by the decoder (bad ids, no end) count as rejected events too.
         result = await self.ingestor.ingest_rows(decoded.rows, self.ingestor.stamp(),
-                                                 route="otlp", extra_rejected=decoded.rejected)
+                                                 route="otlp", extra_rejected=decoded.rejected,
+                                                 room_wait_s=ROOM_WAIT_S)
         if decoded.cut_attributes and result.accepted:
             self.metrics.cut_values.inc(decoded.cut_attributes, route="otlp")
         answer, answer_type = otlp.otlp_response(content_type, result.rejected, result.note)
@@ -189,9 +195,11 @@ class HttpApi:
         return web.Response(text="ok\n")
 
     async def get_readyz(self, request: web.Request) -> web.Response:
-        if self.is_ready():
-            return web.Response(text="ready\n")
-        return web.Response(status=503, text="draining\n")
+        if not self.is_ready():
+            return web.Response(status=503, text="draining\n")
+        if self.ingestor.spool.blocked:  # when_full = "block": new events wait for room
+            return web.Response(status=503, text="spool full: new events wait for room\n")
+        return web.Response(text="ready\n")
 
     async def get_tail(self, request: web.Request) -> web.StreamResponse:
         kinds = request.query.getall("kind", [])

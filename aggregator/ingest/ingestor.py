@@ -23,7 +23,7 @@ from aggregator.decode.normalize import Normalized, Stamp, ndjson_to_batch, rows
 from aggregator.losses import LossRecorder, reported_losses
 from aggregator.metrics import AgentMetrics
 from aggregator.red.metrics import RedMetrics
-from aggregator.spool import Spool, SpoolClosed
+from aggregator.spool import Spool, SpoolClosed, SpoolFull
 from aggregator.thread_names import name_this_thread
 from emitters.ratelimit import RateLimitedLog
 from emitters.wire import NO_SESSION
@@ -104,22 +104,29 @@ class Ingestor:
         return await self.store(normalized, stamp, route="socket", session=session, seq=seq,
                                 raw_bytes=len(payload))
 
-    async def ingest_ndjson(self, body: bytes, stamp: Stamp, *, route: str) -> IngestResult:
+    async def ingest_ndjson(self, body: bytes, stamp: Stamp, *, route: str,
+                            room_wait_s: float | None = None) -> IngestResult:
         """An HTTP body of NDJSON lines or one JSON array."""
         is_array = body.lstrip()[:1] == b"["
         decode = ndjson_to_batch if is_array else decode_ndjson
         normalized = await self.in_thread(decode, body, stamp)
-        return await self.store(normalized, stamp, route=route, raw_bytes=len(body))
+        return await self.store(normalized, stamp, route=route, raw_bytes=len(body),
+                                room_wait_s=room_wait_s)
 
     async def ingest_rows(self, rows: Sequence[dict[str, Any]], stamp: Stamp, *, route: str,
-                          extra_rejected: Sequence[tuple[int, str]] = ()) -> IngestResult:
+                          extra_rejected: Sequence[tuple[int, str]] = (),
+                          room_wait_s: float | None = None) -> IngestResult:
         """Event dicts built by a route's own mapping (Ray, OTLP, heartbeats)."""
         normalized = await self.in_thread(rows_to_batch, rows, stamp)
         normalized.rejected = sorted([*extra_rejected, *normalized.rejected])
-        return await self.store(normalized, stamp, route=route)
+        return await self.store(normalized, stamp, route=route, room_wait_s=room_wait_s)
 
     async def store(self, normalized: Normalized, stamp: Stamp, *, route: str,
-                    session: bytes = NO_SESSION, seq: int = 0, raw_bytes: int = 0) -> IngestResult:
+                    session: bytes = NO_SESSION, seq: int = 0, raw_bytes: int = 0,
+                    room_wait_s: float | None = None) -> IngestResult:
+        """Spool the batch. A full spool under `block` makes it wait for room: at most
+        `room_wait_s` (an HTTP request: then SpoolUnavailable, a 503 to send again later),
+        or as long as it takes (a socket frame: its producer waits for the ack)."""
         rejected = len(normalized.rejected)
         reasons = tuple(f"event {i}: {r}" for i, r in normalized.rejected[:10])
         if rejected:
@@ -134,7 +141,7 @@ class Ingestor:
         try:
             result = await self.spool.append(payload, batch.num_rows,
                                              received_ns=stamp.received_ns, session=session,
-                                             seq=seq)
+                                             seq=seq, room_wait_s=room_wait_s)
         except ValueError as exc:  # a record the spool can never hold
             self.metrics.rejected_events.inc(batch.num_rows, route=route)
             reason = f"batch refused: {exc}; send it in smaller parts"
@@ -144,6 +151,9 @@ class Ingestor:
             self.metrics.bad_input.inc(route=route, reason="spool_write_failed")
             raise SpoolUnavailable(f"spool write failed: {exc.strerror or exc}") from exc
         except SpoolClosed as exc:  # the agent is stopping: the producer resends later
+            raise SpoolUnavailable(str(exc)) from exc
+        except SpoolFull as exc:  # no room within the wait: the producer resends later
+            self.metrics.bad_input.inc(route=route, reason="spool_full")
             raise SpoolUnavailable(str(exc)) from exc
         if result.duplicate:
             self.metrics.duplicate_frames.inc(route=route)

@@ -7,8 +7,8 @@ read live in the private modules beside it; other rooms import only these names.
 
 from aggregator.spool._screen import RecordScreen
 from aggregator.spool._segment import SpoolVersionError
-from aggregator.spool._spool import AppendResult, RecoveryReport, Spool, SpoolClosed
+from aggregator.spool._spool import AppendResult, RecoveryReport, Spool, SpoolClosed, SpoolFull
 from aggregator.spool._state import SpoolLockedError
 
 __all__ = ["AppendResult", "RecordScreen", "RecoveryReport", "Spool", "SpoolClosed",
-           "SpoolLockedError", "SpoolVersionError"]
+           "SpoolFull", "SpoolLockedError", "SpoolVersionError"]

@@ -41,7 +41,7 @@ log = logging.getLogger("evagg.spool")
 
 SESSION_TTL_NS = 7 * 24 * 3600 * 10**9  # dedupe marks of sessions idle this long are forgotten
 FULL_DISK_UNLINK_WAIT_S = 5.0  # a commit on a full disk waits this long for queued unlinks
-DROP_LOG_EVERY_S = 60.0  # drops for room are said at most this often, with their count
+DROP_LOG_EVERY_S = 60.0  # a full spool's drops or waits are said at most this often
 DROP_UNLINK_WAIT_S = 1.0  # drop_oldest waits this long for queued unlinks before dropping
 
 
@@ -58,6 +58,10 @@ class RecoveryReport:
 class AppendResult:
     offset: int | None
     duplicate: bool
+
+
+class SpoolFull(RuntimeError):
+    """No room came for an append within its wait (when_full = "block"): nothing written."""
 
 
 class SpoolClosed(RuntimeError):
@@ -104,8 +108,9 @@ class Spool:
         self._data_arrived: asyncio.Future[None] | None = None
         self._lock_fd: int | None = None
         self._state = "new"
+        self._refused_size = 0  # the last record refused for want of room (block)
         self._dropped_unsaid = 0  # events dropped for room since the log last said so
-        self._drop_said_at = -DROP_LOG_EVERY_S
+        self._drop_said_at = self._block_said_at = -DROP_LOG_EVERY_S
 
     @property
     def bytes_used(self) -> int:
@@ -160,15 +165,18 @@ class Spool:
     # -- appending -------------------------------------------------------------------------
 
     async def append(self, payload: bytes, count: int, *, received_ns: int,
-                     session: bytes = NO_SESSION, seq: int = 0) -> AppendResult:
-        """Store one record; returns once it is written (and fsynced with "always")."""
+                     session: bytes = NO_SESSION, seq: int = 0,
+                     room_wait_s: float | None = None) -> AppendResult:
+        """Store one record; returns once it is written (and fsynced with "always").
+        Under `block`, a full spool makes it wait for room: at most `room_wait_s` (then
+        SpoolFull, nothing written), or for as long as it takes."""
         self._check_open()
         self._check_record(payload, count, received_ns, session, seq)
         stored = self._stored_at(session, seq)
         if stored is None:
             size = RECORD_OVERHEAD + len(payload)
             if self._room_queue or not self._has_room(size):
-                await self._make_room(size)
+                await self._make_room(size, room_wait_s)
                 stored = self._stored_at(session, seq)  # its twin may have landed meanwhile
         if stored is not None:
             self.counters.duplicates += 1
@@ -206,7 +214,14 @@ class Spool:
     def _has_room(self, size: int) -> bool:
         return self._log.bytes_used + self._log.room_needed(size) <= self.max_bytes
 
-    async def _make_room(self, size: int) -> None:
+    @property
+    def blocked(self) -> bool:
+        """Appends wait for room now (when_full = "block"), or the last that had to wait
+        gave up and its record would still not fit."""
+        return bool(self._room_queue) or (self._refused_size > 0
+                                          and not self._has_room(self._refused_size))
+
+    async def _make_room(self, size: int, wait_s: float | None = None) -> None:
         self._log.settle()
         if self.when_full == "drop_oldest":
             # Space that unlinks under way will free is no reason to drop records.
@@ -216,18 +231,39 @@ class Spool:
             self._drop_oldest(size)
             return
         token = object()  # wait in arrival order, so a session's frames keep their order
+        if not self._room_queue:
+            self._say_blocked()
         self._room_queue.append(token)
         self.counters.full_waits += 1
+        loop = asyncio.get_running_loop()
+        deadline = None if wait_s is None else loop.time() + wait_s
         try:
             while self._room_queue[0] is not token or not self._has_room(size):
-                loop = asyncio.get_running_loop()
                 if self._room_changed is None or self._room_changed.get_loop() is not loop:
                     self._room_changed = loop.create_future()
-                await asyncio.shield(self._room_changed)
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        await asyncio.shield(self._room_changed)
+                except TimeoutError:
+                    self._refused_size = size
+                    raise SpoolFull(f"the spool is full (when_full=block) and no room came "
+                                    f"within {wait_s:g}s: the sinks are behind") from None
                 self._check_open()
         finally:
             self._room_queue.remove(token)
             self._notify_room()
+
+    def _say_blocked(self) -> None:
+        """Once a minute at most: new events wait, and why."""
+        now = time.monotonic()
+        if now - self._block_said_at < DROP_LOG_EVERY_S:
+            return
+        self._block_said_at = now
+        behind = self._cursors.behind(self.next_offset)
+        log.warning("spool full (when_full=block): new events wait until %s deliver%s and "
+                    "free room; producers buffer meanwhile, then drop with counts, and HTTP "
+                    "senders get 503. A larger spool.max_bytes gives sinks longer",
+                    ", ".join(behind) or "the sinks", "s" if len(behind) == 1 else "")
 
     def _notify_room(self) -> None:
         waiting, self._room_changed = self._room_changed, None

@@ -1,0 +1,65 @@
+"""A spool full under `when_full = "block"`, as an operator meets it: the only sink's
+endpoint is down, HTTP senders fill the spool. A sender gets a 503 with Retry-After
+within seconds instead of a request held open, /readyz says the spool is full, the log
+says once why events wait and for whom; once the endpoint is back, everything is
+delivered and /readyz is ready again."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+from tests.agentproc import AgentProcess, http_sink
+from tests.sinks.server_thread import ServerThread
+from tests.waiting import wait_until
+
+LINE = b'{"kind": "task", "name": "filler", "attrs": {"pad": "' + b"x" * 400 + b'"}}\n'
+
+
+def post(agent: AgentProcess, body: bytes) -> tuple[int, str | None, float]:
+    started = time.monotonic()
+    request = urllib.request.Request(f"{agent.http_url}/v1/events", data=body, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, None, time.monotonic() - started
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers.get("Retry-After"), time.monotonic() - started
+
+
+def readyz(agent: AgentProcess) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"{agent.http_url}/readyz", timeout=5) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_a_full_blocking_spool_answers_503_and_says_why(
+        agent_factory: Callable[..., AgentProcess],
+        servers: Callable[..., ServerThread]) -> None:
+    endpoint = servers()
+    endpoint.answer_always(503)
+    agent = agent_factory(sinks_toml=http_sink("collector", endpoint.url),
+                          agent_toml='max_frame = "64KiB"',
+                          spool_toml='max_bytes = "1MiB"\nsegment_bytes = "128KiB"\n'
+                                     'when_full = "block"').start()
+    sent = 0
+    while True:
+        status, retry_after, took = post(agent, LINE * 100)
+        if status != 200:
+            break
+        sent += 100
+        assert sent < 10_000, "the spool never filled"
+    assert (status, retry_after) == (503, "5") and took < 15, (status, retry_after, took)
+    assert readyz(agent) == (503, "spool full: new events wait for room\n")
+    said = [line for line in agent.log().splitlines() if "spool full (when_full=block)" in line]
+    assert len(said) == 1 and "until collector delivers" in said[0], said
+    endpoint.answer_always(200)
+    wait_until(lambda: readyz(agent)[0] == 200, 60, lambda: f"ready again: {readyz(agent)}")
+    assert post(agent, LINE)[0] == 200
+    def filler() -> int:
+        return len({e["event_id"] for e in endpoint.accepted_events() if e.get("name") == "filler"})
+
+    wait_until(lambda: filler() == sent + 1, 60, lambda: f"{sent + 1} events at the endpoint")
