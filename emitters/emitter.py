@@ -281,8 +281,15 @@ class Emitter:
         stopped = sender is None or sender.stop(max(0.0, deadline - time.monotonic()))
         final = self._collect_stats(link)
         if final.pending:
-            log.warning("evagg emitter: %d event(s) not delivered before closing "
-                        "(agent at %s)", final.pending, self.socket_path)
+            # Sent and unanswered ones may be in the agent's spool: the agent answers a
+            # frame once it is stored, and a full spool holds that answer back.
+            answered = final.acked + final.rejected + final.dropped.get("nacked", 0)
+            unanswered = min(final.pending, max(0, final.sent - answered))
+            maybe = (f"; {unanswered} of them were sent and the agent may have stored them"
+                     if unanswered else "")
+            log.warning("evagg emitter: %d event(s) not acknowledged before closing (agent "
+                        "at %s)%s; counted as dropped (exit_deadline)", final.pending,
+                        self.socket_path, maybe)
         self._final = final.at_close()
         if sender is not None:
             if stopped:
