@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import socket
 import time
 from email.utils import parsedate_to_datetime
 
@@ -93,8 +94,12 @@ def failure_for_error(exc: TimeoutError | aiohttp.ClientError, timeout_s: float
         return "connect_errors", SinkResult.failure(f"the proxy answered {exc.status}",
                                                     "connect")
     if isinstance(exc, aiohttp.ClientSSLError):
+        reason = tls_failure_reason(exc)
+        # an https:// URL whose endpoint answers in plain HTTP
+        hint = "; the endpoint may speak plain HTTP: try http://" if reason == \
+            "WRONG_VERSION_NUMBER" else ""
         return "tls_errors", SinkResult.failure(
-            f"TLS handshake failed: {tls_failure_reason(exc)}", "tls", permanent=True)
+            f"TLS handshake failed: {reason}{hint}", "tls", permanent=True)
     return "connect_errors", SinkResult.failure(
         f"cannot reach the endpoint: {_no_answer_reason(exc)}", "connect")
 
@@ -105,6 +110,9 @@ def _no_answer_reason(exc: aiohttp.ClientError) -> str:
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return "the endpoint closed the connection before answering"
     error = exc.os_error if isinstance(exc, aiohttp.ClientConnectorError) else exc
+    if isinstance(error, socket.gaierror):  # its errno is the resolver's, not the OS's
+        host = exc.host if isinstance(exc, aiohttp.ClientConnectorError) else "the host"
+        return f"{host} does not resolve (DNS: {error.strerror or error})"
     if isinstance(error, OSError) and error.errno:
         return os.strerror(error.errno).lower()  # asyncio's own text names the address only
     return type(exc).__name__
