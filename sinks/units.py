@@ -33,6 +33,15 @@ def parse_size(value: object) -> int:
     return int(float(match.group(1)) * _SIZE_UNITS[unit])
 
 
+def size_text(size: int) -> str:
+    """A size as the configuration writes it: "32MiB" where it is whole in a binary unit,
+    else bytes (parse_size reads it back)."""
+    for unit, factor in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if size and size % factor == 0:
+            return f"{size // factor}{unit}"
+    return str(size)
+
+
 def parse_duration(value: object) -> float:
     """Seconds from a number or a string such as "5m", "250ms", "1h"."""
     if isinstance(value, bool):

@@ -40,6 +40,7 @@ from sinks.units import (
     parse_positive_duration,
     parse_positive_size,
     parse_size,
+    size_text,
 )
 
 DEFAULT_RAY_LOG_DIR = "/tmp/ray"  # Ray's own default --temp-dir
@@ -254,11 +255,22 @@ def _build(
     )
     # A frame's Arrow record can be larger than its NDJSON; the spool holds records of at
     # most a quarter of max_bytes and one segment, so leave a factor of two on top.
-    if config.spool_max_bytes < 8 * config.max_frame_bytes:
-        problems.append("spool.max_bytes: must be at least eight times agent.max_frame")
-    if config.spool_segment_bytes < 2 * config.max_frame_bytes:
-        problems.append("spool.segment_bytes: must be at least twice agent.max_frame")
+    problems += frame_room_problems(config)
     return config
+
+
+def frame_room_problems(config: AgentConfig) -> list[str]:
+    """The spool must hold the largest frame a producer may send, with room to spare."""
+    frame = config.max_frame_bytes
+    problems = []
+    for key, have, times, words in (("max_bytes", config.spool_max_bytes, 8, "eight times"),
+                                    ("segment_bytes", config.spool_segment_bytes, 2, "twice")):
+        if have < times * frame:
+            problems.append(
+                f"spool.{key}: {size_text(have)} is less than {words} agent.max_frame "
+                f"({size_text(frame)}): set spool.{key} to at least {size_text(times * frame)}, "
+                f"or agent.max_frame to at most {size_text(have // times)}")
+    return problems
 
 
 def config_warnings(config: AgentConfig) -> list[str]:

@@ -48,6 +48,14 @@ BAD = {
     "unknown agent key": ("[agent]\nsockett = 'x'\n", "agent.sockett: unknown key"),
     "bad size": ("[spool]\nmax_bytes = 'lots'\n", "spool.max_bytes: 'lots' is not a size"),
     "bad policy": ("[spool]\nwhen_full = 'panic'\n", "spool.when_full: 'panic' is not one of"),
+    "spool too small for a frame": (
+        "[spool]\nmax_bytes = '16MiB'\n",
+        "spool.max_bytes: 16MiB is less than eight times agent.max_frame (4MiB): set "
+        "spool.max_bytes to at least 32MiB, or agent.max_frame to at most 2MiB"),
+    "segment too small for a frame": (
+        "[agent]\nmax_frame = '1MiB'\n[spool]\nsegment_bytes = '1536KiB'\n",
+        "spool.segment_bytes: 1536KiB is less than twice agent.max_frame (1MiB): set "
+        "spool.segment_bytes to at least 2MiB, or agent.max_frame to at most 768KiB"),
     "bad fsync": ("[spool]\nfsync = 'sometimes'\n", "spool.fsync"),
     "bad mode": ("[agent]\nsocket_mode = '999'\n", "agent.socket_mode"),
     "bad listen": ("[agent]\nhttp_listen = 'nowhere'\n", "agent.http_listen"),
