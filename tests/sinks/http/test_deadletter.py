@@ -11,6 +11,7 @@ import pytest
 
 from sinks.http import HttpOptions, HttpSink
 from sinks.http.deadletter import (
+    dead_letter_dir,
     list_dead_letters,
     replay_dead_letters,
     url_for_display,
@@ -141,3 +142,10 @@ async def test_a_dead_letter_that_cannot_be_written_keeps_the_cursor(server: Fla
     result = await sink.flush(final=True)
     await sink.close()
     assert result.error_kind == "dead_letter" and result.durable_through is None
+
+
+def test_the_documented_folder_is_where_the_agent_keeps_them() -> None:
+    # operators script around the path docs/sinks-http.md gives
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "sinks-http.md").read_text()
+    documented = doc.split("(the agent uses `", 1)[1].split("`", 1)[0]
+    assert documented == str(dead_letter_dir(Path("<state_dir>"), "<sink name>")) + "/"
