@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import time
@@ -174,12 +175,20 @@ def test_permanent_4xx_goes_to_dead_letters_and_replay_delivers(
 
     listed = evagg("dlq", "list", "--sink", "collector", "--config", str(agent.config_path))
     assert listed.returncode == 0, listed.stderr
-    assert "dead-lettered batches" in listed.stdout and "400" in listed.stdout
+    lines = listed.stdout.splitlines()
+    assert re.match(r"\d+ dead-lettered batches \(\d+ events\) in /", lines[-2]), lines
+    assert lines[-1] == ("`evagg dlq replay --sink collector` sends them again (--url to "
+                         "send them elsewhere)")
+    # a line per batch: when, the answer, its events, its key (no Python reprs)
+    assert all(re.fullmatch(r"\S+Z  HTTP 400  \d+ events  key \S+  http://\S+  "
+                            r"'schema mismatch'", line) for line in lines[:-2]), lines
 
     endpoint.do(lambda: endpoint.server.answer(200, times=None))
     replayed = evagg("dlq", "replay", "--sink", "collector", "--config",
                      str(agent.config_path))
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert re.fullmatch(r"sent \d+ batches \(\d+ events\) to http://\S+; their files are "
+                        r"deleted\n", replayed.stdout), replayed.stdout
     delivered = {str(e.get("task_id")) for s in endpoint.server.requests if s.status == 200
                  for e in s.events if e.get("kind") == "task"}
     assert delivered == {f"dl-{i}" for i in range(1500)}

@@ -22,6 +22,7 @@ from sinks.locations import is_s3_url
 
 if TYPE_CHECKING:
     from aggregator.config.sinks import SinkConfig
+    from sinks.http.deadletter import DeadLetter
 
 
 def add_tool_parsers(commands: Parsers) -> None:
@@ -145,6 +146,7 @@ def _dlq(args: argparse.Namespace) -> int:
     from aggregator.config import ConfigError, load_config
     from aggregator.delivery.build import sink_problem
     from sinks.http.deadletter import dead_letter_dir, list_dead_letters, replay_dead_letters
+    from sinks.http.endpoint import url_for_display
 
     try:
         config = load_config(args.config)
@@ -159,8 +161,12 @@ def _dlq(args: argparse.Namespace) -> int:
     if args.action == "list":  # needs none of the sending options (keys, proxy, headers)
         letters = list_dead_letters(directory)
         for letter in letters:
-            print(letter)
-        print(f"{len(letters)} dead-lettered batches in {directory}")
+            print(dead_letter_line(letter))
+        events = sum(letter.events for letter in letters)
+        print(f"{len(letters)} dead-lettered batches ({events} events) in {directory}")
+        if letters:
+            print(f"`evagg dlq replay --sink {sink.name}` sends them again (--url to send "
+                  "them elsewhere)")
         return 0
     url = args.url or sink.url
     try:
@@ -170,8 +176,21 @@ def _dlq(args: argparse.Namespace) -> int:
         print(f"evagg dlq: config error: {sink_problem(index, sink, exc)}", file=sys.stderr)
         return 2
     report = asyncio.run(replay_dead_letters(directory, url, **sending))
-    print(report)
+    print(f"sent {report.sent} batches ({report.events_sent} events) to "
+          f"{url_for_display(url)}; their files are deleted")
+    if report.failed:
+        print(f"{report.failed} batches failed and stay in {directory}:")
+        for error in report.errors:
+            print(f"  {error}")
     return 0 if not report.failed else 1
+
+
+def dead_letter_line(letter: DeadLetter) -> str:
+    """One dead letter as an operator reads it: when, the answer, how many, the key."""
+    response = " ".join(letter.response.split())
+    response = response if len(response) <= 60 else response[:59] + "…"
+    return (f"{letter.time}  HTTP {letter.status}  {letter.events} events  key {letter.key}  "
+            f"{letter.url}  {response!r}")
 
 
 def _replay_options(sink: SinkConfig, url: str) -> dict[str, Any]:
