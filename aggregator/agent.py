@@ -14,6 +14,7 @@ import dataclasses
 import errno
 import logging
 import signal
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -281,11 +282,15 @@ class Agent:
                 built = self._build_sinks(fresh)
             except ConfigError as exc:
                 log.error("reload refused, keeping the running sinks: %s", exc)
+                self.metrics.config_reloads.inc(result="refused")
+                self.metrics.reload_refused_at.set(time.time())  # `evagg status` says so
                 return
             if self.sinks is not None:
                 await self.sinks.stop(self.config.drain_timeout_s)
             self.sinks = SinkSet(self.spool, self.metrics, built)
             self.config = dataclasses.replace(self.config, sinks=fresh.sinks)
+            self.metrics.config_reloads.inc(result="applied")
+            self.metrics.reload_refused_at.clear()
             log.info("reloaded: sinks %s", self.sinks.describe())
 
     def _consumers(self) -> dict[str, SinkConsumer]:

@@ -171,6 +171,15 @@ class AgentMetrics:
             "evagg_producer_dropped_events_total",
             "Events producers report lost in their own loss events, by reason.",
         )
+        self.config_reloads = r.counter(
+            "evagg_config_reloads_total",
+            "Reloads of the sinks (SIGHUP), by result: applied, or refused (the log says why).",
+        )
+        self.reload_refused_at = r.gauge(
+            "evagg_config_reload_refused_timestamp_seconds",
+            "When the last reload was refused, while the sinks running are those before it "
+            "(absent once a reload applies).",
+        )
         self.worker_errors = r.counter(
             "evagg_worker_errors_total",
             "Exceptions caught in background workers, by worker and type.",

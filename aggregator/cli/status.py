@@ -93,6 +93,8 @@ class StatusReport:
     # events producers sent since the agent started (its own heartbeats left out): a
     # rate of 0 right after one test event does not say whether it arrived; this does
     received_total: float = 0.0
+    # when the last reload (SIGHUP) was refused, while the sinks before it still run
+    reload_refused_at: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -111,6 +113,10 @@ class StatusReport:
                          f"lag {self.lag_events.get(sink, 0):,.0f} events{self._file(sink)}  "
                          f"errors {self.errors.get(sink, 0):,.0f}{self._retried(sink)}  "
                          f"{state}{self._dead_letters(sink)}")
+        if self.reload_refused_at:
+            at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.reload_refused_at))
+            lines.append(f"config     the reload at {at} was refused (the agent's log says "
+                         "why): the sinks above are the configuration before it")
         lines += self._losses()
         lines.append("rejected   " + (_pairs(self.rejected) or "none"))
         lines.append("bad input  " + (_pairs(self.bad_input) or "none"))
@@ -199,6 +205,7 @@ def format_status(first: dict[str, float], second: dict[str, float],
         retried=_by_label(second, "evagg_sink_retries_total", "sink"),
         producer_dropped=_by_label(second, "evagg_producer_dropped_events_total", "reason"),
         dead_lettered=_by_label(second, "evagg_sink_dead_lettered_events_total", "sink"),
+        reload_refused_at=second.get("evagg_config_reload_refused_timestamp_seconds"),
         received_total=sum(v for route, v in _by_label(
             second, "evagg_received_events_total", "route").items() if route != "agent"),
     )
