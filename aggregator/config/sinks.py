@@ -71,6 +71,9 @@ def _sink(table: Any, index: int, problems: list[str]) -> SinkConfig | None:
         return None
     kind = table.get("type")
     types = sink_types()
+    if kind is None:
+        problems.append(f"{label}.type: required: one of {', '.join(types)}")
+        return None
     if not isinstance(kind, str) or kind not in types:
         problems.append(f"{label}.type: unknown sink type {kind!r} "
                         f"(known: {', '.join(types)})")

@@ -115,31 +115,40 @@ def resolve_headers(
     spec: Mapping[str, str], environ: Mapping[str, str] = os.environ
 ) -> dict[str, str]:
     """Header values: literal, `env:NAME` from the environment, or `file:/path`, stripped.
-    Raises SinkOptionError("headers", ...) naming the header, never its value."""
-    resolved = {}
+    Raises SinkOptionError("headers", ...) naming every header that cannot be resolved
+    (so one run of `evagg check-config` lists them all), never a value."""
+    resolved, problems = {}, []
     for name, value in spec.items():
-        if not isinstance(value, str) or not _TOKEN.fullmatch(str(name)):
-            raise SinkOptionError("headers", f"{name!r}: name must be a token, value a string")
-        if value.startswith("env:"):
-            variable = value[4:]
-            if variable not in environ:
-                raise SinkOptionError(
-                    "headers", f"{name!r}: environment variable {variable} is not set")
-            value = environ[variable]
-        elif value.startswith("file:"):
-            value = _read_header_file(name, value[5:])
-        if "\r" in value or "\n" in value:
-            raise SinkOptionError("headers", f"{name!r}: a header cannot contain a line break")
-        resolved[name] = value
+        try:
+            resolved[name] = _header_value(name, value, environ)
+        except ValueError as exc:
+            problems.append(f"{name!r}: {exc}")
+    if problems:
+        raise SinkOptionError("headers", "; ".join(problems))
     return resolved
 
 
-def _read_header_file(name: str, path: str) -> str:
+def _header_value(name: object, value: object, environ: Mapping[str, str]) -> str:
+    if not isinstance(value, str) or not _TOKEN.fullmatch(str(name)):
+        raise ValueError("name must be a token, value a string")
+    if value.startswith("env:"):
+        variable = value[4:]
+        if variable not in environ:
+            raise ValueError(f"environment variable {variable} is not set")
+        value = environ[variable]
+    elif value.startswith("file:"):
+        value = _read_header_file(value[5:])
+    if "\r" in value or "\n" in value:
+        raise ValueError("a header cannot contain a line break")
+    return value
+
+
+def _read_header_file(path: str) -> str:
     try:
         return Path(path).read_text().strip()
     except (OSError, UnicodeDecodeError) as exc:
         reason = getattr(exc, "strerror", None) or type(exc).__name__
-        raise SinkOptionError("headers", f"{name!r}: cannot read file {path}: {reason}") from None
+        raise ValueError(f"cannot read file {path}: {reason}") from None
 
 
 def check_url(url: str, options: HttpOptions) -> None:

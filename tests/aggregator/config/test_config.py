@@ -157,6 +157,21 @@ def test_check_config_unreadable_header_file(tmp_path: Path) -> None:
     assert "sinks[0]" in result.stderr and "missing" in result.stderr
 
 
+def test_check_config_names_every_header_it_cannot_resolve_and_a_missing_type(
+        tmp_path: Path) -> None:
+    # one run lists every problem: a second bad header is not left for the next run
+    path = write(tmp_path, "[[sinks]]\ntype = 'http'\nurl = 'http://127.0.0.1:9/x'\n"
+                           "headers = { Authorization = 'env:EVAGG_TEST_NO_SUCH_VAR', "
+                           f"X-Tok = 'file:{tmp_path}/missing' }}\n"
+                           "[[sinks]]\nname = 'untyped'\nurl = '/tmp/x'\n")
+    result = check_config("--config", str(path))
+    assert result.returncode == 2
+    assert "'Authorization': environment variable EVAGG_TEST_NO_SUCH_VAR is not set" \
+        in result.stderr
+    assert f"'X-Tok': cannot read file {tmp_path}/missing" in result.stderr
+    assert "sinks[1].type: required: one of " in result.stderr
+
+
 def test_check_config_accepts_a_good_file(tmp_path: Path) -> None:
     local = GOOD.replace("s3://bucket/evagg/", str(tmp_path / "lake"))
     result = check_config("--config", str(write(tmp_path, local)))
