@@ -140,8 +140,13 @@ def _what_happened(stats: EmitterStats, args: argparse.Namespace, socket_path: s
         return [f"the agent on {socket_path} took the events but did not acknowledge "
                 f"{_events(stats.pending)} within {args.timeout:g}s; it may be busy or its "
                 "spool full (`evagg status`), or give it longer with --timeout"], 1
-    return [f"no agent answered on {socket_path} within {args.timeout:g}s "
-            f"({_events(stats.pending)} not acknowledged): is one running there? "
+    if Path(socket_path).exists():  # a socket nobody accepts on: stopping, or gone
+        return [f"nothing accepted a connection on {socket_path} within {args.timeout:g}s "
+                f"({_events(stats.pending)} not sent): the agent there is stopping "
+                "(draining what it holds) or died and left its socket; `evagg status` "
+                "tells which, `evagg run` starts one"], 1
+    return [f"no agent socket at {socket_path} within {args.timeout:g}s "
+            f"({_events(stats.pending)} not sent): is one running? "
             "(`evagg status`; start one with `evagg run`)"], 1
 
 

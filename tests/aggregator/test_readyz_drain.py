@@ -8,7 +8,10 @@ without answering, so the drain lasts until drain_timeout.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -21,12 +24,12 @@ import pytest
 from aiohttp import web
 
 from emitters import Emitter
-from tests.agentproc import AgentProcess
+from tests.agentproc import REPO, AgentProcess
 from tests.ports import free_port
 from tests.waiting import wait_until
 
 EVENTS = 50
-DRAIN_TIMEOUT = '"5s"'  # long enough for several /readyz answers on a busy machine
+DRAIN_TIMEOUT = '"8s"'  # long enough for several /readyz answers and an `evagg emit`
 
 
 class StallingServer:
@@ -120,10 +123,18 @@ def test_readyz_is_503_while_draining_and_undelivered_events_stay_spooled(
     assert proc is not None
     proc.send_signal(signal.SIGTERM)
     statuses: list[int] = []
+    during: subprocess.CompletedProcess[str] | None = None
     while proc.poll() is None:
         statuses.append(readyz(agent))
+        if statuses[-1] == 503 and during is None:  # a user's `evagg emit` meanwhile
+            during = subprocess.run(
+                [sys.executable, "-m", "aggregator", "emit", "--socket", str(agent.socket_path),
+                 "--name", "during-drain", "--timeout", "1"], cwd=REPO, capture_output=True,
+                text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
         time.sleep(0.05)
     assert 503 in statuses, statuses  # answered while the process was still draining
+    assert during is not None and during.returncode == 1
+    assert "the agent there is stopping (draining what it holds)" in during.stderr, during.stderr
     assert 200 not in statuses[statuses.index(503):]
     assert proc.wait(30) == 0
     assert agent.stop() == 0
