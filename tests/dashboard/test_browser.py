@@ -14,7 +14,15 @@ from playwright.sync_api import Page, expect
 
 from dashboard.lake.store import Store, StoreOptions
 from tests.dashboard.chromium import ARTIFACTS, chromium, tab
-from tests.dashboard.lakegen import TRACE, Expected, local_put, task_events, write_rows
+from tests.dashboard.lakegen import (
+    TRACE,
+    Expected,
+    at,
+    event,
+    local_put,
+    task_events,
+    write_rows,
+)
 from tests.dashboard.serve import serving
 
 INJECTIONS = ["'; DROP VIEW events; --", "%' OR 1=1 --"]
@@ -158,6 +166,20 @@ def test_a_failure_without_an_error_type_is_among_the_failures_by_error(
     expect(mute.locator(".count-plain").first).to_have_text("1")
     counts = section.locator("table.grid tbody tr td:nth-child(2)").all_inner_texts()
     assert sum(int(n) for n in counts) == 5  # the error rows add up to the failures
+
+
+def test_a_group_s_states_add_up_to_its_tasks(page: Page, lake: Path) -> None:
+    # a producer's own state (DONE) is no column of the five: it gets an "other" column
+    rows = [event(kind="task", source="script", task_id="odd1", attempt=0, name="odd",
+                  state="DONE", time=at(67.0))]
+    write_rows(local_put(lake), rows, "part-00015.parquet")
+    page.goto("/#/groups?by=name")
+    odd = page.locator("table.grid tbody tr", has_text="odd")
+    expect(odd.locator("td[data-col=other]")).to_have_text("1")
+    heads = page.locator("table.grid thead th").all_inner_texts()
+    assert "other" in heads
+    square = page.locator("table.grid tbody tr", has_text="square")
+    expect(square.locator("td[data-col=other]")).to_have_text("0")
 
 
 def test_each_ray_cluster_s_job_is_a_group_of_its_own(page: Page, lake: Path) -> None:

@@ -81,10 +81,15 @@ export async function groups(params) {
 function groupTable(by, rows) {
   const key = FILTER_OF[by];
   const range = histRange(rows);
+  // Tasks in no state of STATES (a producer's own state, shown UNKNOWN) get a column of
+  // their own where there are any, so that a row's states add up to its tasks.
+  const otherOf = (row) => row.tasks - STATES.reduce((n, st) => n + (row[st.toLowerCase()] || 0), 0);
+  const others = rows.some((row) => otherOf(row) > 0);
   const columns = [
     { key: "value", label: DIMENSIONS[by] || by, cls: "clip name" },
     { key: "tasks", label: "tasks", num: true },
     ...STATES.map((st) => ({ key: st.toLowerCase(), label: st.toLowerCase(), num: true, state: st })),
+    ...(others ? [{ key: "other", label: "other", num: true, head: h("span", { title: "in a state of their own (UNKNOWN in the task table)" }, "other") }] : []),
     { key: "hist", label: "durations (log scale)" },
     { key: "p50_s", label: "p50", num: true }, { key: "p90_s", label: "p90", num: true },
     { key: "p99_s", label: "p99", num: true }, { key: "max_s", label: "max", num: true },
@@ -97,6 +102,7 @@ function groupTable(by, rows) {
     const base = { [key]: row.value };
     if (c.key === "value") return none ? h("span", { class: "muted" }, NONE_OF[by] || "(none)") : groupLabel(row.value);
     if (c.key === "tasks") return count(base, row.tasks);
+    if (c.key === "other") return plainCount(otherOf(row));
     if (c.state) return count({ ...base, state: c.state }, row[c.key], `${c.state} tasks`);
     if (c.key === "hist") {
       return Object.values(row.duration_bins || {}).some((n) => Number(n) > 0) ? histogram(row.duration_bins, row, range)
