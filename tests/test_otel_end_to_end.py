@@ -179,6 +179,7 @@ def test_bad_otlp_bodies_are_refused_and_nothing_of_them_is_spooled(agent: Agent
     partial = trace_service_pb2.ExportTraceServiceResponse.FromString(body).partial_success
     assert partial.rejected_spans == 2
     assert "trace_id must be 16 bytes" in partial.error_message
+    assert "span_id must be 8 bytes" in partial.error_message  # each refused span's reason
     assert agent.metric('evagg_received_events_total{route="otlp"}') == 1
     rows = wait_rows(agent, SPAN_SQL, 1)
     assert [row[0] for row in rows] == ["good"]
@@ -290,6 +291,8 @@ def test_spans_that_never_ended_are_refused_with_the_reason_and_counted(
     partial = trace_service_pb2.ExportTraceServiceResponse.FromString(body).partial_success
     assert partial.rejected_spans == 4
     assert "span 'no-end': endTimeUnixNano is missing" in partial.error_message
+    for refused in ("end-zero", "ends-before-start", "bad-id"):  # each named, not the first
+        assert f"span '{refused}': " in partial.error_message, partial.error_message
     assert agent.metric('evagg_rejected_events_total{route="otlp"}') == 4
     rows = wait_rows(agent, "SELECT name, duration_s FROM events WHERE kind = 'span'", 1)
     assert rows == [("finished", 0.001)]

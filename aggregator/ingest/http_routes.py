@@ -178,7 +178,9 @@ class HttpApi:
                                                  room_wait_s=ROOM_WAIT_S)
         if decoded.cut_attributes and result.accepted:
             self.metrics.cut_values.inc(decoded.cut_attributes, route="otlp")
-        answer, answer_type = otlp.otlp_response(content_type, result.rejected, result.note)
+        # every refused span's reason (up to ten), as the socket's ack gives them
+        note = "; ".join(result.reasons) or result.note
+        answer, answer_type = otlp.otlp_response(content_type, result.rejected, note)
         return web.Response(body=answer, content_type=answer_type)
 
     def _bad(self, request: web.Request, reason: str, text: str,
