@@ -62,7 +62,7 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 
 def failure_for_status(status: int, retry_after: float | None = None) -> SinkResult | None:
     """What a non-2xx answer means for the delivery loop; None for a permanent refusal of
-    the batch itself (400, 404, 413, 422, ...), which the sink dead-letters."""
+    the batch itself (400, 413, 422, ...), which the sink dead-letters."""
     if status == 429:
         return SinkResult.failure("HTTP 429", "throttled", retry_after_s=retry_after)
     if status >= 500:
@@ -71,6 +71,10 @@ def failure_for_status(status: int, retry_after: float | None = None) -> SinkRes
         return SinkResult.failure("HTTP 408", "timeout", retry_after_s=retry_after)
     if status in (401, 403):  # the credentials, not the batch: keep the data spooled
         return SinkResult.failure(f"HTTP {status}: check the credentials", "http_auth",
+                                  permanent=True)
+    if status in (404, 405):  # the URL, not the batch: a typo'd path would dead-letter all
+        return SinkResult.failure(f"HTTP {status}: the endpoint has no such path (or takes "
+                                  "no POST there): check the sink's url", "http_url",
                                   permanent=True)
     if status == 407:  # a proxy's answer (to an http:// request), not the endpoint's
         return SinkResult.failure("HTTP 407: check the proxy's credentials", "http_auth",

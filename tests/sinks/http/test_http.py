@@ -275,7 +275,7 @@ async def test_a_failure_after_a_batch_that_ended_inside_a_record_sends_no_row_t
     from that record: its rows the second batch delivered must not go again under a new key."""
     records = make_records(4, 150)
     third = {e["step"] for e in [record_row(i) for i in range(200, 300)]}
-    server.answer_when(lambda events: events[0]["step"] in third, 404)  # permanent: the loop's
+    server.answer_when(lambda events: events[0]["step"] in third, 400)  # permanent: the loop's
     sink = HttpSink("c", server.url, HttpOptions(batch_max_events=100, max_in_flight=1),
                     spool_id="s")
     failures = await deliver(sink, records)
@@ -291,7 +291,7 @@ async def test_a_failure_after_a_batch_that_ended_inside_a_record_sends_no_row_t
 @run
 async def test_a_permanent_4xx_without_a_dead_letter_directory_stops_the_sink(
         server: FlakyServer) -> None:
-    server.answer(404)
+    server.answer(400)
     sink = HttpSink("c", server.url, spool_id="s")
     await sink.write(make_records(1, 5))
     result = await sink.flush(final=True)

@@ -173,3 +173,20 @@ async def test_retries_count_the_requests_sent_again_through_an_outage(
     sent_again = len(server.requests) - len(server.batches())
     assert sent_again >= 1
     assert run.sink.metrics()["retries"] == sent_again
+
+
+@serve
+async def test_a_wrong_path_keeps_the_events_spooled_until_the_url_is_fixed(
+        server: FlakyServer, tmp_path: Path) -> None:
+    # A 404 says the URL is wrong, not the batch: nothing is dead-lettered, the sink fails
+    # permanently (status: "failing (http_url)"), and the events wait in the spool for the
+    # fixed url (a reload sends them: tests/aggregator/test_lifecycle.py reloads sinks).
+    server.answer(404, times=None)
+    run = await LoopRun.start(sink_for(server, tmp_path, batch_max_events=10),
+                              make_records(3, 10), tmp_path, backoff_cap_s=0.5)
+    await run.until(lambda: run.consumer.state.failures_in_a_row >= 1, 30, "the sink to fail")
+    assert run.consumer.state.last_error_kind == "http_url"
+    assert run.sink.metrics().get("dead_lettered_batches", 0) == 0
+    assert not list((tmp_path / "dlq").glob("*"))
+    assert not run.delivered() and server.accepted_events == 0
+    await run.stop()
