@@ -162,7 +162,7 @@ for i in range(10):
 """, hang_guard_s=60)
     missing.parent.rmdir()
     assert result.returncode == 0, result.stderr
-    assert "10 event(s) not delivered" in result.stderr
+    assert "10 event(s) not acknowledged" in result.stderr
     assert exit_stats(result)["dropped"] == {"exit_deadline": 10}
 
 
