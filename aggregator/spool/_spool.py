@@ -12,7 +12,6 @@ import asyncio
 import errno
 import logging
 import os
-import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Literal
 from aggregator.losses import LossRecorder
 from aggregator.spool._counters import SpoolCounters
 from aggregator.spool._cursors import Cursors
+from aggregator.spool._full_words import FullSpoolWords
 from aggregator.spool._log import SegmentLog
 from aggregator.spool._recent import RECENT_BYTES
 from aggregator.spool._recovery import Recovered
@@ -41,7 +41,6 @@ log = logging.getLogger("evagg.spool")
 
 SESSION_TTL_NS = 7 * 24 * 3600 * 10**9  # dedupe marks of sessions idle this long are forgotten
 FULL_DISK_UNLINK_WAIT_S = 5.0  # a commit on a full disk waits this long for queued unlinks
-DROP_LOG_EVERY_S = 60.0  # a full spool's drops or waits are said at most this often
 DROP_UNLINK_WAIT_S = 1.0  # drop_oldest waits this long for queued unlinks before dropping
 
 
@@ -109,8 +108,7 @@ class Spool:
         self._lock_fd: int | None = None
         self._state = "new"
         self._refused_size = 0  # the last record refused for want of room (block)
-        self._dropped_unsaid = 0  # events dropped for room since the log last said so
-        self._drop_said_at = self._block_said_at = -DROP_LOG_EVERY_S
+        self._words = FullSpoolWords()  # what the log says of a full spool
 
     @property
     def bytes_used(self) -> int:
@@ -232,7 +230,7 @@ class Spool:
             return
         token = object()  # wait in arrival order, so a session's frames keep their order
         if not self._room_queue:
-            self._say_blocked()
+            self._words.waiting(self._cursors.behind(self.next_offset))
         self._room_queue.append(token)
         self.counters.full_waits += 1
         loop = asyncio.get_running_loop()
@@ -253,18 +251,6 @@ class Spool:
             self._room_queue.remove(token)
             self._notify_room()
 
-    def _say_blocked(self) -> None:
-        """Once a minute at most: new events wait, and why."""
-        now = time.monotonic()
-        if now - self._block_said_at < DROP_LOG_EVERY_S:
-            return
-        self._block_said_at = now
-        behind = self._cursors.behind(self.next_offset)
-        log.warning("spool full (when_full=block): new events wait until %s deliver%s and "
-                    "free room; producers buffer meanwhile, then drop with counts, and HTTP "
-                    "senders get 503. A larger spool.max_bytes gives sinks longer",
-                    ", ".join(behind) or "the sinks", "s" if len(behind) == 1 else "")
-
     def _notify_room(self) -> None:
         waiting, self._room_changed = self._room_changed, None
         _wake(waiting)
@@ -283,20 +269,7 @@ class Spool:
             self.counters.dropped_records += victim.records - passed
             behind = self._cursors.behind(self.first_offset)
             self._cursors.raise_to(self.first_offset)
-            self._dropped_unsaid += events
-            self._say_dropped(behind)
-
-    def _say_dropped(self, behind: list[str]) -> None:
-        """Once a minute at most: how many events went since it last said, and whose."""
-        now = time.monotonic()
-        if not self._dropped_unsaid or now - self._drop_said_at < DROP_LOG_EVERY_S:
-            return
-        whose = f" not yet delivered to {', '.join(behind)}" if behind else ""
-        log.warning("spool full: dropped the oldest %d event%s%s to take new ones "
-                    "(when_full=drop_oldest); `evagg status` and a `loss` event count them. "
-                    "A larger spool.max_bytes, or sinks that keep up, prevent it",
-                    self._dropped_unsaid, "" if self._dropped_unsaid == 1 else "s", whose)
-        self._dropped_unsaid, self._drop_said_at = 0, now
+            self._words.dropped(events, behind)
 
     # -- reading ---------------------------------------------------------------------------
 
