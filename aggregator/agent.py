@@ -54,8 +54,8 @@ from aggregator.shutdown import (
     log_waiting_for,
 )
 from aggregator.spool import Spool
-from aggregator.thread_names import name_this_thread
 from aggregator.worker_errors import WorkerErrors
+from emitters.thread_names import name_this_thread
 from sinks.base import Sink
 
 log = logging.getLogger("evagg.agent")
@@ -113,7 +113,7 @@ class Agent:
 
     async def run(self) -> int:
         # The loop's own pool (Parquet writes, /proc reads, fsyncs), its threads named for
-        # `top -H` as the agent's others are (aggregator/thread_names.py).
+        # `top -H` as the agent's others are (emitters/thread_names.py).
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(
             thread_name_prefix="evagg-worker", initializer=name_this_thread))
         report = self.spool.open()

@@ -26,6 +26,7 @@ from emitters.handoff import Handoff, Settings, start_agent
 from emitters.ledger import FlushWaiter, Ledger
 from emitters.outbox import Outbox
 from emitters.stats import EmitterStats
+from emitters.thread_names import name_this_thread
 
 log = logging.getLogger("evagg.emitter")
 
@@ -102,6 +103,7 @@ class Sender:
     # -- the thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
+        name_this_thread()  # `top -H` on a training process tells evagg's thread apart
         if self._start_agent_first:
             self._start_agent()
         while not self._stopping:

@@ -24,8 +24,8 @@ from aggregator.losses import LossRecorder, reported_losses
 from aggregator.metrics import AgentMetrics
 from aggregator.red.metrics import RedMetrics
 from aggregator.spool import Spool, SpoolClosed, SpoolFull
-from aggregator.thread_names import name_this_thread
 from emitters.ratelimit import RateLimitedLog
+from emitters.thread_names import name_this_thread
 from emitters.wire import NO_SESSION
 from sinks.schema import batch_to_bytes
 

@@ -30,9 +30,9 @@ from aggregator.metrics import AgentMetrics
 from aggregator.raylogs.named import NamedFile, inside, named_in, session_logs_dir
 from aggregator.raylogs.reading import APPEAR_WAIT_S, MAX_PIECE_BYTES, Lost, Piece, step
 from aggregator.raylogs.state import Followed, FollowState
-from aggregator.thread_names import name_this_thread
 from aggregator.worker_errors import WorkerErrors
 from emitters.ratelimit import RateLimitedLog
+from emitters.thread_names import name_this_thread
 from sinks.parquet.stores import LocalStore, ObjectStore, is_staging_name
 from sinks.raylogs.layout import LOGS_ROOT, compress_piece, piece_key
 

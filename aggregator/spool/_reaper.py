@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from aggregator.thread_names import name_this_thread
+from emitters.thread_names import name_this_thread
 
 log = logging.getLogger("evagg.spool")
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
+from emitters.thread_names import name_this_thread
 from sinks.base import SinkCounter
 from sinks.locations import is_s3_url
 from sinks.parquet.compact import run_compact
@@ -94,6 +95,7 @@ class HourCompaction:
         # Every hour due when poked, one after the other: after a restart the 24 hours
         # looked at again are mostly one listing each, and need not wait for a flush
         # apiece. A failed hour is due again later, at a poke of its own.
+        name_this_thread()  # "evagg-hour-com" in `top -H`: the merge and its fragment
         for partition in partitions:
             with self._lock:
                 if self._stopped:

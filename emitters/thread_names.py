@@ -1,10 +1,13 @@
-"""The agent's threads under their Python names for the operating system.
+"""evagg's threads under their Python names for the operating system.
 
-Python 3.11 leaves every thread the process's name, so `top -H`, `ps -L` and
-/proc/<pid>/task/*/comm show a row of `python` threads and nobody can tell decoding from
-Parquet writing. Each of the agent's threads names itself when it starts
-(`name_this_thread`, a pool's `initializer`); Linux keeps the first 15 bytes. Elsewhere,
-or without glibc's pthread_setname_np, threads keep the process's name.
+Python 3.11 leaves every thread the process's name, so `top -H`, `ps -L`, py-spy and
+/proc/<pid>/task/*/comm show a row of `python` threads and nobody can tell the agent's
+decoding from its Parquet writing, or a training process's evagg sender from its
+dataloader. Each of evagg's threads names itself when it starts (`name_this_thread`, a
+pool's `initializer`): the agent's, its hour merge's, and the emitter's sender in every
+producer. Linux keeps the first 15 bytes. Elsewhere, or without glibc's
+pthread_setname_np, threads keep the process's name. Standard library only: the emitters
+import it.
 """
 
 from __future__ import annotations
