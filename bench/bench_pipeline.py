@@ -103,7 +103,8 @@ class Sampler(threading.Thread):
 
     def thread_cpu(self) -> dict[str, float]:
         """CPU seconds by thread role: the event loop (the main thread), decode, the loop's
-        pool (the Parquet writes), the rest (threads name themselves: thread_names.py)."""
+        pool (the Parquet writes), the hour merge, the rest (threads name themselves:
+        emitters/thread_names.py)."""
         out: dict[str, float] = {}
         for task in Path(f"/proc/{self.pid}/task").iterdir():
             try:
@@ -114,6 +115,7 @@ class Sampler(threading.Thread):
             role = ("event loop" if task.name == str(self.pid) else
                     "decode" if name.startswith("evagg-decode") else
                     "parquet and I/O pool" if name.startswith("evagg-worker") else
+                    "hour merge" if name.startswith("evagg-hour-com") else
                     "other threads")
             out[role] = out.get(role, 0.0) + seconds
         return out
