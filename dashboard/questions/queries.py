@@ -19,7 +19,7 @@ DIMENSIONS = {  # dimension -> summary view
 TASK_COLUMNS = ("task_id", "attempt", "name", "final_state", "job_id", "node_id", "worker_id",
                 "pid", "source", "pending_at", "submitted_at", "running_at", "finished_at",
                 "failed_at", "duration_s", "error_type", "error_message", "inferred",
-                "exception_class")
+                "exception_class", "ray_session")
 MAX_PAGE = 1000
 
 
@@ -65,28 +65,38 @@ def _count(store: Store, where: str, params: dict[str, Any], offset: int) -> int
     return int(found.rows[0][0])
 
 
-def task_detail(store: Store, task_id: str, attempt: int | None) -> dict[str, Any]:
-    """The folded task row(s) of one task id and every event behind them, in time order."""
+def task_detail(store: Store, task_id: str, attempt: int | None,
+                session: str | None = None) -> dict[str, Any]:
+    """The folded task row(s) of one task id and every event behind them, in time order.
+    Ray's clusters reuse task ids (each numbers its jobs from 01000000): `session` keeps
+    one cluster's; without it every cluster's attempts of the id come, each naming its
+    session."""
     task_id = clean_text("task_id", task_id)
     params: dict[str, Any] = {"task_id": task_id}
-    attempt_sql = event_attempt_sql = ""
+    where = event_where = ""
     if attempt is not None:
-        attempt_sql = " AND attempt = $attempt"
-        event_attempt_sql = " AND coalesce(attempt, 0) = $attempt"
+        where += " AND attempt = $attempt"
+        event_where += " AND coalesce(attempt, 0) = $attempt"
         params["attempt"] = attempt
+    if session:
+        where += " AND ray_session = $session"
+        event_where += " AND attrs['ray_session'] = $session"
+        params["session"] = clean_text("session", session)
     rows = store.execute(
-        f"SELECT * FROM tasks WHERE task_id = $task_id{attempt_sql} ORDER BY attempt", params)
+        f"SELECT * FROM tasks WHERE task_id = $task_id{where} ORDER BY ray_session, attempt",
+        params)
     if not rows.rows:
-        which = f" attempt {attempt}" if attempt is not None else ""
+        which = (f" attempt {attempt}" if attempt is not None else "") + (
+            f" in session {session}" if session else "")
         raise NotFound(f"no task {task_id!r}{which}")
     # Filter the raw rows first, then deduplicate the few that match.
     events = store.execute(
         "SELECT time, state, attempt, name, node_id, worker_id, "
         "coalesce(pid, TRY_CAST(attrs['worker_pid'] AS INTEGER)) AS pid, duration_s, error_type, "
-        "error_message, source, event_id FROM events_raw "
+        "error_message, source, attrs['ray_session'] AS session, event_id FROM events_raw "
         "WHERE kind = 'task' AND (task_id = $task_id OR "
         # a task without a task_id is its one event, keyed by its event_id
-        f"(event_id = $task_id AND coalesce(task_id, '') = '')){event_attempt_sql} "
+        f"(event_id = $task_id AND coalesce(task_id, '') = '')){event_where} "
         "QUALIFY row_number() OVER (PARTITION BY event_id ORDER BY received NULLS LAST) = 1 "
         "ORDER BY time, event_id", params)
     return {"attempts": rows.records(), "events": events.records()}

@@ -9,6 +9,7 @@ list's fingerprint), so a page that polls while nothing new was written costs no
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import fields
 from typing import Any
 
 from aiohttp import web
@@ -24,8 +25,9 @@ from dashboard.questions.runner import QueryRunner
 from sinks.units import parse_duration
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-TASK_PARAMS = {"state", "name", "job", "node", "error_type", "worker", "since", "until", "q",
-               "sort", "order", "limit", "offset"}
+# the task filters (TaskFilter's fields; its `text` is `q` here) and the paging
+TASK_PARAMS = ({f.name for f in fields(TaskFilter)} - {"text"}) | {"q", "sort", "order", "limit",
+                                                                  "offset"}
 
 
 def json_result(result: Result) -> dict[str, Any]:
@@ -60,7 +62,7 @@ class Api:
             web.get("/api/op_counts", cached(self._op_counts, set())),
             web.get("/api/aggregate", cached(self._aggregate, {"by", "limit"})),
             web.get("/api/tasks", cached(self._tasks, TASK_PARAMS)),
-            web.get("/api/task", cached(self._task, {"task_id", "attempt"})),
+            web.get("/api/task", cached(self._task, {"task_id", "attempt", "session"})),
             web.get("/api/runs", cached(self._runs, set())),
             web.get("/api/steps", cached(self._steps, {"run"})),
             web.get("/api/traces", cached(self._traces, {"limit"})),
@@ -133,7 +135,8 @@ class Api:
         attempt = None
         if params.get("attempt", "") != "":
             attempt = bounded_int("attempt", params["attempt"], 0, 0, 2**31 - 1)
-        return queries.task_detail(self.store, params["task_id"], attempt)
+        return queries.task_detail(self.store, params["task_id"], attempt,
+                                   params.get("session") or None)
 
     def _runs(self, _params: dict[str, str]) -> Any:
         return json_result(queries.runs(self.store))

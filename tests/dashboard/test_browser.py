@@ -203,6 +203,29 @@ def test_each_ray_cluster_s_job_is_a_group_of_its_own(page: Page, lake: Path) ->
     assert task_ids(page) == ["c0", "c1"]
 
 
+def test_a_task_id_two_ray_clusters_reused_opens_each_cluster_s_attempt(
+        page: Page, lake: Path) -> None:
+    # Ray's clusters number jobs, and so task ids, alike: each row's link keeps to its
+    # cluster, the session filter keeps one cluster's rows, the bare id shows both
+    sessions = ["session_2026-12-06_10-00-00_000001_1", "session_2026-12-06_11-00-00_000002_2"]
+    rows = []
+    for n, (session, name) in enumerate(zip(sessions, ["square", "second_boom"], strict=True)):
+        for row in task_events("reused01000000", name, start=80.0 + n, run_s=0.5,
+                               end_state="FINISHED", job="01000000"):
+            row["attrs"] = {**row["attrs"], "ray_session": session}
+            rows.append(row)
+    write_rows(local_put(lake), rows, "part-00016.parquet")
+    page.goto(f"/#/tasks?session={sessions[1]}")
+    expect(page.locator("#task-count")).to_have_text("1 task attempt")
+    page.locator("table.grid tbody tr td:first-child a").click()
+    assert f"session={sessions[1]}" in page.url
+    expect(page.locator(".attempt > h2")).to_have_count(1)
+    expect(page.locator(".attempt > h2")).to_have_text("second_boom — attempt 0")
+    page.goto("/#/task?task_id=reused01000000")  # an id alone: both, each named
+    expect(page.locator(".attempt > h2")).to_have_count(2)
+    expect(page.locator(".attempt > h2").first).to_contain_text(f"(Ray session {sessions[0]})")
+
+
 def test_auto_refresh_shows_new_files_and_escapes_text(page: Page, lake: Path) -> None:
     page.goto("/#/tasks")
     expect(page.locator("#task-count")).to_have_text(f"{Expected.tasks} task attempts")

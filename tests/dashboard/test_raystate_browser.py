@@ -78,5 +78,6 @@ def test_timeline_draws_a_100k_task_job_and_a_click_opens_the_task(page: Page) -
         if "#/task?" in page.url:
             break
     assert "#/task?" in page.url, "no bar under the first lane's clicks"
+    assert "session=session_" in page.url  # task ids repeat across Ray clusters
     expect(page.locator("main h2").first).to_contain_text("attempt 0")
     expect(page.locator("main")).to_contain_text("fn_")

@@ -171,7 +171,7 @@ export async function tasks(params) {
   const newest = data.rows.map(firstTime).filter(Boolean).sort().pop();
   const filtered = [...FILTER_KEYS, "q"].some((k) => query[k]);
   const grid = data.rows.length ? table(columns, data.rows, (row, c) => {
-    if (c.key === "task_id") return hashLink("task", { task_id: row.task_id, attempt: row.attempt }, idText(row.task_id), { class: "mono", title: row.task_id });
+    if (c.key === "task_id") return hashLink("task", taskRoute(row), idText(row.task_id), { class: "mono", title: row.task_id });
     if (c.key === "final_state") return inferredBadge(row);
     if (c.key === "time") { const t = firstTime(row); return t ? h("span", { title: fmtTime(t) }, fmtClock(t, newest)) : ""; }
     if (c.key === "duration_s") return fmtDur(row.duration_s);
@@ -181,9 +181,12 @@ export async function tasks(params) {
       const shown = errorText(row.exception_class || row.error_type, row.error_message);
       const full = row.exception_class && row.error_type ? `${row.error_type}: ${shown}` : shown;
       return row.error_type || row.error_message  // one click to the attempt: its error and logs
-        ? hashLink("task", { task_id: row.task_id, attempt: row.attempt },
+        ? hashLink("task", taskRoute(row),
           clipped(shown, { class: "error-text", title: full }), { class: "error-link" }) : "";
     }
+    // a Ray job is its id in its cluster (the groups name it job@session): the session
+    // in the tooltip, as two clusters' first jobs are both 01000000
+    if (c.key === "job_id" && row.ray_session) return clipped(idText(row.job_id), { title: `${row.job_id}@${row.ray_session}` });
     if (c.cls === "clip id") return clipped(idText(row[c.key]), { title: row[c.key] ?? "" });
     if (c.cls && c.cls.startsWith("clip")) return clipped(row[c.key] ?? "");
     return row[c.key] ?? "";
@@ -212,15 +215,24 @@ function inferredBadge(row, { word = false } = {}) {
 
 // -- task detail ---------------------------------------------------------------------
 
+// A task's page: Ray's clusters reuse task ids, so a Ray attempt's link names its session.
+export function taskRoute(row, session = row.ray_session) {
+  return { task_id: row.task_id, attempt: row.attempt, session: session || null };
+}
+
 export async function task(params) {
-  const data = await getJSON("/api/task", { task_id: params.get("task_id"), attempt: params.get("attempt") });
+  const data = await getJSON("/api/task", { task_id: params.get("task_id"), attempt: params.get("attempt"),
+    session: params.get("session") });
+  // one id in two Ray clusters: each attempt says whose it is
+  const sessions = new Set(data.attempts.map((a) => a.ray_session || "")).size;
   const parts = data.attempts.map((a) => {
     const meta = ["task_id", "attempt", "name", "function", "task_type", "final_state", "job_id", "node_id", "worker_id",
       "pid", "actor_id", "parent_id", "trace_id", "source", "ray_session", "events", "duration_s", "pending_at",
       "submitted_at", "running_at", "finished_at", "failed_at", "exception_class"]
       .filter((k) => a[k] !== undefined && a[k] !== null)
       .map((k) => [h("dt", null, k), h("dd", null, k === "final_state" ? inferredBadge(a, { word: true }) : k.endsWith("_at") ? fmtTime(a[k]) : k === "duration_s" ? fmtDur(a[k]) : String(a[k]))]);
-    return h("div", { class: "attempt" }, h("h2", null, `${a.name || "task"} — attempt ${a.attempt}`),
+    const where = a.ray_session && sessions > 1 ? ` (Ray session ${a.ray_session})` : "";
+    return h("div", { class: "attempt" }, h("h2", null, `${a.name || "task"} — attempt ${a.attempt}${where}`),
       h("dl", { class: "meta" }, meta),
       a.inferred ? section("How this end is known", h("p", { class: "inferred" }, a.inferred)) : null,
       section("State timeline", stateTimeline(a)),
@@ -231,6 +243,7 @@ export async function task(params) {
   const events = table([{ key: "time", label: "time" }, { key: "state", label: "state" }, { key: "attempt", label: "try", num: true },
     { key: "node_id", label: "node", cls: "clip id" }, { key: "worker_id", label: "worker", cls: "clip id" },
     { key: "pid", label: "pid", num: true }, { key: "source", label: "source" },
+    ...(sessions > 1 ? [{ key: "session", label: "Ray session", cls: "clip id" }] : []),
     { key: "event_id", label: "event id", cls: "clip id" }], data.events,
   (row, c) => c.key === "time" ? fmtTime(row.time) : c.key === "state" ? (row.state ? stateBadge(row.state) : h("span", { class: "muted" }, "definition"))
     : c.cls ? h("span", { title: row[c.key] ?? "" }, row[c.key] ?? "") : row[c.key] ?? "");

@@ -198,7 +198,8 @@ class TimelineView {
       const i = this.hit(e);
       if (i < 0) return;
       const bars = this.data.bars;
-      location.hash = routeHref("task", { task_id: bars.task_id[i], attempt: bars.attempt[i] });
+      location.hash = routeHref("task", { task_id: bars.task_id[i], attempt: bars.attempt[i],
+        session: this.data.session });
     });
   }
 
