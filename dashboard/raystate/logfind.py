@@ -145,12 +145,14 @@ def _task(store: Store, archive: LogArchive, session: str, ask: LogAsk) -> Found
                        f"({ask.attempt_number}): Ray named no log file for it")
     start = int(info.get(f"std{ask.suffix}_start", 0))
     name = str(path).rsplit("/", 1)[-1]
-    # An end not past the start is not known yet (a RUNNING event flushed mid-task), unless
-    # the attempt finished: it printed nothing. One whose end never came (its node died)
+    # An end not past the start is not known yet when only RUNNING events (flushed mid-task)
+    # carry it; the executor's later report (no state, or the end's) or a FINISHED says
+    # the attempt printed nothing. One whose end never came (its worker or node died)
     # runs to the next task's start in the file, or to the file's end.
     end_at: int | None = max(ends, default=start)
-    if end_at is not None and end_at <= start and not any(
-            r["state"] == "FINISHED" for r in rows):
+    reported = any(r["info"] and r["state"] != "RUNNING" for r in rows) or any(
+        r["state"] == "FINISHED" for r in rows)
+    if end_at is not None and end_at <= start and not reported:
         end_at = _next_start(store, session, name, ask.suffix, start)
     candidates = {f: p for f, p in archive.files(session, node or "_").items() if f.name == name}
     return _choose(candidates, start, end_at, name)

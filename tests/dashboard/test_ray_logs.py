@@ -46,6 +46,7 @@ class Lake:
     big: str  # the task that printed 2,000 lines
     small: str
     worker_file: str
+    quiet: str  # printed nothing: its stdout is empty, not the next task's lines
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +63,7 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lake]:
     agent_dir.mkdir()
     agent = AgentProcess(agent_dir, extra_toml=f'[ray]\nlog_dir = "{ray_root}"\n').start()
     try:
-        big, small = task_hex(1), task_hex(2)
+        big, small, quiet = task_hex(1), task_hex(2), task_hex(3)
         out.write_text("".join(BIG))
         err.write_text("".join(ERR))
         x, e = out.stat().st_size, err.stat().st_size
@@ -72,6 +73,9 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lake]:
         post(agent.http_url, [
             running_event(big, str(out), str(err)),
             running_event(big, str(out), str(err), ends=(x, e)),
+            # ran between the two and printed nothing: its reported end is its start
+            running_event(quiet, str(out), str(err), start=x, err_start=e),
+            running_event(quiet, str(out), str(err), start=x, err_start=e, ends=(x, e)),
             running_event(small, str(out), str(err), start=x, err_start=e),
             running_event(small, str(out), str(err), start=x, err_start=e, ends=(y, e))])
         wait_until(lambda: shipped(agent.lake_dir, out.name) == out.read_bytes(), 60,
@@ -83,7 +87,7 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lake]:
         if agent.running:
             agent.kill()
     shutil.rmtree(ray_root)  # the cluster is gone, and its files with it
-    yield Lake(agent.lake_dir, big, small, out.name)
+    yield Lake(agent.lake_dir, big, small, out.name, quiet)
 
 
 def evagg(*args: str) -> subprocess.CompletedProcess[bytes]:
@@ -102,6 +106,10 @@ def test_query_logs_prints_what_ray_logs_task_prints(lake: Lake) -> None:
     stderr = evagg("query", "logs", "--data", str(lake.root), "--task", lake.big, "--err",
                    "--tail", "-1")
     assert stderr.stdout.decode() == "".join(ERR)
+    # its reported end is its start: nothing, not the next task's lines
+    quiet = evagg("query", "logs", "--data", str(lake.root), "--task", lake.quiet, "--tail", "-1")
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stdout.decode() == "", quiet.stdout
 
 
 def test_query_logs_says_what_is_missing(lake: Lake) -> None:
