@@ -31,7 +31,9 @@ def add_logs_parser(add: Adder) -> None:
     logs.add_argument("--tail", type=int, default=DEFAULT_LINES,
                       help=f"the last N lines (default {DEFAULT_LINES}, as Ray's); -1 for all")
     logs.add_argument("--session", help="Ray session name or a unique prefix of it "
-                                        "(default: the newest)")
+                                        "(default: the one that ran the task or actor; "
+                                        "Ray's clusters reuse ids, and an id several "
+                                        "sessions hold asks for it)")
 
 
 def logs_of(store: Store, args: argparse.Namespace) -> Result:
@@ -39,8 +41,8 @@ def logs_of(store: Store, args: argparse.Namespace) -> Result:
         raise BadInput("logs: --tail takes a number of lines above 0, or -1 for all")
     ask = LogAsk(task_id=args.task, attempt_number=args.attempt, actor_id=args.actor,
                  suffix="err" if args.err else "out", lines=args.tail)
-    data = read_log(store, LogArchive(store.options), sessions.choose(store, args.session),
-                    ask)
+    session = sessions.choose_for(store, args.session, task_id=args.task, actor_id=args.actor)
+    data = read_log(store, LogArchive(store.options), session, ask)
     preamble = b""
     if args.tail > 0:  # what `ray logs` prints first whenever it tails
         preamble = (f"--- Log has been truncated to last {args.tail} lines. Use `--tail` flag "

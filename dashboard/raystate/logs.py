@@ -48,7 +48,8 @@ class RayLogRoutes:
         try:
             ask = log_ask(request.query)
             data = await self._in_session(request, lambda session: read_log(
-                self.store, self.archive, session, ask))
+                self.store, self.archive, session, ask), task_id=ask.task_id,
+                actor_id=ask.actor_id, node_id=ask.node_id)
         except DashboardError as exc:  # Ray's client shows the answer's text as is
             return web.Response(status=exc.status, text=exc.message)
         name = request.query.get("download_filename", DEFAULT_DOWNLOAD).replace('"', "")
@@ -64,7 +65,7 @@ class RayLogRoutes:
         pattern = request.query.get("glob", "*")
         try:
             names = await self._in_session(request, lambda session: self._names(
-                session, node_id, node_ip))
+                session, node_id, node_ip), node_id=node_id)
         except DashboardError as exc:
             return refusal(exc.message, exc.status)
         return reply(categorized([n for n in names if fnmatch.fnmatch(n, pattern)]))
@@ -73,12 +74,18 @@ class RayLogRoutes:
         node = node_id or node_of_ip(self.store, session, node_ip)
         return sorted({f.name for f in self.archive.files(session, node or "_")})
 
-    async def _in_session(self, request: web.Request, work: Callable[[str], Any]) -> Any:
+    async def _in_session(self, request: web.Request, work: Callable[[str], Any], *,
+                          task_id: str | None = None, actor_id: str | None = None,
+                          node_id: str | None = None) -> Any:
+        """`work` in the session the address names (/ray/<session>/...), else in the one
+        that ran the task, actor or node asked about, else the newest."""
         wanted = request.match_info.get("session")
         timeout = _number(request.query.get("timeout", "30"), "timeout")
         try:
             async with asyncio.timeout(timeout):  # not wait_for: it can lose a cancel
-                return await self.runner.run(lambda: work(sessions.choose(self.store, wanted)))
+                return await self.runner.run(lambda: work(sessions.choose_for(
+                    self.store, wanted, task_id=task_id, actor_id=actor_id,
+                    node_id=node_id)))
         except TimeoutError:
             raise DashboardError(f"evagg did not answer within the request's timeout of "
                                  f"{timeout:g} s", 500) from None

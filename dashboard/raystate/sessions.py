@@ -90,3 +90,31 @@ def _pick(store: Store, known: list[str], wanted: str | None) -> str:
                        f"of its name ({', '.join(matching[:5])})")
     raise NotFound(f"no Ray session {wanted!r} in {store.location}; its sessions, newest "
                    f"first: {listed}")
+
+
+_SESSIONS_OF = """
+SELECT attrs['ray_session'] AS session FROM events_raw
+WHERE source = 'ray' AND {column} = $id AND attrs['ray_session'] IS NOT NULL
+GROUP BY ALL ORDER BY session DESC  -- a session is named for its start: newest first
+"""
+
+
+def choose_for(store: Store, wanted: str | None, *, task_id: str | None = None,
+               actor_id: str | None = None, node_id: str | None = None) -> str:
+    """The session of a question about one task, actor or node: the one named, else the
+    one session that holds it. Ray's clusters reuse task and actor ids (each numbers its
+    jobs from 01000000), so the newest session is no guess for an id: one found in
+    several is refused with their names."""
+    asked = [(what, column, key) for what, column, key in (
+        ("task", "task_id", task_id), ("actor", "actor_id", actor_id),
+        ("node", "node_id", node_id)) if key]
+    if wanted or not asked:
+        return choose(store, wanted)
+    what, column, key = asked[0]
+    holding = [str(row[0]) for row in store.execute(
+        _SESSIONS_OF.format(column=column), {"id": key}).rows]
+    if len(holding) > 1:
+        raise BadInput(f"{what} {key} is in {len(holding)} Ray sessions (Ray's clusters reuse "
+                       f"ids): name one (--session, or the dashboard's /ray/<session>/ "
+                       f"address), newest first: {', '.join(holding[:10])}")
+    return holding[0] if holding else choose(store, None)

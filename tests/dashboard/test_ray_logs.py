@@ -4,6 +4,7 @@ documented one-liner."""
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +31,7 @@ from tests.aggregator.raylogs.rayevents import (
 from tests.dashboard.serve import serving
 from tests.waiting import wait_until
 
+LATER = "session_2026-11-30_08-00-00_000001_7001"  # a second cluster, started after SESSION
 BIG = [f"line {i}: ünïcødé ✓ {'.' * (i % 7)}\n" for i in range(2000)]
 SMALL = ["second task 1\n", "second task 2\n", "no newline at the end"]
 ERR = ["Traceback (most recent call last):\n", "ValueError: boom\n"]
@@ -77,7 +80,12 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lake]:
             running_event(quiet, str(out), str(err), start=x, err_start=e),
             running_event(quiet, str(out), str(err), start=x, err_start=e, ends=(x, e)),
             running_event(small, str(out), str(err), start=x, err_start=e),
-            running_event(small, str(out), str(err), start=x, err_start=e, ends=(y, e))])
+            running_event(small, str(out), str(err), start=x, err_start=e, ends=(y, e)),
+            # a newer cluster (its own node): it reused one task id of this one, as
+            # Ray's clusters do
+            running_event(task_hex(4), str(out), str(err), start=x, err_start=e),
+            later_node(running_event(task_hex(4), str(out), str(err), start=x, session=LATER)),
+            later_node(running_event(task_hex(5), str(out), str(err), session=LATER))])
         wait_until(lambda: shipped(agent.lake_dir, out.name) == out.read_bytes(), 60,
                    "the worker's stdout in the lake")
         wait_until(lambda: shipped(agent.lake_dir, err.name) == err.read_bytes(), 60,
@@ -88,6 +96,10 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lake]:
             agent.kill()
     shutil.rmtree(ray_root)  # the cluster is gone, and its files with it
     yield Lake(agent.lake_dir, big, small, out.name, quiet)
+
+
+def later_node(event: dict[str, Any]) -> dict[str, Any]:
+    return {**event, "nodeId": base64.b64encode(bytes(28)).decode()}
 
 
 def evagg(*args: str) -> subprocess.CompletedProcess[bytes]:
@@ -110,6 +122,22 @@ def test_query_logs_prints_what_ray_logs_task_prints(lake: Lake) -> None:
     quiet = evagg("query", "logs", "--data", str(lake.root), "--task", lake.quiet, "--tail", "-1")
     assert quiet.returncode == 0, quiet.stderr
     assert quiet.stdout.decode() == "", quiet.stdout
+
+
+def test_query_logs_finds_the_session_that_ran_the_task(lake: Lake) -> None:
+    # a newer cluster in the lake: the task is looked up where it ran, not in the newest
+    done = evagg("query", "logs", "--data", str(lake.root), "--task", lake.small, "--tail", "-1")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode() == "".join(SMALL)
+    # an id both clusters ran: which one is asked for, not guessed
+    both = evagg("query", "logs", "--data", str(lake.root), "--task", task_hex(4))
+    assert both.returncode == 2
+    assert (f"task {task_hex(4)} is in 2 Ray sessions (Ray's clusters reuse ids): name one "
+            f"(--session, or the dashboard's /ray/<session>/ address), newest first: "
+            f"{LATER}, {SESSION}") in both.stderr.decode()
+    one = evagg("query", "logs", "--data", str(lake.root), "--task", task_hex(4),
+                "--session", SESSION[:20], "--tail", "-1")
+    assert one.returncode == 0 and one.stdout.decode() == "".join(SMALL), one.stderr
 
 
 def test_query_logs_says_what_is_missing(lake: Lake) -> None:
