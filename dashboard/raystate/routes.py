@@ -156,7 +156,8 @@ class RayStateApi:
         job = request.query.get("job", "")
 
         def work() -> Any:
-            return timeline.lanes(self.store, sessions.choose(self.store, session), job)
+            job_id, chosen = sessions.job_in_session(self.store, job, session)
+            return timeline.lanes(self.store, chosen, job_id)
 
         key = {"session": session or "", "job": job}
         payload = await self.runner.cached(request.path, key, work)

@@ -118,3 +118,21 @@ def choose_for(store: Store, wanted: str | None, *, task_id: str | None = None,
                        f"ids): name one (--session, or the dashboard's /ray/<session>/ "
                        f"address), newest first: {', '.join(holding[:10])}")
     return holding[0] if holding else choose(store, None)
+
+
+def split_job_key(job: str) -> tuple[str, str | None]:
+    """A job as the summaries name it (dashboard/sql/keys.sql's job_key: 01000000@session_...)
+    as its id and its session; a bare id has no session."""
+    job_id, at, session = job.rpartition("@")
+    if at and job_id and session.startswith("session_"):
+        return job_id, session
+    return job, None
+
+
+def job_in_session(store: Store, job: str, session: str | None) -> tuple[str, str]:
+    """The job id and the session a question about one job means: `job` may name its
+    session (job@session), which must then agree with `session` if that is given too."""
+    job_id, named = split_job_key(job)
+    if named and session and not named.startswith(session):
+        raise BadInput(f"job {job} names session {named}, not {session}")
+    return job_id, choose(store, named or session)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from dashboard.lake.errors import NotFound
 from dashboard.lake.store import Store
 from dashboard.raystate.rows import func_or_class_name, json_or
 
@@ -191,10 +192,14 @@ def write_trace(store: Store, session: str | None, job: str, out: str) -> dict[s
     """`evagg query timeline`: the trace written to `out`; returns what was written."""
     import json
 
-    from dashboard.raystate.sessions import choose
+    from dashboard.raystate.sessions import job_in_session
 
-    chosen = choose(store, session)
+    job, chosen = job_in_session(store, job, session)
     events = chrome_trace(store, chosen, job)
+    if not any(e["ph"] == "X" for e in events):  # nothing to write: say so, write nothing
+        which = f"job {job}" if job else "any job"
+        raise NotFound(f"no Ray tasks of {which} in session {chosen} (`evagg query jobs` "
+                       "lists the jobs, each with its session)")
     with open(out, "w", encoding="utf-8") as handle:
         json.dump(events, handle)
     slices = [e for e in events if e["ph"] == "X"]

@@ -58,3 +58,21 @@ def test_a_session_or_file_that_cannot_be_used_is_said_so(
     code, _, err = timeline(capsys, "--data", str(ray_lake),
                             "--out", str(tmp_path / "missing" / "t.json"))
     assert code == 2 and "cannot write" in err
+
+
+def test_a_job_as_the_summary_names_it_and_a_job_with_no_tasks(
+        ray_lake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "trace.json"
+    code, _, err = timeline(capsys, "--data", str(ray_lake), "--job", f"{JOB}@{SESSION}",
+                            "--out", str(out))
+    assert code == 0, err
+    assert len([e for e in json.loads(out.read_text()) if e["ph"] == "X"]) == TASKS
+    # a job that has no tasks there writes nothing and says so (exit 1), not an empty []
+    missing = tmp_path / "none.json"
+    code, _, err = timeline(capsys, "--data", str(ray_lake), "--job", "99999999",
+                            "--out", str(missing))
+    assert code == 1 and "no Ray tasks of job 99999999 in session" in err, err
+    assert not missing.exists()
+    code, _, err = timeline(capsys, "--data", str(ray_lake), "--job", f"{JOB}@{SESSION}",
+                            "--session", "session_1999", "--out", str(missing))
+    assert code == 2 and f"names session {SESSION}, not session_1999" in err, err

@@ -320,3 +320,19 @@ def test_files_removed_between_listings_are_relisted(lake: Path) -> None:
 def test_user_sql_statement_without_rows(store: Store) -> None:
     result = store.execute("CREATE TEMP VIEW mine AS SELECT 1 AS x", user_sql=True)
     assert result.rows == []
+
+
+def test_a_job_key_splits_back_into_its_job_and_session() -> None:
+    # keys.sql's job_key names a Ray job for the summaries; the timeline and the logs read
+    # the name back with split_job_key: the two hold each other
+    import duckdb
+
+    from dashboard.lake.fold import read_sql
+    from dashboard.raystate.sessions import split_job_key
+
+    con = duckdb.connect()
+    con.execute(read_sql("keys.sql"))
+    for job, session in [("01000000", "session_2026-12-06_10-00-00_000001_1"),
+                         ("my@job", "session_x"), ("job1", None), ("job1", "")]:
+        (key,) = con.execute("SELECT job_key($j, $s)", {"j": job, "s": session}).fetchone()
+        assert split_job_key(key) == (job, session or None), key
