@@ -115,9 +115,10 @@ def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
     tasks.add_argument("--job", help="job id; a Ray job as the summary names it, "
                        "01000000@session_2026-..., keeps to that cluster's job")
     tasks.add_argument("--node", help="node id")
-    tasks.add_argument("--session", help="a Ray session's name (session_2026-...): Ray "
-                       "numbers jobs from 01000000 again in every cluster, and "
-                       "`evagg query jobs` lists each with its session")
+    tasks.add_argument("--session", help="a Ray session's name (session_2026-...) or its "
+                       "start (session_2026-12-06: that day's clusters): Ray numbers jobs "
+                       "from 01000000 again in every cluster, and `evagg query jobs` lists "
+                       "each with its session")
     tasks.add_argument("--error-type", help="error type or exception class, e.g. ValueError "
                        "(a Ray failure is found by its class or by Ray's "
                        "TASK_EXECUTION_EXCEPTION)")

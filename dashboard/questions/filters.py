@@ -141,6 +141,10 @@ def _equals(key: str, column: str, columns: list[str]) -> str:
     # so its link asks for that; a bare job id still finds the job in every cluster.
     if key == "job" and "ray_session" in columns:
         return f"({column} = ${key} OR job_key({column}, ray_session) = ${key})"
+    # a session's name or its start (session_2026-12-06: that day's clusters), as the
+    # other session options take one
+    if key == "session":
+        return f"starts_with({column}, ${key})"
     return f"{column} = ${key}"
 
 

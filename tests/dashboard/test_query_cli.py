@@ -69,6 +69,10 @@ def test_tasks_of_one_ray_cluster_by_session(tmp_path: Path, cache: bool) -> Non
     summary = json.loads(evagg("query", *where, "summary", "--json").stdout)
     jobs = {r["value"]: r["tasks"] for r in summary if r["dimension"] == "job"}
     assert jobs == {f"01000000@{first}": 2, f"01000000@{second}": 1}
+    # a session's start keeps the clusters that started then
+    hour = json.loads(evagg("query", *where, "tasks", "--session", "session_2026-12-06_11",
+                            "--json").stdout)
+    assert [r["task_id"] for r in hour] == ["t2"]
     keyed = evagg("query", *where, "tasks", "--job", f"01000000@{first}", "--json")
     assert keyed.returncode == 0, keyed.stderr
     assert sorted(r["task_id"] for r in json.loads(keyed.stdout)) == ["t0", "t1"]
