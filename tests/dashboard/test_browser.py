@@ -185,7 +185,8 @@ def test_a_group_s_states_add_up_to_its_tasks(page: Page, lake: Path) -> None:
 def test_each_ray_cluster_s_job_is_a_group_of_its_own(page: Page, lake: Path) -> None:
     # Every Ray cluster numbers its jobs from 01000000: two clusters' first jobs are two
     # groups, and each group's link opens that cluster's tasks alone.
-    sessions = ["session_2026-12-06_10-00-00_000001_1", "session_2026-12-06_11-00-00_000002_2"]
+    sessions = ["session_2026-12-06_23-37-21_553190_1060",
+                "session_2026-12-06_23-38-48_891950_2941"]
     rows = []
     for n, session in enumerate([sessions[0], sessions[0], sessions[1]]):
         for row in task_events(f"c{n}", "tiny", start=70.0 + n, run_s=0.5,
@@ -197,6 +198,8 @@ def test_each_ray_cluster_s_job_is_a_group_of_its_own(page: Page, lake: Path) ->
     expect(page.locator("table.grid tbody tr", has_text="01000000")).to_have_count(2)
     first = page.locator("table.grid tbody tr", has_text=sessions[0])
     expect(first.locator(".group-session")).to_have_text(sessions[0])  # a line of its own
+    # ... and whole: two clusters started the same minute differ at its end
+    assert first.locator(".group-session").evaluate("e => e.scrollWidth <= e.clientWidth")
     expect(first.locator("a.count-link").first).to_have_text("2")
     first.locator("a.count-link").first.click()
     expect(page.locator("#task-count")).to_have_text("2 task attempts")

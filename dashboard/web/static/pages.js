@@ -109,7 +109,7 @@ function groupTable(by, rows) {
         : h("span", { class: "muted no-durations" }, "no durations: none of these reported a start and an end");
     }
     return fmtDur(row[c.key]);
-  });
+  }, { class: by === "job" ? "groups jobs" : "groups" });
 }
 
 // A Ray job's group is job@session (dashboard/sql/keys.sql): the session goes on a line
