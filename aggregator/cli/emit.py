@@ -53,7 +53,11 @@ def add_emit_parser(commands: Parsers) -> None:
                     "event is checked by the agent's rule first: a value that does not fit "
                     "its field is refused, never stored as NULL.",
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    emit.add_argument("--socket", help="agent socket (default: $EVAGG_SOCKET or the default)")
+    emit.add_argument("--socket", help="agent socket (default: $EVAGG_SOCKET, else the "
+                                       "agent.socket of --config, else the default)")
+    emit.add_argument("--config", type=Path,
+                      help="the agent's TOML file, for its socket (default: $EVAGG_CONFIG "
+                           "or none), as `evagg status` reads it for its address")
     emit.add_argument("--file", help="NDJSON file of events, '-' for standard input")
     emit.add_argument("--kind", default="task",
                       help=f"what the event is: {', '.join(KINDS)} (default: task)")
@@ -78,7 +82,7 @@ def run_emit(args: argparse.Namespace) -> int:
     # The emitter's own warnings say what this command says better, once, below.
     logging.getLogger("evagg.emitter").setLevel(logging.ERROR)
     try:
-        emitters.configure(socket=args.socket or None, max_frame_bytes=args.max_frame_bytes)
+        emitters.configure(socket=_socket(args), max_frame_bytes=args.max_frame_bytes)
         events = _events_from_args(args)
     except (BadInput, ValueError) as exc:  # ValueError: the emitter refused --max-frame-bytes
         print(f"evagg emit: {exc}", file=sys.stderr)
@@ -116,6 +120,19 @@ def _send(events: list[dict[str, Any]], refused: int, args: argparse.Namespace) 
         also = f", {refused} refused (named above)" if refused else ""
         print(f"sent {stats.acked} events{also}")  # as scripts read it, plural or not
     return code
+
+
+def _socket(args: argparse.Namespace) -> str | None:
+    """--socket, else $EVAGG_SOCKET or the agent.socket of --config or $EVAGG_CONFIG (read
+    as `evagg run` reads them), else None: the producers' default."""
+    if args.socket or not (args.config or os.environ.get("EVAGG_CONFIG")):
+        return args.socket or None
+    from aggregator.config import ConfigError, configured_socket
+
+    try:
+        return configured_socket(args.config)
+    except ConfigError as exc:
+        raise BadInput(f"config error: {exc}") from None
 
 
 def _what_happened(stats: EmitterStats, args: argparse.Namespace, socket_path: str,

@@ -7,6 +7,7 @@ from aggregator.config.agent_config import (
     check_host,
     config_warnings,
     configured_http_listen,
+    configured_socket,
     load_config,
 )
 
@@ -17,5 +18,6 @@ __all__ = [
     "check_host",
     "config_warnings",
     "configured_http_listen",
+    "configured_socket",
     "load_config",
 ]

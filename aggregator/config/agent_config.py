@@ -144,6 +144,26 @@ def configured_http_listen(
     """The agent's http_listen ("" when disabled) as `evagg run` resolves it from the same
     file and variables, for `evagg tail` and `evagg status`. Only that key is checked: a
     client must not need to read the agent's token or header files."""
+    agent, from_env = _client_agent_table(path, env)
+    try:
+        return listen(agent.get("http_listen", DEFAULT_HTTP_LISTEN))
+    except ValueError as exc:
+        raise ConfigError(_name_variables([f"agent.http_listen: {exc}"], from_env)) from None
+
+
+def configured_socket(path: Path | None = None,
+                      env: Mapping[str, str] | None = None) -> str | None:
+    """The agent's socket as `evagg run` resolves it from the same file and variables, for
+    `evagg emit`; None for the default (the producers' own rule finds it)."""
+    agent, _ = _client_agent_table(path, env)
+    socket = agent.get("socket")
+    return str(Path(socket).expanduser()) if isinstance(socket, str) and socket else None
+
+
+def _client_agent_table(path: Path | None, env: Mapping[str, str] | None
+                        ) -> tuple[dict[str, Any], dict[str, str]]:
+    """[agent] of --config or $EVAGG_CONFIG (none: empty) with the EVAGG_* variables
+    applied, and which keys the variables set."""
     env = os.environ if env is None else env
     if path is None and env.get("EVAGG_CONFIG"):
         path = Path(env["EVAGG_CONFIG"])
@@ -151,11 +171,7 @@ def configured_http_listen(
     agent = _table(_read_toml(path), "agent", problems) if path is not None else {}
     if problems:
         raise ConfigError(problems)
-    from_env = _apply_env(agent, env)
-    try:
-        return listen(agent.get("http_listen", DEFAULT_HTTP_LISTEN))
-    except ValueError as exc:
-        raise ConfigError(_name_variables([f"agent.http_listen: {exc}"], from_env)) from None
+    return agent, _apply_env(agent, env)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

@@ -150,6 +150,22 @@ def test_tail_reads_http_listen_from_evagg_config(agent: AgentProcess) -> None:
     assert orjson.loads(out.splitlines()[0])["name"] == "via-config"
 
 
+def test_emit_finds_the_agent_s_socket_in_its_config(agent: AgentProcess) -> None:
+    # a newcomer with EVAGG_CONFIG set for `evagg status` expects `emit` to follow it too
+    by_variable = client("emit", "--name", "via-config-file", "--timeout", "20",
+                         env=client_env(EVAGG_CONFIG=str(agent.config_path)))
+    assert by_variable.returncode == 0, by_variable.stderr
+    by_flag = client("emit", "--config", str(agent.config_path), "--name", "via-flag",
+                     "--timeout", "20", env=client_env())
+    assert by_flag.returncode == 0, by_flag.stderr
+    assert agent.stop() == 0
+    assert sorted(agent.query("SELECT name FROM events WHERE name LIKE 'via-%'")) == [
+        ("via-config-file",), ("via-flag",)]
+    broken = client("emit", "--config", str(agent.workdir / "none.toml"), "--name", "x",
+                    env=client_env())
+    assert broken.returncode == 2 and b"evagg emit: config error" in broken.stderr
+
+
 def test_status_with_http_disabled_or_a_broken_config_says_why(tmp_path: Path) -> None:
     off = tmp_path / "off.toml"
     off.write_text('[agent]\nhttp_listen = ""\n')
