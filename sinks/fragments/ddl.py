@@ -10,8 +10,9 @@ Four relations, the same names in every engine:
 * `task_fragments`: the task fragments under `_tasks/` (the partial fold of one
   node-hour each, sinks/fragments/task_fold.py), with the same hive columns;
 * `tasks`: one row per task attempt, the fragments merged with the partial fold of the
-  raw rows of every partition (date, hour, node) that has no fragment: tasks.sql's
-  `tasks`, before the ends evagg infers for attempts a dead process left open.
+  raw rows no fragment covers (every file of a partition (date, hour, node) without one,
+  and the part files written into an hour after its merge): tasks.sql's `tasks`, before
+  the ends evagg infers for attempts a dead process left open.
 
 Column types are read off their owners: the event columns off `sinks.schema.EVENT_SCHEMA`,
 the fragments' off the fold itself (its partial SELECT run in DuckDB over no rows gives
@@ -27,7 +28,13 @@ from typing import Final
 
 import pyarrow as pa
 
-from sinks.fragments.dialects import DIALECTS, Dialect, DialectName, dialect
+from sinks.fragments.dialects import (
+    DIALECTS,
+    SOURCE_FILE_COLUMN,
+    Dialect,
+    DialectName,
+    dialect,
+)
 from sinks.fragments.task_fold import (
     FOLD_COLUMNS,
     attempts_select,
@@ -35,7 +42,7 @@ from sinks.fragments.task_fold import (
     partial_select,
 )
 from sinks.locations import is_s3_url
-from sinks.parquet.layout import FRAGMENT_SUFFIX, TASKS_ROOT
+from sinks.parquet.layout import COMPACTED_PREFIX, FRAGMENT_SUFFIX, TASKS_ROOT
 from sinks.schema import EVENT_SCHEMA
 
 EVENTS_RAW: Final = "events_raw"
@@ -316,12 +323,13 @@ def _external(d: Dialect, lake: Lake, names: _Names, table: str,
     raise AssertionError(d.name)
 
 
-def _duckdb_read(lake: Lake, under: str, glob: str) -> str:
+def _duckdb_read(lake: Lake, under: str, glob: str, *, with_file: bool = False) -> str:
     d = dialect("duckdb")
     hive = ", ".join(f"'{n}': {sql_type('duckdb', t)}" for n, t in _partitions())
     path = f"{lake.url}/{under}/{glob}" if under else f"{lake.url}/{glob}"
+    file = f", filename = '{SOURCE_FILE_COLUMN}'" if with_file else ""
     return (f"read_parquet({literal(d, path)}, hive_partitioning = true, "
-            f"union_by_name = true, hive_types = {{{hive}}})")
+            f"union_by_name = true, hive_types = {{{hive}}}{file})")
 
 
 def _events_raw(d: Dialect, lake: Lake, names: _Names) -> list[str]:
@@ -331,7 +339,8 @@ def _events_raw(d: Dialect, lake: Lake, names: _Names) -> list[str]:
         cut = ", ".join(f"CAST(date_trunc('microsecond', {c}) AS TIMESTAMPTZ) AS {c}"
                         for c in _time_columns())
         return [f"CREATE OR REPLACE VIEW {names.events_raw} AS\n"
-                f"SELECT * REPLACE ({cut})\nFROM {_duckdb_read(lake, '', EVENT_GLOB)}"]
+                f"SELECT * REPLACE ({cut})\n"
+                f"FROM {_duckdb_read(lake, '', EVENT_GLOB, with_file=True)}"]
     return _external(d, lake, names, EVENTS_RAW, _columns(EVENT_SCHEMA), "", ".parquet")
 
 
@@ -342,7 +351,8 @@ def _time_columns() -> list[str]:
 def _events(d: Dialect, names: _Names) -> str:
     order = "PARTITION BY event_id, kind ORDER BY received ASC NULLS LAST"
     if d.name == "duckdb":
-        return (f"CREATE OR REPLACE VIEW {names.events} AS\nSELECT * FROM {names.events_raw}\n"
+        return (f"CREATE OR REPLACE VIEW {names.events} AS\n"
+                f"SELECT * EXCLUDE ({SOURCE_FILE_COLUMN}) FROM {names.events_raw}\n"
                 f"QUALIFY row_number() OVER ({order}) = 1")
     every = [n for n, _ in _columns(EVENT_SCHEMA)] + list(PARTITION_TYPES)
     select = ", ".join(d.quote(c) for c in every)
@@ -372,11 +382,17 @@ def _no_fragments(d: Dialect, names: _Names) -> str:
 
 
 def _tasks(d: Dialect, names: _Names) -> str:
+    # A fragment covers its node-hour's merged file, never the part files an agent wrote
+    # into the hour after it was merged (a late event, `evagg compact` on an open hour):
+    # those rows fold raw beside it.
     same_partition = " AND ".join(f"f.{d.quote(p)} = r.{d.quote(p)}" for p in PARTITION_TYPES)
     fold = ", ".join(f"r.{d.quote(c)}" for c in FOLD_COLUMNS)
-    unfragmented = (f"(SELECT {fold}\n     FROM {names.events_raw} AS r\n"
-                    f"     WHERE NOT EXISTS (SELECT 1 FROM {names.fragments} AS f\n"
-                    f"                       WHERE {same_partition})) AS unfragmented")
+    covered = (f"r.evagg_source LIKE '%/{COMPACTED_PREFIX}%'\n"
+               f"       AND EXISTS (SELECT 1 FROM {names.fragments} AS f\n"
+               f"                   WHERE {same_partition})")
+    unfragmented = (f"(SELECT {fold}\n     FROM (SELECT r.*, {d.source_file('r')} AS evagg_source\n"
+                    f"           FROM {names.events_raw} AS r) AS r\n"
+                    f"     WHERE NOT ({covered})) AS unfragmented")
     raw = partial_select(d, unfragmented, distinct_events=True)
     kept = ", ".join(d.quote(c) for c in fragment_schema().names)
     parts = (f"SELECT {kept} FROM {names.fragments}\nUNION ALL\n"

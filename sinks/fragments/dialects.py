@@ -14,6 +14,7 @@ from typing import Final, Literal
 
 DialectName = Literal["duckdb", "spark", "trino", "athena"]
 DIALECTS: Final[tuple[DialectName, ...]] = ("duckdb", "spark", "trino", "athena")
+SOURCE_FILE_COLUMN: Final = "evagg_file"  # DuckDB's raw events: the file each row came from
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,16 @@ class Dialect:
     @property
     def double_type(self) -> str:
         return "DOUBLE"
+
+    def source_file(self, alias: str) -> str:
+        """The path of the Parquet file a row of `alias` (the raw events) was read from:
+        DuckDB's `evagg_file` column (sinks/fragments/ddl.py reads it with the rows),
+        Spark's input_file_name(), Trino's hidden "$path"."""
+        if self.name == "duckdb":
+            return f"{alias}.{SOURCE_FILE_COLUMN}"
+        if self.name == "spark":
+            return "input_file_name()"
+        return f'{alias}."$path"'
 
     def quote(self, identifier: str) -> str:
         """An identifier that may be a reserved word (`date`, `hour`)."""

@@ -161,6 +161,29 @@ def compacted_copy(lake: Path, where: Path) -> Path:
     return copy
 
 
+def compacted_copy_with_a_late_file(lake: Path, where: Path) -> Path:
+    """compacted_copy, with one of the owner's part files written after its hour's merge
+    (an event that came late, or `evagg compact` on an hour still being written): the
+    partition holds a merged file, its fragment, and a part file the fragment lacks."""
+    import pyarrow.parquet as pq
+
+    copy = where / "late-lake"
+    shutil.copytree(lake, copy)
+    newest = max((f for f in copy.rglob("part-*.parquet") if f"node={OWNER}" in str(f)),
+                 key=lambda f: pq.read_metadata(f).num_rows)
+    # its rows in three files: two to merge (whatever else the hour holds), one written late
+    table = pq.read_table(newest)
+    third = table.num_rows // 3
+    assert third >= 1, table.num_rows
+    newest.unlink()
+    pieces = [table.slice(0, third), table.slice(third, third), table.slice(2 * third)]
+    for piece, letter in zip(pieces[:2], "ab", strict=True):
+        pq.write_table(piece, newest.with_name(f"{newest.stem}-{letter}.parquet"))
+    compact_owner(copy)
+    pq.write_table(pieces[2], newest.with_name(f"{newest.stem}-late.parquet"))
+    return copy
+
+
 def compact_owner(lake: Path) -> None:
     """`evagg compact` on the owner's partitions: a merged file and its task fragment."""
     for partition in partitions(lake, OWNER):

@@ -16,6 +16,7 @@ from tests.sinks.fragments.ddl_lake import (
     QUESTIONS,
     assert_same,
     compacted_copy,
+    compacted_copy_with_a_late_file,
     ddl,
     evagg_answers,
     evagg_json,
@@ -64,3 +65,9 @@ def test_fragments_for_one_node_raw_files_for_the_other(lake: Path, tmp_path: Pa
     # fragment
     split = con.execute("SELECT final_state, duration_s FROM tasks WHERE task_id = 'split0'")
     assert split.fetchall() == [("FINISHED", 2.0)]  # 60.000000250 s to 62.000000750 s, in µs
+
+
+def test_a_part_file_written_after_its_hour_s_merge_is_folded_beside_the_fragment(
+        lake: Path, tmp_path: Path) -> None:
+    # the fragment covers the merged file only: the late file's tasks are not dropped
+    same_as_evagg(compacted_copy_with_a_late_file(lake, tmp_path))

@@ -3,7 +3,8 @@ lake two real agents wrote, gives what `evagg query` gives: the events per (kind
 their times to the microsecond (cut down from the producers' nanoseconds), the values of
 the metrics and attrs maps and `nonfinite`, and the tasks per (name, final state) with
 their durations, Ray's attempts split over two nodes included. Once over raw files only,
-then with the owner node's hours compacted into a merged file and a task fragment each.
+then with the owner node's hours compacted into a merged file and a task fragment each,
+and once more with a part file written into a merged hour after its merge.
 
 Spark reads only TIMESTAMP(MICROS) Parquet times: the lake is written as agents write it
 since evagg stopped writing nanoseconds.
@@ -23,6 +24,7 @@ from tests.sinks.fragments.ddl_lake import (
     QUESTIONS,
     assert_same,
     compacted_copy,
+    compacted_copy_with_a_late_file,
     ddl,
     evagg,
     evagg_answers,
@@ -106,6 +108,12 @@ def test_fragments_for_one_node_raw_files_for_the_other(spark: Any, lake: Path,
     assert nodes == {"node-owner"}
     split = spark.sql("SELECT final_state, duration_s FROM tasks WHERE task_id = 'split0'")
     assert [tuple(r) for r in split.collect()] == [("FINISHED", 2.0)]
+
+
+def test_a_part_file_written_after_its_hour_s_merge_is_folded_beside_the_fragment(
+        spark: Any, lake: Path, tmp_path: Path) -> None:
+    # the fragment covers the merged file only (input_file_name() tells them apart)
+    same_as_evagg(spark, compacted_copy_with_a_late_file(lake, tmp_path))
 
 
 def test_an_older_nanosecond_lake_reads_in_spark_after_evagg_compact(
