@@ -47,11 +47,18 @@ def log_format_from_environment() -> str:
     return value
 
 
+QUIET_LIBRARIES = ("botocore", "boto3", "s3transfer")
+
+
 def configure_logging(*, verbose: bool, log_format: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLogFormatter() if log_format == "json"
                          else logging.Formatter(TEXT_FORMAT))
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
+    # boto's INFO lines ("Found credentials in environment variables", once per client:
+    # two dozen after an agent's restart looks back at its hours) say nothing to act on
+    for chatty in QUIET_LIBRARIES:
+        logging.getLogger(chatty).setLevel(logging.DEBUG if verbose else logging.WARNING)
     if log_format == "json":  # nothing else may write raw lines to stderr
         logging.captureWarnings(True)
         sys.excepthook = _log_uncaught

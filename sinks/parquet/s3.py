@@ -87,6 +87,7 @@ class S3Store(ObjectStore):
         self._lock = threading.Lock()
         self._pending_aborts: list[tuple[str, str]] = []  # (full key, upload id)
         self._swept = False
+        self._sweep_failures: set[str] = set()  # kinds of failed sweeps already logged
 
     @property
     def client(self) -> Any:
@@ -214,7 +215,10 @@ class S3Store(ObjectStore):
             self._swept = True
         except StoreError as exc:
             self._swept = exc.permanent  # no ListMultipartUploads permission: don't insist
-            log.warning("S3 orphan sweep skipped (%s): %s", exc.kind, exc)
+            if exc.kind not in self._sweep_failures:  # once a kind: the upload says the rest
+                self._sweep_failures.add(exc.kind)
+                log.warning("S3 orphan sweep skipped (%s): %s; it is tried again with the "
+                            "next upload", exc.kind, exc)
 
     def abort_stale_multipart_uploads(
             self, prefix: str = "",

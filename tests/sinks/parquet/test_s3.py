@@ -298,3 +298,17 @@ def test_parquet_sink_reports_the_store_error_class(moto: MotoS3, tmp_path: Path
     failures = [c for c in sink.counters() if c.name == "publish_failures"]
     assert [(c.reason, c.value) for c in failures] == [("s3_no_such_bucket", 1)]
     assert list((tmp_path / "staging").iterdir()) == []
+
+
+def test_an_outage_logs_the_skipped_orphan_sweep_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # every upload during an outage tries the sweep again: the log says it once
+    from tests.ports import free_port
+
+    s3 = S3Options(endpoint_url=f"http://127.0.0.1:{free_port()}", path_style=True)
+    store = S3Store("s3://down/lake", s3, staging_dir=tmp_path / "st")
+    with caplog.at_level("WARNING", logger="evagg"):
+        for _ in range(3):
+            assert publish_error(store, stage_events(store, KEY, 2)).kind == "s3_connect"
+    said = [r.getMessage() for r in caplog.records if "orphan sweep skipped" in r.getMessage()]
+    assert len(said) == 1, said
