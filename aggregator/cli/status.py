@@ -151,8 +151,9 @@ class StatusReport:
         return f"  retried {count:,.0f} batches" if count else ""
 
     def _file(self, sink: str) -> str:
-        """For a Parquet sink with a file open: when its events reach the lake."""
-        if sink not in self.file_closes_in_s:
+        """For a Parquet sink with a file open: when its events reach the lake. Not while
+        it fails: then its lag waits for the store, not for the file to close."""
+        if sink not in self.file_closes_in_s or self.health.get(sink, "ok") != "ok":
             return ""
         return f" (not in a file yet: next file closes in {self.file_closes_in_s[sink]:.0f}s)"
 

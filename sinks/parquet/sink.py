@@ -76,6 +76,10 @@ class ParquetSink(Sink):
         self._file: OpenFile | None = None
         self._unpublished: list[ClosedFile] = []
         self._staging_cleaned = False
+        # The last offset of a file whose publish failed: the file the loop's resend
+        # rebuilds is due once it holds as much, not a roll interval after it opens (a
+        # minute on S3, which an outage's recovery would otherwise wait for).
+        self._failed_through: int | None = None
 
     def describe(self) -> str:
         return f"parquet {self.store.describe()} node={self.node_id}"
@@ -123,7 +127,9 @@ class ParquetSink(Sink):
         durable: int | None = None
         events = 0
         for closed in progress.closed:
+            self._failed_through = closed.last_offset  # until it is published
             await self.store.publish(closed.staged, closed.key)
+            self._failed_through = None
             self.counts.file_published(closed.size, closed.events)
             if self.compaction is not None:
                 self.compaction.file_published(closed.received_ns)
@@ -174,8 +180,10 @@ class ParquetSink(Sink):
         progress = Progress()
         with self._lock:
             current = self._file
+            retried = self._failed_through
             if current is not None and (
                 final or self._clock() - current.opened_at >= self.roll_interval_s
+                or (retried is not None and current.last_offset >= retried)
             ):
                 progress.closed.append(self._close_file())
         return progress

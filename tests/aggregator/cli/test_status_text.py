@@ -31,3 +31,15 @@ def test_a_parquet_sink_says_when_its_open_file_reaches_the_lake() -> None:
                 .splitlines() if "lake" in line)
     assert "lag 1 events (not in a file yet: next file closes in 4s)" in lake
     assert "retried" not in lake
+
+
+def test_a_parquet_sink_that_fails_does_not_blame_its_open_file() -> None:
+    # an S3 outage: the file was built and its upload failed; the lag waits for the store
+    failing = SCRAPE + ('evagg_sink_failing_since_timestamp_seconds{sink="lake",'
+                        'kind="s3_connect"} 100\n'
+                        'evagg_sink_next_retry_timestamp_seconds{sink="lake"} 112\n')
+    sample = parse_metrics(failing)
+    lake = next(line for line in format_status(sample, sample, 1.0, now=110.0).as_text()
+                .splitlines() if "lake" in line)
+    assert "not in a file yet" not in lake
+    assert "retrying (s3_connect) since" in lake and "next in 2s" in lake

@@ -246,6 +246,41 @@ def test_a_failing_publish_returns_a_failure_and_leaves_no_temp_file(root: Path)
     assert all_files(root) == []
 
 
+class StoreDownOnce(LocalStore):
+    """A store whose first publish fails, as one met by an outage."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.failures = 1
+
+    async def publish(self, staged: Path, key: str) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("bucket unreachable")
+        await super().publish(staged, key)
+
+
+def test_the_file_a_failed_publish_rebuilds_goes_at_the_loop_s_retry(root: Path) -> None:
+    # the loop resends from its cursor after a failure: the rebuilt file is due as soon as
+    # it holds what the failed one held, not a roll interval (a minute on S3) after it opens
+    clock = Clock()
+    sink = make_sink(root, store=StoreDownOnce(root), roll_interval_s=60, clock=clock)
+
+    async def go() -> list[SinkResult]:
+        await sink.write(records(1, 2))
+        clock.now += 60
+        failed = await sink.flush()
+        await sink.abandon()
+        await sink.write(records(1, 2))  # the resend, a moment later
+        retried = await sink.flush()
+        return [failed, retried]
+
+    failed, retried = run(go())
+    assert not failed.ok
+    assert retried == SinkResult.success(2, 200)
+    assert len(parquet_files(root)) == 1
+
+
 def test_a_bad_payload_is_a_permanent_decode_failure(root: Path) -> None:
     sink = make_sink(root)
     bad = SpoolRecord(2, SESSION, 2, T10, 1, b"not arrow")
