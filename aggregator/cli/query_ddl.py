@@ -44,6 +44,11 @@ def add_ddl_parser(query: argparse.ArgumentParser, default_data: Callable[[], st
                      help="Trino's schema / Athena's database for the tables (default evagg)")
     ddl.add_argument("--catalog", default="hive",
                      help="Trino's catalog, a Hive connector (default hive)")
+    # as every query takes them, before or after its name (SUPPRESS keeps a value given
+    # before `ddl`)
+    ddl.add_argument("--endpoint-url", default=argparse.SUPPRESS,
+                     help="S3-compatible endpoint URL, to look for the lake's task fragments")
+    ddl.add_argument("--region", default=argparse.SUPPRESS, help="S3 region")
     ddl.set_defaults(command=run_ddl, default_data=default_data)
 
 

@@ -80,6 +80,32 @@ def test_a_lake_without_fragments_gets_an_empty_view(tmp_path: Path) -> None:
     assert f"file://{tmp_path}/_tasks'" in text
 
 
+def test_an_s3_lake_s_fragments_are_looked_up_at_the_endpoint_given_after_ddl() -> None:
+    # --endpoint-url after the query's name, as every other query takes it
+    import os
+
+    from tests.sinks.moto_server import MotoS3, aws_env
+
+    moto = MotoS3().start()
+    try:
+        bucket = moto.create_bucket()
+        lake = f"s3://{bucket}/evagg"
+        env = {**os.environ, **aws_env()}
+        done = subprocess.run([sys.executable, "-m", "aggregator", "query", "ddl", "--dialect",
+                               "duckdb", lake, "--endpoint-url", moto.endpoint_url], cwd=REPO,
+                              capture_output=True, text=True, timeout=60, env=env)
+        assert done.returncode == 0, done.stderr
+        assert "had no _tasks/" in done.stdout, done.stdout  # looked, and found none
+        moto.client().put_object(Bucket=bucket, Key="evagg/_tasks/date=2026-01-01/hour=0/"
+                                 "node=n/compacted-x.pq", Body=b"")
+        done = subprocess.run([sys.executable, "-m", "aggregator", "query", "ddl", "--dialect",
+                               "duckdb", lake, "--endpoint-url", moto.endpoint_url], cwd=REPO,
+                              capture_output=True, text=True, timeout=60, env=env)
+        assert done.returncode == 0 and "had no _tasks/" not in done.stdout, done.stderr
+    finally:
+        moto.stop()
+
+
 def test_bad_input_is_one_line_and_exit_2() -> None:
     done = evagg("query", "ddl", "--dialect", "trino", "http://example.com/lake", check=False)
     assert done.returncode == 2
