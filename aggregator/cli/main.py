@@ -159,6 +159,9 @@ def _run(args: argparse.Namespace) -> int:
 def _add_check_config(commands: Parsers) -> None:
     check = commands.add_parser("check-config", help="validate a config; exit 2 if it is wrong")
     _agent_flags(check)
+    check.add_argument("--offline", action="store_true",
+                       help="do not try each S3 sink's bucket with the agent's credentials "
+                            "(a config checked away from the node)")
     check.set_defaults(command=_check_config)
 
 
@@ -173,7 +176,12 @@ def _check_config(args: argparse.Namespace) -> int:
         for warning in warnings_beside(exc.problems, exc.partial):  # warnings always
             _say(f"config warning: {warning}", as_log, logging.WARNING)
         return _print_problems(exc, as_log)
-    for warning in config_warnings(config):
+    warnings = config_warnings(config)
+    if not args.offline:
+        from aggregator.cli.store_access import s3_access_warnings
+
+        warnings += s3_access_warnings(config.sinks)
+    for warning in warnings:
         _say(f"config warning: {warning}", as_log, logging.WARNING)
     print(f"config OK: node {config.node_id}, socket {config.socket}, "
           f"state {config.state_dir}, sinks: {', '.join(s.name for s in config.sinks)}")

@@ -111,6 +111,13 @@ class S3Store(ObjectStore):
         where = f"s3://{self.bucket}/{self.prefix}"
         return f"{where} via {redacted_endpoint(self.endpoint_url)}" if self.endpoint_url else where
 
+    def check_access(self) -> None:
+        """One ListObjectsV2 under the prefix, as `evagg check-config` asks: a bucket that
+        does not exist, missing or wrong credentials and a denied policy raise StoreError
+        now instead of at the first upload (the hour merge lists what it merges, too)."""
+        with self.classified("ListObjectsV2", self.prefix):
+            self.client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, MaxKeys=1)
+
     def full_key(self, key: str) -> str:
         return self.prefix + key.lstrip("/")
 

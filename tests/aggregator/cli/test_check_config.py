@@ -61,3 +61,37 @@ def test_warnings_show_beside_errors_and_a_bad_url_is_said_once(tmp_path: Path) 
     about_url = [line for line in lines if "url" in line and "config error" in line]
     assert len(about_url) == 1, checked.stderr
     assert "sinks[0].url" in about_url[0]
+
+
+def test_an_s3_sink_s_bucket_is_tried_with_the_agent_s_credentials(tmp_path: Path) -> None:
+    # what the agent would meet at its first upload, said before it starts: a warning
+    # (the agent still starts and spools), and --offline for a config checked elsewhere
+    from tests.sinks.moto_server import MotoS3, aws_env
+
+    moto = MotoS3().start()
+    try:
+        def s3_sink(bucket: str) -> str:
+            return (f'[[sinks]]\nname = "lake"\ntype = "parquet"\nurl = "s3://{bucket}/evagg/"\n'
+                    f'endpoint_url = "{moto.endpoint_url}"\npath_style = true\n')
+
+        missing = config(tmp_path, f'state_dir = "{tmp_path}/state"', s3_sink("no-such-bucket"))
+        checked = evagg("check-config", "--config", str(missing), env=aws_env())
+        assert checked.returncode == 0 and "config OK" in checked.stdout, checked.stderr
+        warning = next(line for line in checked.stderr.splitlines() if "sinks[0]" in line)
+        assert ("config warning: sinks[0] (lake): cannot list s3://no-such-bucket/evagg/ "
+                "(s3_no_such_bucket)") in warning and "create the bucket" in warning
+        assert "keeps events in its spool" in warning
+        offline = evagg("check-config", "--config", str(missing), "--offline", env=aws_env())
+        assert offline.returncode == 0 and "sinks[0]" not in offline.stderr, offline.stderr
+        bucket = moto.create_bucket()
+        present = config(tmp_path, f'state_dir = "{tmp_path}/state"', s3_sink(bucket))
+        good = evagg("check-config", "--config", str(present), env=aws_env())
+        assert good.returncode == 0 and "sinks[0]" not in good.stderr, good.stderr
+        no_keys = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "",
+                   "AWS_CONFIG_FILE": "/dev/null", "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+                   "AWS_EC2_METADATA_DISABLED": "true", "AWS_DEFAULT_REGION": "us-east-1"}
+        keyless = evagg("check-config", "--config", str(present), env=no_keys)
+        assert keyless.returncode == 0 and "(s3_no_credentials)" in keyless.stderr, \
+            keyless.stderr
+    finally:
+        moto.stop()
