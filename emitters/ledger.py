@@ -140,7 +140,7 @@ class Ledger:
                 self.counts["rejected_events"] += reply.rejected
                 self._count_refused(reply.note, reply.rejected)
                 self.log.log(logging.WARNING, "rejected", "evagg agent rejected %d event(s): %s",
-                             reply.rejected, named_events(reply.note, entry))
+                             reply.rejected, NamedEvents(reply.note, entry))
             return True
         if isinstance(reply, wire.Nack):
             return self._on_nack(reply)
@@ -158,7 +158,7 @@ class Ledger:
             self.outbox.lost["nacked"] += entry[1]
             self._count_refused(nack.reason, entry[1])
         self.counts["nacks"] += 1
-        reason = named_events(nack.reason, entry) if entry is not None else nack.reason
+        reason = NamedEvents(nack.reason, entry) if entry is not None else nack.reason
         self.log.log(logging.WARNING, "nack", "evagg agent refused a frame: %s", reason)
         return entry is not None
 
@@ -242,14 +242,24 @@ class Ledger:
 _REFUSED_EVENT = re.compile(r"\bevent (\d+): ")
 
 
-def named_events(note: str, frame: PendingFrame) -> str:
-    """The agent's reasons with each refused event named by its kind and name: "event 3"
-    counts within a frame of many emit() calls, which alone does not say which call."""
-    def named(found: re.Match[str]) -> str:
-        event = frame.event(int(found.group(1)))
-        if not isinstance(event, dict):
-            return found.group(0)
-        what = " ".join(str(event[k]) if k == "kind" else repr(event[k])
-                        for k in ("kind", "name") if event.get(k) is not None)
-        return f"{found.group(0)[:-2]} ({what}): " if what else found.group(0)
-    return _REFUSED_EVENT.sub(named, note)
+class NamedEvents:
+    """The agent's reasons with each refused event named by its kind and name ("event 3"
+    counts within a frame of many emit() calls, which alone does not say which call),
+    made when a log line shows it: a rate-limited line held back costs no read of the
+    frame."""
+
+    def __init__(self, note: str, frame: PendingFrame) -> None:
+        self.note, self.frame = note, frame
+
+    def __str__(self) -> str:
+        wanted = {int(found.group(1)) for found in _REFUSED_EVENT.finditer(self.note)}
+        events = self.frame.events_at(wanted) if wanted else {}
+
+        def named(found: re.Match[str]) -> str:
+            event = events.get(int(found.group(1)))
+            if not isinstance(event, dict):
+                return found.group(0)
+            what = " ".join(str(event[k]) if k == "kind" else repr(event[k])
+                            for k in ("kind", "name") if event.get(k) is not None)
+            return f"{found.group(0)[:-2]} ({what}): " if what else found.group(0)
+        return _REFUSED_EVENT.sub(named, self.note)

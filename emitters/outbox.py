@@ -33,17 +33,25 @@ class PendingFrame(NamedTuple):
     def is_columns(self) -> bool:
         return wire.frame_type(self.frame) == wire.COLUMNS
 
-    def event(self, index: int) -> Any:
-        """Its event at `index` as the agent counts them (a batch's non-blank lines, a
-        COLUMNS frame's rows), or None: for naming the events the agent refused."""
+    def events_at(self, indexes: set[int]) -> dict[int, Any]:
+        """Its events at these indexes as the agent counts them (a batch's non-blank
+        lines, a COLUMNS frame's rows), for naming the events the agent refused; one read
+        of the frame, and an index it cannot read is left out."""
         payload = wire.payload_of(self.frame)
-        try:
-            if self.is_columns:
-                return read_rows(payload, self.events)[index]
-            lines = [line for line in payload.split(b"\n") if line.strip()]
-            return orjson.loads(lines[index])
-        except (IndexError, ValueError):
-            return None
+        if self.is_columns:
+            try:
+                rows: list[Any] = read_rows(payload, self.events)
+            except ValueError:
+                return {}
+            return {i: rows[i] for i in indexes if i < len(rows)}
+        lines = [line for line in payload.split(b"\n") if line.strip()]
+        found = {}
+        for i in indexes:
+            try:
+                found[i] = orjson.loads(lines[i])
+            except (IndexError, ValueError):
+                continue
+        return found
 
 
 class Outbox:
