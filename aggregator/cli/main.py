@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,6 +41,15 @@ DEFERRED_COMMANDS = ("query", "dashboard")  # their parsers import DuckDB: built
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `evagg query ... | head`: the reader has what it wanted
+        # Python's own advice: stdout to devnull, so the flush at exit stays quiet too
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     prefer_returning_pool()  # before anything imports pyarrow
     if argv and argv[0] in DEFERRED_COMMANDS:

@@ -194,3 +194,17 @@ def test_demo_beside_a_running_agent_says_why(agent: AgentProcess) -> None:
     assert not (agent.socket_path.parent / "other.sock").exists()  # nothing left behind
     assert b"Traceback" not in locked.stderr + port_taken.stderr
     assert agent.running
+
+
+def test_status_into_a_pipe_whose_reader_is_gone_ends_quietly(agent: AgentProcess) -> None:
+    # `evagg status | head -1`: the reader may close before evagg writes; no traceback
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run([sys.executable, "-m", "aggregator", "status", "--url",
+                               agent.http_url, "--interval", "0.1"], cwd=REPO, stdout=write,
+                              stderr=subprocess.PIPE, timeout=60,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    finally:
+        os.close(write)
+    assert done.returncode == 141 and done.stderr == b"", done.stderr  # 128 + SIGPIPE
