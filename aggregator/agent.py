@@ -319,6 +319,11 @@ def http_port_problem(listen: str, exc: OSError) -> str:
     if exc.errno == errno.EADDRINUSE:
         why = (f"something is already listening on {listen} (another agent? `ss -ltnp "
                f"'sport = :{port}'` shows which)")
+        outgoing = _outgoing_ports()
+        if port.isdigit() and outgoing and outgoing[0] <= int(port) <= outgoing[1]:
+            why += (f", or an outgoing connection holds it: {port} is among the ports "
+                    f"{outgoing[0]}-{outgoing[1]} the kernel gives those (`ss -tnp "
+                    f"'sport = :{port}'`); a port below {outgoing[0]} never clashes so")
     elif exc.errno == errno.EADDRNOTAVAIL:
         why = f"{listen.rpartition(':')[0]} is not an address of this machine"
     elif exc.errno == errno.EACCES:
@@ -327,6 +332,15 @@ def http_port_problem(listen: str, exc: OSError) -> str:
         why = exc.strerror or str(exc)
     return (f"cannot open the HTTP port {listen}: {why}; set agent.http_listen (or "
             "--http-listen) to a free host:port, or to \"\" to run without the HTTP port")
+
+
+def _outgoing_ports() -> tuple[int, int] | None:
+    """The kernel's range of local ports for outgoing connections (Linux), if known."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return None
 
 
 def run_agent(config: AgentConfig, exit_when_unused: Path | None = None,

@@ -110,6 +110,9 @@ def test_a_taken_http_port_says_what_to_do(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert f"cannot open the HTTP port {listen}: something is already listening" in done.stderr
     assert "--http-listen" in done.stderr and "Errno" not in done.stderr
+    # a port the kernel hands out for outgoing connections (as bind(0) took this one)
+    # may be held by one, which `ss -ltnp` does not show: said, with a port that does not
+    assert "or an outgoing connection holds it" in done.stderr, done.stderr
     assert not sock.exists()  # nothing left behind
 
 
