@@ -201,6 +201,10 @@ def test_each_ray_cluster_s_job_is_a_group_of_its_own(page: Page, lake: Path) ->
     # ... and whole: two clusters started the same minute differ at its end
     assert first.locator(".group-session").evaluate("e => e.scrollWidth <= e.clientWidth")
     expect(first.locator("a.count-link").first).to_have_text("2")
+    # the job's Ray timeline is a click away
+    timeline = first.locator("a.group-timeline")
+    expect(timeline).to_have_attribute("href",
+                                       f"#/timeline?job=01000000&session={sessions[0]}")
     first.locator("a.count-link").first.click()
     expect(page.locator("#task-count")).to_have_text("2 task attempts")
     assert task_ids(page) == ["c0", "c1"]

@@ -117,8 +117,10 @@ function groupTable(by, rows) {
 function groupLabel(value) {
   const at = value.lastIndexOf("@session_");
   if (at < 0) return h("span", { title: value }, value);
-  return h("span", { title: value }, value.slice(0, at),
-    h("span", { class: "muted group-session" }, value.slice(at + 1)));
+  const [job, session] = [value.slice(0, at), value.slice(at + 1)];
+  return h("span", { title: value }, job, " ",
+    hashLink("timeline", { job, session }, "timeline", { class: "group-timeline", title: `job ${job}'s Ray timeline` }),
+    h("span", { class: "muted group-session" }, session));
 }
 
 // -- task table ----------------------------------------------------------------------
