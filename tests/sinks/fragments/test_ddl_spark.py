@@ -23,7 +23,6 @@ import pytest
 from tests.sinks.fragments.ddl_lake import (
     QUESTIONS,
     assert_same,
-    compacted_copy,
     compacted_copy_with_a_late_file,
     ddl,
     evagg,
@@ -102,18 +101,14 @@ def test_raw_files_only(spark: Any, lake: Path) -> None:
 
 def test_fragments_for_one_node_raw_files_for_the_other(spark: Any, lake: Path,
                                                         tmp_path: Path) -> None:
-    lake = compacted_copy(lake, tmp_path)
+    # and a part file written into a merged hour after its merge, which its fragment does
+    # not cover (input_file_name() tells them apart): one Spark run for both
+    lake = compacted_copy_with_a_late_file(lake, tmp_path)
     same_as_evagg(spark, lake)
     nodes = {r.node for r in spark.sql("SELECT DISTINCT node FROM task_fragments").collect()}
     assert nodes == {"node-owner"}
     split = spark.sql("SELECT final_state, duration_s FROM tasks WHERE task_id = 'split0'")
     assert [tuple(r) for r in split.collect()] == [("FINISHED", 2.0)]
-
-
-def test_a_part_file_written_after_its_hour_s_merge_is_folded_beside_the_fragment(
-        spark: Any, lake: Path, tmp_path: Path) -> None:
-    # the fragment covers the merged file only (input_file_name() tells them apart)
-    same_as_evagg(spark, compacted_copy_with_a_late_file(lake, tmp_path))
 
 
 def test_an_older_nanosecond_lake_reads_in_spark_after_evagg_compact(
