@@ -286,7 +286,7 @@ class Agent:
                 self.metrics.reload_refused_at.set(time.time())  # `evagg status` says so
                 return
             if self.sinks is not None:
-                await self.sinks.stop(self.config.drain_timeout_s)
+                await self.sinks.retire(self.config.drain_timeout_s)
             self.sinks = SinkSet(self.spool, self.metrics, built)
             self.config = dataclasses.replace(self.config, sinks=fresh.sinks)
             self.metrics.config_reloads.inc(result="applied")

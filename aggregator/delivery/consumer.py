@@ -56,6 +56,7 @@ class SinkConsumer:
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._draining = False
+        self._finishing = False  # a reload replaces the sink: flush once, then stop
         self._drain_ends: float | None = None  # monotonic deadline of the drain, if known
         self._said_down_while_draining = False
         # A sample from the start, so a dashboard shows a healthy sink as 0, not "No data".
@@ -64,6 +65,10 @@ class SinkConsumer:
     @property
     def name(self) -> str:
         return self.sink.name
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
 
     def caught_up(self) -> bool:
         return self.spool.cursor(self.name) >= self.spool.next_offset
@@ -94,6 +99,9 @@ class SinkConsumer:
                             "as a failed delivery", self.name, during)
 
     async def _step(self) -> SinkResult | None:
+        if self._finishing:
+            self._stopping.set()
+            return await self._flush(final=True)
         if self._flush_due():
             result = await self._flush(final=False)
             if not result.ok:
@@ -160,6 +168,8 @@ class SinkConsumer:
             self._say_down_while_draining(result)
         await self.sink.abandon()
         self._position = self.spool.cursor(self.name)
+        if self._stopping.is_set():
+            return  # stopped or replaced by a reload: no retry here
         if result.permanent:
             delay = PERMANENT_RETRY_S
         else:
@@ -218,6 +228,15 @@ class SinkConsumer:
         self._draining = True
         if deadline_s is not None:
             self._drain_ends = time.monotonic() + deadline_s
+        self._wake.set()
+
+    def finish(self) -> None:
+        """Stop for a reload without waiting for the backlog: what the sink has buffered
+        is made durable once, then the consumer stops; a failing sink stops at once. The
+        sink that replaces it starts from the cursor, so nothing is skipped or lost."""
+        self._finishing = True
+        if self.state.failing_since_ns:
+            self._stopping.set()
         self._wake.set()
 
     def stop(self) -> None:

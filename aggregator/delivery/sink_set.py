@@ -1,8 +1,10 @@
 """The running sinks: one consumer task per configured sink, started and stopped as a set.
 
 Reload builds the new set completely before the old one is touched, so a config whose
-sinks cannot be built changes nothing; stopping drains every sink at once, within one
-deadline, and then cancels whatever is still in flight.
+sinks cannot be built changes nothing, then retires the old set (each sink makes what it
+buffered durable, without delivering its backlog) and starts the new one from the same
+cursors; stopping drains every sink at once, within one deadline, and then cancels
+whatever is still in flight.
 """
 
 from __future__ import annotations
@@ -66,10 +68,24 @@ class SinkSet:
         What is not delivered stays in the spool for the next agent."""
         for consumer in self.consumers.values():
             consumer.drain(deadline_s)
+        await self._end(deadline_s)
+
+    async def retire(self, deadline_s: float) -> None:
+        """Stop every sink for a reload without delivering the backlog first: each makes
+        what it has buffered durable once (a failing sink not even that), within the
+        deadline. The sinks that replace them start from the same cursors, so a sink
+        that is down does not hold the new config back for `drain_timeout`."""
+        for consumer in self.consumers.values():
+            consumer.finish()
+        await self._end(deadline_s)
+
+    async def _end(self, deadline_s: float) -> None:
+        """Wait up to the deadline for the consumers to stop on their own, give a write
+        still in flight CANCEL_GRACE_S more, cancel the rest, then close every sink."""
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=deadline_s)
         for consumer in self.consumers.values():
-            if not consumer.caught_up():
+            if consumer.draining and not consumer.caught_up():
                 log.warning("sink %s still has %d events to deliver at the deadline; they "
                             "stay spooled", consumer.name, self.spool.lag(consumer.name)[1])
             consumer.stop()

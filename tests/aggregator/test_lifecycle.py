@@ -85,10 +85,12 @@ def test_reload_keeps_command_line_flags_and_a_new_sink_gets_the_spools_history(
 
 def test_a_reload_keeps_a_lagging_sinks_cursor(
         agent_factory: Callable[..., AgentProcess], servers: Callable[..., ServerThread]) -> None:
-    """An endpoint that fails between successes, and a reload while it is down: what it
-    had is not sent again, what it lacks comes once it is back."""
+    """An endpoint that fails between successes, and a reload while it is down: the
+    reload does not wait out drain_timeout for the endpoint (sighup's wait is far
+    shorter), what it had is not sent again, what it lacks comes once it is back."""
     web = servers()
-    agent = agent_factory(sinks_toml=LAKE + http_sink("collector", web.url)).start()
+    agent = agent_factory(sinks_toml=LAKE + http_sink("collector", web.url),
+                          drain_timeout="600s").start()
     assert producer_report(start_producer(agent.socket_path, "up", 100))["flushed"]
     agent.wait_delivered(100, sink="collector")
     web.stop()
