@@ -15,9 +15,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from aggregator.decode.columns import decode_columns
 from aggregator.decode.normalize import Stamp, rows_to_batch
-from aggregator.liveness.facts import attempt_key, facts_of
+from aggregator.liveness.facts import (
+    _only_producer_op_ends,
+    attempt_key,
+    facts_of,
+    general_facts_of,
+)
 from aggregator.liveness.openset import MAX_LONE_ENDS, OpenSet
+from emitters.columns import encode_rows
 from emitters.ids import new_event_id
 
 
@@ -110,3 +117,47 @@ def test_rays_end_outlasts_any_number_of_producer_ends(worker_pid: int) -> None:
     open_set.apply(facts_of(rows_to_batch([late], stamp).batch))
     assert open_set.attempts == {}
     assert MAX_LONE_ENDS <= len(open_set.lone_ends) < 2 * MAX_LONE_ENDS
+
+
+OP_END = st.fixed_dictionaries({
+    "state": st.sampled_from(["FINISHED", "FAILED", "RUNNING"]),
+    "span_id": st.sampled_from(["s1", "s2", "", None]),
+    "attempt": st.sampled_from([0, 1, None]),
+    "session": st.sampled_from([None, "session_1"]),
+    "source": st.sampled_from(["torch", "ray", None]),
+})
+
+
+def op_event(row: dict[str, Any], n: int) -> dict[str, Any]:
+    now = time.time_ns() + n
+    out: dict[str, Any] = {"kind": "op", "state": row["state"], "name": "forward", "time": now,
+                           "event_id": new_event_id(now)}
+    for field in ("span_id", "attempt", "source"):
+        if row[field] is not None:
+            out[field] = row[field]
+    if row["session"]:
+        out["attrs"] = {"ray_session": row["session"]}
+    return out
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(OP_END, min_size=1, max_size=8), as_columns=st.booleans())
+def test_a_batch_of_op_ends_gives_what_the_general_path_gives(
+        rows: list[dict[str, Any]], as_columns: bool) -> None:
+    """A training loop's batch takes a short path (facts_of); the careful one decides
+    every batch it is not sure of, and both agree on every batch of ops."""
+    events = [op_event(row, n) for n, row in enumerate(rows)]
+    stamp = Stamp(time.time_ns(), 1, 0, "node", "host")
+    if as_columns:
+        batch = decode_columns(encode_rows(events, {}), len(events), stamp).batch
+    else:
+        batch = rows_to_batch(events, stamp).batch
+    assert facts_of(batch) == general_facts_of(batch)
+
+
+def test_the_short_path_is_taken_for_a_training_loops_batch() -> None:
+    events = [op_event({"state": "FINISHED", "span_id": f"s{n}", "attempt": None,
+                        "session": None, "source": "torch"}, n) for n in range(3)]
+    batch = rows_to_batch(events, Stamp(time.time_ns(), 1, 0, "node", "host")).batch
+    assert _only_producer_op_ends(batch)
+    assert facts_of(batch).ends == {attempt_key("op", "", f"s{n}", 0) for n in range(3)}
