@@ -176,6 +176,8 @@ class HttpApi:
         result = await self.ingestor.ingest_rows(decoded.rows, self.ingestor.stamp(),
                                                  route="otlp", extra_rejected=decoded.rejected,
                                                  room_wait_s=ROOM_WAIT_S)
+        if result.too_large:  # one span larger than a spool record: nothing was stored
+            return _refusal(request, 413, result.note)
         if decoded.cut_attributes and result.accepted:
             self.metrics.cut_values.inc(decoded.cut_attributes, route="otlp")
         # every refused span's reason (up to ten), as the socket's ack gives them

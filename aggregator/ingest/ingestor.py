@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +33,7 @@ from sinks.schema import batch_to_bytes
 T = TypeVar("T")
 log = logging.getLogger("evagg.ingest")
 LOGGED_REASON_CHARS = 300
+SPLIT_FILL = 0.8  # a split record aims at this share of the limit: rows differ in size
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,22 +131,30 @@ class Ingestor:
         or as long as it takes (a socket frame: its producer waits for the ack)."""
         rejected = len(normalized.rejected)
         reasons = tuple(f"event {i}: {r}" for i, r in normalized.rejected[:10])
+        batch = normalized.batch
         if rejected:
             self.metrics.rejected_events.inc(rejected, route=route)
-            self._say_rejected(route, rejected, reasons[0], stamp.pid)
-        batch = normalized.batch
+            self._say_rejected(route, rejected, reasons[0], stamp.pid, kept=batch.num_rows)
         if batch.num_rows == 0:
             return IngestResult(0, rejected, False, normalized.first_reason(), reasons)
         counts_losses = self.losses is not None and route != "agent"  # the agent's own: elsewhere
         payload, producer_losses, watched = await self.in_thread(
             _spool_bytes, batch, counts_losses, self.watcher)
+        records = [(payload, batch.num_rows)]
+        limit = self.spool.max_record_bytes
+        if len(payload) > limit and session == NO_SESSION:
+            records = await self.in_thread(split_records, batch, limit, len(payload))
+        # One event over the limit refuses the request before any part of it is stored.
+        records.sort(key=lambda record: len(record[0]) <= limit)
         try:
-            result = await self.spool.append(payload, batch.num_rows,
-                                             received_ns=stamp.received_ns, session=session,
-                                             seq=seq, room_wait_s=room_wait_s)
-        except ValueError as exc:  # a record the spool can never hold
+            for record, rows in records:
+                result = await self.spool.append(record, rows, received_ns=stamp.received_ns,
+                                                 session=session, seq=seq,
+                                                 room_wait_s=room_wait_s)
+        except ValueError as exc:  # a record the spool can never hold: one huge event
             self.metrics.rejected_events.inc(batch.num_rows, route=route)
             reason = f"batch refused: {exc}; send it in smaller parts"
+            self._say_rejected(route, batch.num_rows, reason, stamp.pid, kept=0)
             return IngestResult(0, rejected + batch.num_rows, False, reason,
                                 (reason, *reasons[:9]), too_large=True)
         except OSError as exc:
@@ -170,13 +180,15 @@ class Ingestor:
         self.metrics.received_bytes.inc(raw_bytes or len(payload), route=route)
         return IngestResult(batch.num_rows, rejected, False, normalized.first_reason(), reasons)
 
-    def _say_rejected(self, route: str, count: int, first: str, pid: int | None) -> None:
+    def _say_rejected(self, route: str, count: int, first: str, pid: int | None, *,
+                      kept: int) -> None:
         sender = f" from pid {pid}" if pid is not None else ""
+        beside = (f"the {kept} good event{'' if kept == 1 else 's'} beside them were kept"
+                  if kept else "nothing of that batch was stored")
         self._rejections.log(
-            logging.WARNING, route, "refused %d bad event%s on %s%s: %s; the producer was "
-            "told why, the good events beside them were kept, and `evagg status` counts "
-            "them as rejected", count, "" if count == 1 else "s", route, sender,
-            first[:LOGGED_REASON_CHARS])
+            logging.WARNING, route, "refused %d bad event%s on %s%s: %s; the producer was told "
+            "why, %s, and `evagg status` counts them as rejected", count,
+            "" if count == 1 else "s", route, sender, first[:LOGGED_REASON_CHARS], beside)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -190,3 +202,21 @@ def _spool_bytes(batch: pa.RecordBatch, losses: bool,
     watched = watcher.extract(batch) if watcher is not None else None
     return batch_to_bytes(batch), reported_losses(batch) if losses else {}, watched
 
+
+def split_records(batch: pa.RecordBatch, limit: int, size: int) -> list[tuple[bytes, int]]:
+    """A batch whose record of `size` bytes would pass the spool's limit (an HTTP body
+    that grows past it once decoded: 14 MB of OTLP protobuf makes about 70 MB of
+    columns) as several records of consecutive rows, each under the limit, so that no
+    good event is refused for the company it came in. A single row over the limit stays
+    one record, which the spool refuses."""
+    parts = max(2, math.ceil(size / (limit * SPLIT_FILL)))
+    step = math.ceil(batch.num_rows / parts)
+    records: list[tuple[bytes, int]] = []
+    for start in range(0, batch.num_rows, step):
+        piece = batch.slice(start, step)
+        record = batch_to_bytes(piece)
+        if len(record) > limit and piece.num_rows > 1:
+            records += split_records(piece, limit, len(record))
+        else:
+            records.append((record, piece.num_rows))
+    return records

@@ -173,18 +173,6 @@ def test_a_refusal_quoting_producer_text_logs_only_its_start(agent: AgentProcess
     assert logged and all(len(text) < 1000 for text in logged)
 
 
-def test_a_body_that_expands_past_a_spool_record_is_413_with_the_reason(
-        agent_factory: type[AgentProcess]) -> None:
-    """Tiny events grow about 14x into Arrow: within http_max_body, beyond one record."""
-    agent = agent_factory(spool_toml='max_bytes = "8MiB"\nsegment_bytes = "1MiB"',
-                          agent_toml='max_frame = "256KiB"').start()
-    status, body = post(agent, "/v1/events", b'{"kind":"a"}\n' * 20_000)
-    assert status == 413 and body["accepted"] == 0
-    assert "send it in smaller parts" in str(body["errors"][0])
-    for _ in range(10):  # the same events in smaller requests go in
-        assert post(agent, "/v1/events", b'{"kind":"a"}\n' * 2_000)[0] == 200
-
-
 def test_an_encoding_the_agent_cannot_read_is_415_and_stores_nothing(agent: AgentProcess) -> None:
     request = urllib.request.Request(f"{agent.http_url}/v1/events", method="POST",
                                      data=b'{"kind": "op", "name": "packed"}\n',
