@@ -113,7 +113,8 @@ def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
     tasks.add_argument("--state", help=f"final state: {', '.join(FINAL_STATES)}")
     tasks.add_argument("--name", help="function name")
     tasks.add_argument("--job", help="job id; a Ray job as the summary names it, "
-                       "01000000@session_2026-..., keeps to that cluster's job")
+                       "01000000@session_2026-..., keeps to that cluster's job; '(none)': "
+                       "tasks sent without one")
     tasks.add_argument("--node", help="node id")
     tasks.add_argument("--session", help="a Ray session's name (session_2026-...) or its "
                        "start (session_2026-12-06: that day's clusters): Ray numbers jobs "
@@ -121,7 +122,7 @@ def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
                        "each with its session")
     tasks.add_argument("--error-type", help="error type or exception class, e.g. ValueError "
                        "(a Ray failure is found by its class or by Ray's "
-                       "TASK_EXECUTION_EXCEPTION)")
+                       "TASK_EXECUTION_EXCEPTION); '(none)': the summary's (no error type)")
     tasks.add_argument("--since", help="ISO time or an age such as 15m, 2h, 3d")
     tasks.add_argument("--until", help="ISO time or an age")
     tasks.add_argument("--sort", choices=sorted(TASK_SORTS), default="time",

@@ -31,6 +31,9 @@ TASK_EQUALS = {
     # tells their tasks apart by session (`evagg query jobs` lists them)
     "session": "ray_session",
 }
+# The value of an exact filter that asks for tasks without that field: the groups'
+# "(no error type)" and "(no job id)" rows link to their tasks with it.
+NO_VALUE = "(none)"
 # when a task happened, for --since/--until: its first known state time
 TASK_TIME = "coalesce(pending_at, submitted_at, running_at, finished_at, failed_at)"
 SEARCHED_TASK_COLUMNS = ("task_id", "name", "job_id", "node_id", "worker_id", "error_type",
@@ -117,6 +120,9 @@ class TaskFilter:
                 continue
             if column not in columns:
                 raise BadInput(f"the tasks view has no column {column!r} to filter {key} on")
+            if value == NO_VALUE and key != "state":  # every task has a state
+                parts.append(_missing(key, column, columns))
+                continue
             parts.append(_equals(key, column, columns))
             params[key] = value
         if self.since is not None:
@@ -130,6 +136,14 @@ class TaskFilter:
             parts.append("(" + " OR ".join(f"contains(lower({c}), $text)" for c in searched) + ")")
             params["text"] = self.text.lower()
         return (" WHERE " + " AND ".join(parts)) if parts else "", params
+
+
+def _missing(key: str, column: str, columns: list[str]) -> str:
+    """The tasks without the field: a failure without an error type has neither Ray's
+    exception class nor an error type (its group in the summaries)."""
+    if key == "error_type" and "exception_class" in columns:
+        return f"({column} IS NULL AND exception_class IS NULL)"
+    return f"{column} IS NULL"
 
 
 def _equals(key: str, column: str, columns: list[str]) -> str:

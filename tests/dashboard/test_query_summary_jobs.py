@@ -46,3 +46,10 @@ def test_failures_without_an_error_type_add_up_under_the_errors(agent: AgentProc
     failed = next(r["tasks"] for r in rows if r["dimension"] == "state"
                   and r["value"] == "FAILED")
     assert sum(errors.values()) == failed == 3
+    # and `tasks` lists those two by the summary's "(none)" for a missing field
+    listed = evagg("query", *where, "tasks", "--state", "FAILED", "--error-type", "(none)",
+                   "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(r["task_id"] for r in json.loads(listed.stdout)) == ["t2", "t3"]
+    orphans = evagg("query", *where, "tasks", "--job", "(none)", "--json")
+    assert len(json.loads(orphans.stdout)) == 4  # none of them was sent with a job id
