@@ -27,6 +27,7 @@ SELECT
     max(error_type) AS error_type,
     max(error_message) AS error_message,
     max(stack_trace) AS stack_trace,
+    arg_max(attrs, time) AS attrs,  -- the last event's: an OTel span's one event
     max(node_id) AS node_id,
     max(job_id) AS job_id,
     max(task_id) AS task_id,

@@ -170,7 +170,9 @@ def sample_spans() -> list[Row]:
                     parent_span_id=parent, time=at(300 + start), duration_s=seconds, state=state,
                     node_id="nodeA", attrs={"service.name": "api", "otel.span_kind": "INTERNAL"})
         if state == "FAILED":
-            row.update(error_type="TemplateError", error_message="missing variable 'user'")
+            row.update(error_type="TemplateError", error_message="missing variable 'user'",
+                       stack_trace="Traceback (most recent call last):\n  File \"page.py\", "
+                                   "line 9, in render\nTemplateError: missing variable 'user'")
         return row
 
     return [

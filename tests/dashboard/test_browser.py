@@ -113,7 +113,11 @@ def test_trace_waterfall(page: Page) -> None:
     assert names == ["request", "db.query", "render", "template"]  # depth-first
     expect(page.locator("svg.waterfall g.failed")).to_have_count(1)
     page.locator("svg.waterfall g.failed").click()
-    expect(page.locator(".span-detail")).to_contain_text("missing variable 'user'")
+    detail = page.locator(".span-detail")
+    expect(detail).to_contain_text("missing variable 'user'")
+    expect(detail.locator("pre.stack")).to_contain_text('File "page.py", line 9, in render')
+    detail.get_by_text("attributes (2)").click()
+    expect(detail.locator("dl.attrs")).to_contain_text("otel.span_kind")
     shot(page, "trace-waterfall")
 
 
@@ -139,8 +143,7 @@ def test_groups_and_agents_pages(page: Page) -> None:
     shot(page, "agents")
 
 
-def test_counts_of_a_none_group_are_not_links(page: Page, lake: Path) -> None:
-    # A link for the (no job id) row could carry no job filter: it would open every task.
+def test_the_counts_of_a_none_group_lead_to_its_tasks(page: Page, lake: Path) -> None:
     rows = task_events("nojob1", "orphan", start=65.0, run_s=1.0, end_state="FINISHED")
     for row in rows:
         row["job_id"] = None
@@ -148,10 +151,12 @@ def test_counts_of_a_none_group_are_not_links(page: Page, lake: Path) -> None:
     page.goto("/#/groups?by=job")
     none_row = page.locator("table.grid tbody tr", has_text="(no job id)")
     expect(none_row).to_have_count(1)
-    expect(none_row.locator("a")).to_have_count(0)
-    expect(none_row.locator(".count-plain")).to_have_count(2)  # tasks and finished: 1 each
     job1 = page.locator("table.grid tbody tr", has_text="job1")
     expect(job1.locator("a.count-link").first).to_have_attribute("href", "#/tasks?job=job1")
+    none_row.locator("a.count-link").first.click()  # its tasks: those without a job id
+    expect(page.locator(".chip[data-filter=job]")).to_contain_text("(none)")
+    expect(page.locator("table.grid tbody tr")).to_have_count(1)
+    expect(page.locator("table.grid tbody tr")).to_contain_text("orphan")
 
 
 def test_a_failure_without_an_error_type_is_among_the_failures_by_error(
@@ -163,9 +168,12 @@ def test_a_failure_without_an_error_type_is_among_the_failures_by_error(
     section = page.locator("section", has_text="Failures by error")
     mute = section.locator("table.grid tbody tr", has_text="(no error type)")
     expect(mute).to_have_count(1)
-    expect(mute.locator(".count-plain").first).to_have_text("1")
+    expect(mute.locator("a.count-link").first).to_have_text("1")
     counts = section.locator("table.grid tbody tr td:nth-child(2)").all_inner_texts()
     assert sum(int(n) for n in counts) == 5  # the error rows add up to the failures
+    mute.locator("a.count-link").first.click()  # the failure itself, not every task
+    expect(page.locator("table.grid tbody tr")).to_have_count(1)
+    expect(page.locator("table.grid tbody tr")).to_contain_text("mute")
 
 
 def test_a_group_s_states_add_up_to_its_tasks(page: Page, lake: Path) -> None:
@@ -248,6 +256,37 @@ def test_auto_refresh_shows_new_files_and_escapes_text(page: Page, lake: Path) -
     expect(page.locator("#store-info")).to_contain_text(f" · {more} files · ")
     expect(page.locator("table.grid tbody td", has_text=hostile)).to_have_count(1)
     expect(page.locator("table.grid img")).to_have_count(0)
+
+
+def rerendered_after_new_file(page: Page, lake: Path, name: str) -> None:
+    """Write a file into the lake and wait until auto-refresh has drawn the page again."""
+    page.evaluate("document.querySelector('#page > *').dataset.before = 'yes'")
+    write_rows(local_put(lake), task_events(name, name, start=61.0, run_s=1.0,
+                                            end_state="FINISHED"), f"part-{name}.parquet")
+    expect(page.locator("#page > [data-before]")).to_have_count(0, timeout=30_000)
+
+
+def test_an_auto_refresh_keeps_what_the_reader_is_in_the_middle_of(
+        page: Page, lake: Path) -> None:
+    """A new file comes every heartbeat: it must not wipe a half-typed search, a step's
+    opened ops or the span being read."""
+    page.goto("/#/tasks")
+    expect(page.locator("#task-count")).to_have_text(f"{Expected.tasks} task attempts")
+    search = page.locator("form.search input[name=q]")
+    search.click()
+    search.type("boo")  # not submitted
+    rerendered_after_new_file(page, lake, "refresh1")
+    expect(page.locator("#task-count")).to_have_text(f"{Expected.tasks + 1} task attempts")
+    expect(search).to_have_value("boo")
+    expect(search).to_be_focused()
+    page.goto("/#/run?run=run1")
+    page.locator("details[data-key=step-2] summary").click()
+    rerendered_after_new_file(page, lake, "refresh2")
+    expect(page.locator("details[data-key=step-2]")).to_have_attribute("open", "")
+    page.goto(f"/#/trace?trace_id={TRACE}")
+    page.locator("svg.waterfall g.failed").click()
+    rerendered_after_new_file(page, lake, "refresh3")
+    expect(page.locator(".span-detail")).to_contain_text("missing variable 'user'")
 
 
 def test_errors_show_as_messages(page: Page) -> None:

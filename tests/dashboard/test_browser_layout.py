@@ -318,3 +318,77 @@ def test_empty_pages_say_how_to_fill_them(browser: Any, tasks_only_lake: Path,
         expect(page.locator(".error-box")).to_have_count(0)
         page.goto("/#/tasks")
         expect(page.locator("#task-count")).to_have_text("1 task attempt")
+
+
+LONG_RUN = "resnet-tiny-sweep-lr-3e-4-bs-256-warmup-500-cosine-decay-seed-1234-node-a100-80gb-2026-12-07"
+LONG_JOB = "job-etl-2026-12-07-nightly-backfill-of-all-partitions-for-the-warehouse"
+LONG_ERROR = "bad shard s3://bucket/very/long/path/" + "x" * 200
+
+
+def long_rows() -> list[Row]:
+    """What a newcomer's lake held: a long run id, long span and service names, a long
+    job id, a rate metric, a minute-long task, an error with no space to wrap at."""
+    rows: list[Row] = []
+    for step in range(3):
+        rows.append(event(kind="op", source="torch", run_id=LONG_RUN, step=step, name="forward",
+                          span_id=f"lf{step}", state="FINISHED", time=at(700 + step),
+                          duration_s=0.1, metrics={"tokens_per_s": 1000.0 + step,
+                                                   "data_wait_s": 0.012}))
+    trace = "9c" * 16
+    rows.append(event(kind="span", source="otel", name="handle_request /v1/chat/completions"
+                      "?model=a-very-long-model-name-for-serving", trace_id=trace,
+                      span_id="b000000000000001", time=at(710), duration_s=0.02,
+                      state="FINISHED", attrs={"service.name": "inference-service-with-a-long-"
+                                               "name-in-the-us-east-region"}))
+    rows += [event(kind="task", task_id=f"long{i}", name="backfill", job_id=LONG_JOB,
+                   state="FINISHED", time=at(720 + i), duration_s=61.0) for i in range(3)]
+    rows.append(event(kind="task", task_id="wide1", name="backfill", job_id=LONG_JOB,
+                      state="FAILED", time=at(730), duration_s=1.0, error_type="ValueError",
+                      error_message=LONG_ERROR, stack_trace="Traceback: ...\n" + LONG_ERROR))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def long_lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("long") / "lake"
+    write_rows(local_put(root), long_rows(), "part-00001.parquet")
+    return root
+
+
+@pytest.fixture(params=WIDTHS, ids=[f"{w}px" for w in WIDTHS])
+def long_page(request: pytest.FixtureRequest, browser: Any, long_lake: Path) -> Iterator[Page]:
+    yield from open_page(browser, long_lake, request.param)
+
+
+@pytest.mark.parametrize("route", ["runs", "traces", "groups?by=job", "groups?by=name"])
+def test_every_column_is_in_view_whatever_the_names_length(long_page: Page, route: str) -> None:
+    """Long run ids, span names, services and job ids are cut with their whole text in
+    the tooltip, so the last column (a run's end, a trace's start, the max) shows."""
+    long_page.goto(f"/#/{route}")
+    last = long_page.locator("table.grid thead th").last
+    expect(last).to_be_visible()
+    shot(long_page, f"long-{route.replace('?by=', '-')}")
+    assert inside_viewport(long_page, dict(last.bounding_box() or {})), route
+    assert no_sideways_scroll(long_page)
+
+
+def test_a_rate_metric_reads_as_a_number_and_a_seconds_one_as_a_duration(
+        long_page: Page) -> None:
+    long_page.goto(f"/#/run?run={LONG_RUN}")
+    cells = long_page.locator("table.steps tbody tr[data-step='0']")
+    expect(cells).to_contain_text("tokens_per_s 1,000")
+    expect(cells).to_contain_text("data_wait_s 12.0 ms")
+
+
+def test_a_minute_long_task_s_decade_reads_100_s(long_page: Page) -> None:
+    long_page.goto("/#/groups?by=name")
+    expect(long_page.locator("svg.histogram").first).to_be_visible()
+    ticks = long_page.locator("svg.histogram text.hist-tick").all_text_contents()
+    assert "100 s" in ticks and "2 min" not in ticks, ticks
+
+
+def test_an_error_with_no_space_wraps_inside_the_page(long_page: Page) -> None:
+    long_page.goto("/#/task?task_id=wide1")
+    expect(long_page.locator("pre.stack")).to_contain_text("bad shard")
+    shot(long_page, "task-long-error")
+    assert no_sideways_scroll(long_page)

@@ -36,11 +36,48 @@ async function render({ keepScroll = false } = {}) {
       : h("div", { class: "error-box", role: "alert" }, h("b", null, "Could not load this page: "), err.message);
   }
   if (ticket !== rendering) return;  // a newer navigation won
+  const kept = keepScroll ? readerState(page) : null;
   clear(page).append(node);
+  if (kept) restoreReaderState(page, kept);
   page.dataset.route = route || "overview";
   // UTC on a 24-hour clock, as every time on the pages is
   document.getElementById("updated").textContent = `updated ${new Date().toISOString().slice(11, 19)} UTC`;
   if (keepScroll) window.scrollTo(0, scroll);
+}
+
+// What the reader is in the middle of, kept across an auto-refresh (a new file every
+// heartbeat would otherwise wipe a half-typed search, a step's opened ops or a picked span
+// every 30 s): named inputs' text and focus, <details data-key> that are open, and the
+// span picked on a trace (data-picked).
+function readerState(page) {
+  const active = document.activeElement;
+  const focused = active && page.contains(active) && active.name ? active : null;
+  return {
+    inputs: [...page.querySelectorAll("input[name]")].map((el) => [el.name, el.value]),
+    focus: focused && { name: focused.name, start: focused.selectionStart, end: focused.selectionEnd },
+    open: [...page.querySelectorAll("details[open][data-key]")].map((el) => el.dataset.key),
+    picked: [...page.querySelectorAll("[data-picked]")].map((el) => el.dataset.picked),
+  };
+}
+
+function restoreReaderState(page, state) {
+  const named = (name) => page.querySelector(`input[name="${CSS.escape(name)}"]`);
+  for (const [name, value] of state.inputs) {
+    const input = named(name);
+    if (input) input.value = value;
+  }
+  const focus = state.focus && named(state.focus.name);
+  if (focus) {
+    focus.focus();
+    if (state.focus.start !== null) focus.setSelectionRange(state.focus.start, state.focus.end);
+  }
+  for (const key of state.open) {
+    const details = page.querySelector(`details[data-key="${CSS.escape(key)}"]`);
+    if (details) details.open = true;
+  }
+  for (const span of state.picked) {
+    page.querySelector(`[data-span="${CSS.escape(span)}"]`)?.dispatchEvent(new MouseEvent("click"));
+  }
 }
 
 async function poll() {

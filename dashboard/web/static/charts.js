@@ -84,12 +84,14 @@ function binLabel(b) {
   return `${fmtDur(binEdge(b))}–${fmtDur(binEdge(b + 1))}`;
 }
 
+// A decade's label, within a few percent of it: 100 s stays "100 s" (as "2 min" it put
+// a 61 s quantile next to two minutes), 10^4 s reads "2.8 h".
 function tickLabel(seconds) {
   if (seconds < 1e-3) return `${Math.round(seconds * 1e6)} µs`;
   if (seconds < 1) return `${Math.round(seconds * 1e3)} ms`;
-  if (seconds < 60) return `${Math.round(seconds)} s`;
+  if (seconds < 1000) return `${Math.round(seconds)} s`;
   if (seconds < 3600) return `${Math.round(seconds / 60)} min`;
-  return `${Math.round(seconds / 3600)} h`;
+  return `${Number((seconds / 3600).toPrecision(2))} h`;
 }
 
 // The bins every histogram of `rows` shows: those holding a duration or a quantile, one

@@ -76,9 +76,14 @@ export function fmtNum(value, digits = 3) {
 }
 
 // A metric's value: one whose name ends in _s is seconds (the tracker's data_wait_s,
-// queue_s) and reads as a duration; any other as a number.
+// queue_s) and reads as a duration, unless it is a rate (tokens_per_s, samples_per_s);
+// any other as a number.
+export function isSecondsMetric(name) {
+  return /_s$/.test(name) && !/per_s$/.test(name);
+}
+
 export function fmtMetric(name, value) {
-  return /_s$/.test(name) ? fmtDur(value) : fmtNum(value);
+  return isSecondsMetric(name) ? fmtDur(value) : fmtNum(value);
 }
 
 export function fmtBytes(n) {

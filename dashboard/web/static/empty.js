@@ -18,7 +18,9 @@ export function isEmptyStore(err) {
 export function emptyStore(err) {
   const where = (err.message.match(NO_FILES) || [])[1] || "the store";
   return emptyState("No events yet",
-    `Nothing has been written to ${where} yet. Send an event to the agent; it shows here once the agent ` +
+    `Nothing has been written to ${where} yet. An agent writes here when one of its [[sinks]] is ` +
+    `type = "parquet" with url = "${where}"; an agent with no config file writes to its default ` +
+    "directory, which evagg dashboard reads when started without --data. Events show here once the agent " +
     "closes its next file (its roll_interval), and this page refreshes by itself.", SEND_TASKS);
 }
 

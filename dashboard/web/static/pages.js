@@ -15,6 +15,7 @@ const FILTER_OF = { name: "name", error_type: "error_type", job: "job", node: "n
 // What a group without a value holds (failures sent without an error type count under the
 // error dimension, so that its groups add up to the failures).
 const NONE_OF = { error_type: "(no error type)", job: "(no job id)" };
+const NO_VALUE = "(none)";  // a filter's value for "without this field" (dashboard/questions/filters.py)
 
 function countLink(filters, n, label) {
   if (!n) return h("span", { class: "muted" }, "0");
@@ -95,15 +96,15 @@ function groupTable(by, rows) {
     { key: "p99_s", label: "p99", num: true }, { key: "max_s", label: "max", num: true },
   ];
   return table(columns, rows, (row, c) => {
-    // The task filters cannot ask for "no value", so the counts of the (none) row are
-    // plain text: a link without the filter would open every task.
+    // The (none) row's tasks are those without the field, which the filter value
+    // "(none)" asks for (docs/queries.md); the error groups hold failures only.
     const none = row.value === null;
-    const count = (filters, n, label) => none ? plainCount(n) : countLink(filters, n, label);
-    const base = { [key]: row.value };
+    const base = none ? { [key]: NO_VALUE, ...(by === "error_type" ? { state: "FAILED" } : {}) }
+      : { [key]: row.value };
     if (c.key === "value") return none ? h("span", { class: "muted" }, NONE_OF[by] || "(none)") : groupLabel(row.value);
-    if (c.key === "tasks") return count(base, row.tasks);
+    if (c.key === "tasks") return countLink(base, row.tasks);
     if (c.key === "other") return plainCount(otherOf(row));
-    if (c.state) return count({ ...base, state: c.state }, row[c.key], `${c.state} tasks`);
+    if (c.state) return countLink({ ...base, state: c.state }, row[c.key], `${c.state} tasks`);
     if (c.key === "hist") {
       return Object.values(row.duration_bins || {}).some((n) => Number(n) > 0) ? histogram(row.duration_bins, row, range)
         : h("span", { class: "muted no-durations" }, "no durations: none of these reported a start and an end");
@@ -257,7 +258,7 @@ export async function task(params) {
 export async function runs() {
   const data = await getJSON("/api/runs");
   if (!data.rows.length) return noRuns();
-  return section("Training runs", table([{ key: "run_id", label: "run" }, { key: "steps", label: "steps", num: true },
+  return section("Training runs", table([{ key: "run_id", label: "run", cls: "clip name" }, { key: "steps", label: "steps", num: true },
     { key: "ops", label: "ops", num: true }, { key: "failures", label: "failures", num: true },
     { key: "seconds", label: "op time", num: true }, { key: "started_at", label: "started" }, { key: "ended_at", label: "ended" }],
   data.rows, (row, c) => c.key === "run_id" ? runLink(row.run_id)
@@ -272,7 +273,7 @@ const NO_RUN_NOTE = "ops sent without a run_id: Ray ops (ray_op, traced_remote) 
   + "a run; emitters.configure(run_id=...) or EVAGG_RUN_ID gives a run its own row";
 
 function runLink(runId) {
-  if (runId) return hashLink("run", { run: runId }, runId);
+  if (runId) return hashLink("run", { run: runId }, runId, { title: runId });
   return h("span", null, h("a", { href: "#/run?run=", class: "no-run", title: NO_RUN_NOTE }, `(${NO_RUN})`),
     h("span", { class: "muted no-run-note" }, " Ray tasks' ops and others sent without a run_id"));
 }
@@ -309,7 +310,7 @@ export async function run(params) {
       const [lo, hi, mean] = [v.min, v.max, v.mean].map((x) => fmtMetric(k, x));
       return h("div", null, h("b", null, k), lo === hi ? ` ${lo}` : ` ${lo} … ${hi} (mean ${mean})`);
     });
-    const opList = h("details", null, h("summary", null, `${ops.length} ops: ${(st.op_names || []).join(", ")}`),
+    const opList = h("details", { "data-key": `step-${st.step}` }, h("summary", null, `${ops.length} ops: ${(st.op_names || []).join(", ")}`),
       h("ul", { class: "ops" }, ops.map((op) => h("li", null, stateBadge(op.state), ` ${op.name} `,
         h("span", { class: "muted" }, `${fmtDur(op.duration_s)}${op.own_step !== st.step ? ` (own step: ${op.own_step ?? "none"})` : ""}`),
         op.error_type || op.error_message ? h("span", { class: "error-text" }, ` ${errorText(op.error_type, op.error_message)}`) : null,
@@ -361,12 +362,14 @@ async function requestLedger(runId) {
 export async function traces() {
   const data = await getJSON("/api/traces", { limit: 200 });
   if (!data.rows.length) return noTraces();
-  return section("Traces", table([{ key: "trace_id", label: "trace" }, { key: "root_name", label: "root" },
+  return section("Traces", table([{ key: "trace_id", label: "trace" }, { key: "root_name", label: "root", cls: "clip name" },
     { key: "spans", label: "spans", num: true }, { key: "failures", label: "failed", num: true },
-    { key: "duration_s", label: "duration", num: true }, { key: "services", label: "services" }, { key: "started_at", label: "started" }],
+    { key: "duration_s", label: "duration", num: true }, { key: "services", label: "services", cls: "clip name" },
+    { key: "started_at", label: "started" }],
   data.rows, (row, c) => c.key === "trace_id" ? hashLink("trace", { trace_id: row.trace_id }, row.trace_id, { class: "mono" })
-    : c.key === "root_name" ? (row.root_name || row.first_name) : c.key === "duration_s" ? fmtDur(row.duration_s)
-      : c.key === "services" ? (row.services || []).filter(Boolean).join(", ") : c.key === "started_at" ? fmtTime(row.started_at) : fmtNum(row[c.key])));
+    : c.key === "root_name" ? clipped(row.root_name || row.first_name || "") : c.key === "duration_s" ? fmtDur(row.duration_s)
+      : c.key === "services" ? clipped((row.services || []).filter(Boolean).join(", "))
+        : c.key === "started_at" ? fmtTime(row.started_at) : fmtNum(row[c.key])));
 }
 
 export async function trace(params) {
@@ -374,9 +377,14 @@ export async function trace(params) {
   const data = await getJSON("/api/trace", { trace_id: traceId });
   const detail = h("div", { class: "span-detail muted" }, "Click a span for its details.");
   const pick = (sp) => {
+    detail.dataset.picked = sp.span_id;  // picked again after an auto-refresh (app.js)
+    const attrs = Object.entries(sp.attrs || {}).sort(([a], [b]) => a.localeCompare(b));
     detail.replaceChildren(h("dl", { class: "meta" }, ["name", "span_id", "parent_span_id", "state", "service", "span_kind",
       "start_at", "duration_s", "node_id", "error_type", "error_message"].filter((k) => sp[k] !== null && sp[k] !== undefined)
-      .map((k) => [h("dt", null, k), h("dd", null, k === "duration_s" ? fmtDur(sp[k]) : k === "start_at" ? fmtTime(sp[k]) : String(sp[k]))])));
+      .map((k) => [h("dt", null, k), h("dd", null, k === "duration_s" ? fmtDur(sp[k]) : k === "start_at" ? fmtTime(sp[k]) : String(sp[k]))])),
+    sp.stack_trace ? h("details", { open: true }, h("summary", null, "stack trace"), h("pre", { class: "stack" }, sp.stack_trace)) : null,
+    attrs.length ? h("details", null, h("summary", null, `attributes (${attrs.length})`),
+      h("dl", { class: "meta attrs" }, attrs.map(([k, v]) => [h("dt", null, k), h("dd", null, String(v))]))) : null);
   };
   return h("div", null, h("h1", null, "Trace ", h("span", { class: "mono" }, traceId)),
     section(`Waterfall (${data.rows.length} spans)`, waterfall(data.rows, pick)), detail);
