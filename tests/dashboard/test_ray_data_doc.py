@@ -139,8 +139,10 @@ def post(agent: AgentProcess, path: str, body: bytes) -> int:
 def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The agent keeps running while the module reads its lake: a stopped agent's silence
     would end the made-up open tasks (dashboard/sql/ends.sql), which the recipes here,
-    folding the raw events alone, do not do."""
-    agent = AgentProcess(tmp_path_factory.mktemp("agent")).start()
+    folding the raw events alone, do not do. It beats every 30 s, as agents do by
+    default, so that a machine too busy to let it beat for a few seconds does not make
+    it read as silent (7 s at the tests' usual 2 s)."""
+    agent = AgentProcess(tmp_path_factory.mktemp("agent"), heartbeat_interval="30s").start()
     base = (time.time_ns() // S - 3600) * S  # within the DuckDB example's last day
     try:
         stored = sum(post(agent, "/ray/events", json.dumps(body).encode())

@@ -26,9 +26,11 @@ def test_demo_writes_parquet_whose_task_durations_agree_with_their_states(
     lake = tmp_path / ".local" / "share" / "evagg" / "parquet"
     assert f"Parquet written under {lake}" in done.stdout
     assert "report made-up durations" in done.stdout  # nobody mistakes them for timings
-    # Every op's average shows a figure: the no-op ops take under a microsecond.
+    # Every op's average shows a figure, not 0: the no-op ops take about a microsecond
+    # (milliseconds on a machine busy with other work).
     op_rows = [line for line in done.stdout.splitlines() if "│ op" in line and "FINISHED" in line]
-    assert len(op_rows) == 3 and all(re.search(r"│ \d+\.\d µs", r) for r in op_rows), op_rows
+    assert len(op_rows) == 3 and all(re.search(r"│ (?!0\.0 )\d+\.\d (µs|ms|s) ", r)
+                                     for r in op_rows), op_rows
     # The demo's events outlive it in the default store: it says so, and how to clear them.
     assert f"The demo's events stay in\n  {lake}\nbeside" in done.stdout
     assert f"rm -r {lake}\n" in done.stdout and "WHERE source <> 'demo'" in done.stdout
