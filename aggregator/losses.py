@@ -28,6 +28,8 @@ from aggregator.metrics import Family
 EMITTER_REASONS: Final = frozenset(
     {"buffer_full", "nacked", "too_large", "unencodable", "exit_deadline"})
 OTHER_REASON: Final = "other"
+# The agent's own reasons for a lost event (the spool's and the record screen's).
+AGENT_REASONS: Final = frozenset({"drop_oldest", "corrupt_record", "undecodable_record"})
 
 
 class LossRecorder:
@@ -37,6 +39,13 @@ class LossRecorder:
         self._reported = reported or Family("evagg_dropped_events_total", "", "counter")
         # evagg_producer_dropped_events_total: losses producers reported
         self._producers = producers or Family("evagg_producer_dropped_events_total", "", "counter")
+        # Each known reason has a sample from the start, at 0: a first loss is then an
+        # increase that rate() and increase() see, where a series that appears with its
+        # first value would keep the documented alerts silent (docs/metrics.md).
+        for reason in AGENT_REASONS:
+            self._reported.inc(0, reason=reason)
+        for reason in (*EMITTER_REASONS, OTHER_REASON):
+            self._producers.inc(0, reason=reason)
         self._found: dict[str, int] = {}
         self._unreported: dict[str, int] = {}
         # Called (from any thread) when a loss is found, so that the heartbeat reports it

@@ -24,6 +24,11 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
+def _nonzero(counts: dict[str, float]) -> dict[str, float]:
+    """The counts that happened: the agent exports each loss reason at 0 from its start."""
+    return {key: value for key, value in counts.items() if value}
+
+
 def _by_label(sample: dict[str, float], metric: str, label: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for series, value in sample.items():
@@ -197,14 +202,15 @@ def format_status(first: dict[str, float], second: dict[str, float],
         permanent_error=_by_label(second, "evagg_sink_permanent_error", "sink"),
         spool_bytes=second.get("evagg_spool_bytes", 0.0),
         spool_max_bytes=second.get("evagg_spool_max_bytes", 0.0),
-        dropped=_by_label(second, "evagg_dropped_events_total", "reason"),
+        dropped=_nonzero(_by_label(second, "evagg_dropped_events_total", "reason")),
         rejected=_by_label(second, "evagg_rejected_events_total", "route"),
         bad_input=_by_label(second, "evagg_bad_input_total", "reason"),
         errors=_by_label(second, "evagg_delivery_errors_total", "sink"),
         health=sink_health(second, time.time() if now is None else now),
         file_closes_in_s=_open_files(second),
         retried=_by_label(second, "evagg_sink_retries_total", "sink"),
-        producer_dropped=_by_label(second, "evagg_producer_dropped_events_total", "reason"),
+        producer_dropped=_nonzero(_by_label(second, "evagg_producer_dropped_events_total",
+                                            "reason")),
         dead_lettered=_by_label(second, "evagg_sink_dead_lettered_events_total", "sink"),
         reload_refused_at=second.get("evagg_config_reload_refused_timestamp_seconds"),
         received_total=sum(v for route, v in _by_label(

@@ -168,10 +168,13 @@ def firing_cases(scraped: dict[str, list[Labels]]) -> dict[str, Callable[[], Cas
     rejected = [labels for labels in scraped["evagg_rejected_events_total"]]
     assert {r["route"] for r in rejected} >= {"http", "otlp"}, rejected
     bad_input = one(scraped, "evagg_bad_input_total", reason="empty_body")
-    # Counters the agent has no sample of until the trouble happens: labels as documented.
-    dropped = {"reason": "drop_oldest"}
-    producers = {"reason": "buffer_full"}
+    # The loss counters have a sample of each reason from the start, at 0 (so that a
+    # one-off loss is an increase the rules see); the rest only once trouble happens:
+    # labels as documented.
+    dropped = one(scraped, "evagg_dropped_events_total", reason="drop_oldest")
+    producers = one(scraped, "evagg_producer_dropped_events_total", reason="buffer_full")
     worker = {"worker": "http", "type": "RuntimeError"}
+    ray_log = {"reason": "ray_log_missing"}
     publish = {"sink": "lake", "type": "parquet", "reason": "s3_access_denied"}
 
     def slow_buckets() -> list[tuple[str, Labels, str]]:
@@ -204,9 +207,19 @@ def firing_cases(scraped: dict[str, list[Labels]]) -> dict[str, Callable[[], Cas
         "EvaggDroppingEvents": lambda: Case(
             "EvaggDroppingEvents", [("evagg_dropped_events_total", dropped, "0+10x10")], "5m",
             [_plain(dropped)]),
+        "EvaggDroppingEvents, one burst between two scrapes": lambda: Case(
+            "EvaggDroppingEvents", [("evagg_dropped_events_total", dropped, "0x20 17825x40")],
+            "23m", [_plain(dropped)]),
+        "EvaggDroppingEvents, a reason's first loss": lambda: Case(
+            "EvaggDroppingEvents", [("evagg_dropped_events_total", ray_log, "_x20 1x40")],
+            "23m", [_plain(ray_log)]),
         "EvaggProducersDropping": lambda: Case(
             "EvaggProducersDropping",
             [("evagg_producer_dropped_events_total", producers, "0+10x10")], "5m",
+            [_plain(producers)]),
+        "EvaggProducersDropping, one burst between two scrapes": lambda: Case(
+            "EvaggProducersDropping",
+            [("evagg_producer_dropped_events_total", producers, "0x20 36375x40")], "23m",
             [_plain(producers)]),
         "EvaggBadInput": lambda: Case(
             "EvaggBadInput",  # only bad bodies grow; the rejected events stay as they were
@@ -219,6 +232,9 @@ def firing_cases(scraped: dict[str, list[Labels]]) -> dict[str, Callable[[], Cas
             [{"instance": INSTANCE["instance"]}]),
         "EvaggWorkerErrors": lambda: Case(
             "EvaggWorkerErrors", [("evagg_worker_errors_total", worker, "0 0 1x10")], "5m",
+            [_plain(worker)]),
+        "EvaggWorkerErrors, a worker's first error": lambda: Case(
+            "EvaggWorkerErrors", [("evagg_worker_errors_total", worker, "_x5 3x10")], "7m",
             [_plain(worker)]),
         "EvaggTaskFailureRatio": lambda: Case(
             "EvaggTaskFailureRatio",
@@ -269,3 +285,6 @@ def test_gauges_a_dashboard_reads_have_a_sample_on_a_fresh_agent(
             samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
     assert samples["evagg_draining"] == [({}, 0.0)]
     assert samples["evagg_sink_permanent_error"] == [({"sink": "lake"}, 0.0)]
+    # each loss reason from the start, at 0: a first loss is an increase the rules see
+    assert ({"reason": "drop_oldest"}, 0.0) in samples["evagg_dropped_events_total"]
+    assert ({"reason": "buffer_full"}, 0.0) in samples["evagg_producer_dropped_events_total"]
