@@ -93,8 +93,10 @@ class StatusReport:
     retried: dict[str, float] = field(default_factory=dict)
     # losses producers reported in their own `loss` events (evagg_producer_dropped_events_total)
     producer_dropped: dict[str, float] = field(default_factory=dict)
-    # events an HTTP endpoint refused for good: not delivered, kept for `evagg dlq replay`
+    # events an HTTP endpoint refused for good since the agent started
     dead_lettered: dict[str, float] = field(default_factory=dict)
+    # of those (and earlier runs'), the events on disk now, not yet sent by `evagg dlq replay`
+    dead_letters_waiting: dict[str, float] = field(default_factory=dict)
     # events producers sent since the agent started (its own heartbeats left out): a
     # rate of 0 right after one test event does not say whether it arrived; this does
     received_total: float = 0.0
@@ -147,9 +149,14 @@ class StatusReport:
 
     def _dead_letters(self, sink: str) -> str:
         """Events the endpoint refused for good: not lost, but not delivered either."""
+        if sink in self.dead_letters_waiting:  # what is on disk now: a replay empties it
+            waiting = self.dead_letters_waiting[sink]
+            events = "event" if waiting == 1 else "events"
+            return (f"  dead letters: {waiting:,.0f} {events} waiting (evagg dlq list --sink "
+                    f"{sink})" if waiting else "")
         count = self.dead_lettered.get(sink, 0.0)
-        return (f"  dead-lettered {count:,.0f} events (evagg dlq list --sink {sink})"
-                if count else "")
+        return (f"  dead-lettered {count:,.0f} events since the agent started (evagg dlq list "
+                f"--sink {sink})" if count else "")
 
     def _retried(self, sink: str) -> str:
         count = self.retried.get(sink, 0.0)
@@ -212,6 +219,7 @@ def format_status(first: dict[str, float], second: dict[str, float],
         producer_dropped=_nonzero(_by_label(second, "evagg_producer_dropped_events_total",
                                             "reason")),
         dead_lettered=_by_label(second, "evagg_sink_dead_lettered_events_total", "sink"),
+        dead_letters_waiting=_by_label(second, "evagg_sink_dead_letters_waiting_events", "sink"),
         reload_refused_at=second.get("evagg_config_reload_refused_timestamp_seconds"),
         received_total=sum(v for route, v in _by_label(
             second, "evagg_received_events_total", "route").items() if route != "agent"),

@@ -12,6 +12,7 @@ again with its original Idempotency-Key and deletes the pair only on a 2xx.
 from __future__ import annotations
 
 import datetime as dt
+import os
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,6 +101,44 @@ _SIDECAR_NAMES = {"key": "idempotency_key"}
 def dead_letter_dir(state_dir: Path, sink_name: str) -> Path:
     """Where the agent keeps an HTTP sink's dead letters."""
     return state_dir / "deadletter" / sink_name
+
+
+class WaitingEvents:
+    """The events in a dead-letter directory now (written, not yet replayed). Called at
+    every /metrics scrape on the event loop: the directory is listed again only when it
+    changed (a letter written, or deleted by `evagg dlq replay` in another process), and
+    only the sidecars of new letters are read."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._seen: tuple[int, int] | None = None
+        self._events: dict[str, int] = {}  # sidecar name -> its batch's events
+
+    def events(self) -> int:
+        try:
+            found = self.directory.stat()
+        except OSError:  # none written yet
+            return 0
+        stamp = (found.st_mtime_ns, found.st_ino)
+        if stamp != self._seen:
+            self._seen = stamp
+            self._events = {name: self._events.get(name) or _sidecar_events(self.directory / name)
+                            for name in _sidecars(self.directory)}
+        return sum(self._events.values())
+
+
+def _sidecars(directory: Path) -> list[str]:
+    try:
+        return [entry.name for entry in os.scandir(directory) if entry.name.endswith(META_SUFFIX)]
+    except OSError:
+        return []
+
+
+def _sidecar_events(path: Path) -> int:
+    try:
+        return int(orjson.loads(path.read_bytes())["events"])
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return 0
 
 
 def list_dead_letters(directory: Path) -> list[DeadLetter]:

@@ -32,6 +32,7 @@ from sinks.base import Sink, SinkCounter, SinkResult
 from sinks.filters import EventFilter
 from sinks.http.batches import Batch, Batcher, record_groups
 from sinks.http.body import encode_rows
+from sinks.http.deadletter import WaitingEvents
 from sinks.http.endpoint import url_for_display
 from sinks.http.options import HttpOptions, check_url
 from sinks.http.proxy import proxy_route
@@ -95,6 +96,7 @@ class HttpSink(Sink):
         self._sender = Sender(name, url, options, headers={**options.headers, **proxy_headers},
                               proxy=proxy, ssl=ssl, dead_letter_dir=dead_letter_dir,
                               max_retry_backoff_s=max_retry_backoff_s)
+        self._dead_letters = WaitingEvents(dead_letter_dir) if dead_letter_dir else None
         self._batcher = Batcher(name, spool_id, options.body_format, options.batch_max_events,
                                 options.batch_max_bytes, options.batch_interval_s)
         self._reset()
@@ -126,11 +128,15 @@ class HttpSink(Sink):
         return {name: self._sender.counters[name] for name in _METRICS}
 
     def gauges(self) -> dict[str, float]:
-        """The concurrency limit, the requests in flight, and the moving average of the
-        endpoint's answer latency (0 before the first answer)."""
+        """The concurrency limit, the requests in flight, the moving average of the
+        endpoint's answer latency (0 before the first answer), and the events waiting in
+        dead letters (until `evagg dlq replay` sends them)."""
         limit = self._sender.limit
-        return {"concurrency_limit": float(limit.limit), "requests_in_flight": float(
+        gauges = {"concurrency_limit": float(limit.limit), "requests_in_flight": float(
             limit.in_flight), "answer_latency_seconds": limit.latency_s or 0.0}
+        if self._dead_letters is not None:
+            gauges["dead_letters_waiting_events"] = float(self._dead_letters.events())
+        return gauges
 
     def counters(self) -> list[SinkCounter]:
         return [SinkCounter(name, value) for name, value in self.metrics().items()]

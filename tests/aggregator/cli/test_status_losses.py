@@ -83,7 +83,14 @@ def test_a_sink_whose_endpoint_refused_events_for_good_says_so(
                >= 1, 60, "the endpoint's refusal to be dead-lettered")
     text = evagg("status", "--url", agent.http_url, "--interval", "0.1").stdout
     line = next(line for line in text.splitlines() if line.startswith("sink collector"))
-    assert "dead-lettered " in line and "(evagg dlq list --sink collector)" in line
+    assert "dead letters: 1 event waiting (evagg dlq list --sink collector)" in line, line
+    # The endpoint is fixed and the operator replays: status no longer sends them to dlq.
+    endpoint.do(lambda: endpoint.server.answer(200, times=None))
+    replayed = evagg("dlq", "replay", "--sink", "collector", "--config", str(agent.config_path))
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    text = evagg("status", "--url", agent.http_url, "--interval", "0.1").stdout
+    line = next(line for line in text.splitlines() if line.startswith("sink collector"))
+    assert "dead letters" not in line and "dead-lettered" not in line, line
 
 
 def test_a_spool_that_dropped_for_room_says_so_at_once(
