@@ -285,8 +285,12 @@ class Agent:
                 self.metrics.config_reloads.inc(result="refused")
                 self.metrics.reload_refused_at.set(time.time())  # `evagg status` says so
                 return
+            log.info("reloading: replacing the sinks with those of %s",
+                     self.config.source_path or "the defaults")
             if self.sinks is not None:
                 await self.sinks.retire(self.config.drain_timeout_s)
+            for gone in {c.name for c in self.config.sinks} - {c.name for c in fresh.sinks}:
+                self.metrics.registry.forget(sink=gone)  # renamed or removed
             self.sinks = SinkSet(self.spool, self.metrics, built)
             self.config = dataclasses.replace(self.config, sinks=fresh.sinks)
             self.metrics.config_reloads.inc(result="applied")

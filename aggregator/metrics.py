@@ -60,6 +60,12 @@ class Registry:
             family = self._families[name] = Family(name, help, kind)
         return family
 
+    def forget(self, **labels: str) -> None:
+        """Drop every series of every family carrying these labels: a sink a reload
+        removed is no longer listed by /metrics or `evagg status`."""
+        for family in self._families.values():
+            family.clear(**labels)
+
     def add_gauge_source(self, source: GaugeSource) -> None:
         """`source()` yields (name, help, labels, value) when /metrics is read; a name
         ending in `_total` is rendered as a counter (a total kept elsewhere)."""

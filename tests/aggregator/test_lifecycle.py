@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from tests.agentproc import REPO, AgentProcess, http_sink, query_lake, wait_tail_connected
+from tests.aggregator.cli.newcomer import evagg
 from tests.producers import producer_report, start_producer
 from tests.sinks.server_thread import ServerThread
 
@@ -147,3 +148,19 @@ def test_a_second_agent_on_the_same_socket_says_why(agent: AgentProcess) -> None
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 1
     assert "cannot start the agent" in result.stderr and "already listening" in result.stderr
+
+
+def test_a_sink_renamed_by_a_reload_leaves_status(
+        agent_factory: Callable[..., AgentProcess], servers: Callable[..., ServerThread]) -> None:
+    web = servers()
+    agent = agent_factory(sinks_toml=LAKE + http_sink("collector", web.url)).start()
+    assert producer_report(start_producer(agent.socket_path, "before", 20))["flushed"]
+    agent.wait_delivered(20, sink="collector")
+    text = agent.config_path.read_text()
+    agent.config_path.write_text(text.replace('name = "collector"', 'name = "collector2"'))
+    sighup(agent, "reloaded: sinks")
+    status = evagg("status", "--url", agent.http_url, "--interval", "0.1")
+    sinks = [line.split()[1] for line in status.stdout.splitlines() if line.startswith("sink ")]
+    assert sorted(sinks) == ["collector2", "lake"], status.stdout
+    assert "reloading: replacing the sinks with those of" in agent.log()
+    assert agent.stop() == 0
