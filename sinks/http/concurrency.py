@@ -89,7 +89,7 @@ class ConcurrencyLimit:
             if waiter.done() and not waiter.cancelled():  # granted as we were cancelled
                 self.in_flight -= 1
                 self._wake()
-            else:
+            elif waiter in self._waiters:  # else a release passed it over, as cancelled
                 self._waiters.remove(waiter)
             raise
         return Ticket(granted)

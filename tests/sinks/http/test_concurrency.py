@@ -183,3 +183,20 @@ def test_the_endpoint_is_down_after_failures_in_a_row_and_one_answer_ends_it() -
     assert streak.down
     streak.answered()
     assert not streak.down and streak.count == 0
+
+
+def test_a_waiter_cancelled_as_a_slot_frees_leaves_no_error_and_no_slot_taken() -> None:
+    """A second SIGTERM cancels a request waiting for a slot just as another request
+    ends: the slot goes to nobody, and the cancel is no ValueError in the log."""
+    async def main() -> int:
+        limit = ConcurrencyLimit(4, fixed=1)
+        first = await limit.acquire()
+        waiting = asyncio.create_task(limit.acquire())
+        await asyncio.sleep(0)  # it waits for the one slot
+        waiting.cancel()
+        limit.release(first, Answer.HEALTHY)  # frees the slot before the cancel lands
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        return limit.in_flight
+
+    assert asyncio.run(main()) == 0
