@@ -106,6 +106,7 @@ class Agent:
         self._ready = False
         self._stop_signals = StopSignals()  # a second SIGINT/SIGTERM cuts the drain short
         self._stop = asyncio.Event()
+        self._drain_ends = 0.0  # monotonic: every step of the stop fits in drain_timeout
         gauges = AgentGauges(self.metrics, self.spool, self._consumers)
         self.metrics.registry.add_gauge_source(gauges.sample)
 
@@ -147,14 +148,20 @@ class Agent:
         artifacts = (asyncio.create_task(self.artifacts.run(), name="artifacts")
                      if self.artifacts is not None else None)
         await self._stop.wait()
+        self._drain_ends = time.monotonic() + self.config.drain_timeout_s
         heartbeat.cancel()
         await self._stop_ray_logs(ray_logs)
-        await stop_shipper(self.artifacts, artifacts, self.config.drain_timeout_s)
+        await stop_shipper(self.artifacts, artifacts, self._drain_left())
         if liveness is not None:
             liveness.cancel()
         if watcher is not None:
             watcher.cancel()
         return await self._drain()
+
+    def _drain_left(self) -> float:
+        """Seconds left of drain_timeout since the stop began: the steps of a stop share
+        it, so that the whole stop keeps to it (a write in flight then gets its grace)."""
+        return max(0.0, self._drain_ends - time.monotonic())
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -255,11 +262,11 @@ class Agent:
 
     async def _deliver_and_close_sinks(self) -> None:
         await self.socket.stop_accepting()
-        await self.socket.close_connections(timeout=5.0)
-        await self.heartbeat.write_final()
+        await self.socket.close_connections(timeout=min(5.0, self._drain_left()))
+        await self.heartbeat.write_final(self._drain_left())
         async with self._reload_lock:
             if self.sinks is not None:
-                await self.sinks.stop(self.config.drain_timeout_s)
+                await self.sinks.stop(self._drain_left())
 
     def _remove_socket_file(self) -> None:
         if self.config.socket.exists() and systemd.inherited_socket() is None:
@@ -309,7 +316,7 @@ class Agent:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(min(RAY_LOGS_FINAL_S, self.config.drain_timeout_s)):
+            async with asyncio.timeout(min(RAY_LOGS_FINAL_S, self._drain_left())):
                 await self.ray_logs.ship_all()
 
     async def _stop_when_unused(self, users: UsersWatch) -> None:

@@ -85,15 +85,19 @@ class Heartbeat:
             self._errors.failed("heartbeat", exc, "the heartbeat was not written; the "
                                 "next one is due in %gs", self.interval_s)
 
-    async def write_final(self) -> None:
-        """The STOPPING heartbeat: best effort and bounded."""
+    async def write_final(self, limit_s: float = FINAL_TIMEOUT_S) -> None:
+        """The STOPPING heartbeat: best effort, within `limit_s` and FINAL_TIMEOUT_S."""
+        wait_s = min(FINAL_TIMEOUT_S, limit_s)
         try:
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow the
             # cancellation that a second Ctrl-C sends, and the stop would wait the drain out.
-            async with asyncio.timeout(FINAL_TIMEOUT_S):
+            async with asyncio.timeout(wait_s):
                 await self.write(final=True)
-        except (TimeoutError, SpoolUnavailable, RuntimeError) as exc:
-            log.warning("final heartbeat not written: %s", exc or type(exc).__name__)
+        except TimeoutError:
+            log.warning("final heartbeat not written: the spool had no room for it within "
+                        "%.1fs; readers take this agent's stop from its silence instead", wait_s)
+        except (SpoolUnavailable, RuntimeError) as exc:
+            log.warning("final heartbeat not written: %s", str(exc) or type(exc).__name__)
 
     async def write_losses(self) -> None:
         """The `loss` events found since the last report, without a heartbeat."""

@@ -63,3 +63,23 @@ def test_a_full_blocking_spool_answers_503_and_says_why(
         return len({e["event_id"] for e in endpoint.accepted_events() if e.get("name") == "filler"})
 
     wait_until(lambda: filler() == sent + 1, 60, lambda: f"{sent + 1} events at the endpoint")
+
+
+def test_a_stop_with_the_spool_full_says_why_its_last_heartbeat_is_missing(
+        agent_factory: Callable[..., AgentProcess],
+        servers: Callable[..., ServerThread]) -> None:
+    endpoint = servers()
+    endpoint.answer_always(503)
+    agent = agent_factory(sinks_toml=http_sink("collector", endpoint.url),
+                          agent_toml='max_frame = "64KiB"', drain_timeout="2s",
+                          spool_toml='max_bytes = "1MiB"\nsegment_bytes = "128KiB"\n'
+                                     'when_full = "block"').start()
+    sent = 0
+    for lines in (100, 1):  # to the brim: no room left even for the small last heartbeat
+        while post(agent, LINE * lines)[0] == 200:
+            sent += lines
+            assert sent < 10_000, "the spool never filled"
+    assert agent.stop() == 0
+    said = [line for line in agent.log().splitlines() if "final heartbeat not written" in line]
+    assert said and "the spool had no room for it within" in said[0], said
+    assert "silence" in said[0]
