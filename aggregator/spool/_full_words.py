@@ -5,6 +5,8 @@ sinks, so a spool that stays full costs a line a minute and an operator learns w
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from typing import Final
@@ -16,21 +18,36 @@ SAID_EVERY_S: Final = 60.0
 class FullSpoolWords:
     def __init__(self) -> None:
         self._dropped_unsaid = 0  # events dropped for room since the log last said so
+        self._dropped_behind: set[str] = set()  # the sinks those were not delivered to
+        self._later: asyncio.TimerHandle | None = None  # says the held-back drops
         self._dropped_said_at = self._waiting_said_at = -SAID_EVERY_S
 
     def dropped(self, events: int, behind: list[str]) -> None:
         """`events` went for room; `behind`: the sinks that had not delivered them."""
         self._dropped_unsaid += events
-        now = time.monotonic()
-        if not self._dropped_unsaid or now - self._dropped_said_at < SAID_EVERY_S:
+        self._dropped_behind.update(behind)
+        wait_s = self._dropped_said_at + SAID_EVERY_S - time.monotonic()
+        if wait_s <= 0:
+            self.say_dropped()
+        elif self._later is None:  # drops that stop within the minute are said at its end
+            with contextlib.suppress(RuntimeError):  # no loop: said at the next drop
+                self._later = asyncio.get_running_loop().call_later(wait_s, self.say_dropped)
+
+    def say_dropped(self) -> None:
+        """Log the drops not said yet (a minute after the last line at the latest)."""
+        if self._later is not None:
+            self._later.cancel()
+            self._later = None
+        if not self._dropped_unsaid:
             return
-        count = self._dropped_unsaid
+        count, behind = self._dropped_unsaid, sorted(self._dropped_behind)
         whose = f" not yet delivered to {', '.join(behind)}" if behind else ""
         log.warning("spool full: dropped the oldest %d event%s%s to take new ones "
                     "(when_full=drop_oldest); `evagg status` and a `loss` event count them. "
                     "A larger spool.max_bytes, or sinks that keep up, prevent it",
                     count, "" if count == 1 else "s", whose)
-        self._dropped_unsaid, self._dropped_said_at = 0, now
+        self._dropped_unsaid, self._dropped_said_at = 0, time.monotonic()
+        self._dropped_behind.clear()
 
     def waiting(self, behind: list[str]) -> None:
         """New events wait for room (when_full=block) until `behind` deliver."""

@@ -153,6 +153,7 @@ class Spool:
         if self._state == "closed":
             return
         self._state = "closed"
+        self._words.say_dropped()  # drops the minute's limit held back: said before exit
         self._log.close()
         _wake(self._room_changed)
         _wake(self._data_arrived)
@@ -229,8 +230,9 @@ class Spool:
             self._drop_oldest(size)
             return
         token = object()  # wait in arrival order, so a session's frames keep their order
-        if not self._room_queue:
-            self._words.waiting(self._cursors.behind(self.next_offset))
+        if not self._room_queue:  # the sinks holding the oldest segment hold the room
+            oldest = self._log.segments[0]
+            self._words.waiting(self._cursors.behind(oldest.last_offset + 1))
         self._room_queue.append(token)
         self.counters.full_waits += 1
         loop = asyncio.get_running_loop()
