@@ -76,7 +76,9 @@ def _typed(event: dict[str, Any], attrs: dict[str, str], key: str, column: str, 
         if real is None:
             event[key] = _for_agent(value)
         elif not math.isfinite(real):
-            attrs[key] = text(value)  # a NaN duration is kept by name, as metrics are
+            # JSON has no NaN: sent as its text, which the agent refuses as every door
+            # does (a duration that is not a number), and stats() counts
+            event[key] = _for_agent(text(value))
         else:
             event[key] = real
     elif column == "timestamp_ns":
@@ -109,16 +111,17 @@ def _time(event: dict[str, Any], attrs: dict[str, str], key: str, value: Any) ->
 
 
 def add_metrics(event: dict[str, Any], attrs: dict[str, str], values: Mapping[Any, Any]) -> None:
-    """Finite numbers into `metrics`, NaN/inf names into `nonfinite`; anything else is
-    left for the agent to refuse (a metric must be a number)."""
+    """Finite numbers into `metrics`, NaN/inf/None names into `nonfinite`; anything else
+    is left for the agent to refuse (a metric must be a number)."""
     metrics: dict[str, Any] = event.get("metrics") or {}
     nonfinite: set[str] = set(event.get("nonfinite") or ())
     for key, value in values.items():
         name = key if type(key) is str else text(key)
         real = as_float(value)
-        if real is None:
-            if value is not None:
-                metrics[name] = _for_agent(value)
+        if value is None:
+            nonfinite.add(name)  # as the agent files a null metric: named, not a number
+        elif real is None:
+            metrics[name] = _for_agent(value)
         elif math.isfinite(real):
             metrics[name] = real
         else:

@@ -168,7 +168,8 @@ def _convert(key: str, value: Any) -> Any:
     if key == "attrs":
         if not isinstance(value, dict):
             raise EventError(f"field 'attrs' must be an object, got {type(value).__name__}")
-        return {str(k): _attr_text(v) for k, v in value.items()}
+        # a null says nothing: left out, as a null top-level field and the emitter's None are
+        return {str(k): _attr_text(v) for k, v in value.items() if v is not None}
     raise EventError(f"field {key!r} is stamped by the agent")  # pragma: no cover
 
 

@@ -320,7 +320,8 @@ def test_empty_pages_say_how_to_fill_them(browser: Any, tasks_only_lake: Path,
         expect(page.locator("#task-count")).to_have_text("1 task attempt")
 
 
-LONG_RUN = "resnet-tiny-sweep-lr-3e-4-bs-256-warmup-500-cosine-decay-seed-1234-node-a100-80gb-2026-12-07"
+LONG_RUN = ("resnet-tiny-sweep-lr-3e-4-bs-256-warmup-500-cosine-decay-seed-1234-"
+            "node-a100-80gb-2026-12-07")
 LONG_JOB = "job-etl-2026-12-07-nightly-backfill-of-all-partitions-for-the-warehouse"
 LONG_ERROR = "bad shard s3://bucket/very/long/path/" + "x" * 200
 

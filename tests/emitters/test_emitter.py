@@ -64,17 +64,17 @@ def test_events_arrive_with_typed_fields_context_and_unique_ids(sock_path: Path,
 def test_known_fields_are_coerced_where_they_fit(sock_path: Path, make_emitter: Any) -> None:
     emitter = make_emitter()
     with FakeAgent(sock_path) as agent:
-        emitter.emit(kind=7, name=None, state="RUNNING", duration_s=float("nan"), task_id=12,
-                     pid=99, metrics={"y": True},
+        emitter.emit(kind=7, name=None, state="RUNNING", duration_s=0.5, task_id=12,
+                     pid=99, metrics={"y": True, "gone": None},
                      attrs={"n": 1, "ok": False, "nested": {"b": [1, 2]}, "none": None},
                      nonfinite=("z",), time=5)
         assert emitter.flush(20)
         (event,) = agent.events()
     assert event["kind"] == "7" and "name" not in event and event["task_id"] == "12"
-    assert event["time"] == 5 and "pid" not in event
-    assert event["metrics"] == {"y": 1.0} and event["nonfinite"] == ["z"]
-    assert event["attrs"] == {"duration_s": "nan", "n": "1", "ok": "false",
-                              "nested": '{"b":[1,2]}'}
+    assert event["time"] == 5 and "pid" not in event and event["duration_s"] == 0.5
+    # a None metric is named in nonfinite, as the agent files a null one
+    assert event["metrics"] == {"y": 1.0} and event["nonfinite"] == ["gone", "z"]
+    assert event["attrs"] == {"n": "1", "ok": "false", "nested": '{"b":[1,2]}'}
 
 
 def test_a_value_that_does_not_fit_its_column_is_sent_for_the_agent_to_judge(
@@ -83,11 +83,13 @@ def test_a_value_that_does_not_fit_its_column_is_sent_for_the_agent_to_judge(
     # (tests/emitters/test_refused_events.py shows it with a real agent).
     emitter = make_emitter()
     with FakeAgent(sock_path) as agent:
-        emitter.emit(kind="task", step="seven", attempt=2**40, metrics={"x": "high"})
+        emitter.emit(kind="task", step="seven", attempt=2**40, metrics={"x": "high"},
+                     duration_s=float("nan"))
         assert emitter.flush(20)
         (event,) = agent.events()
     assert (event["step"], event["attempt"], event["metrics"]) == ("seven", 2**40,
                                                                   {"x": "high"})
+    assert event["duration_s"] == "nan"  # JSON has no NaN: its text, which the agent refuses
     assert "attrs" not in event
 
 
