@@ -139,9 +139,21 @@ def add_special_columns(row: dict[str, Any], special: Mapping[str, Any],
         value = _first(keys, special, resource)
         if value is not None:
             row[column] = attr_text(value)
-    step = _first(STEP_KEYS, special)
-    if type(step) is int:
+    step = _step(_first(STEP_KEYS, special))
+    if step is not None:
         row["step"] = step
+
+
+def _step(value: Any) -> int | None:
+    """A step attribute as the step column: an int, or a whole number an SDK or a
+    library sent as a float or as text (3.0, "3"); anything else stays an attribute only."""
+    if type(value) is int:
+        return value
+    if type(value) is float and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    if type(value) is str and value.strip().lstrip("-").isdigit() and len(value) < 19:
+        return int(value)
+    return None
 
 
 def _first(keys: tuple[str, ...], *sources: Mapping[str, Any]) -> Any:

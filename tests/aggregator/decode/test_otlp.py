@@ -352,3 +352,16 @@ def test_export_reads_s3(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None
         assert sorted(by_name(exported(out).rows)) == ["child", "grandchild", "root"]
     finally:
         s3.stop()
+
+
+@pytest.mark.parametrize(("value", "step"), [(7, 7), (7.0, 7), ("7", 7), (2.5, None),
+                                              ("x", None), (True, None)])
+def test_a_step_attribute_fills_the_step_column_when_it_is_a_whole_number(
+        value: object, step: int | None) -> None:
+    from emitters.integrations.otel_rows import span_event
+
+    row = span_event(name="epoch", trace_id="ab" * 16, span_id="cd" * 8, parent_span_id=None,
+                     start_ns=1, end_ns=2, failed=False, status_message="", span_kind="INTERNAL",
+                     scope="", attributes={"evagg.step": value}, resource={})
+    assert row.get("step") == step
+    assert "evagg.step" in row["attrs"]  # the attribute itself is kept as sent
