@@ -90,8 +90,10 @@ def run_emit(args: argparse.Namespace) -> int:
     for refusal in events.refused:
         print(f"evagg emit: {refusal}", file=sys.stderr)
     if not events.good:
-        if events.refused:
-            print("evagg emit: nothing sent: every event was refused", file=sys.stderr)
+        where = "standard input" if args.file == "-" else args.file
+        print("evagg emit: nothing sent: " + ("every event was refused" if events.refused
+              else f"{where} holds no events (it is empty, or blank lines only)"),
+              file=sys.stderr)
         return 2
     code = _send(events.good, len(events.refused), args)
     return 2 if events.refused and code == 0 else code

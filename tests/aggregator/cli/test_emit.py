@@ -99,3 +99,13 @@ def test_a_frame_the_agent_refuses_is_reported_with_the_agents_reason(
     refused = [line for line in result.stderr.splitlines() if "the agent refused 1 event:" in line]
     assert refused and "65536" in refused[0], result.stderr  # the agent's limit, in its words
     assert "is it running" not in result.stderr
+
+
+def test_an_empty_file_says_it_holds_no_events(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.ndjson"
+    empty.write_text("\n  \n")
+    done = evagg("emit", "--socket", str(tmp_path / "none.sock"), "--file", str(empty))
+    assert done.returncode == 2
+    assert f"nothing sent: {empty} holds no events" in done.stderr
+    piped = evagg("emit", "--socket", str(tmp_path / "none.sock"), "--file", "-", stdin="")
+    assert piped.returncode == 2 and "standard input holds no events" in piped.stderr
