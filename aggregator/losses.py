@@ -15,8 +15,8 @@ Four places learn of losses and each is given the same `LossRecorder`:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Final
+from collections.abc import Callable, Iterable, Mapping
+from typing import Final, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,6 +28,7 @@ from aggregator.metrics import Family
 EMITTER_REASONS: Final = frozenset(
     {"buffer_full", "nacked", "too_large", "unencodable", "exit_deadline"})
 OTHER_REASON: Final = "other"
+KEPT_TOTALS: Final = 100_000  # producer sessions' running totals kept, newest first out last
 # The agent's own reasons for a lost event (the spool's and the record screen's).
 AGENT_REASONS: Final = frozenset({"drop_oldest", "corrupt_record", "undecodable_record"})
 
@@ -47,6 +48,7 @@ class LossRecorder:
         for reason in (*EMITTER_REASONS, OTHER_REASON):
             self._producers.inc(0, reason=reason)
         self._found: dict[str, int] = {}
+        self._totals: dict[tuple[str, str], int] = {}  # (session, reason) -> last total seen
         self._unreported: dict[str, int] = {}
         # Called (from any thread) when a loss is found, so that the heartbeat reports it
         # within a second instead of at its next beat: until then `evagg status` says
@@ -88,24 +90,49 @@ class LossRecorder:
         """Count the losses that producers' `loss` events in a spooled batch report."""
         self.count_from_producers(reported_losses(batch))
 
-    def count_from_producers(self, losses: Mapping[str, int]) -> None:
-        """The same, from `reported_losses` of the batch (read off the event loop)."""
-        for reason, events in losses.items():
-            self._producers.inc(events, reason=reason)
+    def count_from_producers(self, losses: Iterable[ProducerLoss]) -> None:
+        """The same, from `reported_losses` of the batch (read off the event loop). A
+        report with its session's total counts what that total adds to the last one seen
+        (a report the agent never read is made up for by the next, and a resent one adds
+        nothing); the first of a session, or one without a total, counts its events."""
+        for loss in losses:
+            events = loss.events
+            if loss.session and loss.total is not None:
+                key = (loss.session, loss.reason)
+                last = self._totals.pop(key, None)
+                if last is not None:
+                    events = max(0, loss.total - last)
+                self._totals[key] = max(loss.total, last or 0)  # newest last
+                if len(self._totals) > KEPT_TOTALS:
+                    del self._totals[next(iter(self._totals))]
+            if events > 0:
+                self._producers.inc(events, reason=loss.reason)
 
 
-def reported_losses(batch: pa.RecordBatch) -> dict[str, int]:
-    """Events lost by reason, as the `loss` events in `batch` report them (`name` is the
-    reason, `metrics.events` the count). Most batches hold none: one vectorised compare."""
+class ProducerLoss(NamedTuple):
+    """One `loss` event of a producer: its reason, count, session and running total."""
+
+    reason: str
+    events: int
+    session: str  # attrs.session, the emitter's; "" where a producer sends none
+    total: int | None  # metrics.events_total: the session's drops for the reason so far
+
+
+def reported_losses(batch: pa.RecordBatch) -> list[ProducerLoss]:
+    """The `loss` events in `batch` (`name` the reason, `metrics.events` the count). Most
+    batches hold none: one vectorised compare."""
     is_loss = pc.equal(batch.column("kind"), "loss")
     if not pc.any(is_loss).as_py():
-        return {}
+        return []
     losses = batch.filter(is_loss)
-    out: dict[str, int] = {}
-    names = losses.column("name").to_pylist()
-    for name, metrics in zip(names, losses.column("metrics").to_pylist(), strict=True):
-        events = int(dict(metrics or []).get("events") or 0)
-        reason = name if name in EMITTER_REASONS else OTHER_REASON
-        if events > 0:
-            out[reason] = out.get(reason, 0) + events
-    return out
+    out: list[ProducerLoss] = []
+    for name, metrics, attrs in zip(losses.column("name").to_pylist(),
+                                    losses.column("metrics").to_pylist(),
+                                    losses.column("attrs").to_pylist(), strict=True):
+        values, labels = dict(metrics or []), dict(attrs or [])
+        events = int(values.get("events") or 0)
+        total = values.get("events_total")
+        out.append(ProducerLoss(name if name in EMITTER_REASONS else OTHER_REASON, events,
+                                str(labels.get("session") or ""),
+                                int(total) if total is not None else None))
+    return [loss for loss in out if loss.events > 0 or loss.total is not None]

@@ -26,7 +26,7 @@ from emitters.events import BUILT, DEFERRED, DEFERRED_PLACE, ContextChange
 from emitters.handoff import Handoff, Settings, start_agent
 from emitters.ledger import FlushWaiter
 from emitters.ops import Op
-from emitters.sender import Sender
+from emitters.sender import LAST_WORD_S, Sender
 from emitters.snapshot import PLAIN, snapshot_fields
 from emitters.stats import EmitterStats
 from emitters.values import text
@@ -278,9 +278,15 @@ class Emitter:
             # A handoff no sender reads: its caller_drops are the events emitted too late.
             self._handoff = Handoff(link.settings, link.identity)
             self._pending = self._handoff.queue
-        stopped = sender is None or sender.stop(max(0.0, deadline - time.monotonic()))
+        # The sender's last word (a loss report the agent has not had) may take up to
+        # LAST_WORD_S past the deadline: a process that exits would cut it off.
+        stopped = sender is None or sender.stop(
+            max(0.0, deadline - time.monotonic()) + LAST_WORD_S)
         final = self._collect_stats(link)
-        if final.pending:
+        # The sender's last word counted the frames it never sent as exit_deadline; the
+        # pending ones were sent and are still unanswered.
+        given_up = final.pending + final.dropped.get("exit_deadline", 0)
+        if given_up:
             # Sent and unanswered ones may be in the agent's spool: the agent answers a
             # frame once it is stored, and a full spool holds that answer back.
             answered = final.acked + final.rejected + final.dropped.get("nacked", 0)
@@ -288,7 +294,7 @@ class Emitter:
             maybe = (f"; {unanswered} of them were sent and the agent may have stored them"
                      if unanswered else "")
             log.warning("evagg emitter: %d event(s) not acknowledged before closing (agent "
-                        "at %s)%s; counted as dropped (exit_deadline)", final.pending,
+                        "at %s)%s; counted as dropped (exit_deadline)", given_up,
                         self.socket_path, maybe)
         self._final = final.at_close()
         if sender is not None:

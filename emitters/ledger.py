@@ -54,6 +54,8 @@ class Ledger:
         self._waiters: list[FlushWaiter] = []
         self._problems_seen = 0
         self._reports: set[int] = set()  # seqs of the frames holding our `loss` reports
+        self._report_counts: dict[int, Counter[str]] = {}  # what each of those reports
+        self._acked_reported: Counter[str] = Counter()  # losses in reports the agent acked
         self.refused: Counter[str] = Counter()  # events the agent refused, by its reason
 
     def losses(self) -> Counter[str]:
@@ -100,10 +102,23 @@ class Ledger:
         return sum(count for seq, (_, count) in list(self.outbox.frames.items())
                    if seq not in reports)
 
-    def report_made(self, seq: int | None) -> None:
-        """The frame `seq` holds loss reports, not the caller's events."""
+    def report_made(self, seq: int | None, losses: Counter[str] | None = None) -> None:
+        """The frame `seq` holds loss reports (of `losses`), not the caller's events."""
         if seq is not None:
             self._reports.add(seq)
+            self._report_counts[seq] = losses or Counter()
+
+    def forget_report(self, seq: int) -> bool:
+        """Whether `seq` was a report frame; forgotten unanswered (a frame never sent)."""
+        return self._is_report(seq)
+
+    def unacked_losses(self) -> dict[str, tuple[int, int]]:
+        """By reason: the drops no acknowledged report told the agent of, and the total
+        so far (what a last report says: the agent counts by the total what it missed)."""
+        totals = self.losses()
+        return {reason: (total - self._acked_reported[reason], total)
+                for reason, total in sorted(totals.items())
+                if total > self._acked_reported[reason]}
 
     def count_sent(self, first_sends: list[int]) -> None:
         """Frames written for the first time: count their events as sent."""
@@ -133,7 +148,7 @@ class Ledger:
             if entry is None:
                 return False  # a second answer to a frame resent after a reconnect
             self.counts["acked_frames"] += 1
-            if self._is_report(reply.seq):
+            if self._is_report(reply.seq, acked=True):
                 return True
             self.counts["acked_events"] += reply.accepted
             if reply.rejected:
@@ -175,10 +190,14 @@ class Ledger:
                 reason = "other"
             self.refused[reason] += 1
 
-    def _is_report(self, seq: int) -> bool:
-        """Whether a settled frame held loss reports (then forgotten)."""
+    def _is_report(self, seq: int, acked: bool = False) -> bool:
+        """Whether a settled frame held loss reports (then forgotten; an acked one's
+        losses are known to the agent)."""
         if seq in self._reports:
             self._reports.discard(seq)
+            counts = self._report_counts.pop(seq, Counter())
+            if acked:
+                self._acked_reported += counts
             return True
         return False
 

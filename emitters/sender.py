@@ -14,6 +14,7 @@ import os
 import select
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -35,6 +36,7 @@ BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 1.0
 LOSS_REPORT_INTERVAL_S = 1.0
 ERROR_PAUSE_S = 0.1
+LAST_WORD_S = 1.0  # how long the close may spend writing its last loss report
 
 
 class Sender:
@@ -114,6 +116,12 @@ class Sender:
                 self._log.log(logging.WARNING, "error", "evagg emitter: sender failed: %r", exc)
                 self._disconnect()
                 time.sleep(ERROR_PAUSE_S)
+        try:
+            self._last_word()
+        except Exception as exc:  # best effort: the close goes on
+            self.counts["sender_errors"] += 1
+            self._log.log(logging.WARNING, "error", "evagg emitter: the last loss report "
+                          "failed: %r", exc)
         if self._release_at_end:
             self.release()
         else:
@@ -237,24 +245,66 @@ class Sender:
         """`loss` events for the drops not yet reported (one per reason), at most once a
         second unless `force`.
 
-        Shaped as the agent's own: name and attrs.reason the reason, metrics.events the count.
+        Shaped as the agent's own: name and attrs.reason the reason, metrics.events the
+        count and metrics.events_total the session's drops for the reason so far.
         """
         now = time.monotonic()
         if (now < self._next_loss_report and not force) or not self.ledger.has_unreported_losses():
             return
         self._next_loss_report = now + LOSS_REPORT_INTERVAL_S
+        unreported = self.ledger.take_unreported()
+        totals = self.ledger.losses()
+        self._made(self._loss_frame({reason: (count, totals[reason])
+                                     for reason, count in sorted(unreported.items())}))
+
+    def _loss_frame(self, losses: dict[str, tuple[int, int]]) -> int | None:
+        """A frame of `loss` events, one per reason: (events, the session's total so far;
+        the agent counts by the total what earlier reports it never read left out)."""
         time_ns = time.time_ns()
         items = [(time_ns, "loss", reason, "DROPPED",
-                  {"source": "evagg", "metrics": {"events": count},
+                  {"source": "evagg", "metrics": {"events": events, "events_total": total},
                    "attrs": {"reason": reason, "session": self.session.hex(),
                              "component": "emitter"}})
-                 for reason, count in sorted(self.ledger.take_unreported().items())]
+                 for reason, (events, total) in losses.items()]
         events = build_events(items, self._context, self.outbox.lost)
         payload = b"".join(orjson.dumps(event) + b"\n" for event in events)
         seq = self.outbox.add_payload(payload, len(events), force=True)
-        self.ledger.report_made(seq)
-        self._made(seq)
+        self.ledger.report_made(seq, Counter({r: n for r, (n, _) in losses.items()}))
         self.counts["loss_events"] += len(events)
+        return seq
+
+    def _last_word(self) -> None:
+        """At the end, what was lost and not yet told to the agent, in one frame on a
+        fresh connection, written and not waited on. Frames never sent (the close gave up
+        on them) count as `exit_deadline`; the drops of reports that never went out are
+        told again. The connection in use cannot carry it when the agent holds it back (a
+        spool full under `block` stops reading this producer's frames), and the process
+        may be about to exit (docs/wire-protocol.md, "Losses")."""
+        self._drain(self._handoff.settings)  # what callers queued last: framed, or dropped
+        for seq in [seq for seq in self.outbox.frames if seq > self._sent_upto]:
+            frame = self.outbox.settle(seq)
+            if not self.ledger.forget_report(seq) and frame is not None:
+                self.outbox.lost["exit_deadline"] += frame.events
+        unacked = self.ledger.unacked_losses()
+        if not unacked:
+            return
+        report = self._loss_frame(unacked)
+        if report is None:
+            return
+        try:
+            conn = Connection(self._handoff.settings.resolved_socket())
+        except OSError:
+            return  # no agent to tell: stats() and the closing words say it
+        try:
+            conn.queue((report,))
+            deadline = time.monotonic() + LAST_WORD_S
+            while conn.wants_write and time.monotonic() < deadline:
+                if not conn.write(self.outbox.frames):
+                    select.select([], [conn], [], max(0.0, deadline - time.monotonic()))
+        except ConnectionClosed:
+            pass  # the agent went away meanwhile
+        finally:
+            conn.close()
 
     # -- connection ---------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ import pyarrow as pa
 from aggregator.decode.columns import decode_columns
 from aggregator.decode.ndjson import decode_ndjson
 from aggregator.decode.normalize import Normalized, Stamp, ndjson_to_batch, rows_to_batch
-from aggregator.losses import LossRecorder, reported_losses
+from aggregator.losses import LossRecorder, ProducerLoss, reported_losses
 from aggregator.metrics import AgentMetrics
 from aggregator.red.metrics import RedMetrics
 from aggregator.spool import Spool, SpoolClosed, SpoolFull
@@ -140,6 +140,13 @@ class Ingestor:
         counts_losses = self.losses is not None and route != "agent"  # the agent's own: elsewhere
         payload, producer_losses, watched = await self.in_thread(
             _spool_bytes, batch, counts_losses, self.watcher)
+        if producer_losses and session != NO_SESSION and self.losses is not None:
+            # Counted now, not once stored: a spool full under `block` may hold this frame
+            # until after its producer has exited (its last loss report comes on a fresh
+            # connection for that reason). The reports' running totals keep a resend, or
+            # the same losses in a later report, from counting twice.
+            self.losses.count_from_producers(producer_losses)
+            producer_losses = []
         records = [(payload, batch.num_rows)]
         limit = self.spool.max_record_bytes
         if len(payload) > limit and session == NO_SESSION:
@@ -195,12 +202,12 @@ class Ingestor:
 
 
 def _spool_bytes(batch: pa.RecordBatch, losses: bool,
-                 watcher: BatchWatcher | None) -> tuple[bytes, dict[str, int], Any]:
+                 watcher: BatchWatcher | None) -> tuple[bytes, list[ProducerLoss], Any]:
     """In a worker thread: the spool record, the losses its `loss` events report and
     what the watcher picks from it (computes over the batch that the event loop, which
     every connection shares, should not do)."""
     watched = watcher.extract(batch) if watcher is not None else None
-    return batch_to_bytes(batch), reported_losses(batch) if losses else {}, watched
+    return batch_to_bytes(batch), reported_losses(batch) if losses else [], watched
 
 
 def split_records(batch: pa.RecordBatch, limit: int, size: int) -> list[tuple[bytes, int]]:

@@ -6,12 +6,17 @@ delivered and /readyz is ready again."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 
-from tests.agentproc import AgentProcess, http_sink
+from tests.agentproc import REPO, AgentProcess, http_sink
+from tests.aggregator.cli.newcomer import evagg
 from tests.sinks.server_thread import ServerThread
 from tests.waiting import wait_until
 
@@ -83,3 +88,48 @@ def test_a_stop_with_the_spool_full_says_why_its_last_heartbeat_is_missing(
     said = [line for line in agent.log().splitlines() if "final heartbeat not written" in line]
     assert said and "the spool had no room for it within" in said[0], said
     assert "silence" in said[0]
+
+
+PRODUCER = """
+import json, sys, emitters
+emitter = emitters.Emitter(socket=sys.argv[1], max_buffer_bytes=256 * 1024, exit_timeout=2.0)
+for i in range(20_000):
+    emitter.emit(kind="task", name="gone", task_id=f"g{i}", attrs={"pad": "y" * 200})
+emitter.close()
+print(json.dumps(emitter.stats().dropped))
+"""
+
+
+def test_a_producer_that_exits_while_the_spool_is_full_has_its_losses_counted(
+        agent_factory: Callable[..., AgentProcess],
+        servers: Callable[..., ServerThread]) -> None:
+    """A batch job that ends while the spool is full: its frames wait behind the ones the
+    spool cannot take, so its loss reports came too late (never, once it had exited), and
+    `evagg status` said `lost none`. Its last report now comes on a fresh connection."""
+    endpoint = servers()
+    endpoint.answer_always(503)
+    agent = agent_factory(sinks_toml=http_sink("collector", endpoint.url),
+                          agent_toml='max_frame = "64KiB"',
+                          spool_toml='max_bytes = "1MiB"\nsegment_bytes = "128KiB"\n'
+                                     'when_full = "block"').start()
+    sent = 0
+    for lines in (100, 1):  # to the brim: the producer's first frame waits for room
+        while post(agent, LINE * lines)[0] == 200:
+            sent += lines
+            assert sent < 10_000, "the spool never filled"
+    done = subprocess.run([sys.executable, "-c", PRODUCER, str(agent.socket_path)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    dropped = json.loads(done.stdout.strip().splitlines()[-1])
+    assert dropped.get("buffer_full", 0) > 0, dropped  # the job itself knew
+    wait_until(lambda: agent.metric(
+        'evagg_producer_dropped_events_total{reason="buffer_full"}') == dropped["buffer_full"],
+        30, lambda: f"the producer's buffer_full drops in /metrics: {dropped}")
+    # the events it gave up on at its exit without sending them; those it had sent may
+    # still be stored, so the agent counts no more than the job's own exit_deadline
+    gave_up = agent.metric('evagg_producer_dropped_events_total{reason="exit_deadline"}')
+    assert gave_up <= dropped["exit_deadline"], (gave_up, dropped)
+    status = evagg("status", "--url", agent.http_url, "--interval", "0.1")
+    assert "lost       none" not in status.stdout, status.stdout
+    assert "by producers" in status.stdout and "buffer_full=" in status.stdout

@@ -158,7 +158,7 @@ def test_an_event_that_cannot_be_built_is_dropped_alone_and_reported(
         events = agent.events()
     assert [e["name"] for e in events if e["kind"] == "task"] == ["before", "<unprintable FakeStr>"]
     assert [(e["name"], e["metrics"]) for e in events if e["kind"] == "loss"] == [
-        ("unencodable", {"events": 1.0})]
+        ("unencodable", {"events": 1.0, "events_total": 1.0})]
     assert emitter.stats().dropped["unencodable"] == 1
 
 
@@ -193,7 +193,8 @@ def test_overflow_is_counted_and_reported_as_a_loss_event(sock_path: Path,
     (loss,) = [e for e in events if e["kind"] == "loss"]
     delivered = [e for e in events if e["kind"] == "task"]
     assert (loss["source"], loss["name"], loss["state"]) == ("evagg", "buffer_full", "DROPPED")
-    assert loss["metrics"] == {"events": float(dropped)}
+    # the count, and the session's total so far (the agent counts by it what it missed)
+    assert loss["metrics"] == {"events": float(dropped), "events_total": float(dropped)}
     assert loss["attrs"] == {"reason": "buffer_full", "session": session.hex(),
                              "component": "emitter"}
     assert len(delivered) + dropped == emitted
@@ -311,7 +312,7 @@ def test_event_larger_than_a_frame_is_dropped_with_a_count(sock_path: Path,
         events = agent.events()
     assert [e["name"] for e in events if e["kind"] == "task"] == ["small"]
     assert [(e["name"], e["metrics"]) for e in events if e["kind"] == "loss"] == [
-        ("too_large", {"events": 1.0})]
+        ("too_large", {"events": 1.0, "events_total": 1.0})]
     assert emitter.stats().dropped["too_large"] == 1
     assert all(len(b.payload) <= 4096 for b in agent.received)
 

@@ -301,7 +301,7 @@ def test_enqueue_built_drops_and_counts_what_does_not_fit(sock_path: Path) -> No
     finally:
         emitter.close(0.5)
     (loss,) = [e for e in events if e["kind"] == "loss"]
-    assert loss["metrics"] == {"events": float(dropped)}
+    assert loss["metrics"] == {"events": float(dropped), "events_total": float(dropped)}
     assert len([e for e in events if e["kind"] == "span"]) + dropped == len(spans)
 
 
