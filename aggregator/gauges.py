@@ -56,6 +56,8 @@ class AgentGauges:
             ("evagg_spool_max_bytes", "The spool's byte cap.", {}, float(self.spool.max_bytes)),
             ("evagg_uptime_seconds", "Seconds since the agent started.", {},
              (time.time_ns() - self.started_ns) / 1e9),
+            ("evagg_spool_blocked", "1 while new events wait for room in a full spool "
+             "(when_full = \"block\"), else 0.", {}, 1.0 if self.spool.blocked else 0.0),
         ]
         out += [("evagg_spool_totals", SPOOL_COUNTER_HELP, {"total": counter}, float(count))
                 for counter, count in self.spool.counters.items()]

@@ -51,8 +51,8 @@ def _labelled(sample: dict[str, float], metric: str) -> list[tuple[dict[str, str
 
 
 def sink_health(sample: dict[str, float], now: float) -> dict[str, str]:
-    """Each sink's health as a word to act on: `ok`, `retrying (connect) since 07:28:42,
-    next in 12s` (the agent backs off and tries again: wait, or look at the endpoint), or
+    """Each sink's health as a word to act on: `ok`, `retrying (connect) since 07:28:42
+    UTC, next in 12s` (the agent backs off and tries again: wait, or look at the endpoint), or
     `failing (http_auth) since ...` (a permanent error: the sink's config must change)."""
     since = {labels.get("sink", ""): (labels.get("kind", "error"), value)
              for labels, value in _labelled(sample, "evagg_sink_failing_since_timestamp_seconds")}
@@ -66,7 +66,7 @@ def sink_health(sample: dict[str, float], now: float) -> dict[str, str]:
             continue
         kind, started = since[sink]
         word = "failing" if permanent.get(sink) else "retrying"
-        clock = time.strftime("%H:%M:%S", time.localtime(started))
+        clock = time.strftime("%H:%M:%S UTC", time.gmtime(started))  # one zone on every node
         wait = retry.get(sink, 0.0) - now
         nxt = f"next in {wait:.0f}s" if wait >= 0.5 else "retrying now"
         out[sink] = f"{word} ({kind}) since {clock}, {nxt}"
@@ -100,6 +100,8 @@ class StatusReport:
     # events producers sent since the agent started (its own heartbeats left out): a
     # rate of 0 right after one test event does not say whether it arrived; this does
     received_total: float = 0.0
+    spool_blocked: bool = False  # new events wait for room (when_full = "block")
+    draining: bool = False  # the agent is stopping
     # when the last reload (SIGHUP) was refused, while the sinks before it still run
     reload_refused_at: float | None = None
 
@@ -114,6 +116,11 @@ class StatusReport:
             f"spool      {self.spool_bytes / 2**20:,.1f} MiB of "
             f"{self.spool_max_bytes / 2**20:,.0f} MiB ({used:.1f}%)",
         ]
+        if self.spool_blocked:
+            lines.append("           full: new events wait for room (when_full = \"block\"); "
+                         "producers buffer, HTTP senders get 503, until the sinks deliver")
+        if self.draining:
+            lines.append("agent      stopping: delivering what is spooled before it exits")
         for sink in sorted(set(self.lag_events) | set(self.delivered_per_s)):
             state = self.health.get(sink, "ok")
             lines.append(f"sink {sink:<12} {self.delivered_per_s.get(sink, 0):,.0f} events/s  "
@@ -221,6 +228,8 @@ def format_status(first: dict[str, float], second: dict[str, float],
         dead_lettered=_by_label(second, "evagg_sink_dead_lettered_events_total", "sink"),
         dead_letters_waiting=_by_label(second, "evagg_sink_dead_letters_waiting_events", "sink"),
         reload_refused_at=second.get("evagg_config_reload_refused_timestamp_seconds"),
+        spool_blocked=bool(second.get("evagg_spool_blocked", 0.0)),
+        draining=bool(second.get("evagg_draining", 0.0)),
         received_total=sum(v for route, v in _by_label(
             second, "evagg_received_events_total", "route").items() if route != "agent"),
     )

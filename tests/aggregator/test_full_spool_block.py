@@ -59,10 +59,13 @@ def test_a_full_blocking_spool_answers_503_and_says_why(
         assert sent < 10_000, "the spool never filled"
     assert (status, retry_after) == (503, "5") and took < 15, (status, retry_after, took)
     assert readyz(agent) == (503, "spool full: new events wait for room\n")
+    status = evagg("status", "--url", agent.http_url, "--interval", "0.1").stdout
+    assert 'full: new events wait for room (when_full = "block")' in status, status
     said = [line for line in agent.log().splitlines() if "spool full (when_full=block)" in line]
     assert len(said) == 1 and "until collector delivers" in said[0], said
     endpoint.answer_always(200)
     wait_until(lambda: readyz(agent)[0] == 200, 60, lambda: f"ready again: {readyz(agent)}")
+    assert "wait for room" not in evagg("status", "--url", agent.http_url).stdout
     assert post(agent, LINE)[0] == 200
     def filler() -> int:
         return len({e["event_id"] for e in endpoint.accepted_events() if e.get("name") == "filler"})

@@ -127,6 +127,11 @@ def test_readyz_is_503_while_draining_and_undelivered_events_stay_spooled(
     while proc.poll() is None:
         statuses.append(readyz(agent))
         if statuses[-1] == 503 and during is None:  # a user's `evagg emit` meanwhile
+            said = subprocess.run([sys.executable, "-m", "aggregator", "status", "--url",
+                                   agent.http_url, "--interval", "0.1"], cwd=REPO,
+                                  capture_output=True, text=True, timeout=60,
+                                  env={**os.environ, "PYTHONPATH": str(REPO)})
+            assert said.returncode != 0 or "agent      stopping" in said.stdout, said.stdout
             during = subprocess.run(
                 [sys.executable, "-m", "aggregator", "emit", "--socket", str(agent.socket_path),
                  "--name", "during-drain", "--timeout", "1"], cwd=REPO, capture_output=True,

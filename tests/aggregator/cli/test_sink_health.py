@@ -56,7 +56,7 @@ def test_a_sink_that_cannot_connect_is_retrying_since_its_first_failure(
     spool_events(agent, 20, "collector")
     wait_for(lambda: "retrying" in status_line(agent, "collector"), "retrying in status", agent)
     line = status_line(agent, "collector")
-    assert re.search(r"retrying \(connect\) since \d\d:\d\d:\d\d, (next in \d+s|retrying now)",
+    assert re.search(r"retrying \(connect\) since \d\d:\d\d:\d\d UTC, (next in \d+s|retrying now)",
                      line), line
     assert not line.endswith(" ok")
     failed = next(row for row in agent.log().splitlines() if "sink collector failed" in row)
