@@ -58,9 +58,14 @@ def sink_health(sample: dict[str, float], now: float) -> dict[str, str]:
              for labels, value in _labelled(sample, "evagg_sink_failing_since_timestamp_seconds")}
     retry = _by_label(sample, "evagg_sink_next_retry_timestamp_seconds", "sink")
     permanent = _by_label(sample, "evagg_sink_permanent_error", "sink")
+    requests = _by_label(sample, "evagg_sink_requests_failing_since_timestamp_seconds", "sink")
     sinks = set(_by_label(sample, "evagg_sink_lag_events", "sink")) | set(since)
     out: dict[str, str] = {}
     for sink in sinks:
+        if sink not in since and requests.get(sink):  # an HTTP sink retrying its requests
+            clock = time.strftime("%H:%M:%S UTC", time.gmtime(requests[sink]))
+            out[sink] = f"retrying (its requests fail) since {clock}, retrying now"
+            continue
         if sink not in since:
             out[sink] = "failing" if permanent.get(sink) else "ok"
             continue

@@ -11,6 +11,7 @@ passing trouble of the endpoint (bad credentials, a dead letter that cannot be w
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Final
 
@@ -49,12 +50,16 @@ class FailureStreak:
     """Requests failed in a row, across batches; one answered request ends the streak."""
 
     count: int = 0
+    since: float = 0.0  # wall-clock time of the streak's first failure; 0 while answered
 
     def failed(self) -> None:
+        if not self.count:
+            self.since = time.time()
         self.count += 1
 
     def answered(self) -> None:
         self.count = 0
+        self.since = 0.0
 
     @property
     def down(self) -> bool:

@@ -136,6 +136,9 @@ class HttpSink(Sink):
             limit.in_flight), "answer_latency_seconds": limit.latency_s or 0.0}
         if self._dead_letters is not None:
             gauges["dead_letters_waiting_events"] = float(self._dead_letters.events())
+        # Requests fail before the delivery loop hears of it (the sink retries each one,
+        # and tells the loop after DOWN_AFTER in a row): `evagg status` says so meanwhile.
+        gauges["requests_failing_since_timestamp_seconds"] = self._sender.streak.since
         return gauges
 
     def counters(self) -> list[SinkCounter]:

@@ -14,6 +14,8 @@ from tests.agentproc import AgentProcess
 from tests.aggregator.cli.newcomer import evagg
 from tests.aggregator.stopping import spool_events, wait_for
 from tests.ports import free_port
+from tests.producers import producer_report, start_producer
+from tests.sinks.server_thread import ServerThread
 
 
 class Refusing(BaseHTTPRequestHandler):
@@ -54,7 +56,8 @@ def test_a_sink_that_cannot_connect_is_retrying_since_its_first_failure(
     url = f"http://127.0.0.1:{free_port()}/ingest"  # nothing listens there
     agent = agent_factory(sinks_toml=http_sink(url)).start()
     spool_events(agent, 20, "collector")
-    wait_for(lambda: "retrying" in status_line(agent, "collector"), "retrying in status", agent)
+    wait_for(lambda: "retrying (connect)" in status_line(agent, "collector"),
+             "retrying (connect) in status", agent)
     line = status_line(agent, "collector")
     assert re.search(r"retrying \(connect\) since \d\d:\d\d:\d\d UTC, (next in \d+s|retrying now)",
                      line), line
@@ -77,3 +80,27 @@ def test_a_delivering_sink_is_ok(agent: AgentProcess) -> None:
     spool_events(agent, 5, "lake")
     agent.wait_delivered(5)
     assert status_line(agent, "lake").endswith(" ok")
+
+
+def test_an_endpoint_that_fails_between_successes_is_not_ok_while_it_fails(
+        agent_factory: Callable[..., AgentProcess], servers: Callable[..., ServerThread]) -> None:
+    """The sink retries each request itself and tells the delivery loop only after four
+    failures in a row: status said `ok` meanwhile (four timeouts: 40 s at the default)."""
+    endpoint = servers()
+    agent = agent_factory(sinks_toml=http_sink(endpoint.url) + 'timeout = "3s"\n').start()
+    assert producer_report(start_producer(agent.socket_path, "before", 5))["flushed"]
+    agent.wait_delivered(5, sink="collector")
+    assert status_line(agent, "collector").endswith(" ok")
+    endpoint.stall(60)  # each request times out, after 3 s
+    assert producer_report(start_producer(agent.socket_path, "during", 5))["flushed"]
+    seen: list[str] = []
+
+    def retrying() -> bool:
+        seen.append(status_line(agent, "collector"))
+        return "retrying" in seen[-1]
+
+    wait_for(retrying, "retrying", agent)
+    # from the first timeout (3 s in), before the loop hears of it (the fourth, 12 s in)
+    assert "retrying (its requests fail) since" in seen[-1], seen
+    endpoint.stall(0)
+    wait_for(lambda: status_line(agent, "collector").endswith(" ok"), "ok again", agent)
