@@ -125,7 +125,7 @@ def test_training_run_view(page: Page) -> None:
     page.goto("/#/runs")
     page.click("a:text('run1')")
     expect(page.locator("table.steps tbody tr")).to_have_count(3)
-    expect(page.locator("svg.metric")).to_have_count(2)  # grad_norm and loss
+    expect(page.locator("svg.metric")).to_have_count(3)  # the steps' wall time, grad_norm, loss
     last = page.locator("table.steps tbody tr[data-step='2']")
     expect(last).to_contain_text("5 ops")
     last.locator("summary").click()

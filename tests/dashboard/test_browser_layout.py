@@ -335,6 +335,9 @@ def long_rows() -> list[Row]:
                           span_id=f"lf{step}", state="FINISHED", time=at(700 + step),
                           duration_s=0.1, metrics={"tokens_per_s": 1000.0 + step,
                                                    "data_wait_s": 0.012}))
+    rows.append(event(kind="op", source="torch", run_id=LONG_RUN, step=2, name="backward",
+                      span_id="lb2", state="FAILED", time=at(702.5), duration_s=0.2,
+                      error_type="RuntimeError", error_message="CUDA out of memory"))
     trace = "9c" * 16
     rows.append(event(kind="span", source="otel", name="handle_request /v1/chat/completions"
                       "?model=a-very-long-model-name-for-serving", trace_id=trace,
@@ -393,3 +396,15 @@ def test_an_error_with_no_space_wraps_inside_the_page(long_page: Page) -> None:
     expect(long_page.locator("pre.stack")).to_contain_text("bad shard")
     shot(long_page, "task-long-error")
     assert no_sideways_scroll(long_page)
+
+
+def test_a_run_charts_its_step_times_and_opens_its_failed_step(long_page: Page) -> None:
+    long_page.goto(f"/#/run?run={LONG_RUN}")
+    expect(long_page.locator("svg.metric text.chart-title").first).to_have_text(
+        "step wall time")
+    failed = long_page.locator("table.steps tbody tr[data-step='2']")
+    expect(failed).to_have_class(re.compile(r"\bhas-failure\b"))
+    expect(failed.locator("details")).to_have_attribute("open", "")
+    expect(failed).to_contain_text("RuntimeError: CUDA out of memory")
+    expect(long_page.locator("table.steps tbody tr[data-step='0'] details")).not_to_have_attribute(
+        "open", "")

@@ -169,11 +169,11 @@ export function histogram(bins, row, range = { lo: 0, hi: HIST_BINS - 1 }) {
 // left margin is as wide as the y labels (0.000692 whole, not .000692); a metric that
 // never changed is labelled once, on its line.
 const AXIS_CHAR_PX = 6.2;  // 10 px system-ui digits are under 6 px wide
-export function metricChart(metric, points, nanSteps = []) {
+export function metricChart(metric, points, nanSteps = [], format = null) {
   const steps = points.map((p) => p.step).concat(nanSteps);
   const lo = points.length ? Math.min(...points.map((p) => p.min)) : 0;
   const hi = points.length ? Math.max(...points.map((p) => p.max)) : 0;
-  const fmt = (v) => fmtMetric(metric, v);
+  const fmt = format || ((v) => fmtMetric(metric, v));
   const hiText = fmt(hi), loText = fmt(lo);
   const width = 420, height = 170, right = 10, top = 22, bottom = 24;
   const left = Math.max(50, Math.ceil(12 + AXIS_CHAR_PX * Math.max(hiText.length, loText.length)));

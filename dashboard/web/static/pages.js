@@ -301,8 +301,12 @@ export async function run(params) {
     }
   }
   for (const metric of badSteps.keys()) if (!byMetric.has(metric)) byMetric.set(metric, []);
-  const charts = h("div", { class: "metric-charts" }, [...byMetric.entries()].map(([name, pts]) =>
-    metricChart(name, pts, badSteps.get(name) || [])));
+  // Each step's wall time first: a slow step stands out here, whatever its metrics say.
+  const wall = data.steps.rows.filter((st) => st.step !== null && st.seconds !== null)
+    .map((st) => ({ step: st.step, min: st.seconds, max: st.seconds, mean: st.seconds }));
+  const charts = h("div", { class: "metric-charts" },
+    wall.length > 1 ? metricChart("step wall time", wall, [], fmtDur) : null,
+    [...byMetric.entries()].map(([name, pts]) => metricChart(name, pts, badSteps.get(name) || [])));
   const rows = data.steps.rows.map((st) => {
     const ops = opsByStep.get(st.step) || [];
     // one value (one op reported the metric in the step) reads as itself, not "x … x (mean x)"
@@ -310,13 +314,15 @@ export async function run(params) {
       const [lo, hi, mean] = [v.min, v.max, v.mean].map((x) => fmtMetric(k, x));
       return h("div", null, h("b", null, k), lo === hi ? ` ${lo}` : ` ${lo} … ${hi} (mean ${mean})`);
     });
-    const opList = h("details", { "data-key": `step-${st.step}` }, h("summary", null, `${ops.length} ops: ${(st.op_names || []).join(", ")}`),
+    // a failed step's ops are open: its error shows without a click
+    const opList = h("details", { "data-key": `step-${st.step}`, open: st.failures > 0 }, h("summary", null, `${ops.length} ops: ${(st.op_names || []).join(", ")}`),
       h("ul", { class: "ops" }, ops.map((op) => h("li", null, stateBadge(op.state), ` ${op.name} `,
         h("span", { class: "muted" }, `${fmtDur(op.duration_s)}${op.own_step !== st.step ? ` (own step: ${op.own_step ?? "none"})` : ""}`),
         op.error_type || op.error_message ? h("span", { class: "error-text" }, ` ${errorText(op.error_type, op.error_message)}`) : null,
         (op.nonfinite || []).length ? h("span", { class: "nonfinite" }, ` ${op.nonfinite.join(", ")} NaN/inf`) : null))));
     const bad = nonfiniteOf(st, ops);
-    return h("tr", { "data-step": st.step, class: bad.length ? "has-nonfinite" : null },
+    const marks = [bad.length ? "has-nonfinite" : null, st.failures ? "has-failure" : null].filter(Boolean);
+    return h("tr", { "data-step": st.step, class: marks.join(" ") || null },
       h("td", { class: "num" }, st.step ?? "—", bad.length ? h("span", { class: "nonfinite-badge", title: `${bad.join(", ")} was NaN or infinite at this step` }, ` ⚠ ${bad.join(", ")} NaN/inf`) : null),
       h("td", null, opList),
       h("td", { class: "num" + (st.failures ? " error-text" : "") }, st.failures), h("td", { class: "num" }, fmtDur(st.seconds)),
