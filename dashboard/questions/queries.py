@@ -171,7 +171,7 @@ def trace(store: Store, trace_id: str) -> Result:
     """Spans of one trace with start offsets (ms) from the trace's first span."""
     result = store.execute(
         "SELECT span_id, parent_span_id, name, state, service, span_kind, start_at, end_at, "
-        "duration_s, error_type, error_message, stack_trace, attrs, node_id, "
+        "duration_s, error_type, error_message, stack_trace, attrs, node_id, step, "
         "(epoch_us(start_at) - min(epoch_us(start_at)) OVER ()) / 1000.0 AS offset_ms "
         "FROM spans WHERE trace_id = $trace ORDER BY start_at, span_id",
         {"trace": clean_text("trace_id", trace_id).strip().lower()})

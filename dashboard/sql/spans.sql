@@ -31,7 +31,8 @@ SELECT
     max(node_id) AS node_id,
     max(job_id) AS job_id,
     max(task_id) AS task_id,
-    max(source) AS source
+    max(source) AS source,
+    max(step) AS step
 FROM events
 WHERE kind IN ('span', 'op') AND trace_id IS NOT NULL AND span_id IS NOT NULL
 GROUP BY trace_id, span_id;

@@ -111,6 +111,8 @@ def test_trace_waterfall(page: Page) -> None:
     expect(rows).to_have_count(4)
     names = rows.locator("text.span-name").all_text_contents()
     assert names == ["request", "db.query", "render", "template"]  # depth-first
+    expect(page.locator(".trace-when")).to_contain_text("started ")
+    expect(page.locator(".trace-when")).to_contain_text("services: api")
     expect(page.locator("svg.waterfall g.failed")).to_have_count(1)
     page.locator("svg.waterfall g.failed").click()
     detail = page.locator(".span-detail")

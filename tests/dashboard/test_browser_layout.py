@@ -408,3 +408,11 @@ def test_a_run_charts_its_step_times_and_opens_its_failed_step(long_page: Page) 
     expect(failed).to_contain_text("RuntimeError: CUDA out of memory")
     expect(long_page.locator("table.steps tbody tr[data-step='0'] details")).not_to_have_attribute(
         "open", "")
+
+
+def test_a_long_span_name_is_cut_before_its_bar(long_page: Page) -> None:
+    long_page.goto(f"/#/trace?trace_id={'9c' * 16}")
+    label = long_page.locator("svg.waterfall text.span-name").first
+    expect(label).to_contain_text("handle_request /v1/chat")
+    assert (label.text_content() or "").endswith("…")
+    assert no_sideways_scroll(long_page)

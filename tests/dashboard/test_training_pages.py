@@ -132,8 +132,11 @@ def test_the_steps_ops_appear_inside_the_span_that_ran_them(
     page.click(f"a:text('{lake['trace_id']}')")
     rows = page.locator("svg.waterfall g.span-row")
     expect(rows).to_have_count(13, timeout=LOADED_MS)  # the span, its 3 steps x 4 ops
-    names = rows.locator("text.span-name").all_text_contents()
-    assert names[0] == "trainer.train"
+    labels = rows.locator("text.span-name").all_text_contents()
+    assert labels[0] == "trainer.train"
+    # each op says its step: 300 train_step rows alike told nothing apart
+    assert {label.rsplit(" ", 1)[1] for label in labels[1:]} == {"0", "1", "2"}
+    names = [label.rsplit(" ", 1)[0] if i else label for i, label in enumerate(labels)]
     assert sorted(set(names[1:])) == ["backward", "forward", "optimizer_step", "train_step"]
     xs = [float(x) for x in rows.locator("text.span-name").evaluate_all(
         "els => els.map(e => e.getAttribute('x'))")]

@@ -211,6 +211,8 @@ export function metricChart(metric, points, nanSteps = [], format = null) {
 }
 
 // Span tree of one trace as a waterfall: rows in depth-first order, bars on one time axis.
+const LABEL_CHAR_PX = 7;  // a span name's characters at the label's 12 px
+
 export function waterfall(spans, onPick) {
   const byParent = new Map(), ids = new Set(spans.map((sp) => sp.span_id));
   for (const sp of spans) {
@@ -240,7 +242,12 @@ export function waterfall(spans, onPick) {
     const row = s("g", { class: `span-row${sp.state === "FAILED" ? " failed" : ""}`, "data-span": sp.span_id,
       onclick: () => onPick(sp) });
     row.append(s("rect", { x: 0, y, width, height: rowH, class: "row-bg" }));
-    row.append(s("text", { x: 6 + sp.depth * 14, y: y + 16, class: "span-name" }, sp.name || sp.span_id));
+    // a step's spans say which step (300 train_step rows alike told nothing); a name
+    // longer than the label column is cut, whole in the bar's tooltip
+    const label = `${sp.name || sp.span_id}${sp.step !== null && sp.step !== undefined ? ` ${sp.step}` : ""}`;
+    const room = Math.max(8, Math.floor((labelW - 12 - sp.depth * 14) / LABEL_CHAR_PX));
+    row.append(s("text", { x: 6 + sp.depth * 14, y: y + 16, class: "span-name" },
+      label.length > room ? `${label.slice(0, room - 1)}…` : label));
     row.append(s("rect", { x, y: y + 5, width: w, height: rowH - 10, rx: 2, class: "span-bar" },
       s("title", null, `${sp.name}: ${fmtDur(sp.duration_s)} at +${fmtNum(sp.offset_ms)} ms`)));
     row.append(s("text", { x: Math.min(x + w + 4, width - 86), y: y + 16, class: "axis" }, fmtDur(sp.duration_s)));

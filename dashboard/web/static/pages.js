@@ -392,7 +392,11 @@ export async function trace(params) {
     attrs.length ? h("details", null, h("summary", null, `attributes (${attrs.length})`),
       h("dl", { class: "meta attrs" }, attrs.map(([k, v]) => [h("dt", null, k), h("dd", null, String(v))]))) : null);
   };
+  const started = data.rows.map((sp) => sp.start_at).filter(Boolean).sort()[0];
+  const services = [...new Set(data.rows.map((sp) => sp.service).filter(Boolean))].sort();
   return h("div", null, h("h1", null, "Trace ", h("span", { class: "mono" }, traceId)),
+    h("p", { class: "muted trace-when" }, [started ? `started ${fmtTime(started)}` : null,
+      services.length ? `services: ${services.join(", ")}` : null].filter(Boolean).join(" · ")),
     section(`Waterfall (${data.rows.length} spans)`, waterfall(data.rows, pick)), detail);
 }
 
