@@ -150,7 +150,10 @@ class Ledger:
             self.counts["acked_frames"] += 1
             if self._is_report(reply.seq, acked=True):
                 return True
-            self.counts["acked_events"] += reply.accepted
+            # Both counts 0 answer a duplicate: a frame resent after a reconnect whose
+            # first answer was lost. The agent stored its events the first time.
+            duplicate = not reply.accepted and not reply.rejected
+            self.counts["acked_events"] += entry.events if duplicate else reply.accepted
             if reply.rejected:
                 self.counts["rejected_events"] += reply.rejected
                 self._count_refused(reply.note, reply.rejected)

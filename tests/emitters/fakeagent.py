@@ -177,6 +177,7 @@ class FakeAgent:
             return True
         with self._lock:
             self.received.append(frame)
+            duplicate = (frame.session, frame.seq) in self.stored
             self.stored.setdefault((frame.session, frame.seq), frame)
             dropping = self.drop_before_ack > 0
             if dropping:
@@ -187,6 +188,9 @@ class FakeAgent:
             return True
         if self.ack_delay:
             time.sleep(self.ack_delay)
+        if duplicate:  # as the agent answers a frame it stored before: both counts 0
+            conn.sendall(wire.encode_ack(frame.session, frame.seq, 0, 0, ""))
+            return True
         rejected, note = (self.reject(frame) if self.reject is not None else None) or (0, "")
         conn.sendall(wire.encode_ack(frame.session, frame.seq, frame.count - rejected, rejected,
                                      note))
