@@ -335,7 +335,7 @@ export async function run(params) {
     heads.map(([t, title]) => h("th", title ? { title } : null, t)))), h("tbody", null, rows));
   return h("div", null, h("h1", null, runId ? `Run ${runId}` : `Steps of ${NO_RUN}`),
     runId ? null : h("p", { class: "muted", id: "no-run-note" }, NO_RUN_NOTE),
-    await requestLedger(runId),
+    runId ? await requestLedger(runId) : null,
     runId ? await runArtifacts(runId) : null,
     section("Metrics over steps", byMetric.size ? charts : h("p", { class: "muted" }, "No metrics.")),
     section("Steps", grid));
