@@ -41,15 +41,30 @@ def readyz(agent: AgentProcess) -> tuple[int, str]:
         return error.code, error.read().decode()
 
 
+def blocking_agent(agent_factory: Callable[..., AgentProcess], endpoint: ServerThread,
+                   **options: str) -> AgentProcess:
+    """An agent whose small spool blocks when full, its only sink's endpoint down (503)."""
+    endpoint.answer_always(503)
+    return agent_factory(sinks_toml=http_sink("collector", endpoint.url),
+                         agent_toml='max_frame = "64KiB"',
+                         spool_toml='max_bytes = "1MiB"\nsegment_bytes = "128KiB"\n'
+                                    'when_full = "block"', **options).start()
+
+
+def fill_to_the_brim(agent: AgentProcess) -> None:
+    """Bodies of 100 events until one gets a 503, then of one event until one does."""
+    sent = 0
+    for lines in (100, 1):
+        while post(agent, LINE * lines)[0] == 200:
+            sent += lines
+            assert sent < 10_000, "the spool never filled"
+
+
 def test_a_full_blocking_spool_answers_503_and_says_why(
         agent_factory: Callable[..., AgentProcess],
         servers: Callable[..., ServerThread]) -> None:
     endpoint = servers()
-    endpoint.answer_always(503)
-    agent = agent_factory(sinks_toml=http_sink("collector", endpoint.url),
-                          agent_toml='max_frame = "64KiB"',
-                          spool_toml='max_bytes = "1MiB"\nsegment_bytes = "128KiB"\n'
-                                     'when_full = "block"').start()
+    agent = blocking_agent(agent_factory, endpoint)
     sent = 0
     while True:
         status, retry_after, took = post(agent, LINE * 100)
@@ -77,16 +92,8 @@ def test_a_stop_with_the_spool_full_says_why_its_last_heartbeat_is_missing(
         agent_factory: Callable[..., AgentProcess],
         servers: Callable[..., ServerThread]) -> None:
     endpoint = servers()
-    endpoint.answer_always(503)
-    agent = agent_factory(sinks_toml=http_sink("collector", endpoint.url),
-                          agent_toml='max_frame = "64KiB"', drain_timeout="2s",
-                          spool_toml='max_bytes = "1MiB"\nsegment_bytes = "128KiB"\n'
-                                     'when_full = "block"').start()
-    sent = 0
-    for lines in (100, 1):  # to the brim: no room left even for the small last heartbeat
-        while post(agent, LINE * lines)[0] == 200:
-            sent += lines
-            assert sent < 10_000, "the spool never filled"
+    agent = blocking_agent(agent_factory, endpoint, drain_timeout="2s")
+    fill_to_the_brim(agent)  # no room left even for the small last heartbeat
     assert agent.stop() == 0
     said = [line for line in agent.log().splitlines() if "final heartbeat not written" in line]
     assert said and "the spool had no room for it within" in said[0], said
@@ -110,16 +117,8 @@ def test_a_producer_that_exits_while_the_spool_is_full_has_its_losses_counted(
     spool cannot take, so its loss reports came too late (never, once it had exited), and
     `evagg status` said `lost none`. Its last report now comes on a fresh connection."""
     endpoint = servers()
-    endpoint.answer_always(503)
-    agent = agent_factory(sinks_toml=http_sink("collector", endpoint.url),
-                          agent_toml='max_frame = "64KiB"',
-                          spool_toml='max_bytes = "1MiB"\nsegment_bytes = "128KiB"\n'
-                                     'when_full = "block"').start()
-    sent = 0
-    for lines in (100, 1):  # to the brim: the producer's first frame waits for room
-        while post(agent, LINE * lines)[0] == 200:
-            sent += lines
-            assert sent < 10_000, "the spool never filled"
+    agent = blocking_agent(agent_factory, endpoint)
+    fill_to_the_brim(agent)  # the producer's first frame waits for room
     done = subprocess.run([sys.executable, "-c", PRODUCER, str(agent.socket_path)],
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
