@@ -262,7 +262,8 @@ class Agent:
 
     async def _deliver_and_close_sinks(self) -> None:
         await self.socket.stop_accepting()
-        await self.socket.close_connections(timeout=min(5.0, self._drain_left()))
+        # frames already received are ingested and acked, even with drain_timeout = 0s
+        await self.socket.close_connections(timeout=min(5.0, max(1.0, self._drain_left())))
         await self.heartbeat.write_final(self._drain_left())
         async with self._reload_lock:
             if self.sinks is not None:
