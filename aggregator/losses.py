@@ -28,7 +28,7 @@ from aggregator.metrics import Family
 EMITTER_REASONS: Final = frozenset(
     {"buffer_full", "nacked", "too_large", "unencodable", "exit_deadline"})
 OTHER_REASON: Final = "other"
-KEPT_TOTALS: Final = 100_000  # producer sessions' running totals kept, newest first out last
+KEPT_TOTALS: Final = 100_000  # producer sessions' running totals kept; the longest unseen go first
 # The agent's own reasons for a lost event (the spool's and the record screen's).
 AGENT_REASONS: Final = frozenset({"drop_oldest", "corrupt_record", "undecodable_record"})
 
