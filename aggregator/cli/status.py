@@ -199,8 +199,13 @@ LOSS_REASONS = {
 
 # Which producers lost events: each `loss` row carries the producer's host and pid,
 # stamped by the agent from the socket's peer.
-WHICH_PRODUCERS = ("SELECT host, pid, name AS reason, sum(metrics['events']) AS events "
-                   "FROM events WHERE kind = 'loss' GROUP BY ALL ORDER BY events DESC")
+# A producer's reports carry its session's running total, and its last report may repeat
+# what an earlier one (still unanswered then) said: each session counts its largest total.
+WHICH_PRODUCERS = ("SELECT host, pid, reason, sum(lost) AS events FROM (SELECT host, pid, "
+                   "name AS reason, coalesce(max(metrics['events_total']), "
+                   "sum(metrics['events'])) AS lost FROM events WHERE kind = 'loss' "
+                   "GROUP BY host, pid, name, attrs['session']) GROUP BY ALL "
+                   "ORDER BY events DESC")
 
 
 def _pairs(values: dict[str, float]) -> str:
