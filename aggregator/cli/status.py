@@ -50,6 +50,11 @@ def _labelled(sample: dict[str, float], metric: str) -> list[tuple[dict[str, str
     return out
 
 
+def _utc_clock(timestamp: float) -> str:
+    """A time of day as status prints it: UTC, one zone on every node."""
+    return time.strftime("%H:%M:%S UTC", time.gmtime(timestamp))
+
+
 def sink_health(sample: dict[str, float], now: float) -> dict[str, str]:
     """Each sink's health as a word to act on: `ok`, `retrying (connect) since 07:28:42
     UTC, next in 12s` (the agent backs off and tries again: wait, or look at the endpoint), or
@@ -63,18 +68,17 @@ def sink_health(sample: dict[str, float], now: float) -> dict[str, str]:
     out: dict[str, str] = {}
     for sink in sinks:
         if sink not in since and requests.get(sink):  # an HTTP sink retrying its requests
-            clock = time.strftime("%H:%M:%S UTC", time.gmtime(requests[sink]))
-            out[sink] = f"retrying (its requests fail) since {clock}, retrying now"
+            out[sink] = (f"retrying (its requests fail) since {_utc_clock(requests[sink])}"
+                         ", retrying now")
             continue
         if sink not in since:
             out[sink] = "failing" if permanent.get(sink) else "ok"
             continue
         kind, started = since[sink]
         word = "failing" if permanent.get(sink) else "retrying"
-        clock = time.strftime("%H:%M:%S UTC", time.gmtime(started))  # one zone on every node
         wait = retry.get(sink, 0.0) - now
         nxt = f"next in {wait:.0f}s" if wait >= 0.5 else "retrying now"
-        out[sink] = f"{word} ({kind}) since {clock}, {nxt}"
+        out[sink] = f"{word} ({kind}) since {_utc_clock(started)}, {nxt}"
     return out
 
 

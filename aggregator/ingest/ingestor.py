@@ -151,10 +151,11 @@ class Ingestor:
         limit = self.spool.max_record_bytes
         if len(payload) > limit and session == NO_SESSION:
             records = await self.in_thread(split_records, batch, limit, len(payload))
-        # One event over the limit refuses the request before any part of it is stored.
-        records.sort(key=lambda record: len(record[0]) <= limit)
+        # One event over the limit refuses the request before any part of it is stored:
+        # appended first, the spool refuses it (ValueError below).
+        oversized = [record for record in records if len(record[0]) > limit]
         try:
-            for record, rows in records:
+            for record, rows in oversized or records:
                 result = await self.spool.append(record, rows, received_ns=stamp.received_ns,
                                                  session=session, seq=seq,
                                                  room_wait_s=room_wait_s)

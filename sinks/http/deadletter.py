@@ -135,25 +135,27 @@ def _sidecars(directory: Path) -> list[str]:
 
 
 def _sidecar_events(path: Path) -> int:
+    letter = _read_letter(path)
+    return letter.events if letter is not None else 0
+
+
+def _read_letter(meta_path: Path) -> DeadLetter | None:
+    """The dead letter a sidecar describes; None when it cannot be read."""
     try:
-        return int(orjson.loads(path.read_bytes())["events"])
-    except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-        return 0
+        meta = orjson.loads(meta_path.read_bytes())
+        values = {k: meta[_SIDECAR_NAMES.get(k, k)] for k in _META_FIELDS}
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
+        return None
+    body_path = meta_path.parent / f"{values['key']}.{values['body_format']}"
+    return DeadLetter(body_path=body_path, meta_path=meta_path, **values)
 
 
 def list_dead_letters(directory: Path) -> list[DeadLetter]:
     """Every complete dead letter in `directory`, oldest first; unreadable sidecars skipped."""
     if not directory.is_dir():
         return []
-    letters = []
-    for meta_path in directory.glob(f"*{META_SUFFIX}"):
-        try:
-            meta = orjson.loads(meta_path.read_bytes())
-            values = {k: meta[_SIDECAR_NAMES.get(k, k)] for k in _META_FIELDS}
-        except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
-            continue
-        body_path = directory / f"{values['key']}.{values['body_format']}"
-        letters.append(DeadLetter(body_path=body_path, meta_path=meta_path, **values))
+    letters = [letter for meta_path in directory.glob(f"*{META_SUFFIX}")
+               if (letter := _read_letter(meta_path)) is not None]
     return sorted(letters, key=lambda letter: (letter.time, letter.key))
 
 
