@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 import urllib.error
@@ -153,8 +154,14 @@ def run_status(args: argparse.Namespace) -> int:
         return 1
     report = format_status(first, second, args.interval)
     print(orjson.dumps(report.as_dict(), option=orjson.OPT_INDENT_2).decode() if args.json
-          else report.as_text())
+          else report.as_text(_query_command(args.config)))
     return 0
+
+
+def _query_command(config: Path | None) -> str:
+    """`evagg query` as it reads this agent's lake: with the --config status was given
+    (without one, `evagg query` finds $EVAGG_CONFIG itself)."""
+    return f"evagg query --config {shlex.quote(str(config))}" if config else "evagg query"
 
 
 def _scrape(url: str) -> dict[str, float]:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dashboard.cli.lake_flags import add_config_flag
 from sinks.fragments.dialects import DIALECTS
 
 DESCRIPTION = """\
@@ -49,6 +50,7 @@ def add_ddl_parser(query: argparse.ArgumentParser, default_data: Callable[[], st
     ddl.add_argument("--endpoint-url", default=argparse.SUPPRESS,
                      help="S3-compatible endpoint URL, to look for the lake's task fragments")
     ddl.add_argument("--region", default=argparse.SUPPRESS, help="S3 region")
+    add_config_flag(ddl, argparse.SUPPRESS)
     ddl.set_defaults(command=run_ddl, default_data=default_data)
 
 

@@ -117,7 +117,9 @@ class StatusReport:
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
-    def as_text(self) -> str:
+    def as_text(self, query: str = "evagg query") -> str:
+        """The report for people; `query` is the `evagg query` command line that reads
+        the agent's lake (with the --config status was given)."""
         used = 100 * self.spool_bytes / self.spool_max_bytes if self.spool_max_bytes else 0.0
         lines = [
             f"received   {self.received_per_s:,.0f} events/s, "
@@ -140,13 +142,13 @@ class StatusReport:
             at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.reload_refused_at))
             lines.append(f"config     the reload at {at} was refused (the agent's log says "
                          "why): the sinks above are the configuration before it")
-        lines += self._losses()
+        lines += self._losses(query)
         lines.append("rejected   " + (_pairs(self.rejected) or "none"))
         lines.append("bad input  " + (_pairs(self.bad_input) or "none"))
         return "\n".join(lines)
 
 
-    def _losses(self) -> list[str]:
+    def _losses(self, query: str) -> list[str]:
         """Every loss /metrics counts, by whom and why: a producer's drops are as lost
         as the agent's, and after an incident they are the ones to explain."""
         total = sum(self.dropped.values()) + sum(self.producer_dropped.values())
@@ -160,7 +162,7 @@ class StatusReport:
                     f"{reason}={count:,.0f} ({LOSS_REASONS.get(reason, 'reported by name')})"
                     for reason, count in sorted(losses.items()) if count))
         if any(self.producer_dropped.values()):
-            lines.append(f"  which ones   evagg query sql \"{WHICH_PRODUCERS}\"")
+            lines.append(f"  which ones   {query} sql \"{WHICH_PRODUCERS}\"")
         return lines
 
     def _dead_letters(self, sink: str) -> str:

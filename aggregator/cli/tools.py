@@ -18,6 +18,7 @@ from aggregator.cli.arguments import (
     parse_naming_the_command,
     subcommands,
 )
+from dashboard.cli.lake_flags import add_config_flag
 from sinks.locations import is_s3_url
 
 if TYPE_CHECKING:
@@ -54,8 +55,24 @@ def run_deferred(name: str, rest: list[str]) -> int:
 
         add_dashboard_parser(commands)
     args = parse_naming_the_command(parser, [name, *rest])
+    if not _lake_from_config(f"evagg {name}", args):
+        return 2
     code: int = args.command(args)
     return code
+
+
+def _lake_from_config(command: str, args: argparse.Namespace) -> bool:
+    """args.data from the agent's config where no --data names a lake; False (having
+    said why) when the config names no one lake."""
+    from aggregator.cli.lake_choice import LakeChoiceError, apply_config_lake
+    from aggregator.config import ConfigError
+
+    try:
+        apply_config_lake(args)
+    except (LakeChoiceError, ConfigError) as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
+        return False
+    return True
 
 
 def _add_compact(commands: Parsers) -> None:
@@ -210,8 +227,9 @@ def _add_export_traces(commands: Parsers) -> None:
     export = commands.add_parser("export-traces",
                                  help="write spans from Parquet as OTLP JSON for Jaeger")
     export.add_argument("--data", help="local directory or s3://bucket/prefix/ (default: "
-                                       "$EVAGG_DATA, else the user's data directory, as "
-                                       "`evagg query`)")
+                                       "the lake of --config, else $EVAGG_DATA, else the "
+                                       "user's data directory, as `evagg query`)")
+    add_config_flag(export)
     export.add_argument("--trace-id", type=_trace_id, help="32 hex digits")
     export.add_argument("--since", type=_since,
                         help="ISO time (2026-11-29T12:00, UTC unless it says) or an age "
@@ -247,6 +265,8 @@ def _export_traces(args: argparse.Namespace) -> int:
     if not args.trace_id and not args.since:
         print("evagg export-traces: give --trace-id or --since (e.g. --since 30m)",
               file=sys.stderr)
+        return 2
+    if not _lake_from_config("evagg export-traces", args):
         return 2
     data = args.data or default_data()
     try:

@@ -7,6 +7,7 @@ from aggregator.config.agent_config import (
     check_host,
     config_warnings,
     configured_http_listen,
+    configured_lakes,
     configured_socket,
     load_config,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "check_host",
     "config_warnings",
     "configured_http_listen",
+    "configured_lakes",
     "configured_socket",
     "load_config",
 ]

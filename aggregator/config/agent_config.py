@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from aggregator.config.files import WatchedFiles, files_warnings, parse_files
-from aggregator.config.sinks import SinkConfig, parse_sinks
+from aggregator.config.sinks import SinkConfig, default_sink, parse_sinks
 from aggregator.config.values import (
     check_keys,
     connection_cap,
@@ -158,6 +158,23 @@ def configured_socket(path: Path | None = None,
     agent, _ = _client_agent_table(path, env)
     socket = agent.get("socket")
     return str(Path(socket).expanduser()) if isinstance(socket, str) and socket else None
+
+
+def configured_lakes(path: Path | None = None,
+                     env: Mapping[str, str] | None = None) -> tuple[SinkConfig, ...]:
+    """The Parquet sinks of --config or $EVAGG_CONFIG (no [[sinks]]: the embedded
+    default's), for the commands that read the lake the agent writes. Only [[sinks]] is
+    checked: a reader must not need the agent's token or header files."""
+    env = os.environ if env is None else env
+    if path is None and env.get("EVAGG_CONFIG"):
+        path = Path(env["EVAGG_CONFIG"])
+    if path is None:
+        return (default_sink(),)
+    problems: list[str] = []
+    sinks = parse_sinks(_read_toml(path).get("sinks"), problems)
+    if problems:
+        raise ConfigError([f"{path}: {problem}" for problem in problems])
+    return tuple(sink for sink in sinks if sink.type == "parquet")
 
 
 def _client_agent_table(path: Path | None, env: Mapping[str, str] | None

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from dashboard.cli.lake_flags import add_config_flag
 from dashboard.cli.output import render
 from dashboard.cli.query_artifacts import add_artifacts_parser
 from dashboard.cli.query_logs import add_logs_parser
@@ -75,8 +76,9 @@ def _store_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
     # unset copy from overwriting a value given before it.
     default: Any = None if top else argparse.SUPPRESS
     parser.add_argument("--data", default=default,
-                        help="local directory or s3://bucket/prefix (default: $EVAGG_DATA, "
-                             "else the user's data directory)")
+                        help="local directory or s3://bucket/prefix (default: the lake of "
+                             "--config, else $EVAGG_DATA, else the user's data directory)")
+    add_config_flag(parser, default)
     parser.add_argument("--endpoint-url", default=default, help="S3-compatible endpoint URL")
     parser.add_argument("--region", default=default, help="S3 region")
     parser.add_argument("--engine", choices=ENGINES, default=default,

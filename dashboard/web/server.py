@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dashboard.cli.lake_flags import add_config_flag
 from dashboard.lake.errors import BadInput, DashboardError, NoData
 from dashboard.lake.store import ENGINES, Store, StoreOptions
 from sinks.locations import is_s3_url
@@ -57,8 +58,10 @@ def add_dashboard_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "dashboard", help="web dashboard over the Parquet store", description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", help="local directory or s3://bucket/prefix "
-                                       "(default: $EVAGG_DATA, else the user's data directory)")
+    parser.add_argument("--data", help="local directory or s3://bucket/prefix (default: the "
+                                       "lake of --config, else $EVAGG_DATA, else the user's "
+                                       "data directory)")
+    add_config_flag(parser)
     parser.add_argument("--listen", default="127.0.0.1:8050",
                         help="HOST:PORT to serve on (default: %(default)s, this machine only; "
                              "0.0.0.0:8050 for every interface)")

@@ -16,9 +16,9 @@ class LocalDir:
     def __init__(self, location: str) -> None:
         root = Path(location).expanduser()
         if not root.exists():
-            raise NotFound(f"data directory {location} does not exist: give the url of the "
-                           "agent's Parquet sink with --data DIR (or $EVAGG_DATA); the agent's "
-                           "config file is not read for it")
+            raise NotFound(f"data directory {location} does not exist: give the agent's "
+                           "config with --config FILE (its Parquet sink's url is read), or "
+                           "the lake with --data DIR (or $EVAGG_DATA)")
         if not root.is_dir():
             raise BadInput(f"{location} is not a directory")
         self.location = location

@@ -1,0 +1,49 @@
+"""Which lake `evagg query`, `evagg dashboard` and `evagg export-traces` read when no
+`--data` names one: the one the agent writes, read off its config.
+
+On a node the agent runs from /etc/evagg/evagg.toml and writes to its Parquet sink's url
+(often `s3://...`); `evagg query` without `--data` would read the user's data directory
+instead, and answer about nothing. So the commands take the agent's `--config` (else
+`$EVAGG_CONFIG`) as `evagg status` and `evagg emit` do. The order, explicit before
+ambient: `--data`, `--config`, `$EVAGG_DATA`, `$EVAGG_CONFIG`, the user's data directory.
+The sink's `endpoint_url` and `region` come along unless their flags are given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+
+class LakeChoiceError(ValueError):
+    """The config names no one lake: the message says what to give instead."""
+
+
+def apply_config_lake(args: argparse.Namespace) -> None:
+    """Fill args.data (and endpoint_url, region where unset) from the agent's config when
+    the command line names no lake; raises LakeChoiceError (or ConfigError) otherwise."""
+    if getattr(args, "data", None):
+        return
+    path: Path | None = getattr(args, "config", None)
+    if path is None:
+        if os.environ.get("EVAGG_DATA") or not os.environ.get("EVAGG_CONFIG"):
+            return
+        path = Path(os.environ["EVAGG_CONFIG"])
+    from aggregator.config import configured_lakes
+
+    lakes = configured_lakes(path)
+    if not lakes:
+        raise LakeChoiceError(f"{path} has no Parquet sink, so its agent writes no lake "
+                              "here: give --data DIR or s3://bucket/prefix")
+    if len(lakes) > 1:
+        urls = ", ".join(f"{sink.name}: {sink.url}" for sink in lakes)
+        raise LakeChoiceError(f"{path} has {len(lakes)} Parquet sinks ({urls}): give "
+                              "--data with the one to read")
+    lake = lakes[0]
+    args.data = lake.url
+    for option in ("endpoint_url", "region"):
+        value = lake.options.get(option)
+        if isinstance(value, str) and value and not getattr(args, option, None):
+            setattr(args, option, value)
+
