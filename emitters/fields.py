@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from typing import Final
 
+# An integer `time` is nanoseconds since 1970; one below this (1973-03-03) was sent in
+# another unit (seconds, milliseconds, microseconds): refused, naming the unit it looks
+# like, rather than stored in January 1970 where no view of recent events shows it.
+EARLIEST_TIME_NS: Final = 10**17
+
 # column name -> logical type. Order is the column order in Parquet.
 EVENT_FIELDS: Final[dict[str, str]] = {
     "event_id": "string",

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from emitters.fields import AGENT_STAMPED, EVENT_FIELDS
+from emitters.fields import AGENT_STAMPED, EARLIEST_TIME_NS, EVENT_FIELDS
 
 _INT64 = 2**63
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -99,15 +99,18 @@ def _typed(event: dict[str, Any], attrs: dict[str, str], key: str, column: str, 
 def _time(event: dict[str, Any], attrs: dict[str, str], key: str, value: Any) -> None:
     if isinstance(value, datetime) and value.tzinfo is not None:
         ns = (value - _EPOCH) // _MICROSECOND * 1000  # exact: no float seconds
-        if 0 <= ns < _INT64:
+        if EARLIEST_TIME_NS <= ns < _INT64:
             event[key] = ns
+        elif 0 <= ns < _INT64:  # a date before 1973, as a date: an integer would be refused
+            event[key] = _for_agent(value.isoformat())
         else:  # before 1970 or past 2262: no nanosecond column holds it
             attrs[key] = value.isoformat()
     elif isinstance(value, str):
         event[key] = value  # RFC 3339: the agent parses it and says so when it cannot
     else:
         number = as_int(value, 2**63)
-        event[key] = _for_agent(value) if number is None or number < 0 else number
+        refused = number is None or number < EARLIEST_TIME_NS  # the agent says why
+        event[key] = _for_agent(value) if refused else number
 
 
 def add_metrics(event: dict[str, Any], attrs: dict[str, str], values: Mapping[Any, Any]) -> None:

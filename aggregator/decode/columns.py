@@ -25,7 +25,7 @@ from aggregator.decode.maps import sort_map_entries
 from aggregator.decode.ndjson import SCALAR_SCHEMA, assemble_stamped
 from aggregator.decode.normalize import Normalized, Stamp
 from emitters.columns import ALIGN, BUFFERS, COLUMN_COUNT, HEADER, LENGTH, MAX_EXPANSION, ROWS
-from emitters.fields import AGENT_STAMPED, EVENT_FIELDS
+from emitters.fields import AGENT_STAMPED, EARLIEST_TIME_NS, EVENT_FIELDS
 from sinks.schema import EVENT_SCHEMA
 
 _WIDTH: Final = {"int32": 4, "int64": 8, "float64": 8, "timestamp_ns": 8}
@@ -250,8 +250,9 @@ def _check_values(columns: dict[str, pa.Array]) -> None:
     if kind.null_count or pc.any(pc.equal(pc.binary_length(kind), 0)).as_py():
         raise ColumnsRefused("kind", "every event needs a kind that is not empty")
     time = columns["time"]
-    if time.null_count < len(time) and pc.min(time).as_py() < 0:
-        raise ColumnsRefused("time", "a time before 1970")
+    if time.null_count < len(time) and pc.min(time).as_py() < EARLIEST_TIME_NS:
+        raise ColumnsRefused("time", "a time before 1973: integer times are nanoseconds "
+                                     "since 1970")
     duration = columns.get("duration_s")
     if duration is not None and not _finite(duration):
         raise ColumnsRefused("duration_s", "a value that is not finite")

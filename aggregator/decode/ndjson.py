@@ -30,7 +30,7 @@ from aggregator.decode.maps import (
     sort_map_entries,
 )
 from aggregator.decode.normalize import Normalized, Stamp, ndjson_to_batch
-from emitters.fields import AGENT_STAMPED
+from emitters.fields import AGENT_STAMPED, EARLIEST_TIME_NS
 from emitters.ids import new_event_id
 from sinks.schema import EVENT_SCHEMA
 
@@ -212,7 +212,7 @@ def _check_scalars(columns: dict[str, pa.Array]) -> None:
     if kind.null_count or _has_empty(kind):
         raise BulkRefused("kind_missing")
     time = columns["time"]
-    if time.null_count != len(time) and pc.min(time).as_py() < 0:
+    if time.null_count != len(time) and pc.min(time).as_py() < EARLIEST_TIME_NS:
         raise BulkRefused("time_range")
     if not _all_finite(columns["duration_s"]):
         raise BulkRefused("duration_nonfinite")  # the reader accepts NaN and Infinity

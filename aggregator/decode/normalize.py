@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from emitters.fields import AGENT_STAMPED, EVENT_FIELDS
+from emitters.fields import AGENT_STAMPED, EARLIEST_TIME_NS, EVENT_FIELDS
 from emitters.ids import new_event_id
 from sinks.schema import EVENT_SCHEMA
 
@@ -189,6 +189,8 @@ def _time_ns(value: Any) -> int:
     if isinstance(value, int):
         if not 0 <= value < _INT64_LIMIT:
             raise EventError(f"field 'time' is out of range: {value}")
+        if value < EARLIEST_TIME_NS:
+            raise EventError(_other_unit(value))
         return value
     if isinstance(value, str):
         ns = parse_rfc3339_ns(value)
@@ -196,6 +198,20 @@ def _time_ns(value: Any) -> int:
             raise EventError(f"field 'time' is out of range: {value!r}")
         return ns
     raise EventError("field 'time' must be integer nanoseconds or an RFC 3339 string")
+
+
+# the units an integer time is mistaken for, largest first, with nanoseconds per unit
+_UNITS = (("microseconds", 1_000), ("milliseconds", 1_000_000), ("seconds", 1_000_000_000))
+
+
+def _other_unit(value: int) -> str:
+    """Why an integer time before 1973 is refused: the unit it looks like, with what it
+    would be in nanoseconds, where one fits."""
+    said = f"field 'time' must be nanoseconds since 1970 (or an RFC 3339 string), got {value}"
+    for unit, ns in _UNITS:
+        if EARLIEST_TIME_NS <= value * ns < _INT64_LIMIT:
+            return f"{said}, which looks like {unit}: as nanoseconds, {value * ns}"
+    return f"{said}, a time before 1973"
 
 
 def parse_rfc3339_ns(text: str) -> int:

@@ -175,9 +175,10 @@ def handmade(entries: list[bytes], buffers: list[bytes]) -> bytes:
     return out
 
 
+SOME_NS = 1_765_000_000_123_456_789  # 2025-12-06
 TIME_1 = table_entry("time", "timestamp_ns", 1, [0, 8])
 KIND_1 = table_entry("kind", "string", 1, [0, 8, 4])
-BUFFERS_1 = [b"", struct.pack("<q", 5), b"", struct.pack("<ii", 0, 4), b"task"]
+BUFFERS_1 = [b"", struct.pack("<q", SOME_NS), b"", struct.pack("<ii", 0, 4), b"task"]
 
 
 def test_a_handmade_frame_decodes() -> None:
@@ -190,12 +191,12 @@ def test_a_handmade_frame_decodes() -> None:
 HOSTILE = {
     "length past the frame": ([TIME_1, table_entry("kind", "string", 1, [0, 8, 400])],
                               BUFFERS_1, "'kind'"),
-    "offsets backwards": ([TIME_1, KIND_1], [b"", struct.pack("<q", 5), b"",
+    "offsets backwards": ([TIME_1, KIND_1], [b"", struct.pack("<q", SOME_NS), b"",
                                              struct.pack("<ii", 0, -4), b"task"], "'kind'"),
     "offsets past the data": ([TIME_1, table_entry("kind", "string", 1, [0, 8, 4])],
-                              [b"", struct.pack("<q", 5), b"", struct.pack("<ii", 0, 9),
+                              [b"", struct.pack("<q", SOME_NS), b"", struct.pack("<ii", 0, 9),
                                b"task"], "'kind'"),
-    "invalid UTF-8": ([TIME_1, KIND_1], [b"", struct.pack("<q", 5), b"",
+    "invalid UTF-8": ([TIME_1, KIND_1], [b"", struct.pack("<q", SOME_NS), b"",
                                          struct.pack("<ii", 0, 4), b"t\xffsk"], "UTF8"),
     "no such type": ([TIME_1, table_entry("kind", "strung", 1, [0, 8, 4])], BUFFERS_1,
                      "no such type 'strung'"),
@@ -209,7 +210,7 @@ HOSTILE = {
     "wrong buffer count": ([TIME_1, table_entry("kind", "string", 1, [0, 8])], BUFFERS_1[:4],
                            "buffers"),
     "empty kind": ([TIME_1, table_entry("kind", "string", 1, [0, 8, 0])],
-                   [b"", struct.pack("<q", 5), b"", struct.pack("<ii", 0, 0), b""], "kind"),
+                   [b"", struct.pack("<q", SOME_NS), b"", struct.pack("<ii", 0, 0), b""], "kind"),
     "a key twice in one event": (
         [TIME_1, KIND_1, table_entry("metrics", "map_string_float64", 1, [0, 8, 12, 2, 16])],
         [*BUFFERS_1, b"", struct.pack("<ii", 0, 2), struct.pack("<iii", 0, 1, 2), b"aa",
@@ -219,7 +220,10 @@ HOSTILE = {
         [*BUFFERS_1, b"", struct.pack("<ii", 0, 1), struct.pack("<ii", 0, 1), b"a",
          struct.pack("<d", math.nan)], "not finite"),
     "negative time": ([TIME_1, KIND_1], [b"", struct.pack("<q", -5), *BUFFERS_1[2:]],
-                      "before 1970"),
+                      "before 1973"),
+    "a time in seconds": ([TIME_1, KIND_1], [b"", struct.pack("<q", 1_765_000_000),
+                                             *BUFFERS_1[2:]],
+                          "a time before 1973: integer times are nanoseconds since 1970"),
 }
 
 

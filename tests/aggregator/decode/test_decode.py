@@ -22,7 +22,7 @@ from aggregator.decode.ndjson import (
     sort_map_entries,
 )
 from aggregator.decode.normalize import Stamp
-from emitters.fields import EVENT_FIELDS, KINDS
+from emitters.fields import EARLIEST_TIME_NS, EVENT_FIELDS, KINDS
 from sinks.schema import EVENT_SCHEMA
 
 STAMP = Stamp(
@@ -60,7 +60,7 @@ def emitter_event(draw: st.DrawFn) -> dict[str, Any]:
     event: dict[str, Any] = {
         "event_id": str(draw(st.uuids())),
         "kind": draw(st.sampled_from(KINDS) | st.text(min_size=1, max_size=8)),
-        "time": draw(optional(st.integers(0, 2**63 - 1))),
+        "time": draw(optional(st.integers(EARLIEST_TIME_NS, 2**63 - 1))),
         "attempt": draw(optional(INT32)),
         "step": draw(optional(INT64)),
         "duration_s": draw(optional(FINITE)),
@@ -278,13 +278,13 @@ def test_unknown_fields_fold_into_attrs_and_explicit_attrs_win() -> None:
 
 def test_missing_fields_take_defaults_from_the_stamp() -> None:
     payload = ndjson(
-        [{"kind": "a"}, {"kind": "b", "node_id": "other", "host": "", "time": 7, "event_id": "e-1"}]
+        [{"kind": "a"}, {"kind": "b", "node_id": "other", "host": "", "time": 10**18, "event_id": "e-1"}]
     )
     batch = decode_bulk(payload, STAMP)
     ids = batch.column("event_id").to_pylist()
     assert uuid.UUID(ids[0]).version == 7
     assert ids[1] == "e-1"
-    assert batch.column("time").cast(pa.int64()).to_pylist() == [STAMP.received_ns, 7]
+    assert batch.column("time").cast(pa.int64()).to_pylist() == [STAMP.received_ns, 10**18]
     assert batch.column("node_id").to_pylist() == ["node-a", "other"]
     assert batch.column("host").to_pylist() == ["gpu-1", ""]
     no_node = decode_bulk(payload, Stamp(received_ns=1))
@@ -374,7 +374,7 @@ def test_inferred_types_that_hold_the_same_values_are_kept() -> None:
     payload = ndjson(
         [
             {"kind": "a", "name": "2024-05-01", "attempt": 3, "duration_s": 2, "nonfinite": []},
-            {"kind": "b", "name": "2024-05-02 10:00:00", "duration_s": 2**63, "time": 5},
+            {"kind": "b", "name": "2024-05-02 10:00:00", "duration_s": 2**63, "time": 10**18},
         ]
     )
     batch = decode_bulk(payload, STAMP)

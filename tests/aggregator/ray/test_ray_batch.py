@@ -462,7 +462,7 @@ def test_row_tuples_of_any_event_build_the_batch_rows_to_batch_builds() -> None:
         {"kind": "op", "name": "step", "metrics": {"loss": 0.5, "bad": float("nan")},
          "step": 3, "duration_s": 1.25, "trace_id": "ab" * 16, "run_id": "r", "host": "h"},
         {"kind": "task", "metrics": {}, "nonfinite": ["x"], "attrs": {"a": "1"}},
-        {"kind": "loss", "time": 5, "event_id": "e", "source": "evagg"},
+        {"kind": "loss", "time": 10**18, "event_id": "e", "source": "evagg"},
     ]
     for stamp in STAMPS:
         rows = [row_of_event(normalize_event(e, stamp)) for e in events]
