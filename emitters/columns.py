@@ -22,7 +22,7 @@ from itertools import accumulate, chain, repeat
 from operator import is_not, itemgetter
 from typing import Any, Final
 
-from emitters.fields import AGENT_STAMPED, EVENT_FIELDS
+from emitters.fields import AGENT_STAMPED, EARLIEST_TIME_NS, EVENT_FIELDS
 
 # Buffers of each column type, in frame order (docs/wire-protocol.md, "COLUMNS").
 BUFFERS: Final[dict[str, tuple[str, ...]]] = {
@@ -197,8 +197,8 @@ def _fixed(name: str, kind: str, values: list[Any]) -> bytes:
         raise NotColumnar(f"{name}: out of range or not a number") from None
     if kind == "float64" and not all(map(math.isfinite, packed)):
         raise NotColumnar(f"{name}: not finite")  # the agent rejects such an event
-    if kind == "timestamp_ns" and min(packed) < 0:
-        raise NotColumnar(f"{name}: before 1970")
+    if kind == "timestamp_ns" and min(packed) < EARLIEST_TIME_NS:
+        raise NotColumnar(f"{name}: before 1973")  # another unit's: the agent says which
     return _little_endian(packed)
 
 

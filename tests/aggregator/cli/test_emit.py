@@ -109,3 +109,40 @@ def test_an_empty_file_says_it_holds_no_events(tmp_path: Path) -> None:
     assert f"nothing sent: {empty} holds no events" in done.stderr
     piped = evagg("emit", "--socket", str(tmp_path / "none.sock"), "--file", "-", stdin="")
     assert piped.returncode == 2 and "standard input holds no events" in piped.stderr
+
+
+SECONDS = 1_765_000_000  # 2025-12-06 as seconds: a producer's likeliest slip
+REFUSED_SECONDS = (f"field 'time' must be nanoseconds since 1970 (or an RFC 3339 string), "
+                   f"got {SECONDS}, which looks like seconds: as nanoseconds, {SECONDS * 10**9}")
+
+
+def test_a_time_in_seconds_is_refused_at_every_door_with_the_unit_it_looks_like(
+        agent: AgentProcess, tmp_path: Path) -> None:
+    from emitters import Emitter
+
+    flag = evagg("emit", "--socket", str(agent.socket_path), "--name", "x",
+                 "--field", f"time={SECONDS}")
+    assert flag.returncode == 2
+    assert flag.stderr.strip() == f"evagg emit: --field time={SECONDS}: {REFUSED_SECONDS}"
+    lines = tmp_path / "two.ndjson"
+    lines.write_text(f'{{"kind": "task", "name": "slip", "time": {SECONDS}}}\n'
+                     f'{{"kind": "task", "name": "good", "time": {SECONDS * 10**9}}}\n')
+    from_file = evagg("emit", "--socket", str(agent.socket_path), "--file", str(lines))
+    assert from_file.returncode == 2 and f"line 1: {REFUSED_SECONDS}" in from_file.stderr
+    request = urllib.request.Request(f"{agent.http_url}/v1/events", data=lines.read_bytes(),
+                                     method="POST")
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert orjson.loads(answer.read())["errors"] == [f"event 0: {REFUSED_SECONDS}"]
+    library = Emitter(socket=agent.socket_path)
+    try:
+        library.emit(kind="task", name="slip", time=SECONDS)
+        library.emit(kind="task", name="good", time=SECONDS * 10**9)
+        assert not library.flush(30)  # False: an event was refused
+        stats = library.stats()
+        # alone in its frame, so nacked: the agent's words either way
+        assert stats.acked == 1 and stats.refused == {REFUSED_SECONDS: 1}
+    finally:
+        library.close(5.0)
+    agent.stop()
+    assert agent.query("SELECT name, count(*), min(epoch(time)) FROM events "
+                       "WHERE kind = 'task' GROUP BY name") == [("good", 3, SECONDS)]

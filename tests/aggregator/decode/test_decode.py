@@ -278,7 +278,8 @@ def test_unknown_fields_fold_into_attrs_and_explicit_attrs_win() -> None:
 
 def test_missing_fields_take_defaults_from_the_stamp() -> None:
     payload = ndjson(
-        [{"kind": "a"}, {"kind": "b", "node_id": "other", "host": "", "time": 10**18, "event_id": "e-1"}]
+        [{"kind": "a"},
+         {"kind": "b", "node_id": "other", "host": "", "time": 10**18, "event_id": "e-1"}]
     )
     batch = decode_bulk(payload, STAMP)
     ids = batch.column("event_id").to_pylist()
