@@ -24,8 +24,10 @@ DEFAULT_LINES = 1000  # Ray's DEFAULT_LOG_LIMIT, also where Ray reads lines=0
 _ANSI = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")  # what Ray's filter_ansi_code removes
 _WORKER_FILE = re.compile(r"worker-([0-9a-f]+)-([0-9a-f]+)-(\d+)\.(out|err)")
 
+# The error of a FAILED the executor reported itself, having run the task to its end.
+EXECUTOR_ENDED = "TASK_EXECUTION_EXCEPTION"
 TASK_LOG_ROWS = """
-SELECT node_id, actor_id, state, attrs['ray_task_log_info'] AS info
+SELECT node_id, actor_id, state, error_type, attrs['ray_task_log_info'] AS info
 FROM events_raw
 WHERE source = 'ray' AND kind = 'task' AND task_id = $task AND coalesce(attempt, 0) = $attempt
   AND attrs['ray_session'] = $session
@@ -136,9 +138,12 @@ def _task(store: Store, archive: LogArchive, session: str, ask: LogAsk) -> Found
             ends.append(int(found.get(f"std{ask.suffix}_end", 0)))
     actor = next((r["actor_id"] for r in rows if r["actor_id"]), None)
     if not info and actor:
+        # Ray's words, with the command that reads the actor's log from the lake: `ray
+        # logs actor` needs a live cluster's address (docs/ray-logs.md)
         raise NotFound(f"For actor task, please query actor log for actor({actor}): e.g. "
-                       f"ray logs actor --id {actor} . Or set RAY_ENABLE_RECORD_ACTOR_TASK_"
-                       "LOGGING=1 in actor's runtime env or when starting the cluster.")
+                       f"evagg query logs --actor {actor} (add --err for its stderr). Or set "
+                       "RAY_ENABLE_RECORD_ACTOR_TASK_LOGGING=1 in actor's runtime env or when "
+                       "starting the cluster.")
     path = info.get(f"std{ask.suffix}_file")
     if not path:
         raise NotFound(f"Could not find log file for task attempt:{ask.task_id}"
@@ -146,12 +151,13 @@ def _task(store: Store, archive: LogArchive, session: str, ask: LogAsk) -> Found
     start = int(info.get(f"std{ask.suffix}_start", 0))
     name = str(path).rsplit("/", 1)[-1]
     # An end not past the start is not known yet when only RUNNING events (flushed mid-task)
-    # carry it; the executor's later report (no state, or the end's) or a FINISHED says
-    # the attempt printed nothing. One whose end never came (its worker or node died)
-    # runs to the next task's start in the file, or to the file's end.
+    # carry it; the executor's later report (no state, or the end's), a FINISHED, or a
+    # FAILED for the task's own exception (its worker lived to say so) says the attempt
+    # printed nothing. One whose end never came (its worker or node died) runs to the
+    # next task's start in the file, or to the file's end.
     end_at: int | None = max(ends, default=start)
     reported = any(r["info"] and r["state"] != "RUNNING" for r in rows) or any(
-        r["state"] == "FINISHED" for r in rows)
+        r["state"] == "FINISHED" or r["error_type"] == EXECUTOR_ENDED for r in rows)
     if end_at is not None and end_at <= start and not reported:
         end_at = _next_start(store, session, name, ask.suffix, start)
     candidates = {f: p for f, p in archive.files(session, node or "_").items() if f.name == name}

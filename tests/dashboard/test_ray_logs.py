@@ -24,6 +24,7 @@ from tests.aggregator.raylogs.lakefiles import shipped
 from tests.aggregator.raylogs.rayevents import (
     NODE_HEX,
     SESSION,
+    failed_event,
     post,
     running_event,
     task_hex,
@@ -50,6 +51,13 @@ class Lake:
     small: str
     worker_file: str
     quiet: str  # printed nothing: its stdout is empty, not the next task's lines
+    raised: str  # printed nothing, then raised: empty too (Ray reports no end for it)
+
+
+# An actor's method from a recorded Ray body: Ray names no log range for actor tasks.
+ACTOR_BODY = REPO / "tests/fixtures/ray/01_body_task_events_actor_methods_camelCase.json"
+ACTOR_TASK = "c76a79b2875a7251a5bb2facdd9ef499094add5801000000"
+ACTOR = "a5bb2facdd9ef499094add5801000000"
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +74,7 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lake]:
     agent_dir.mkdir()
     agent = AgentProcess(agent_dir, extra_toml=f'[ray]\nlog_dir = "{ray_root}"\n').start()
     try:
-        big, small, quiet = task_hex(1), task_hex(2), task_hex(3)
+        big, small, quiet, raised = task_hex(1), task_hex(2), task_hex(3), task_hex(6)
         out.write_text("".join(BIG))
         err.write_text("".join(ERR))
         x, e = out.stat().st_size, err.stat().st_size
@@ -79,6 +87,10 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lake]:
             # ran between the two and printed nothing: its reported end is its start
             running_event(quiet, str(out), str(err), start=x, err_start=e),
             running_event(quiet, str(out), str(err), start=x, err_start=e, ends=(x, e)),
+            # ran between the two, printed nothing and raised: only its RUNNING names
+            # the (empty) range, and its FAILED says its worker lived to the end
+            running_event(raised, str(out), str(err), start=x, err_start=e),
+            failed_event(raised, "TASK_EXECUTION_EXCEPTION"),
             running_event(small, str(out), str(err), start=x, err_start=e),
             running_event(small, str(out), str(err), start=x, err_start=e, ends=(y, e)),
             # a newer cluster (its own node): it reused one task id of this one, as
@@ -86,6 +98,7 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lake]:
             running_event(task_hex(4), str(out), str(err), start=x, err_start=e),
             later_node(running_event(task_hex(4), str(out), str(err), start=x, session=LATER)),
             later_node(running_event(task_hex(5), str(out), str(err), session=LATER))])
+        post(agent.http_url, json.loads(ACTOR_BODY.read_bytes()))
         wait_until(lambda: shipped(agent.lake_dir, out.name) == out.read_bytes(), 60,
                    "the worker's stdout in the lake")
         wait_until(lambda: shipped(agent.lake_dir, err.name) == err.read_bytes(), 60,
@@ -95,7 +108,7 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lake]:
         if agent.running:
             agent.kill()
     shutil.rmtree(ray_root)  # the cluster is gone, and its files with it
-    yield Lake(agent.lake_dir, big, small, out.name, quiet)
+    yield Lake(agent.lake_dir, big, small, out.name, quiet, raised)
 
 
 def later_node(event: dict[str, Any]) -> dict[str, Any]:
@@ -122,6 +135,21 @@ def test_query_logs_prints_what_ray_logs_task_prints(lake: Lake) -> None:
     quiet = evagg("query", "logs", "--data", str(lake.root), "--task", lake.quiet, "--tail", "-1")
     assert quiet.returncode == 0, quiet.stderr
     assert quiet.stdout.decode() == "", quiet.stdout
+    for stream in ([], ["--err"]):
+        raised = evagg("query", "logs", "--data", str(lake.root), "--task", lake.raised,
+                       *stream, "--tail", "-1")
+        assert raised.returncode == 0, raised.stderr
+        assert raised.stdout.decode() == "", raised.stdout
+
+
+def test_an_actor_tasks_log_is_asked_of_its_actor_with_a_command_that_reads_the_lake(
+        lake: Lake) -> None:
+    done = evagg("query", "logs", "--data", str(lake.root), "--task", ACTOR_TASK)
+    assert done.returncode == 1
+    said = done.stderr.decode()
+    assert f"please query actor log for actor({ACTOR}): e.g. evagg query logs --actor {ACTOR}" \
+        in said, said
+    assert "ray logs actor" not in said  # needs a live cluster's address
 
 
 def test_query_logs_finds_the_session_that_ran_the_task(lake: Lake) -> None:

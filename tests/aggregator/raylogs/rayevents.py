@@ -44,6 +44,25 @@ def running_event(task_hex: str, stdout: str, stderr: str, start: int = 0,
     }
 
 
+def failed_event(task_hex: str, error_type: str, attempt: int = 0,
+                 session: str = SESSION) -> dict[str, Any]:
+    """The executor's (TASK_EXECUTION_EXCEPTION) or the owner's (WORKER_DIED) FAILED, with
+    no log info, as Ray 2.60 sends them."""
+    return {
+        "eventId": _b64(os.urandom(28)), "sourceType": "CORE_WORKER",
+        "eventType": "TASK_LIFECYCLE_EVENT", "timestamp": "2026-11-29T12:05:23.097083830Z",
+        "severity": "INFO", "sessionName": session,
+        "taskLifecycleEvent": {
+            "taskId": _b64(bytes.fromhex(task_hex)),
+            "stateTransitions": [{"state": "FAILED",
+                                  "timestamp": "2026-11-29T12:05:23.097083830Z"}],
+            "rayErrorInfo": {"errorType": error_type,
+                             "errorMessage": "User exception:\nValueError: raised"},
+            "jobId": "AQAAAA==", "taskAttempt": attempt, "workerPid": 0},
+        "nodeId": _b64(bytes.fromhex(NODE_HEX)), "message": "",
+    }
+
+
 def task_hex(n: int) -> str:
     return f"{n:016x}" + "ffffffffffffffff" + "01000000"
 
