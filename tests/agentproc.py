@@ -48,6 +48,7 @@ class AgentProcess:
         self.log_path = workdir / "agent.log"
         self.env = env or {}
         self.flags: list[str] = []  # command-line flags after `--config`, as an operator adds
+        self.prefix: list[str] = []  # a command the agent runs under (a seccomp filter)
         self.proc: subprocess.Popen[bytes] | None = None
         sinks = sinks_toml.replace("{lake}", str(self.lake_dir)) or (
             f'[[sinks]]\nname = "lake"\ntype = "parquet"\nurl = "{self.lake_dir}"\n'
@@ -78,8 +79,8 @@ class AgentProcess:
         env = {**os.environ, "PYTHONPATH": str(REPO), **self.env}
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "aggregator", "run", "--config", str(self.config_path),
-                 *self.flags],
+                [*self.prefix, sys.executable, "-m", "aggregator", "run", "--config",
+                 str(self.config_path), *self.flags],
                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         self._wait_ready(timeout)
 
