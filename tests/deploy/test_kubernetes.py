@@ -182,7 +182,7 @@ def test_daemonset_agent_can_write_its_host_directories(tmp_path: Path) -> None:
         or pod.security_context.run_as_user
     assert uid not in (None, 0)  # the agent itself does not run as root
     host_volumes = {v.name for v in pod.volumes if v.host_path}
-    agent_volumes = {m.name for m in container.volume_mounts} & host_volumes
+    agent_volumes = {m.name for m in container.volume_mounts if not m.read_only} & host_volumes
     preparers = [c for c in pod.init_containers or []
                  if c.security_context and c.security_context.run_as_user == 0
                  and agent_volumes <= {m.name for m in c.volume_mounts}
@@ -191,12 +191,13 @@ def test_daemonset_agent_can_write_its_host_directories(tmp_path: Path) -> None:
     assert preparers, "no root init container chowns the hostPath directories to the agent"
     (preparer,) = preparers
     assert pod.init_containers.index(preparer) == 0  # before anything writes there
-    run_preparer_here(preparer, tmp_path, uid)
+    run_preparer_here(preparer, tmp_path, uid, agent_volumes)
 
 
-def run_preparer_here(preparer: Any, tmp_path: Path, uid: int) -> None:
-    """Run the init container's command against two local directories (the test is root):
-    both end up owned by the agent's uid."""
+def run_preparer_here(preparer: Any, tmp_path: Path, uid: int, writable: set[str]) -> None:
+    """Run the init container's command against local directories (the test is root): the
+    agent's own end up owned by its uid; Ray's log directory is open to every uid, as /tmp
+    (Ray's pods write there as theirs)."""
     program, *args = preparer.command
     assert PurePosixPath(program).name.startswith("python")
     paths = {m.mount_path: tmp_path / m.name for m in preparer.volume_mounts}
@@ -205,4 +206,18 @@ def run_preparer_here(preparer: Any, tmp_path: Path, uid: int) -> None:
         local.mkdir()
         script = script.replace(f'"{mount_path}"', f'"{local}"')
     subprocess.run([sys.executable, *args[:-1], script], check=True, timeout=30)
-    assert {local.stat().st_uid for local in paths.values()} == {uid}
+    owned = {m.name: (tmp_path / m.name).stat() for m in preparer.volume_mounts}
+    assert {owned[name].st_uid for name in writable} == {uid}
+    assert owned["ray-logs"].st_mode & 0o7777 == 0o1777
+
+
+def test_daemonset_sees_producers_pids_and_reads_ray_logs_where_ray_writes_them(
+        tmp_path: Path) -> None:
+    config_map, daemonset, container = daemonset_parts()
+    config = configmap_config(config_map, tmp_path)
+    pod = daemonset.spec.template.spec
+    assert pod.host_pid is True  # a producer's pid is the node's, for liveness and losses
+    (mount,) = [m for m in container.volume_mounts if m.name == "ray-logs"]
+    (volume,) = [v for v in pod.volumes if v.name == "ray-logs"]
+    assert mount.read_only and mount.mount_path == volume.host_path.path
+    assert mount.mount_path == str(config.ray_log_dir)

@@ -46,10 +46,12 @@ def test_pod_example_reaches_the_agent_socket(name: str, tmp_path: Path) -> None
     pod, container = example_container(name)
     assert container_env(container)["EVAGG_SOCKET"] == str(config.socket)
     agent_dirs = {v.host_path.path for v in daemonset.spec.template.spec.volumes if v.host_path}
-    (volume,) = [v for v in pod.spec.volumes if v.host_path]
+    socket_dir = str(PurePosixPath(config.socket).parent)
+    (mount,) = [m for m in container.volume_mounts if m.mount_path == socket_dir]
+    (volume,) = [v for v in pod.spec.volumes if v.name == mount.name]
     assert volume.host_path.path in agent_dirs
-    (mount,) = [m for m in container.volume_mounts if m.name == volume.name]
-    assert mount.mount_path == str(PurePosixPath(config.socket).parent)
+    # the pod may land on a node before the agent's pod has made the directory
+    assert volume.host_path.type == "DirectoryOrCreate"
     assert config.socket_mode & 0o006 == 0o006  # pods run as any uid
 
 
@@ -90,3 +92,15 @@ def test_ray_pod_exports_ray_events_to_the_agent_on_its_node() -> None:
     (token_ref,) = [v.value_from.secret_key_ref for v in ray.env
                     if v.value_from and v.value_from.secret_key_ref]
     assert not token_ref.optional  # without it Ray's POSTs get 401 and are retried forever
+
+
+def test_ray_pod_writes_its_logs_where_the_agent_reads_them() -> None:
+    _, daemonset, agent = daemonset_parts()
+    pod, ray = example_container("ray-pod-example.yaml")
+    (read,) = [m for m in agent.volume_mounts if m.name == "ray-logs"]
+    host = {v.name: v.host_path.path for v in daemonset.spec.template.spec.volumes
+            if v.host_path}["ray-logs"]
+    (written,) = [m for m in ray.volume_mounts if m.mount_path == "/tmp/ray"]  # Ray's default
+    (volume,) = [v for v in pod.spec.volumes if v.name == written.name]
+    # the same node directory at the same path: Ray's events name files by that path
+    assert (volume.host_path.path, written.mount_path) == (host, read.mount_path)
