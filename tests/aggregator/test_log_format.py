@@ -98,3 +98,44 @@ def test_check_config_reports_in_json_too(tmp_path: Path) -> None:
     assert refused.returncode == 2
     assert [json.loads(text)["level"] for text in refused.stderr.splitlines()] == ["ERROR"]
 
+
+
+def test_under_systemd_each_line_carries_its_priority_for_the_journal(tmp_path: Path) -> None:
+    """systemd connects stderr to the journal and names that stream in JOURNAL_STREAM:
+    each line then leads with its syslog priority, so `journalctl -p warning` finds the
+    warnings (the journal stamps the time itself)."""
+    from tests.agentproc import http_sink
+    from tests.waiting import wait_until
+
+    agent = AgentProcess(tmp_path, sinks_toml=http_sink("collector", "http://127.0.0.1:9/x"),
+                         drain_timeout="1s")  # the endpoint never answers
+    agent.log_path.touch()
+    found = agent.log_path.stat()
+    agent.env = {"JOURNAL_STREAM": f"{found.st_dev}:{found.st_ino}"}
+    agent.start()
+    try:
+        agent_emits_one(agent)
+        wait_until(lambda: "<4>evagg" in agent.log(), 30,
+                   lambda: f"a warning for the refused endpoint:\n{agent.log()}")
+    finally:
+        assert agent.stop() == 0
+    lines = [line for line in agent.log().splitlines() if line.strip()]
+    assert lines and all(line[:3] in ("<2>", "<3>", "<4>", "<6>", "<7>") for line in lines), \
+        lines
+    assert any(line.startswith("<6>evagg") and "evagg agent ready" in line for line in lines)
+
+
+def agent_emits_one(agent: AgentProcess) -> None:
+    from emitters import Emitter
+
+    emitter = Emitter(socket=agent.socket_path)
+    emitter.emit(kind="task", name="for-the-collector")
+    emitter.flush(10)
+    emitter.close(2.0)
+
+
+def test_text_lines_elsewhere_keep_their_time(tmp_path: Path) -> None:
+    agent = AgentProcess(tmp_path, env={"JOURNAL_STREAM": "1:2"}).start()  # another stream
+    assert agent.stop() == 0
+    ready = next(line for line in agent.log().splitlines() if "evagg agent ready" in line)
+    assert ready[:4].isdigit() and " INFO evagg" in ready, ready
