@@ -21,6 +21,7 @@ from pathlib import Path
 from aggregator.config import AgentConfig, ConfigError, check_host, config_warnings, load_config
 from aggregator.config.sinks import SinkConfig, parse_sinks
 from aggregator.delivery.build import build_sink, sink_problem
+from sinks.locations import is_s3_url
 
 
 def load_checked(path: Path | None, overrides: dict[str, object]) -> AgentConfig:
@@ -35,7 +36,8 @@ def load_checked(path: Path | None, overrides: dict[str, object]) -> AgentConfig
         raise ConfigError([*exc.problems, *_not_said(more, exc.problems)],
                           exc.partial) from None
     problems = [*state_dir_problems(config.state_dir),
-                *sink_option_problems(config.sinks, config.state_dir)]
+                *sink_option_problems(config.sinks, config.state_dir),
+                *lake_dir_problems(config.sinks)]
     try:
         check_host(config)
     except ConfigError as exc:
@@ -58,20 +60,36 @@ def warnings_beside(problems: Sequence[str], config: AgentConfig | None) -> list
 def state_dir_problems(state_dir: Path) -> list[str]:
     """Whether the agent can write its state_dir (or create it), found by trying as the
     agent would, so a directory it may not write is named before `evagg run` fails."""
-    existing = state_dir
+    return _unwritable("agent.state_dir", state_dir,
+                       "point state_dir (or --state-dir) at a directory it can write")
+
+
+def lake_dir_problems(sinks: Sequence[SinkConfig]) -> list[str]:
+    """The same for each Parquet sink on a local directory: an agent that may not write
+    it would keep its events spooled, and retry, until someone reads the log."""
+    problems: list[str] = []
+    for index, sink in enumerate(sinks):
+        if sink.type == "parquet" and not is_s3_url(sink.url):
+            problems += _unwritable(
+                f"sinks[{index}] ({sink.name}).url", Path(sink.url).expanduser(),
+                "point the sink's url at a directory it can write (under systemd, "
+                "ProtectSystem=strict lets it write only the state directory, /tmp and "
+                "the paths of ReadWritePaths=)")
+    return problems
+
+
+def _unwritable(key: str, directory: Path, remedy: str) -> list[str]:
+    existing = directory
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
-        return [f"agent.state_dir: {state_dir}: {existing} is not a directory; point "
-                "state_dir (or --state-dir) at a directory the agent can write"]
+        return [f"{key}: {directory}: {existing} is not a directory; {remedy}"]
     try:
         handle, probe = tempfile.mkstemp(prefix=".evagg-check-", dir=existing)
     except OSError as exc:
-        where = "" if existing == state_dir else f" (nor create it in {existing})"
-        return [f"agent.state_dir: the agent cannot write {state_dir}{where}: "
-                f"{exc.strerror}; make it writable by the user that runs evagg "
-                f"({_user()}), or point state_dir (or --state-dir) at a directory it can "
-                "write"]
+        where = "" if existing == directory else f" (nor create it in {existing})"
+        return [f"{key}: the agent cannot write {directory}{where}: {exc.strerror}; make "
+                f"it writable by the user that runs evagg ({_user()}), or {remedy}"]
     os.close(handle)
     os.unlink(probe)
     return []

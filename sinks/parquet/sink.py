@@ -150,7 +150,7 @@ class ParquetSink(Sink):
             return SinkResult.failure(str(exc)[:300], kind, permanent=exc.permanent,
                                       retry_after_s=exc.retry_after_s)
         return SinkResult.failure(
-            f"{type(exc).__name__}: {exc}"[:300], kind, permanent=kind == "decode"
+            f"{type(exc).__name__}: {exc}"[:300], kind, permanent=kind in _PERMANENT_KINDS
         )
 
     # The methods below run in a worker thread, one at a time.
@@ -242,5 +242,14 @@ def _error_kind(phase: str, exc: Exception) -> str:
     if phase == "publish":
         return "publish"
     if isinstance(exc, OSError):
+        if exc.errno in _REFUSED_ERRNOS:
+            return "permission"
         return "disk_full" if exc.errno == errno.ENOSPC else "io"
     return "internal"
+
+
+# A directory the agent may not write, or a read-only filesystem: retrying soon will not
+# help, and `evagg_sink_permanent_error` says so (an operator fixes the mode or the unit's
+# ReadWritePaths=), where a full disk or a flaky one may pass.
+_REFUSED_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+_PERMANENT_KINDS = frozenset({"decode", "permission"})

@@ -95,3 +95,16 @@ def test_an_s3_sink_s_bucket_is_tried_with_the_agent_s_credentials(tmp_path: Pat
             keyless.stderr
     finally:
         moto.stop()
+
+
+def test_a_lake_directory_the_agent_cannot_write_is_named_before_it_starts(
+        tmp_path: Path) -> None:
+    lake = "/sys/evagg-lake"
+    path = config(tmp_path, f'state_dir = "{tmp_path}/state"',
+                  sinks=f'[[sinks]]\nname = "lake"\ntype = "parquet"\nurl = "{lake}"\n')
+    checked = evagg("check-config", "--config", str(path))
+    assert checked.returncode == 2, checked.stdout
+    problem = next(line for line in checked.stderr.splitlines() if "sinks[0]" in line)
+    assert f"sinks[0] (lake).url: the agent cannot write {lake} (nor create it in /sys)" \
+        in problem, problem
+    assert "ReadWritePaths=" in problem and "Errno" not in problem

@@ -7,6 +7,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -104,3 +105,22 @@ def test_an_endpoint_that_fails_between_successes_is_not_ok_while_it_fails(
     assert "retrying (its requests fail) since" in seen[-1], seen
     endpoint.stall(0)
     wait_for(lambda: status_line(agent, "collector").endswith(" ok"), "ok again", agent)
+
+
+def test_a_lake_directory_that_became_unwritable_is_failing_not_retrying(
+        agent_factory: Callable[..., AgentProcess], tmp_path: Path) -> None:
+    """The lake's directory is swapped for one no one may write (as a remount read-only
+    or a mode change would leave it): a permanent error, which the alert on
+    evagg_sink_permanent_error sees, not a retry that never ends."""
+    real = tmp_path / "real-lake"
+    real.mkdir()
+    lake = tmp_path / "lake"
+    lake.symlink_to(real)
+    agent = agent_factory(sinks_toml=f'[[sinks]]\nname = "lake"\ntype = "parquet"\n'
+                                     f'url = "{lake}"\nroll_interval = "1s"\n').start()
+    lake.unlink()
+    lake.symlink_to("/sys/fs")  # mkdir there: EPERM, even for root
+    spool_events(agent, 5, "lake")
+    wait_for(lambda: "failing (permission)" in status_line(agent, "lake"),
+             "failing (permission) in status", agent)
+    assert agent.metric('evagg_sink_permanent_error{sink="lake"}') == 1
