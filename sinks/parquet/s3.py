@@ -46,7 +46,11 @@ _EXPORTED_STATS: Final = {
 }
 
 
-def make_client(*, endpoint_url: str | None, region: str | None, path_style: bool) -> Any:
+CHECK_TIMEOUT_S: Final = 5.0  # check_access's one read, after a connect of at most 5 s
+
+
+def make_client(*, endpoint_url: str | None, region: str | None, path_style: bool,
+                read_timeout: float = 30, attempts: int = 2) -> Any:
     """A boto3 S3 client; credentials and (unless given) region from boto3's own chain."""
     import boto3
     from botocore.config import Config
@@ -54,8 +58,8 @@ def make_client(*, endpoint_url: str | None, region: str | None, path_style: boo
     config = Config(
         region_name=region,
         connect_timeout=5,
-        read_timeout=30,
-        retries={"mode": "standard", "total_max_attempts": 2},
+        read_timeout=read_timeout,
+        retries={"mode": "standard", "total_max_attempts": attempts},
         s3={"addressing_style": "path"} if path_style else None,
         user_agent_extra="evagg",
     )
@@ -115,8 +119,13 @@ class S3Store(ObjectStore):
         """One ListObjectsV2 under the prefix, as `evagg check-config` asks: a bucket that
         does not exist, missing or wrong credentials and a denied policy raise StoreError
         now instead of at the first upload (the hour merge lists what it merges, too)."""
+        # One short try: check-config runs before every start (systemd's ExecStartPre), and
+        # an S3 that hangs must not hold a restart for the sink's own minute of timeouts.
+        client = make_client(endpoint_url=self.endpoint_url, region=self.region,
+                             path_style=self.path_style, read_timeout=CHECK_TIMEOUT_S,
+                             attempts=1)
         with self.classified("ListObjectsV2", self.prefix):
-            self.client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, MaxKeys=1)
+            client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, MaxKeys=1)
 
     def full_key(self, key: str) -> str:
         return self.prefix + key.lstrip("/")

@@ -108,3 +108,30 @@ def test_a_lake_directory_the_agent_cannot_write_is_named_before_it_starts(
     assert f"sinks[0] (lake).url: the agent cannot write {lake} (nor create it in /sys)" \
         in problem, problem
     assert "ReadWritePaths=" in problem and "Errno" not in problem
+
+
+def test_an_s3_endpoint_that_never_answers_is_tried_once_and_said(tmp_path: Path) -> None:
+    """check-config runs before every start (ExecStartPre): an S3 that hangs gets one
+    short try, not the sink's own retries, and a warning; the agent starts anyway."""
+    import socket
+    import threading
+
+    from tests.sinks.moto_server import aws_env
+
+    silent = socket.create_server(("127.0.0.1", 0))
+    tries: list[socket.socket] = []
+    threading.Thread(target=lambda: [tries.append(silent.accept()[0]) for _ in range(3)],
+                     daemon=True).start()
+    try:
+        path = config(tmp_path, f'state_dir = "{tmp_path}/state"',
+                      '[[sinks]]\nname = "lake"\ntype = "parquet"\nurl = "s3://b/evagg/"\n'
+                      f'endpoint_url = "http://127.0.0.1:{silent.getsockname()[1]}"\n'
+                      'path_style = true\n')
+        checked = evagg("check-config", "--config", str(path), env=aws_env())
+    finally:
+        for held in tries:
+            held.close()
+        silent.close()
+    assert checked.returncode == 0 and "config OK" in checked.stdout, checked.stderr
+    assert "(s3_timeout)" in checked.stderr and "starts anyway" in checked.stderr
+    assert len(tries) == 1, f"{len(tries)} tries"
