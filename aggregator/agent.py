@@ -295,11 +295,13 @@ class Agent:
                 return
             log.info("reloading: replacing the sinks with those of %s",
                      self.config.source_path or "the defaults")
+            delivered_at = {name: consumer.state.last_success_ns
+                            for name, consumer in self._consumers().items()}
             if self.sinks is not None:
                 await self.sinks.retire(self.config.drain_timeout_s)
             for gone in {c.name for c in self.config.sinks} - {c.name for c in fresh.sinks}:
                 self.metrics.registry.forget(sink=gone)  # renamed or removed
-            self.sinks = SinkSet(self.spool, self.metrics, built)
+            self.sinks = SinkSet(self.spool, self.metrics, built, delivered_at)
             self.config = dataclasses.replace(self.config, sinks=fresh.sinks)
             self.metrics.config_reloads.inc(result="applied")
             self.metrics.reload_refused_at.clear()

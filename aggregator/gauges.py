@@ -65,10 +65,10 @@ class AgentGauges:
 
     def _delivery_samples(self, name: str, consumer: SinkConsumer) -> list[Sample]:
         out: list[Sample] = []
-        if consumer.state.last_success_ns:
-            out.append(("evagg_sink_last_delivery_timestamp_seconds",
-                        "When the sink last delivered, by sink (alert on time() - this).",
-                        {"sink": name}, consumer.state.last_success_ns / 1e9))
+        out.append(("evagg_sink_last_delivery_timestamp_seconds",
+                    "When the sink last delivered (before its first delivery: when it was "
+                    "started), by sink; alert on time() - this while its lag is above 0.",
+                    {"sink": name}, consumer.state.last_success_ns / 1e9))
         records, events = self.spool.lag(name)
         out.append(("evagg_sink_lag_events", "Events spooled but not yet delivered, by sink.",
                     {"sink": name}, float(events)))

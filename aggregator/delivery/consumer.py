@@ -34,7 +34,9 @@ PERMANENT_HINT = " (a permanent error: fix the sink's config, credentials or buc
 class ConsumerState:
     last_error_kind: str | None = None  # to log a failure once per change of kind
     failures_in_a_row: int = 0  # drives the backoff; a success resets it
-    last_success_ns: int = 0  # exported: alert when a sink has not delivered for long
+    # exported: when the sink last delivered, or, before its first delivery, when it was
+    # started, so that a sink that never delivers is seen too (0 until the SinkSet sets it)
+    last_success_ns: int = 0
     failing_since_ns: int = 0  # when the current run of failed attempts began; 0: delivering
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from aggregator.config import ConfigError
@@ -46,7 +47,10 @@ def build_sinks(configs: Sequence[SinkConfig], *, node_id: str, spool_id: str,
 
 class SinkSet:
     def __init__(self, spool: Spool, metrics: AgentMetrics,
-                 built: Sequence[tuple[SinkConfig, Sink]]) -> None:
+                 built: Sequence[tuple[SinkConfig, Sink]],
+                 delivered_at_ns: Mapping[str, int] | None = None) -> None:
+        """`delivered_at_ns`: when each sink of the set this one replaces last delivered
+        (a reload), kept under its name; a new sink starts from now."""
         self.spool = spool
         self.metrics = metrics
         self._errors = WorkerErrors(metrics, log)
@@ -57,6 +61,8 @@ class SinkSet:
         for config, sink in built:
             consumer = SinkConsumer(sink, spool, metrics, read_max_bytes=sink.read_max_bytes,
                                     backoff_cap_s=config.retry_max_backoff_s, screen=screen)
+            consumer.state.last_success_ns = (delivered_at_ns or {}).get(sink.name,
+                                                                         time.time_ns())
             self.consumers[sink.name] = consumer
             self._tasks.append(asyncio.create_task(consumer.run(), name=f"sink:{sink.name}"))
 

@@ -129,3 +129,31 @@ def test_a_failed_s3_upload_shows_on_metrics(agent_factory: Callable[..., AgentP
     assert value(samples, "evagg_sink_permanent_error", sink="s3lake") == 1
     assert value(samples, "evagg_sink_lag_events", sink="s3lake") >= 10
     agent.kill()  # a drain would wait out its deadline: the bucket never comes
+
+
+def test_every_sink_has_a_last_delivery_from_its_start_and_keeps_it_through_a_reload(
+        agent_factory: Callable[..., AgentProcess]) -> None:
+    """An alert on `time() - evagg_sink_last_delivery_timestamp_seconds` must see a sink
+    that never delivers (wrong credentials from day one), and a reload must not reset
+    what it watches."""
+    import signal
+    import time
+
+    from tests.ports import free_port
+
+    before = time.time()
+    nowhere = f"http://127.0.0.1:{free_port()}/ingest"
+    agent = agent_factory(sinks_toml=(
+        '[[sinks]]\nname = "lake"\ntype = "parquet"\nurl = "{lake}"\nroll_interval = "1s"\n'
+        + http_sink("collector", nowhere))).start()
+    series = 'evagg_sink_last_delivery_timestamp_seconds{{sink="{}"}}'
+    never = agent.metric(series.format("collector"))
+    assert before <= never <= time.time()  # when it was started
+    wait_until(lambda: agent.metric(series.format("lake")) > never, 30,
+               lambda: agent.metrics())
+    delivered = agent.metric(series.format("lake"))
+    assert agent.proc is not None
+    agent.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "reloaded: sinks" in agent.log(), 30, agent.log)
+    assert agent.metric(series.format("collector")) == never  # not reset by the reload
+    assert agent.metric(series.format("lake")) >= delivered
