@@ -37,6 +37,7 @@ DRIVER = "ffffffffffffffffffffffffffffffffffffffff01000000"
 NODE = "f480837016fe4d56882c2f517adf7db93ed5e2a1684bbee867f7e8ca"
 NODE_B64 = "9ICDcBb+TVaILC9Ret99uT7V4qFoS77oZ/foyg=="
 WORKER_DIED = "The worker died unexpectedly while executing this task."
+T0 = 1_765_000_000_000_000_000  # a time of day in nanoseconds (2025-12-06)
 
 
 def load(name: str) -> list[dict[str, Any]]:
@@ -446,11 +447,11 @@ def test_tasks_view_separates_attempts_and_sessions_and_reads_our_own_task_event
     other_cluster[0]["eventId"] = "AAAA" + other_cluster[0]["eventId"][4:]
     ours = [
         {"kind": "task", "source": "evagg", "task_id": "t1", "name": "load", "state": "RUNNING",
-         "time": 1_000_000_000, "job_id": "j"},
+         "time": T0 + 1_000_000_000, "job_id": "j"},
         {"kind": "task", "source": "evagg", "task_id": "t1", "state": "FINISHED",
-         "time": 3_500_000_000, "duration_s": 2.4},
+         "time": T0 + 3_500_000_000, "duration_s": 2.4},
         {"kind": "task", "source": "evagg", "task_id": "t2", "name": "save", "state": "FINISHED",
-         "time": 5_000_000_000, "duration_s": 0.25},
+         "time": T0 + 5_000_000_000, "duration_s": 0.25},
     ]
     tasks = tasks_from(mapped(first + retry + other_cluster) + ours)
     assert (SQUARE, 1) in tasks and (BOOM, 1) in tasks
