@@ -21,11 +21,14 @@ Adder = Callable[[str, str, Callable[[Store, argparse.Namespace], Result]],
 
 
 def add_logs_parser(add: Adder) -> None:
-    logs = add("logs", "a Ray task's or actor's stdout or stderr (as `ray logs task` prints "
-                       "it)", logs_of)
+    logs = add("logs", "a Ray task's, actor's or worker's stdout or stderr (as `ray logs` "
+                       "prints it)", logs_of)
     which = logs.add_mutually_exclusive_group(required=True)
     which.add_argument("--task", metavar="ID", help="Ray task id (hex)")
     which.add_argument("--actor", metavar="ID", help="Ray actor id (hex): its worker's file")
+    which.add_argument("--worker", metavar="ID", help="Ray worker id (hex): its whole file, "
+                                                     "where a task whose worker died printed "
+                                                     "last")
     logs.add_argument("--attempt", type=int, default=0, help="the task's attempt (default 0)")
     logs.add_argument("--err", action="store_true", help="stderr instead of stdout")
     logs.add_argument("--tail", type=int, default=DEFAULT_LINES,
@@ -40,8 +43,9 @@ def logs_of(store: Store, args: argparse.Namespace) -> Result:
     if args.tail == 0 or args.tail < -1:
         raise BadInput("logs: --tail takes a number of lines above 0, or -1 for all")
     ask = LogAsk(task_id=args.task, attempt_number=args.attempt, actor_id=args.actor,
-                 suffix="err" if args.err else "out", lines=args.tail)
-    session = sessions.choose_for(store, args.session, task_id=args.task, actor_id=args.actor)
+                 worker_id=args.worker, suffix="err" if args.err else "out", lines=args.tail)
+    session = sessions.choose_for(store, args.session, task_id=args.task, actor_id=args.actor,
+                                  worker_id=args.worker)
     data = read_log(store, LogArchive(store.options), session, ask)
     preamble = b""
     if args.tail > 0:  # what `ray logs` prints first whenever it tails

@@ -27,7 +27,7 @@ _WORKER_FILE = re.compile(r"worker-([0-9a-f]+)-([0-9a-f]+)-(\d+)\.(out|err)")
 # The error of a FAILED the executor reported itself, having run the task to its end.
 EXECUTOR_ENDED = "TASK_EXECUTION_EXCEPTION"
 TASK_LOG_ROWS = """
-SELECT node_id, actor_id, state, error_type, attrs['ray_task_log_info'] AS info
+SELECT node_id, actor_id, worker_id, state, error_type, attrs['ray_task_log_info'] AS info
 FROM events_raw
 WHERE source = 'ray' AND kind = 'task' AND task_id = $task AND coalesce(attempt, 0) = $attempt
   AND attrs['ray_session'] = $session
@@ -38,6 +38,12 @@ SELECT attrs['ray_task_log_info'] AS info
 FROM events_raw
 WHERE source = 'ray' AND kind = 'task' AND attrs['ray_session'] = $session
   AND contains(attrs['ray_task_log_info'], $name)
+"""
+WORKER_NODE = """
+SELECT node_id FROM events_raw
+WHERE source = 'ray' AND worker_id = $worker AND attrs['ray_session'] = $session
+  AND coalesce(node_id, '') <> ''
+LIMIT 1
 """
 ACTOR_WORKERS = """
 SELECT node_id, worker_id, attrs['worker_pid'] AS pid
@@ -65,6 +71,7 @@ class LogAsk:
     node_ip: str | None = None
     filename: str | None = None
     pid: int | None = None
+    worker_id: str | None = None  # evagg's own (`evagg query logs --worker`): Ray has none
     suffix: str = "out"
     lines: int = DEFAULT_LINES
     filter_ansi_code: bool = False
@@ -95,13 +102,15 @@ def resolve(store: Store, archive: LogArchive, session: str, ask: LogAsk) -> Fou
         return _actor(store, archive, session, ask)
     if ask.task_id:
         return _task(store, archive, session, ask)
+    if ask.worker_id:
+        return _worker(store, archive, session, ask)
     node = ask.node_id or node_of_ip(store, session, ask.node_ip)
     if ask.filename:
         return _whole(archive, session, node, lambda name: name == ask.filename.rsplit(
-            "/", 1)[-1] if ask.filename else False, ask)
+            "/", 1)[-1] if ask.filename else False, ask.filename)
     if ask.pid is not None:
         return _whole(archive, session, node, lambda name: _is_worker_file(
-            name, None, ask.pid, ask.suffix), ask)
+            name, None, ask.pid, ask.suffix), f"pid {ask.pid}")
     raise NotFound("Could not find a log file: give a task_id, an actor_id, or a node_id "
                    "(or node_ip) with a filename or pid")
 
@@ -146,8 +155,10 @@ def _task(store: Store, archive: LogArchive, session: str, ask: LogAsk) -> Found
                        "starting the cluster.")
     path = info.get(f"std{ask.suffix}_file")
     if not path:
+        worker = next((r["worker_id"] for r in reversed(rows) if r["worker_id"]), None)
         raise NotFound(f"Could not find log file for task attempt:{ask.task_id}"
-                       f"({ask.attempt_number}): Ray named no log file for it")
+                       f"({ask.attempt_number}): Ray named no log file for it"
+                       + _worker_hint(worker, ask.suffix))
     start = int(info.get(f"std{ask.suffix}_start", 0))
     name = str(path).rsplit("/", 1)[-1]
     # An end not past the start is not known yet when only RUNNING events (flushed mid-task)
@@ -175,6 +186,25 @@ def _next_start(store: Store, session: str, name: str, suffix: str, start: int) 
     return min(starts, default=None)
 
 
+def _worker_hint(worker: str | None, suffix: str) -> str:
+    """What to read instead when an attempt's worker died before Ray named its range: the
+    worker's whole file, whose last lines are what it printed last."""
+    if not worker:
+        return ""
+    err = " --err" if suffix == "err" else ""
+    return (f" (its worker died before saying where its output went, or it never ran); "
+            f"worker {worker}'s whole file ends with what it printed last: "
+            f"evagg query logs --worker {worker}{err}")
+
+
+def _worker(store: Store, archive: LogArchive, session: str, ask: LogAsk) -> Found:
+    found = store.execute(WORKER_NODE, {"worker": ask.worker_id, "session": session}).rows
+    if not found:
+        raise NotFound(f"Worker {ask.worker_id} not found.")
+    return _whole(archive, session, str(found[0][0]), lambda name: _is_worker_file(
+        name, ask.worker_id, None, ask.suffix), f"worker {ask.worker_id}")
+
+
 def _actor(store: Store, archive: LogArchive, session: str, ask: LogAsk) -> Found:
     rows = store.execute(ACTOR_WORKERS, {"actor": ask.actor_id, "session": session}).records()
     if not rows:
@@ -190,12 +220,12 @@ def _actor(store: Store, archive: LogArchive, session: str, ask: LogAsk) -> Foun
 
 
 def _whole(archive: LogArchive, session: str, node: str | None, wanted: Any,
-           ask: LogAsk) -> Found:
+           what: str) -> Found:
     if not node:
         raise NotFound("Node id needs to be specified (node_id, or a node_ip the store "
                        "knows)")
     files = {f: p for f, p in archive.files(session, node).items() if wanted(f.name)}
-    return _choose(files, 0, None, ask.filename or f"pid {ask.pid}")
+    return _choose(files, 0, None, what)
 
 
 def _choose(files: dict[LogFile, list[StoredPiece]], start: int, end: int | None,

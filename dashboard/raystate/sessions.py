@@ -100,14 +100,15 @@ GROUP BY ALL ORDER BY session DESC  -- a session is named for its start: newest 
 
 
 def choose_for(store: Store, wanted: str | None, *, task_id: str | None = None,
-               actor_id: str | None = None, node_id: str | None = None) -> str:
+               actor_id: str | None = None, node_id: str | None = None,
+               worker_id: str | None = None) -> str:
     """The session of a question about one task, actor or node: the one named, else the
     one session that holds it. Ray's clusters reuse task and actor ids (each numbers its
     jobs from 01000000), so the newest session is no guess for an id: one found in
     several is refused with their names."""
     asked = [(what, column, key) for what, column, key in (
         ("task", "task_id", task_id), ("actor", "actor_id", actor_id),
-        ("node", "node_id", node_id)) if key]
+        ("node", "node_id", node_id), ("worker", "worker_id", worker_id)) if key]
     if wanted or not asked:
         return choose(store, wanted)
     what, column, key = asked[0]

@@ -27,6 +27,7 @@ from tests.aggregator.raylogs.rayevents import (
     failed_event,
     post,
     running_event,
+    submitted_event,
     task_hex,
 )
 from tests.dashboard.serve import serving
@@ -52,6 +53,8 @@ class Lake:
     worker_file: str
     quiet: str  # printed nothing: its stdout is empty, not the next task's lines
     raised: str  # printed nothing, then raised: empty too (Ray reports no end for it)
+    crashed: str  # its worker died before Ray named its range: its worker's file is named
+    worker: str
 
 
 # An actor's method from a recorded Ray body: Ray names no log range for actor tasks.
@@ -75,6 +78,7 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lake]:
     agent = AgentProcess(agent_dir, extra_toml=f'[ray]\nlog_dir = "{ray_root}"\n').start()
     try:
         big, small, quiet, raised = task_hex(1), task_hex(2), task_hex(3), task_hex(6)
+        crashed, worker = task_hex(7), f"{1:056x}"
         out.write_text("".join(BIG))
         err.write_text("".join(ERR))
         x, e = out.stat().st_size, err.stat().st_size
@@ -91,6 +95,9 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lake]:
             # the (empty) range, and its FAILED says its worker lived to the end
             running_event(raised, str(out), str(err), start=x, err_start=e),
             failed_event(raised, "TASK_EXECUTION_EXCEPTION"),
+            # sent to the worker, which then died (os._exit) before its RUNNING went out
+            submitted_event(crashed, worker),
+            failed_event(crashed, "WORKER_DIED"),
             running_event(small, str(out), str(err), start=x, err_start=e),
             running_event(small, str(out), str(err), start=x, err_start=e, ends=(y, e)),
             # a newer cluster (its own node): it reused one task id of this one, as
@@ -108,7 +115,7 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lake]:
         if agent.running:
             agent.kill()
     shutil.rmtree(ray_root)  # the cluster is gone, and its files with it
-    yield Lake(agent.lake_dir, big, small, out.name, quiet, raised)
+    yield Lake(agent.lake_dir, big, small, out.name, quiet, raised, crashed, worker)
 
 
 def later_node(event: dict[str, Any]) -> dict[str, Any]:
@@ -140,6 +147,19 @@ def test_query_logs_prints_what_ray_logs_task_prints(lake: Lake) -> None:
                        *stream, "--tail", "-1")
         assert raised.returncode == 0, raised.stderr
         assert raised.stdout.decode() == "", raised.stdout
+
+
+def test_a_task_whose_worker_died_names_the_workers_file_and_the_command_reads_it(
+        lake: Lake) -> None:
+    done = evagg("query", "logs", "--data", str(lake.root), "--task", lake.crashed)
+    assert done.returncode == 1
+    said = done.stderr.decode()
+    assert "Ray named no log file for it" in said and "Traceback" not in said
+    command = said.rsplit("evagg query logs ", 1)[1].split()
+    assert command == ["--worker", lake.worker], said
+    whole = evagg("query", "logs", "--data", str(lake.root), *command, "--tail", "2")
+    assert whole.returncode == 0, whole.stderr
+    assert whole.stdout.decode().endswith("".join(SMALL[-2:]))  # the file's last lines
 
 
 def test_an_actor_tasks_log_is_asked_of_its_actor_with_a_command_that_reads_the_lake(

@@ -63,6 +63,23 @@ def failed_event(task_hex: str, error_type: str, attempt: int = 0,
     }
 
 
+def submitted_event(task_hex: str, worker_hex: str, session: str = SESSION) -> dict[str, Any]:
+    """The owner's SUBMITTED_TO_WORKER, naming the worker: all a task whose worker then
+    died (os._exit) ever says of where it ran."""
+    return {
+        "eventId": _b64(os.urandom(28)), "sourceType": "CORE_WORKER",
+        "eventType": "TASK_LIFECYCLE_EVENT", "timestamp": "2026-11-29T12:05:23.095703647Z",
+        "severity": "INFO", "sessionName": session,
+        "taskLifecycleEvent": {
+            "taskId": _b64(bytes.fromhex(task_hex)),
+            "stateTransitions": [{"state": "SUBMITTED_TO_WORKER",
+                                  "timestamp": "2026-11-29T12:05:23.093545293Z"}],
+            "jobId": "AQAAAA==", "taskAttempt": 0, "workerPid": 0,
+            "nodeId": _b64(bytes.fromhex(NODE_HEX)), "workerId": _b64(bytes.fromhex(worker_hex))},
+        "nodeId": _b64(bytes.fromhex(NODE_HEX)), "message": "",
+    }
+
+
 def task_hex(n: int) -> str:
     return f"{n:016x}" + "ffffffffffffffff" + "01000000"
 
