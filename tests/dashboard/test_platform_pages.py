@@ -192,6 +192,14 @@ def test_the_ray_timeline_fills_the_width_with_lanes_named_by_ip_and_pid(ray_pag
     labels = (canvas.get_attribute("data-axis-labels") or "").split()
     assert labels and all(re.fullmatch(r"\d\d:\d\d:\d\d(\.\d+)?", t) for t in labels), labels
     assert labels[0].startswith("00:00:")  # the job's clock (it ran from midnight), not "0 µs"
+    # each tick is a whole step of UTC and says its own time (the job's first bar starts
+    # at a fraction of a second: ticks counted from it were labelled that much early)
+    ticks = [int(t) for t in (canvas.get_attribute("data-axis-ticks-us") or "").split()]
+    step_us = int(canvas.get_attribute("data-axis-step-us") or 0)
+    assert ticks and step_us and all(t % step_us == 0 for t in ticks), (ticks, step_us)
+    from datetime import UTC, datetime
+    said = [datetime.fromtimestamp(t / 1e6, UTC).strftime("%H:%M:%S.%f") for t in ticks]
+    assert all(s.startswith(label) for s, label in zip(said, labels, strict=True)), (said, labels)
     row_px = int(canvas.get_attribute("data-row-px") or 20)
     page.mouse.move(box["x"] + 20, box["y"] + 22 + row_px / 2)  # over the first lane's label
     tip = page.locator(".timeline-tip")

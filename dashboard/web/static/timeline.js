@@ -119,9 +119,14 @@ class TimelineView {
     ctx.fillStyle = "#6b7385";
     const step = niceStep((this.t1 - this.t0) / 8);
     let labelsEnd = 0, flipped = 0;
-    const shown = [];
-    for (let t = Math.ceil(this.t0 / step) * step; t <= this.t1; t += step) {
+    const shown = [], ticks = [];
+    // Ticks on whole steps of UTC (the one labelled 04:33:26 is that second), not whole
+    // steps from the job's first bar, which starts at some fraction of a second.
+    const stepUs = Math.round(step * 1000);
+    const phase = stepUs >= 1 ? (this.data.t0_us % stepUs) / 1000 : 0;
+    for (let t = Math.ceil((this.t0 + phase) / step) * step - phase; t <= this.t1; t += step) {
       const x = this.x(t);
+      ticks.push(Math.round(this.data.t0_us + t * 1000));
       ctx.beginPath();
       ctx.moveTo(x, AXIS - 4);
       ctx.lineTo(x, this.height);
@@ -140,6 +145,8 @@ class TimelineView {
     this.canvas.dataset.axisLabelsEnd = String(Math.ceil(labelsEnd));
     this.canvas.dataset.axisLabelsFlipped = String(flipped);
     this.canvas.dataset.axisLabels = shown.join(" ");
+    this.canvas.dataset.axisTicksUs = ticks.join(" ");
+    this.canvas.dataset.axisStepUs = String(stepUs);
   }
 
   hit(event) {
@@ -236,7 +243,7 @@ function laneTip(lane) {
 // The time of day (UTC) `ms` after the job's first bar (t0_us), with as many decimals as
 // a tick `stepMs` apart needs, and the date.
 function clockAt(t0us, ms, stepMs) {
-  const us = t0us + ms * 1000;
+  const us = Math.round(t0us + ms * 1000);  // a tick's sum may fall a hair short
   const iso = new Date(Math.floor(us / 1000)).toISOString();
   const digits = stepMs >= 1000 ? 0 : stepMs >= 1 ? 3 : 6;
   const micro = String(Math.floor(((us % 1e6) + 1e6) % 1e6)).padStart(6, "0");
