@@ -31,6 +31,7 @@ _EXCEPTION_HEAD = re.compile(r"^([A-Za-z_][\w.]*(?:\([\w.]+\))?)(?::(?:\s|$)|$)"
 # "Killed" or "Note: ..." from a death's prose.
 _EXCEPTION_NAME = re.compile(r"[.(]|(?:Error|Exception|Interrupt|Exit|Warning|Iteration)$")
 _BANNER = "User exception:"
+APPLICATION_ERROR = "TASK_EXECUTION_EXCEPTION"  # Ray's type for the task's own exception
 
 # Where each kind of death keeps its type and its text (camelCase, snake_case).
 _TYPE_KEYS = ("reason", "exitType", "exit_type", "errorType", "error_type")
@@ -51,7 +52,9 @@ def strip_ansi(text: str) -> str:
     return _ANSI.sub("", text)
 
 
-def parse_error_message(text: str) -> ParsedError:
+def parse_error_message(text: str, *, bare_heads: bool = True) -> ParsedError:
+    """The exception text, its class and the stack before it. Without a traceback, a
+    head that looks like a class counts only with `bare_heads`."""
     lines = strip_ansi(text).replace("\r\n", "\n").split("\n")
     while lines and not lines[-1].strip():
         lines.pop()
@@ -62,7 +65,8 @@ def parse_error_message(text: str) -> ParsedError:
     start, after_frames = _exception_start(lines)
     exception_text = "\n".join(lines[start:]).strip()
     match = _EXCEPTION_HEAD.match(exception_text)
-    if match is None or not (after_frames or _EXCEPTION_NAME.search(match.group(1))):
+    if match is None or not (after_frames or (bare_heads
+                                              and _EXCEPTION_NAME.search(match.group(1)))):
         return ParsedError("\n".join(lines).strip(), None, None)
     stack = "\n".join(lines[:start]).rstrip() or None
     return ParsedError(exception_text, match.group(1), stack)
@@ -91,7 +95,12 @@ def error_columns(error_type: Any, message: Any) -> dict[str, Any]:
         row["error_type"] = str(error_type)
     if not message:
         return row
-    parsed = parse_error_message(str(message))
+    # A worker's, node's or actor's death is grouped by Ray's type: its prose may start
+    # with a transport's error (`RpcError: Socket closed`), which names no exception of
+    # the task's, and would split one kind of death in two groups. Only a traceback
+    # names a class there.
+    bare_heads = str(error_type or "") in ("", APPLICATION_ERROR)
+    parsed = parse_error_message(str(message), bare_heads=bare_heads)
     row["error_message"] = parsed.message or None
     if parsed.stack_trace:
         row["stack_trace"] = parsed.stack_trace

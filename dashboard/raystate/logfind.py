@@ -18,14 +18,13 @@ import orjson
 from dashboard.lake.errors import NotFound
 from dashboard.lake.store import Store
 from dashboard.raystate.logarchive import LogArchive, StoredPiece
+from dashboard.raystate.schema import APPLICATION_ERROR
 from sinks.raylogs.layout import LogFile
 
 DEFAULT_LINES = 1000  # Ray's DEFAULT_LOG_LIMIT, also where Ray reads lines=0
 _ANSI = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")  # what Ray's filter_ansi_code removes
 _WORKER_FILE = re.compile(r"worker-([0-9a-f]+)-([0-9a-f]+)-(\d+)\.(out|err)")
 
-# The error of a FAILED the executor reported itself, having run the task to its end.
-EXECUTOR_ENDED = "TASK_EXECUTION_EXCEPTION"
 TASK_LOG_ROWS = """
 SELECT node_id, actor_id, worker_id, state, error_type, attrs['ray_task_log_info'] AS info
 FROM events_raw
@@ -168,7 +167,7 @@ def _task(store: Store, archive: LogArchive, session: str, ask: LogAsk) -> Found
     # next task's start in the file, or to the file's end.
     end_at: int | None = max(ends, default=start)
     reported = any(r["info"] and r["state"] != "RUNNING" for r in rows) or any(
-        r["state"] == "FINISHED" or r["error_type"] == EXECUTOR_ENDED for r in rows)
+        r["state"] == "FINISHED" or r["error_type"] == APPLICATION_ERROR for r in rows)
     if end_at is not None and end_at <= start and not reported:
         end_at = _next_start(store, session, name, ask.suffix, start)
     candidates = {f: p for f, p in archive.files(session, node or "_").items() if f.name == name}

@@ -12,6 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+# Ray's error type for a task's own exception: its worker lived to report it (every other
+# type is a death, a cancel or a dependency's loss, which Ray's owner reports).
+APPLICATION_ERROR = "TASK_EXECUTION_EXCEPTION"
+
 
 @dataclass(frozen=True, slots=True)
 class Column:

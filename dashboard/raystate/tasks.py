@@ -23,7 +23,7 @@ from dashboard.raystate.rows import (
     json_or,
     ms_floor,
 )
-from dashboard.raystate.schema import shape
+from dashboard.raystate.schema import APPLICATION_ERROR, shape
 from dashboard.raystate.sessions import only_tasks_of
 
 # ray.rpc.TaskStatus in enum order: Ray lists a task's events in this order and calls
@@ -309,5 +309,5 @@ def _error_text(row: dict[str, Any], events: list[dict[str, Any]]) -> str | None
     message, stack = last["error_message"] or "", last["stack_trace"]
     if not stack:
         return message
-    banner = "User exception:\n" if last["error_type"] == "TASK_EXECUTION_EXCEPTION" else ""
+    banner = "User exception:\n" if last["error_type"] == APPLICATION_ERROR else ""
     return f"{banner}{stack}\n{message}"

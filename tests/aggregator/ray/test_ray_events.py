@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 
 from aggregator.decode.normalize import Stamp, rows_to_batch
-from aggregator.ray.errors import parse_error_message
+from aggregator.ray.errors import error_columns, parse_error_message
 from aggregator.ray.events import (
     RayBodyError,
     RecentEventIds,
@@ -360,6 +360,23 @@ def test_profile_events_become_timed_rows() -> None:
 def test_parse_error_message(text: str, message: str, cls: str | None, stack: str | None) -> None:
     parsed = parse_error_message(text)
     assert (parsed.message, parsed.exception_class, parsed.stack_trace) == (message, cls, stack)
+
+
+@pytest.mark.parametrize(("error_type", "cls"), [
+    ("WORKER_DIED", None),  # a transport's error in a death's prose: grouped by Ray's type
+    ("NODE_DIED", None),
+    ("TASK_EXECUTION_EXCEPTION", "RpcError"),  # the task's own exception, if it is one
+])
+def test_a_death_is_grouped_by_its_type_not_by_a_head_in_its_prose(
+        error_type: str, cls: str | None) -> None:
+    """One kind of crash read as two error groups: a worker that died gave
+    `RpcError: RPC error: Socket closed rpc_code: 14` on its retry."""
+    row = error_columns(error_type, "RpcError: RPC error: Socket closed rpc_code: 14")
+    assert row.get("attrs", {}).get("exception_class") == cls
+    assert row["error_type"] == error_type
+    traced = error_columns("WORKER_DIED", "Traceback (most recent call last):\n"
+                                          '  File "x.py", line 1, in f\nMemoryError: big')
+    assert traced["attrs"]["exception_class"] == "MemoryError"  # a traceback names it
 
 
 def test_recent_event_ids_two_steps_and_bounded() -> None:
