@@ -14,7 +14,9 @@ import os
 import socket
 import stat
 import struct
+import sys
 from pathlib import Path
+from typing import Any
 
 from aggregator.decode.columns import ColumnsRefused
 from aggregator.ingest.frame_reader import FrameReader, StreamEnd
@@ -27,6 +29,14 @@ log = logging.getLogger("evagg.socket")
 
 _PEERCRED = struct.Struct("3i")
 LOGGED_REASON_CHARS = 200  # a reason quotes producer text: the log gets its start only
+
+
+# Python 3.13's asyncio unlinks a Unix server's socket file when the server closes. A
+# socket systemd handed over must outlive the agent (systemd keeps listening on it while
+# the agent restarts), and our own file stays until the next start replaces it, on every
+# Python alike: a producer that connects during a drain is told the agent is stopping.
+_KEEP_SOCKET_FILE: dict[str, Any] = (
+    {"cleanup_socket": False} if sys.version_info >= (3, 13) else {})
 
 
 class SocketIngest:
@@ -52,11 +62,13 @@ class SocketIngest:
         """Listen on our own socket file, or on one that systemd handed over."""
         loop = asyncio.get_running_loop()
         if inherited is not None:
-            self._server = await loop.create_unix_server(self._new_connection, sock=inherited)
+            self._server = await loop.create_unix_server(self._new_connection, sock=inherited,
+                                                         **_KEEP_SOCKET_FILE)
             return
         gid = group_id(self.group)  # before the socket exists: a bad group leaves no file
         prepare_socket_path(self.path)
-        self._server = await loop.create_unix_server(self._new_connection, path=str(self.path))
+        self._server = await loop.create_unix_server(self._new_connection, path=str(self.path),
+                                                     **_KEEP_SOCKET_FILE)
         apply_socket_permissions(self.path, self.mode, gid)
 
     async def stop_accepting(self) -> None:
