@@ -33,8 +33,8 @@ LOGGED_REASON_CHARS = 200  # a reason quotes producer text: the log gets its sta
 
 # Python 3.13's asyncio unlinks a Unix server's socket file when the server closes. A
 # socket systemd handed over must outlive the agent (systemd keeps listening on it while
-# the agent restarts), and our own file stays until the next start replaces it, on every
-# Python alike: a producer that connects during a drain is told the agent is stopping.
+# the agent restarts); our own the agent removes at its very end, after the drain, on
+# every Python alike: a producer that connects during a drain is told it is stopping.
 _KEEP_SOCKET_FILE: dict[str, Any] = (
     {"cleanup_socket": False} if sys.version_info >= (3, 13) else {})
 
