@@ -15,7 +15,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from aggregator.config.files import WatchedFiles, files_warnings, parse_files
 from aggregator.config.sinks import SinkConfig, default_sink, parse_sinks
@@ -33,6 +33,7 @@ from aggregator.config.values import (
     string,
 )
 from emitters import paths
+from emitters.handoff import Settings
 from sinks.locations import is_loopback_host
 from sinks.units import (
     parse_bool,
@@ -292,6 +293,9 @@ def _build(
     return config
 
 
+PRODUCER_FRAME_BYTES: Final = Settings().max_frame_bytes  # the library's default frame
+
+
 def frame_room_problems(config: AgentConfig) -> list[str]:
     """The spool must hold the largest frame a producer may send, with room to spare."""
     frame = config.max_frame_bytes
@@ -299,10 +303,13 @@ def frame_room_problems(config: AgentConfig) -> list[str]:
     for key, have, times, words in (("max_bytes", config.spool_max_bytes, 8, "eight times"),
                                     ("segment_bytes", config.spool_segment_bytes, 2, "twice")):
         if have < times * frame:
+            # a smaller max_frame is a way out only where producers' frames still fit
+            smaller = (f", or agent.max_frame to at most {size_text(have // times)}"
+                       if have // times >= PRODUCER_FRAME_BYTES else "")
             problems.append(
                 f"spool.{key}: {size_text(have)} is less than {words} agent.max_frame "
-                f"({size_text(frame)}): set spool.{key} to at least {size_text(times * frame)}, "
-                f"or agent.max_frame to at most {size_text(have // times)}")
+                f"({size_text(frame)}): set spool.{key} to at least "
+                f"{size_text(times * frame)}{smaller}")
     return problems
 
 

@@ -55,7 +55,7 @@ BAD = {
     "segment too small for a frame": (
         "[agent]\nmax_frame = '1MiB'\n[spool]\nsegment_bytes = '1536KiB'\n",
         "spool.segment_bytes: 1536KiB is less than twice agent.max_frame (1MiB): set "
-        "spool.segment_bytes to at least 2MiB, or agent.max_frame to at most 768KiB"),
+        "spool.segment_bytes to at least 2MiB"),
     "bad fsync": ("[spool]\nfsync = 'sometimes'\n", "spool.fsync"),
     "bad mode": ("[agent]\nsocket_mode = '999'\n", "agent.socket_mode"),
     "bad listen": ("[agent]\nhttp_listen = 'nowhere'\n", "agent.http_listen"),
@@ -337,3 +337,13 @@ def test_a_bad_value_from_the_environment_names_its_variable(tmp_path: Path) -> 
     with pytest.raises(ConfigError) as caught:
         load_config(write(tmp_path, "[agent]\nhttp_listen = 'nowhere'\n"), env={})
     assert str(caught.value).startswith("agent.http_listen: ")
+
+
+def test_a_smaller_max_frame_is_offered_only_where_producers_frames_still_fit(
+        tmp_path: Path) -> None:
+    """768KiB (or 0, for a spool of a few bytes) would refuse the library's 1MiB frames."""
+    for spool in ("[agent]\nmax_frame = '1MiB'\n[spool]\nsegment_bytes = '1536KiB'\n",
+                  "[spool]\nmax_bytes = '100'\n"):
+        with pytest.raises(ConfigError) as refused:
+            load_config(write(tmp_path, spool), env={})
+        assert "agent.max_frame to at most" not in str(refused.value), str(refused.value)
