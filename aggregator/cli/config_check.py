@@ -47,6 +47,19 @@ def load_checked(path: Path | None, overrides: dict[str, object]) -> AgentConfig
     return config
 
 
+def bucket_warnings_beside(problems: Sequence[str], sinks: Sequence[SinkConfig]) -> list[str]:
+    """What each S3 sink's bucket answers now (store_access.py), for the sinks no problem
+    names: a config with an error elsewhere still says its bucket is missing."""
+    from aggregator.cli.store_access import s3_access_warnings
+
+    named = {found.group(0) for found in map(_SINK_INDEX.match, problems) if found}
+    return [warning for warning in s3_access_warnings(sinks)
+            if (found := _SINK_INDEX.match(warning)) is None or found.group(0) not in named]
+
+
+_SINK_INDEX = re.compile(r"sinks\[\d+\]")
+
+
 def warnings_beside(problems: Sequence[str], config: AgentConfig | None) -> list[str]:
     """`config_warnings` of a config that also has problems, less those about a key a
     problem already names (a token file that cannot be read is not "no token")."""

@@ -177,21 +177,22 @@ def _add_check_config(commands: Parsers) -> None:
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    from aggregator.cli.config_check import warnings_beside
+    from aggregator.cli.config_check import bucket_warnings_beside, warnings_beside
     from aggregator.config import ConfigError, config_warnings
 
     as_log = args.log_format == "json"
     try:
         config = load_from_args(args)
     except ConfigError as exc:
-        for warning in warnings_beside(exc.problems, exc.partial):  # warnings always
+        warnings = warnings_beside(exc.problems, exc.partial)  # warnings always
+        if exc.partial is not None and not args.offline:
+            warnings += bucket_warnings_beside(exc.problems, exc.partial.sinks)
+        for warning in warnings:
             _say(f"config warning: {warning}", as_log, logging.WARNING)
         return _print_problems(exc, as_log)
     warnings = config_warnings(config)
     if not args.offline:
-        from aggregator.cli.store_access import s3_access_warnings
-
-        warnings += s3_access_warnings(config.sinks)
+        warnings += bucket_warnings_beside([], config.sinks)
     for warning in warnings:
         _say(f"config warning: {warning}", as_log, logging.WARNING)
     print(f"config OK: node {config.node_id}, socket {config.socket}, "

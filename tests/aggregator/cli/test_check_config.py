@@ -93,6 +93,12 @@ def test_an_s3_sink_s_bucket_is_tried_with_the_agent_s_credentials(tmp_path: Pat
         keyless = evagg("check-config", "--config", str(present), env=no_keys)
         assert keyless.returncode == 0 and "(s3_no_credentials)" in keyless.stderr, \
             keyless.stderr
+        # an error elsewhere in the config: the bucket is still looked at, and said
+        broken = config(tmp_path, f'state_dir = "{tmp_path}/state"\ndrain_timeout = "soon"',
+                        s3_sink("no-such-bucket"))
+        both = evagg("check-config", "--config", str(broken), env=aws_env())
+        assert both.returncode == 2 and "agent.drain_timeout" in both.stderr, both.stderr
+        assert "cannot list s3://no-such-bucket/evagg/ (s3_no_such_bucket)" in both.stderr
     finally:
         moto.stop()
 
