@@ -73,7 +73,8 @@ def add_tail_parser(commands: Parsers) -> None:
     tail.add_argument("--limit", type=int, default=0,
                       help="stop after this many events (default: follow until Ctrl-C)")
     tail.add_argument("--token-file", type=Path,
-                      help="a file holding the agent's token, when it has http_token_file")
+                      help="a file holding the agent's token, when it has http_token_file "
+                           "(default: the http_token_file of --config or $EVAGG_CONFIG)")
     tail.set_defaults(command=run_tail)
 
 
@@ -86,9 +87,11 @@ def run_tail(args: argparse.Namespace) -> int:
         print(f"evagg tail: {exc}", file=sys.stderr)
         return 2
     try:
-        headers = _bearer(args.token_file)
+        token_file = args.token_file or _configured_token_file(args.config)
+        headers = _bearer(token_file)
     except OSError as exc:
-        print(f"evagg tail: cannot read the token file: {exc.strerror}", file=sys.stderr)
+        print(f"evagg tail: cannot read the token file {token_file}: {exc.strerror}",
+              file=sys.stderr)
         return 2
     shown = 0
     try:
@@ -109,6 +112,17 @@ def run_tail(args: argparse.Namespace) -> int:
         print(cannot_reach("tail", url, exc), file=sys.stderr)
         return 1
     return 0
+
+
+def _configured_token_file(config: Path | None) -> Path | None:
+    """The agent's http_token_file, when its config can be read (else none: the agent
+    says 401, and the hint names --token-file)."""
+    from aggregator.config import ConfigError, configured_token_file
+
+    try:
+        return configured_token_file(config)
+    except ConfigError:
+        return None
 
 
 def _bearer(token_file: Path | None) -> dict[str, str]:

@@ -9,6 +9,7 @@ from aggregator.config.agent_config import (
     configured_http_listen,
     configured_lakes,
     configured_socket,
+    configured_token_file,
     load_config,
 )
 
@@ -21,5 +22,6 @@ __all__ = [
     "configured_http_listen",
     "configured_lakes",
     "configured_socket",
+    "configured_token_file",
     "load_config",
 ]

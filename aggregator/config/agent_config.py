@@ -161,6 +161,15 @@ def configured_socket(path: Path | None = None,
     return str(Path(socket).expanduser()) if isinstance(socket, str) and socket else None
 
 
+def configured_token_file(path: Path | None = None,
+                          env: Mapping[str, str] | None = None) -> Path | None:
+    """The agent's http_token_file from the same file and variables, for `evagg tail`:
+    the client sends the token the agent wants; None when it wants none."""
+    agent, _ = _client_agent_table(path, env)
+    token = agent.get("http_token_file")
+    return Path(token).expanduser() if isinstance(token, str) and token else None
+
+
 def configured_lakes(path: Path | None = None,
                      env: Mapping[str, str] | None = None) -> tuple[SinkConfig, ...]:
     """The Parquet sinks of --config or $EVAGG_CONFIG (no [[sinks]]: the embedded

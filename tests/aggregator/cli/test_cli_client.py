@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -148,6 +149,22 @@ def test_tail_reads_http_listen_from_evagg_config(agent: AgentProcess) -> None:
     out, err = tail.communicate(timeout=30)
     assert tail.returncode == 0, err
     assert orjson.loads(out.splitlines()[0])["name"] == "via-config"
+
+
+def test_tail_sends_the_token_the_agent_s_config_names(
+        agent_factory: Callable[..., AgentProcess], tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cr3t-for-tail\n")
+    agent = agent_factory(agent_toml=f'http_token_file = "{token}"').start()
+    tail = subprocess.Popen([sys.executable, "-m", "aggregator", "tail", "--json", "--limit", "1",
+                             "--kind", "task", "--config", str(agent.config_path)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=client_env())
+    wait_tail_connected(tail)
+    assert evagg("emit", "--socket", str(agent.socket_path), "--name", "tokened").returncode == 0
+    out, err = tail.communicate(timeout=30)
+    assert tail.returncode == 0, err
+    assert orjson.loads(out.splitlines()[0])["name"] == "tokened"
 
 
 def test_emit_finds_the_agent_s_socket_in_its_config(agent: AgentProcess) -> None:
