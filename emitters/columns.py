@@ -199,6 +199,8 @@ def _fixed(name: str, kind: str, values: list[Any]) -> bytes:
         raise NotColumnar(f"{name}: not finite")  # the agent rejects such an event
     if kind == "timestamp_ns" and min(packed) < EARLIEST_TIME_NS:
         raise NotColumnar(f"{name}: before 1973")  # another unit's: the agent says which
+    if name == "duration_s" and min(packed) < 0:
+        raise NotColumnar(f"{name}: negative")  # the agent refuses such an event
     return _little_endian(packed)
 
 

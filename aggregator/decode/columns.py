@@ -256,6 +256,9 @@ def _check_values(columns: dict[str, pa.Array]) -> None:
     duration = columns.get("duration_s")
     if duration is not None and not _finite(duration):
         raise ColumnsRefused("duration_s", "a value that is not finite")
+    if duration is not None and duration.null_count < len(duration) \
+            and pc.min(duration).as_py() < 0:
+        raise ColumnsRefused("duration_s", "a negative value")
     metrics = columns.get("metrics")
     if metrics is not None and not _finite(metrics.items):
         raise ColumnsRefused("metrics", "a value that is not finite (send its name in "

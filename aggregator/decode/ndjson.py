@@ -214,8 +214,11 @@ def _check_scalars(columns: dict[str, pa.Array]) -> None:
     time = columns["time"]
     if time.null_count != len(time) and pc.min(time).as_py() < EARLIEST_TIME_NS:
         raise BulkRefused("time_range")
-    if not _all_finite(columns["duration_s"]):
+    duration = columns["duration_s"]
+    if not _all_finite(duration):
         raise BulkRefused("duration_nonfinite")  # the reader accepts NaN and Infinity
+    if duration.null_count != len(duration) and pc.min(duration).as_py() < 0:
+        raise BulkRefused("duration_negative")
     if columns["nonfinite"].flatten().null_count:
         raise BulkRefused("nonfinite_null")
 

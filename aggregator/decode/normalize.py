@@ -156,6 +156,8 @@ def _convert(key: str, value: Any) -> Any:
     if key == "duration_s":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise EventError(f"field 'duration_s' must be a number, got {type(value).__name__}")
+        if value < 0:
+            raise EventError(f"field 'duration_s' must not be negative, got {value}")
         return float(value)
     if key == "time":
         return _time_ns(value)

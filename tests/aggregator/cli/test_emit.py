@@ -146,3 +146,28 @@ def test_a_time_in_seconds_is_refused_at_every_door_with_the_unit_it_looks_like(
     agent.stop()
     assert agent.query("SELECT name, count(*), min(epoch(time)) FROM events "
                        "WHERE kind = 'task' GROUP BY name") == [("good", 3, SECONDS)]
+
+
+def test_a_negative_duration_is_refused_at_every_door(agent: AgentProcess) -> None:
+    """A negative duration_s is a producer's bug; stored, it pulled every quantile down."""
+    from emitters import Emitter
+
+    refused = "field 'duration_s' must not be negative, got -5"
+    flag = evagg("emit", "--socket", str(agent.socket_path), "--name", "x",
+                 "--field", "duration_s=-5")
+    assert flag.returncode == 2 and refused in flag.stderr, flag.stderr
+    body = b'{"kind": "task", "name": "back", "duration_s": -5}\n{"kind": "task", "name": "ok"}\n'
+    request = urllib.request.Request(f"{agent.http_url}/v1/events", data=body, method="POST")
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert orjson.loads(answer.read())["errors"] == [f"event 0: {refused}"]
+    library = Emitter(socket=agent.socket_path)
+    try:
+        library.emit(kind="task", name="back", duration_s=-5.0)
+        library.emit(kind="task", name="ok", duration_s=5.0)
+        assert not library.flush(30)
+        assert library.stats().refused == {f"{refused}.0": 1}
+    finally:
+        library.close(5.0)
+    agent.stop()
+    assert agent.query("SELECT name, count(*) FROM events WHERE kind = 'task' "
+                       "GROUP BY name") == [("ok", 2)]

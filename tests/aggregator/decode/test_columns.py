@@ -219,6 +219,9 @@ HOSTILE = {
         [TIME_1, KIND_1, table_entry("metrics", "map_string_float64", 1, [0, 8, 8, 1, 8])],
         [*BUFFERS_1, b"", struct.pack("<ii", 0, 1), struct.pack("<ii", 0, 1), b"a",
          struct.pack("<d", math.nan)], "not finite"),
+    "a negative duration": (
+        [TIME_1, KIND_1, table_entry("duration_s", "float64", 1, [0, 8])],
+        [*BUFFERS_1, b"", struct.pack("<d", -5.0)], "'duration_s': a negative value"),
     "negative time": ([TIME_1, KIND_1], [b"", struct.pack("<q", -5), *BUFFERS_1[2:]],
                       "before 1973"),
     "a time in seconds": ([TIME_1, KIND_1], [b"", struct.pack("<q", 1_765_000_000),

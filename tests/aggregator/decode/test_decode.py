@@ -31,6 +31,7 @@ STAMP = Stamp(
 INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)
 FINITE = st.floats(allow_nan=False, allow_infinity=False)
+DURATION = st.floats(min_value=0, allow_nan=False, allow_infinity=False)  # never negative
 TEXT = st.text(max_size=12)
 STRING_FIELDS = [
     n for n, t in EVENT_FIELDS.items() if t == "string" and n not in ("event_id", "kind")
@@ -63,7 +64,7 @@ def emitter_event(draw: st.DrawFn) -> dict[str, Any]:
         "time": draw(optional(st.integers(EARLIEST_TIME_NS, 2**63 - 1))),
         "attempt": draw(optional(INT32)),
         "step": draw(optional(INT64)),
-        "duration_s": draw(optional(FINITE)),
+        "duration_s": draw(optional(DURATION)),
         "metrics": draw(optional(st.dictionaries(TEXT, FINITE | INT64, max_size=4))),
         "nonfinite": draw(optional(st.lists(TEXT, max_size=3))),
         "attrs": draw(optional(st.dictionaries(TEXT, TEXT | ISO_TEXT, max_size=4))),
@@ -223,6 +224,7 @@ def test_bad_lines_are_rejected_with_reasons_and_good_lines_kept() -> None:
         (b'{"kind": "a", "ratio": 0.5}\n', "attr_type"),
         (b'{"kind": "a", "metrics": {"loss": "high"}}\n', "metric_type"),
         (b'{"kind": "a", "duration_s": Infinity}\n', "duration_nonfinite"),
+        (b'{"kind": "a", "duration_s": -5}\n', "duration_negative"),
         (b'{"kind": "a", "nonfinite": ["x", null]}\n', "nonfinite_null"),
         (b'{"kind": "", "name": "empty kind"}\n', "kind_missing"),
         (b'{"kind": "a", "time": -1}\n', "time_range"),
@@ -335,7 +337,7 @@ def uniform_frame(draw: st.DrawFn) -> list[dict[str, Any]]:
         event["metrics"] = {name: draw(FINITE | INT64) for name in names}
         for field in draw(st.lists(st.sampled_from(STRING_FIELDS), max_size=3, unique=True)):
             event[field] = draw(TEXT | ISO_TEXT)
-        event["duration_s"] = draw(st.integers(0, 2**64 - 1) | FINITE)
+        event["duration_s"] = draw(st.integers(0, 2**64 - 1) | DURATION)
         events.append(event)
     return events
 
