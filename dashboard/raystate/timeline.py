@@ -203,6 +203,11 @@ def write_trace(store: Store, session: str | None, job: str, out: str) -> dict[s
     with open(out, "w", encoding="utf-8") as handle:
         json.dump(events, handle)
     slices = [e for e in events if e["ph"] == "X"]
+    attempts = {(r["task_id"], r["attempt"]) for r in store.execute(
+        TASKS, {"session": chosen, "job": job}, views=False).records()}
+    drawn = {(e["args"]["task_id"], e["args"].get("attempt_number")) for e in slices}
     return {"file": out, "session": chosen, "job": job or "(every job)",
             "slices": len(slices), "tasks": len({e["args"]["task_id"] for e in slices}),
-            "tracks": sum(e["name"] == "thread_name" for e in events)}
+            "tracks": sum(e["name"] == "thread_name" for e in events),
+            # never started on a worker, or its worker died before saying so: no slice
+            "attempts_not_drawn": len(attempts - drawn)}

@@ -50,6 +50,27 @@ def test_each_attempt_is_a_slice_on_its_worker_s_track(
     assert {(e["pid"], e["tid"]) for e in slices} <= set(threads)
 
 
+def test_attempts_that_never_ran_are_counted_as_not_drawn(
+        ray_lake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An attempt whose worker died before its RUNNING went out has no slice: the command
+    says how many, where `tasks` alone read as if some were lost."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    (part,) = ray_lake.glob("date=*/hour=*/node=*/tasks-*.parquet")
+    table = pq.read_table(part)
+    first = table.column("task_id")[0]
+    ran = pc.and_(pc.equal(table.column("task_id"), first),
+                  pc.is_in(table.column("state"), pa.array(["RUNNING", "FINISHED", "FAILED"])))
+    pq.write_table(table.filter(pc.invert(ran)), part)
+    code, shown, err = timeline(capsys, "--data", str(ray_lake), "--job", JOB,
+                                "--out", str(tmp_path / "trace.json"), "--json")
+    assert code == 0, err
+    (written,) = json.loads(shown)
+    assert (written["tasks"], written["attempts_not_drawn"]) == (TASKS - 1, 1), written
+
+
 def test_a_session_or_file_that_cannot_be_used_is_said_so(
         ray_lake: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = timeline(capsys, "--data", str(ray_lake), "--session", "session_1999",
