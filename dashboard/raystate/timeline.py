@@ -155,13 +155,14 @@ def lanes(store: Store, session: str, job: str) -> dict[str, Any]:
     states: dict[str, int] = {}
     cols: dict[str, list[Any]] = defaultdict(list)
     timed = [r for r in rows if (r["start_us"] or r["queued_us"]) is not None]
-    keys = sorted({(r["node_id"] or "", r["worker_id"] or "") for r in timed})
+    worker_of = _workers_by_pid(timed)
+    keys = sorted({_lane_key(r, worker_of) for r in timed})
     lane_of = {key: index for index, key in enumerate(keys)}  # by node, then worker
     t0 = min((r["start_us"] or r["queued_us"] for r in timed), default=0)
     for r in timed:
         start = r["start_us"] or r["queued_us"]
         end = r["end_us"] or start
-        key = (r["node_id"] or "", r["worker_id"] or "")
+        key = _lane_key(r, worker_of)
         cols["lane"].append(lane_of[key])
         cols["start"].append(round((start - t0) / 1000, 3))
         cols["dur"].append(round(max(end - start, 0) / 1000, 3))
@@ -174,6 +175,25 @@ def lanes(store: Store, session: str, job: str) -> dict[str, Any]:
             "names": list(names), "states": list(states), "bars": dict(cols),
             "count": len(timed), "untimed": len(rows) - len(timed),
             "cut_from": total}
+
+
+def _workers_by_pid(rows: list[dict[str, Any]]) -> dict[tuple[str, int], str]:
+    """(node, pid) -> worker id, from the attempts that name both."""
+    found: dict[tuple[str, int], str] = {}
+    for r in rows:
+        if r["worker_id"] and r["pid"] is not None:
+            found.setdefault((r["node_id"] or "", int(r["pid"])), r["worker_id"])
+    return found
+
+
+def _lane_key(row: dict[str, Any], worker_of: dict[tuple[str, int], str]) -> tuple[str, str]:
+    """An attempt's lane: its worker's. An actor's creation task names no worker (Ray's
+    events give it none) but its pid, which names the worker that ran the actor's
+    methods: the same lane, not one more labelled with the same pid."""
+    node, worker = row["node_id"] or "", row["worker_id"] or ""
+    if not worker and row["pid"] is not None:
+        worker = worker_of.get((node, int(row["pid"])), "")
+    return node, worker
 
 
 def _named_lanes(store: Store, session: str, keys: list[tuple[str, str]],

@@ -97,3 +97,16 @@ def test_a_job_as_the_summary_names_it_and_a_job_with_no_tasks(
     code, _, err = timeline(capsys, "--data", str(ray_lake), "--job", f"{JOB}@{SESSION}",
                             "--session", "session_1999", "--out", str(missing))
     assert code == 2 and f"names session {SESSION}, not session_1999" in err, err
+
+
+def test_an_actor_creation_task_shares_the_lane_of_the_worker_with_its_pid() -> None:
+    """Ray's events name no worker for an actor's creation task, only its pid: it goes on
+    the lane of the worker with that pid on its node, not a second lane of the same pid."""
+    from dashboard.raystate.timeline import _lane_key, _workers_by_pid
+
+    method = {"node_id": "n1", "worker_id": "w1", "pid": 22112}
+    creation = {"node_id": "n1", "worker_id": None, "pid": 22112}
+    elsewhere = {"node_id": "n2", "worker_id": None, "pid": 22112}  # another node's pid
+    workers = _workers_by_pid([method, creation, elsewhere])
+    assert _lane_key(creation, workers) == _lane_key(method, workers) == ("n1", "w1")
+    assert _lane_key(elsewhere, workers) == ("n2", "")
