@@ -281,6 +281,9 @@ def test_the_agents_page_shows_a_restart_and_a_heartbeat_gap(page: Page) -> None
     stopped = page.locator("table.grid tbody tr", has_text="nodeS")  # stopped, not lost
     expect(stopped.locator("td[data-col=state]")).to_have_text("stopped")
     expect(stopped.locator("td[data-col=state] .error-text")).to_have_count(0)
+    # its last beat was written as it began to stop, before its drain: said so
+    expect(stopped.locator("td[data-col=spool_bytes]")).to_contain_text("at stop")
+    assert not quiet.locator("td[data-col=spool_bytes]").inner_text().endswith("at stop")
 
 
 def test_evagg_query_agents_prints_counts_as_integers(lake: Path) -> None:

@@ -417,6 +417,15 @@ function agentState(row) {
     + ended }, "silent: taken for dead");
 }
 
+// A stopped agent's last heartbeat was written as it began to stop, before it delivered
+// what its spool held: say so, rather than read as data left behind.
+function spoolCell(row) {
+  if (row.state !== "STOPPING") return fmtBytes(row.spool_bytes);
+  return h("span", { class: "muted", title: "the spool as the agent began to stop, before it "
+    + "delivered what it held; its last log line says whether everything went" },
+  `${fmtBytes(row.spool_bytes)} at stop`);
+}
+
 // A restart is a heartbeat of another agent process: the counters shown are the new
 // agent's, so say when it restarted.
 function restartsCell(row) {
@@ -448,7 +457,7 @@ export async function agents() {
   (row, c) => c.key === "last_seen" ? `${fmtTime(row.last_seen)} (${fmtDur((now - Date.parse(row.last_seen)) / 1000)} ago)`
     : c.key === "state" ? agentState(row)
     : c.key === "restarts" ? restartsCell(row) : c.key === "longest_gap_s" ? gapCell(row)
-    : c.key === "spool_bytes" ? fmtBytes(row.spool_bytes) : c.key === "lost_events" && row.lost_events ? h("span", { class: "error-text" }, fmtNum(row.lost_events))
+    : c.key === "spool_bytes" ? spoolCell(row) : c.key === "lost_events" && row.lost_events ? h("span", { class: "error-text" }, fmtNum(row.lost_events))
       : typeof row[c.key] === "number" ? fmtNum(row[c.key]) : row[c.key] ?? "")
     : noAgents();
   const lossTable = data.losses.rows.length ? table([{ key: "time", label: "time" }, { key: "node_id", label: "node" },
