@@ -18,6 +18,20 @@ def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode()
 
 
+def lifecycle_event(task_hex: str, fields: dict[str, Any], session: str = SESSION,
+                    stamp: str = "2026-11-29T12:05:23.095703647Z") -> dict[str, Any]:
+    """A TASK_LIFECYCLE_EVENT of `task_hex` with `fields` in its payload, as Ray 2.60
+    posts it."""
+    return {
+        "eventId": _b64(os.urandom(28)), "sourceType": "CORE_WORKER",
+        "eventType": "TASK_LIFECYCLE_EVENT", "timestamp": stamp,
+        "severity": "INFO", "sessionName": session,
+        "taskLifecycleEvent": {"taskId": _b64(bytes.fromhex(task_hex)), "jobId": "AQAAAA==",
+                               **fields},
+        "nodeId": _b64(bytes.fromhex(NODE_HEX)), "message": "",
+    }
+
+
 def running_event(task_hex: str, stdout: str, stderr: str, start: int = 0,
                   attempt: int = 0, session: str = SESSION,
                   ends: tuple[int, int] | None = None,
@@ -28,56 +42,33 @@ def running_event(task_hex: str, stdout: str, stderr: str, start: int = 0,
     out_end, err_end = ends or (start, err_start)
     transitions = [] if ends else [{"state": "RUNNING",
                                     "timestamp": "2026-11-29T12:05:23.094021037Z"}]
-    return {
-        "eventId": _b64(os.urandom(28)), "sourceType": "CORE_WORKER",
-        "eventType": "TASK_LIFECYCLE_EVENT", "timestamp": "2026-11-29T12:05:23.095703647Z",
-        "severity": "INFO", "sessionName": session,
-        "taskLifecycleEvent": {
-            "taskId": _b64(bytes.fromhex(task_hex)),
-            "stateTransitions": transitions,
-            "workerPid": 6525, "jobId": "AQAAAA==",
-            "taskLogInfo": {"stdoutFile": stdout, "stderrFile": stderr,
-                            "stdoutStart": str(start), "stdoutEnd": str(out_end),
-                            "stderrStart": str(err_start), "stderrEnd": str(err_end)},
-            "taskAttempt": attempt, "nodeId": "", "workerId": ""},
-        "nodeId": _b64(bytes.fromhex(NODE_HEX)), "message": "",
-    }
+    return lifecycle_event(task_hex, {
+        "stateTransitions": transitions, "workerPid": 6525,
+        "taskLogInfo": {"stdoutFile": stdout, "stderrFile": stderr,
+                        "stdoutStart": str(start), "stdoutEnd": str(out_end),
+                        "stderrStart": str(err_start), "stderrEnd": str(err_end)},
+        "taskAttempt": attempt, "nodeId": "", "workerId": ""}, session)
 
 
 def failed_event(task_hex: str, error_type: str, attempt: int = 0,
                  session: str = SESSION) -> dict[str, Any]:
     """The executor's (TASK_EXECUTION_EXCEPTION) or the owner's (WORKER_DIED) FAILED, with
     no log info, as Ray 2.60 sends them."""
-    return {
-        "eventId": _b64(os.urandom(28)), "sourceType": "CORE_WORKER",
-        "eventType": "TASK_LIFECYCLE_EVENT", "timestamp": "2026-11-29T12:05:23.097083830Z",
-        "severity": "INFO", "sessionName": session,
-        "taskLifecycleEvent": {
-            "taskId": _b64(bytes.fromhex(task_hex)),
-            "stateTransitions": [{"state": "FAILED",
-                                  "timestamp": "2026-11-29T12:05:23.097083830Z"}],
-            "rayErrorInfo": {"errorType": error_type,
-                             "errorMessage": "User exception:\nValueError: raised"},
-            "jobId": "AQAAAA==", "taskAttempt": attempt, "workerPid": 0},
-        "nodeId": _b64(bytes.fromhex(NODE_HEX)), "message": "",
-    }
+    return lifecycle_event(task_hex, {
+        "stateTransitions": [{"state": "FAILED", "timestamp": "2026-11-29T12:05:23.097083830Z"}],
+        "rayErrorInfo": {"errorType": error_type,
+                         "errorMessage": "User exception:\nValueError: raised"},
+        "taskAttempt": attempt, "workerPid": 0}, session, "2026-11-29T12:05:23.097083830Z")
 
 
 def submitted_event(task_hex: str, worker_hex: str, session: str = SESSION) -> dict[str, Any]:
     """The owner's SUBMITTED_TO_WORKER, naming the worker: all a task whose worker then
     died (os._exit) ever says of where it ran."""
-    return {
-        "eventId": _b64(os.urandom(28)), "sourceType": "CORE_WORKER",
-        "eventType": "TASK_LIFECYCLE_EVENT", "timestamp": "2026-11-29T12:05:23.095703647Z",
-        "severity": "INFO", "sessionName": session,
-        "taskLifecycleEvent": {
-            "taskId": _b64(bytes.fromhex(task_hex)),
-            "stateTransitions": [{"state": "SUBMITTED_TO_WORKER",
-                                  "timestamp": "2026-11-29T12:05:23.093545293Z"}],
-            "jobId": "AQAAAA==", "taskAttempt": 0, "workerPid": 0,
-            "nodeId": _b64(bytes.fromhex(NODE_HEX)), "workerId": _b64(bytes.fromhex(worker_hex))},
-        "nodeId": _b64(bytes.fromhex(NODE_HEX)), "message": "",
-    }
+    return lifecycle_event(task_hex, {
+        "stateTransitions": [{"state": "SUBMITTED_TO_WORKER",
+                              "timestamp": "2026-11-29T12:05:23.093545293Z"}],
+        "taskAttempt": 0, "workerPid": 0, "nodeId": _b64(bytes.fromhex(NODE_HEX)),
+        "workerId": _b64(bytes.fromhex(worker_hex))}, session)
 
 
 def task_hex(n: int) -> str:
