@@ -46,4 +46,3 @@ def apply_config_lake(args: argparse.Namespace) -> None:
         value = lake.options.get(option)
         if isinstance(value, str) and value and not getattr(args, option, None):
             setattr(args, option, value)
-
