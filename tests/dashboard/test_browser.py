@@ -173,6 +173,9 @@ def test_a_failure_without_an_error_type_is_among_the_failures_by_error(
     expect(mute.locator("a.count-link").first).to_have_text("1")
     counts = section.locator("table.grid tbody tr td:nth-child(2)").all_inner_texts()
     assert sum(int(n) for n in counts) == 5  # the error rows add up to the failures
+    # the error groups hold failures only: no columns of states none of them is in
+    heads = section.locator("table.grid thead th").all_inner_texts()
+    assert "failed" in heads and not {"pending", "submitted", "running", "finished"} & set(heads)
     mute.locator("a.count-link").first.click()  # the failure itself, not every task
     expect(page.locator("table.grid tbody tr")).to_have_count(1)
     expect(page.locator("table.grid tbody tr")).to_contain_text("mute")

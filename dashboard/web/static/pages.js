@@ -86,10 +86,13 @@ function groupTable(by, rows) {
   // their own where there are any, so that a row's states add up to its tasks.
   const otherOf = (row) => row.tasks - STATES.reduce((n, st) => n + (row[st.toLowerCase()] || 0), 0);
   const others = rows.some((row) => otherOf(row) > 0);
+  // A state no row of this table holds is no column (the error groups hold failures
+  // only: four columns of 0 pushed the durations off a 1280 px page).
+  const held = STATES.filter((st) => rows.some((row) => (row[st.toLowerCase()] || 0) > 0));
   const columns = [
     { key: "value", label: DIMENSIONS[by] || by, cls: "clip name" },
     { key: "tasks", label: "tasks", num: true },
-    ...STATES.map((st) => ({ key: st.toLowerCase(), label: st.toLowerCase(), num: true, state: st })),
+    ...held.map((st) => ({ key: st.toLowerCase(), label: st.toLowerCase(), num: true, state: st })),
     ...(others ? [{ key: "other", label: "other", num: true, head: h("span", { title: "in a state of their own (UNKNOWN in the task table)" }, "other") }] : []),
     { key: "hist", label: "durations (log scale)" },
     { key: "p50_s", label: "p50", num: true }, { key: "p90_s", label: "p90", num: true },
