@@ -10,8 +10,10 @@
 
 Per step it emits `op` events `forward`, `backward` and `optimizer_step` (durations summed
 over the step's calls) and one `train_step` event with the step's wall time, data-loader
-wait, the metrics and, on CUDA, peak memory. A step ends at the first forward or loader
-`next()` after an optimizer step, or at `tracker.step()`. On CUDA, durations are timed
+wait, the metrics and, on CUDA, peak memory. The first step starts at its first loader
+wait, op or metric; a step ends at the first forward or loader `next()` after an
+optimizer step, or at `tracker.step()` (`step(error=exc)`: an exception the loop caught
+and went on from ends it FAILED). On CUDA, durations are timed
 with CUDA events and metric tensors copied without blocking; a step is emitted once its
 last event has completed (polled with `query()` at later step boundaries), so the hot path
 never synchronizes. A step that raises (the tracker's `with` block, or `close(error=exc)`)
@@ -79,6 +81,9 @@ class TrainingTracker:
         self._pending: deque[_Step] = deque()
         self._max_pending = max_pending_steps
         self._step = _Step(int(start_step), self._mark())
+        # The first step starts at its first loader wait, op or metric, not here: a model
+        # or checkpoint loaded after the tracker is made is no step's time.
+        self._fresh = True
         self._open: dict[str, Mark] = {}
         self._optimizer_done = False
         self._handles: list[Any] = []
@@ -122,8 +127,15 @@ class TrainingTracker:
         for name, value in values.items():
             self._guard(self._metric, name, value)
 
-    def step(self) -> None:
-        """End the current step now (loops without an optimizer, or to be explicit)."""
+    def step(self, error: BaseException | None = None) -> None:
+        """End the current step now (loops without an optimizer, or to be explicit).
+
+        `error`: an exception the loop caught and went on from; the step, and the op in
+        flight when it was raised, read FAILED with it. Without it, a step that stopped
+        before its optimizer step would run on into the next one (as gradient
+        accumulation does on purpose), and every later step's number would be one less."""
+        if error is not None:
+            self._guard(self._fail_step, error)
         self._guard(self._close_step)
 
     def close(self, timeout_s: float = 10.0, error: BaseException | None = None) -> None:
@@ -231,6 +243,8 @@ class TrainingTracker:
         return (time.time_ns(), event)
 
     def _begin(self, phase: str) -> None:
+        if self._fresh:
+            self._start_first_step()
         if self._step.trace is False:  # once a step, in the loop's own context
             self._step.trace = tracecontext.current()
         self._open[phase] = self._mark()
@@ -249,10 +263,18 @@ class TrainingTracker:
             self._step.phases.setdefault(phase, []).append((start, self._mark()))
 
     def _boundary(self) -> None:
+        if self._fresh:
+            self._start_first_step()
         if self._optimizer_done:
             self._close_step()
 
+    def _start_first_step(self) -> None:
+        self._fresh = False
+        self._step.start = self._mark()
+
     def _metric(self, name: str, value: Any) -> None:
+        if self._fresh:
+            self._start_first_step()
         if isinstance(value, (int, float)):
             self._step.metrics[name] = float(value)
         elif value.device.type == "cpu" or value.device != self._device:
