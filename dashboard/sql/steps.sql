@@ -8,11 +8,18 @@
 --   * an op without a step joins the step in effect when it ran: the step of the
 --     latest stepped op at or before its time (the first step if it ran before any);
 --     so a final save with no step joins the last step;
---   * ops of a run with no step at all form one group with step NULL.
+--   * ops of a run with no step at all form one group with step NULL;
+--   * an op without a step that encloses steps (the method that runs the whole loop,
+--     traced as one op: from before a step began to after the next one began) counts in
+--     no step: it is the steps' parent, not a part of the last one's time.
 -- No step row is ever made of such trailing ops alone. run_id is '' when ops carry none.
 CREATE OR REPLACE VIEW op_steps AS
 WITH keyed AS (
-    SELECT *, coalesce(run_id, '') AS run_key FROM ops
+    SELECT *, coalesce(run_id, '') AS run_key,
+           greatest(coalesce(time, started_at),
+                    started_at + to_microseconds(CAST(coalesce(duration_s, 0) * 1e6 AS BIGINT)))
+               AS ended_at
+    FROM ops
 ),
 bounds AS (
     SELECT
@@ -31,7 +38,7 @@ stepped AS (
     FROM keyed WHERE step IS NOT NULL
 )
 SELECT
-    k.* EXCLUDE (run_id, run_key),
+    k.* EXCLUDE (run_id, run_key, ended_at),
     k.run_key AS run_id,
     CASE
         WHEN k.step IS NULL THEN least(coalesce(s.step_then, b.first_step), b.last_step)
@@ -41,7 +48,14 @@ SELECT
 FROM keyed k
 LEFT JOIN bounds b ON b.run_key = k.run_key
 ASOF LEFT JOIN stepped s
-    ON s.run_key = k.run_key AND coalesce(k.time, k.started_at) >= s.at;
+    ON s.run_key = k.run_key AND coalesce(k.time, k.started_at) >= s.at
+ASOF LEFT JOIN stepped f  -- the steps in effect when it began and when it ended
+    ON f.run_key = k.run_key AND k.started_at >= f.at
+ASOF LEFT JOIN stepped e
+    ON e.run_key = k.run_key AND k.ended_at >= e.at
+WHERE k.step IS NOT NULL OR k.started_at IS NULL
+   OR coalesce(coalesce(e.step_then, b.first_step) - coalesce(f.step_then, b.first_step - 1)
+               < 2, true);  -- a run without steps: none to enclose
 
 -- One row per (run, metric name, step): the spread of that metric over the step's ops.
 CREATE OR REPLACE VIEW step_metrics AS

@@ -135,6 +135,28 @@ def test_runs_without_optimizer_ops_and_without_run_id(tmp_path: Path) -> None:
     assert steps == [["", None, 1], ["run1", 0, 1], ["run1", 1, 2]]
 
 
+def test_an_op_that_encloses_the_steps_counts_in_none_of_them(tmp_path: Path) -> None:
+    """The method that runs the loop, traced as one op (@traced_remote on a Ray actor's
+    train()), had joined the last step: 45 ms against 0.6 ms for the others, and a run
+    whose steps' seconds summed past its own span."""
+    from tests.dashboard.lakegen import op
+
+    rows = op("Trainer.train", None, 0, 50)  # encloses every step
+    for step in range(4):
+        rows += op("train_step", step, 10 + 10 * step, 1)
+    rows += op("save", None, 45, 2)  # after the last step began: in the last step
+    rows += op("prefetch", None, 19.5, 1)  # across one boundary: in the step it began in
+    write_rows(local_put(tmp_path), rows, "part-1.parquet")
+    store = Store(StoreOptions(str(tmp_path)))
+    grouped = dict(store.execute("SELECT name, step_group FROM op_steps WHERE step IS NULL"
+                                 ).rows)
+    assert grouped == {"save": 3, "prefetch": 0}  # Trainer.train in no step
+    steps = store.execute("SELECT step, ops, seconds FROM steps ORDER BY step").rows
+    assert [(step, ops) for step, ops, _ in steps] == [(0, 2), (1, 1), (2, 1), (3, 2)]
+    assert steps[3][2] == pytest.approx(3.0)  # its own second and the save's two
+    assert store.execute("SELECT seconds FROM runs").rows == [[pytest.approx(7.0)]]
+
+
 def test_spans_and_traces(store: Store, expected: type[Expected]) -> None:
     spans = store.execute("SELECT name, parent_span_id, duration_s, state FROM spans "
                           "ORDER BY start_at").rows
