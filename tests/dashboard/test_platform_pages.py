@@ -56,6 +56,13 @@ def small_metrics() -> list[Row]:
             for step in range(4)]
 
 
+def long_run() -> list[Row]:
+    """A run of 600 steps whose step 10 failed."""
+    return [event(kind="op", source="torch", run_id="long", step=step, name="train_step",
+                  state="FAILED" if step == 10 else "FINISHED", time=at(2000.0 + step),
+                  duration_s=0.5, metrics={"loss": 1.0}) for step in range(600)]
+
+
 def restarted_agent() -> list[Row]:
     """nodeR: beats every 10 s, then 45 s of silence and a restart (its counters fall)."""
     def beat(t: float, count: float) -> Row:
@@ -102,7 +109,8 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("platform") / "lake"
     write_sample_store(local_put(root))
     write_rows(local_put(root), ray_ops() + small_metrics() + restarted_agent()
-               + stopped_agent() + ray_failures() + long_ids(), "part-00050.parquet")
+               + stopped_agent() + ray_failures() + long_ids() + long_run(),
+               "part-00050.parquet")
     return root
 
 
@@ -206,6 +214,18 @@ def test_the_ray_timeline_fills_the_width_with_lanes_named_by_ip_and_pid(ray_pag
     expect(tip).to_be_visible()
     expect(tip).to_contain_text("(10.0.0.1)")
     expect(tip).to_contain_text("pid ")
+
+
+def test_a_long_run_shows_its_failed_and_last_steps_and_the_rest_on_a_click(
+        page: Page) -> None:
+    page.goto("/#/run?run=long")
+    rows = page.locator("table.grid.steps tbody tr")
+    expect(rows).to_have_count(201)  # the last 200, and the failed step 10
+    expect(page.locator("table.grid.steps tbody tr[data-step='10']")).to_have_count(1)
+    expect(page.locator("#more-steps")).to_contain_text("399 of 600 steps are not shown")
+    page.locator("#more-steps button").click()
+    expect(rows).to_have_count(600)
+    expect(page.locator("#more-steps")).to_have_count(0)
 
 
 def test_metric_axes_show_whole_numbers_and_a_constant_once(page: Page) -> None:

@@ -281,6 +281,8 @@ function runLink(runId) {
     h("span", { class: "muted no-run-note" }, " Ray tasks' ops and others sent without a run_id"));
 }
 
+const STEP_ROWS = 200;  // the Run page's steps table: the last this many, and the marked
+
 export async function run(params) {
   const runId = params.get("run") || "";
   const data = await getJSON(`/api/steps?run=${encodeURIComponent(runId)}`);
@@ -310,7 +312,7 @@ export async function run(params) {
   const charts = h("div", { class: "metric-charts" },
     wall.length > 1 ? metricChart("step wall time", wall, [], fmtDur) : null,
     [...byMetric.entries()].map(([name, pts]) => metricChart(name, pts, badSteps.get(name) || [])));
-  const rows = data.steps.rows.map((st) => {
+  const rowOf = (st) => {
     const ops = opsByStep.get(st.step) || [];
     // one value (one op reported the metric in the step) reads as itself, not "x … x (mean x)"
     const spread = Object.entries(st.metrics || {}).map(([k, v]) => {
@@ -330,18 +332,32 @@ export async function run(params) {
       h("td", null, opList),
       h("td", { class: "num" + (st.failures ? " error-text" : "") }, st.failures), h("td", { class: "num" }, fmtDur(st.seconds)),
       h("td", { class: "num queue" }, st.queue_s === null || st.queue_s === undefined ? "—" : fmtDur(st.queue_s)), h("td", null, spread));
-  });
+  };
+  // A long run's table holds its failed and NaN steps and its last STEP_ROWS, the rest a
+  // click away: 5,000 rows took 12 s to draw and a page 250,000 px tall.
+  const marked = (st) => st.failures > 0 || nonfiniteOf(st, opsByStep.get(st.step) || []).length > 0;
+  const all = data.steps.rows;
+  const last = new Set(all.slice(-STEP_ROWS));
+  const kept = all.length > STEP_ROWS * 1.25 ? all.filter((st) => last.has(st) || marked(st)) : all;
+  const body = h("tbody", null, kept.map(rowOf));
+  const hidden = all.length - kept.length;
+  const more = hidden ? h("p", { class: "muted", id: "more-steps" },
+    `${fmtNum(hidden)} of ${fmtNum(all.length)} steps are not shown (no failure, no NaN, not among the last ${STEP_ROWS}). `,
+    h("button", { type: "button", onclick: (event) => {
+      body.replaceChildren(...all.map(rowOf));
+      event.target.closest("p").remove();
+    } }, `show all ${fmtNum(all.length)} steps`)) : null;
   // "wall time": the union of the step's op intervals, so nested ops are not counted twice.
   const heads = [["step"], ["ops"], ["failures"], ["wall time", "time the step's ops cover, each moment once (nested ops are not added twice)"],
     ["queue time", "time the step's work waited in a queue before it started (emitters.queueing)"], ["metric spread (min … max)"]];
   const grid = h("table", { class: "grid steps" }, h("thead", null, h("tr", null,
-    heads.map(([t, title]) => h("th", title ? { title } : null, t)))), h("tbody", null, rows));
+    heads.map(([t, title]) => h("th", title ? { title } : null, t)))), body);
   return h("div", null, h("h1", null, runId ? `Run ${runId}` : `Steps of ${NO_RUN}`),
     runId ? null : h("p", { class: "muted", id: "no-run-note" }, NO_RUN_NOTE),
     runId ? await requestLedger(runId) : null,
     runId ? await runArtifacts(runId) : null,
     section("Metrics over steps", byMetric.size ? charts : h("p", { class: "muted" }, "No metrics.")),
-    section("Steps", grid));
+    section("Steps", h("div", null, more, grid)));
 }
 
 // The run's requests (emitters.queueing): counts, and those enqueued long ago that never
