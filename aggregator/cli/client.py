@@ -168,14 +168,14 @@ def run_status(args: argparse.Namespace) -> int:
         return 1
     report = format_status(first, second, args.interval)
     print(orjson.dumps(report.as_dict(), option=orjson.OPT_INDENT_2).decode() if args.json
-          else report.as_text(_query_command(args.config)))
+          else report.as_text(_config_flag(args.config)))
     return 0
 
 
-def _query_command(config: Path | None) -> str:
-    """`evagg query` as it reads this agent's lake: with the --config status was given
-    (without one, `evagg query` finds $EVAGG_CONFIG itself)."""
-    return f"evagg query --config {shlex.quote(str(config))}" if config else "evagg query"
+def _config_flag(config: Path | None) -> str:
+    """` --config FILE` for the commands status prints (`evagg query`, `evagg dlq`), so
+    they read this agent's lake and dead letters (without it, they find $EVAGG_CONFIG)."""
+    return f" --config {shlex.quote(str(config))}" if config else ""
 
 
 def _scrape(url: str) -> dict[str, float]:

@@ -117,9 +117,10 @@ class StatusReport:
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
-    def as_text(self, query: str = "evagg query") -> str:
-        """The report for people; `query` is the `evagg query` command line that reads
-        the agent's lake (with the --config status was given)."""
+    def as_text(self, config_flag: str = "") -> str:
+        """The report for people; `config_flag` (` --config FILE`, the one status was
+        given) goes into the commands it prints, so that they read this agent's lake and
+        dead letters as pasted."""
         used = 100 * self.spool_bytes / self.spool_max_bytes if self.spool_max_bytes else 0.0
         lines = [
             f"received   {self.received_per_s:,.0f} events/s, "
@@ -137,21 +138,25 @@ class StatusReport:
             lines.append(f"sink {sink:<12} {self.delivered_per_s.get(sink, 0):,.0f} events/s  "
                          f"lag {self.lag_events.get(sink, 0):,.0f} events{self._file(sink)}  "
                          f"errors {self.errors.get(sink, 0):,.0f}{self._retried(sink)}  "
-                         f"{state}{self._dead_letters(sink)}")
+                         f"{state}{self._dead_letters(sink, config_flag)}")
         if self.reload_refused_at:
             at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.reload_refused_at))
             lines.append(f"config     the reload at {at} was refused (the agent's log says "
                          "why): the sinks above are the configuration before it")
-        lines += self._losses(query)
+        lines += self._losses(config_flag)
         lines.append("rejected   " + (_pairs(self.rejected) or "none"))
         lines.append("bad input  " + (_pairs(self.bad_input) or "none"))
         return "\n".join(lines)
 
 
-    def _losses(self, query: str) -> list[str]:
+    def _losses(self, config_flag: str) -> list[str]:
         """Every loss /metrics counts, by whom and why: a producer's drops are as lost
         as the agent's, and after an incident they are the ones to explain."""
         total = sum(self.dropped.values()) + sum(self.producer_dropped.values())
+        if not total and self.spool_blocked:
+            # producers buffer, then drop, and report it in frames that wait for room too
+            return ["lost       none counted yet: while the spool is full, producers that run "
+                    "out of buffer drop events, and their reports of it wait for room"]
         if not total:
             return ["lost       none"]
         lines = [f"lost       {total:,.0f} events (each loss is also a `loss` row in the lake)"]
@@ -162,19 +167,20 @@ class StatusReport:
                     f"{reason}={count:,.0f} ({LOSS_REASONS.get(reason, 'reported by name')})"
                     for reason, count in sorted(losses.items()) if count))
         if any(self.producer_dropped.values()):
-            lines.append(f"  which ones   {query} sql \"{WHICH_PRODUCERS}\"")
+            lines.append(f"  which ones   evagg query{config_flag} sql "
+                         f"\"{WHICH_PRODUCERS}\"")
         return lines
 
-    def _dead_letters(self, sink: str) -> str:
+    def _dead_letters(self, sink: str, config_flag: str) -> str:
         """Events the endpoint refused for good: not lost, but not delivered either."""
         if sink in self.dead_letters_waiting:  # what is on disk now: a replay empties it
             waiting = self.dead_letters_waiting[sink]
             events = "event" if waiting == 1 else "events"
-            return (f"  dead letters: {waiting:,.0f} {events} waiting (evagg dlq list --sink "
-                    f"{sink})" if waiting else "")
+            return (f"  dead letters: {waiting:,.0f} {events} waiting (evagg dlq list"
+                    f"{config_flag} --sink {sink})" if waiting else "")
         count = self.dead_lettered.get(sink, 0.0)
-        return (f"  dead-lettered {count:,.0f} events since the agent started (evagg dlq list "
-                f"--sink {sink})" if count else "")
+        return (f"  dead-lettered {count:,.0f} events since the agent started (evagg dlq list"
+                f"{config_flag} --sink {sink})" if count else "")
 
     def _retried(self, sink: str) -> str:
         count = self.retried.get(sink, 0.0)

@@ -43,3 +43,20 @@ def test_a_parquet_sink_that_fails_does_not_blame_its_open_file() -> None:
                 .splitlines() if "lake" in line)
     assert "not in a file yet" not in lake
     assert "retrying (s3_connect) since" in lake and "next in 2s" in lake
+
+
+def test_a_full_spool_says_no_loss_is_counted_yet_not_that_none_happened() -> None:
+    """Under when_full = "block", producers drop once their buffers fill, and their loss
+    reports wait in frames behind the full spool: `lost none` would be a lie."""
+    sample = parse_metrics(SCRAPE + "evagg_spool_blocked 1\n")
+    lines = format_status(sample, sample, 1.0, now=0.0).as_text().splitlines()
+    lost = next(line for line in lines if line.startswith("lost"))
+    assert lost.startswith("lost       none counted yet") and "wait for room" in lost, lost
+    free = parse_metrics(SCRAPE + "evagg_spool_blocked 0\n")
+    assert "lost       none" in format_status(free, free, 1.0, now=0.0).as_text().splitlines()
+
+
+def test_the_commands_status_prints_carry_its_config() -> None:
+    sample = parse_metrics(SCRAPE + 'evagg_sink_dead_letters_waiting_events{sink="collector"} 3\n')
+    text = format_status(sample, sample, 1.0, now=0.0).as_text(" --config /etc/evagg/evagg.toml")
+    assert "(evagg dlq list --config /etc/evagg/evagg.toml --sink collector)" in text, text
