@@ -24,7 +24,13 @@ from aiohttp import web
 
 from aggregator import systemd
 from aggregator.artifacts.wiring import build_shipper, stop_shipper
-from aggregator.config import AgentConfig, ConfigError, config_warnings, load_config
+from aggregator.config import (
+    AgentConfig,
+    ConfigError,
+    config_warnings,
+    load_config,
+    restart_only_settings,
+)
 from aggregator.config.sinks import SinkConfig
 from aggregator.delivery.consumer import SinkConsumer
 from aggregator.delivery.sink_set import SinkSet, build_sinks
@@ -69,6 +75,9 @@ class Agent:
         cap_malloc_arenas()
         self._arrow_pool = arrow_pool_name()
         self.overrides = dict(overrides or {})  # command-line flags, kept across reloads
+        # the file's settings a reload does not apply, to say which of them a reload found
+        # changed (they wait for the next start)
+        self._running_settings = restart_only_settings(config.source_path)
         self.metrics = AgentMetrics()
         self._errors = WorkerErrors(self.metrics, log)  # the agent's own workers' failures
         self.losses = LossRecorder(self.metrics.dropped_events,  # every loss, one recorder
@@ -295,6 +304,7 @@ class Agent:
                 return
             log.info("reloading: replacing the sinks with those of %s",
                      self.config.source_path or "the defaults")
+            self._say_restart_only_changes()
             delivered_at = {name: consumer.state.last_success_ns
                             for name, consumer in self._consumers().items()}
             if self.sinks is not None:
@@ -306,6 +316,15 @@ class Agent:
             self.metrics.config_reloads.inc(result="applied")
             self.metrics.reload_refused_at.clear()
             log.info("reloaded: sinks %s", self.sinks.describe())
+
+    def _say_restart_only_changes(self) -> None:
+        found = restart_only_settings(self.config.source_path)
+        changed = sorted(key for key in found.keys() | self._running_settings.keys()
+                         if found.get(key) != self._running_settings.get(key))
+        if changed:
+            log.warning("reload: %s changed in %s but a reload replaces the sinks only; "
+                        "the agent runs with the old value until its next start (systemctl "
+                        "restart evagg)", ", ".join(changed), self.config.source_path)
 
     def _consumers(self) -> dict[str, SinkConsumer]:
         return self.sinks.consumers if self.sinks else {}

@@ -11,6 +11,7 @@ from aggregator.config.agent_config import (
     configured_socket,
     configured_token_file,
     load_config,
+    restart_only_settings,
 )
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "configured_socket",
     "configured_token_file",
     "load_config",
+    "restart_only_settings",
 ]

@@ -161,6 +161,26 @@ def configured_socket(path: Path | None = None,
     return str(Path(socket).expanduser()) if isinstance(socket, str) and socket else None
 
 
+def restart_only_settings(path: Path | None) -> dict[str, Any]:
+    """What of the file a reload does not apply (every table but [[sinks]]), keyed as the
+    file names it (`spool.max_bytes`, `[[files]]`), for the agent to say which changed."""
+    if path is None:
+        return {}
+    try:
+        raw = _read_toml(path)
+    except ConfigError:
+        return {}
+    found: dict[str, Any] = {}
+    for table, value in raw.items():
+        if table == "sinks":
+            continue
+        if isinstance(value, dict):
+            found.update({f"{table}.{key}": item for key, item in value.items()})
+        else:
+            found[f"[[{table}]]" if isinstance(value, list) else table] = value
+    return found
+
+
 def configured_token_file(path: Path | None = None,
                           env: Mapping[str, str] | None = None) -> Path | None:
     """The agent's http_token_file from the same file and variables, for `evagg tail`:

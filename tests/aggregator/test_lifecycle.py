@@ -13,6 +13,7 @@ from tests.agentproc import REPO, AgentProcess, http_sink, query_lake, wait_tail
 from tests.aggregator.cli.newcomer import evagg
 from tests.producers import producer_report, start_producer
 from tests.sinks.server_thread import ServerThread
+from tests.waiting import wait_until
 
 LAKE = '[[sinks]]\nname = "lake"\ntype = "parquet"\nurl = "{lake}"\nroll_interval = "1s"\n'
 
@@ -164,3 +165,20 @@ def test_a_sink_renamed_by_a_reload_leaves_status(
     assert sorted(sinks) == ["collector2", "lake"], status.stdout
     assert "reloading: replacing the sinks with those of" in agent.log()
     assert agent.stop() == 0
+
+
+def test_a_reload_says_which_changed_settings_wait_for_the_next_start(
+        agent: AgentProcess) -> None:
+    """A reload replaces the sinks only: a changed spool size or drain timeout in the file
+    is said, not taken silently while status still shows the old one."""
+    text = agent.config_path.read_text()
+    agent.config_path.write_text(text.replace('drain_timeout = "20s"', 'drain_timeout = "5s"')
+                                 .replace('max_bytes = "256MiB"', 'max_bytes = "128MiB"'))
+    said = sighup(agent, "a reload replaces the sinks only")
+    assert "agent.drain_timeout, spool.max_bytes changed in" in said, said
+    assert "systemctl restart evagg" in said
+    wait_until(lambda: "reloaded: sinks lake" in agent.log(), 30, agent.log)
+    agent.config_path.write_text(text)  # back as it runs: nothing to say
+    quiet = sighup(agent, "reloaded: sinks")
+    assert "a reload replaces the sinks only" not in quiet
+    assert agent.log().count("a reload replaces the sinks only") == 1
