@@ -241,6 +241,11 @@ class Agent:
         log.info("evagg agent ready: node %s, socket %s, http %s, spool %s, sinks: %s, "
                  "arrow memory pool %s", self.config.node_id, self.config.socket,
                  self.config.http_listen or "off", self.spool.directory, sinks, self._arrow_pool)
+        waiting = {name: self.spool.lag(name)[1] for name in self._consumers()}
+        if any(waiting.values()):  # after a crash or a stop cut short: say what resumes
+            log.info("resuming: the spool holds events from before this start, which each "
+                     "sink delivers first: %s", ", ".join(
+                         f"{name} {events:,}" for name, events in waiting.items() if events))
 
     async def _drain(self) -> int:
         """Deliver what is spooled, unless a second stop signal says not to wait; the exit

@@ -182,3 +182,21 @@ def test_a_reload_says_which_changed_settings_wait_for_the_next_start(
     quiet = sighup(agent, "reloaded: sinks")
     assert "a reload replaces the sinks only" not in quiet
     assert agent.log().count("a reload replaces the sinks only") == 1
+
+
+def test_a_restart_after_a_crash_says_what_the_spool_still_holds(
+        agent_factory: Callable[..., AgentProcess]) -> None:
+    import re
+
+    from tests.ports import free_port
+
+    agent = agent_factory(sinks_toml=http_sink(
+        "collector", f"http://127.0.0.1:{free_port()}/ingest")).start()  # never delivers
+    for n in range(3):
+        assert evagg("emit", "--socket", str(agent.socket_path), "--name", f"e{n}").returncode == 0
+    agent.kill()  # kill -9: no drain
+    agent.start()
+    wait_until(lambda: "resuming:" in agent.log(), 30, agent.log)
+    resumed = next(line for line in agent.log().splitlines() if "resuming:" in line)
+    found = re.search(r"collector ([\d,]+)", resumed)
+    assert found and int(found[1].replace(",", "")) >= 3, resumed
