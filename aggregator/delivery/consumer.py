@@ -30,6 +30,13 @@ DRAIN_RETRY_S = 1.0  # while draining, retries come at least this often
 PERMANENT_HINT = " (a permanent error: fix the sink's config, credentials or bucket)"
 
 
+STILL_FAILING_EVERY_S = 600.0  # a sink that stays down is said again this often
+
+
+def _utc(ns: int) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(ns / 1e9)) if ns else "now"
+
+
 @dataclass
 class ConsumerState:
     last_error_kind: str | None = None  # to log a failure once per change of kind
@@ -38,6 +45,7 @@ class ConsumerState:
     # started, so that a sink that never delivers is seen too (0 until the SinkSet sets it)
     last_success_ns: int = 0
     failing_since_ns: int = 0  # when the current run of failed attempts began; 0: delivering
+    reminded_at: float = 0.0  # monotonic: when the log last said this sink fails
 
 
 class SinkConsumer:
@@ -151,8 +159,11 @@ class SinkConsumer:
         elif not result.peer_ok:
             return  # buffered, not delivered: says nothing about the peer's health
         if self.state.failures_in_a_row:
-            log.info("sink %s recovered after %d failed attempts", self.name,
-                     self.state.failures_in_a_row)
+            down_s = (time.time_ns() - self.state.failing_since_ns) / 1e9 \
+                if self.state.failing_since_ns else 0.0
+            log.info("sink %s recovered after %d failed attempts over %.0fs; %s events to "
+                     "catch up", self.name, self.state.failures_in_a_row, down_s,
+                     f"{self.spool.lag(self.name)[1]:,}")
         self.state.failures_in_a_row = 0
         self.metrics.sink_permanent_error.set(0, sink=self.name)
         if self.state.failing_since_ns:
@@ -181,11 +192,21 @@ class SinkConsumer:
         if self._draining:
             delay = min(delay, DRAIN_RETRY_S)  # the drain deadline is short: try more often
         self._mark_failing(kind, delay)
+        now = time.monotonic()
         if first_of_kind:  # once per change of kind: a sink that stays down does not flood
             log.warning("sink %s failed (%s) delivering to %s: %s; next retry %s%s",
                         self.name, kind, self.sink.describe(), result.error,
                         f"in {delay:.1f}s" if delay >= 0.05 else "at once",
                         PERMANENT_HINT if result.permanent else "")
+            state.reminded_at = now
+        elif now - state.reminded_at >= STILL_FAILING_EVERY_S:
+            # and a line now and then while it stays down, so that a window of the log
+            # (journalctl --since) does not read as healthy in the middle of an outage
+            state.reminded_at = now
+            lag = self.spool.lag(self.name)[1]
+            log.warning("sink %s still failing (%s) since %s: %d attempts, %s events waiting; "
+                        "last: %s", self.name, kind, _utc(state.failing_since_ns),
+                        state.failures_in_a_row, f"{lag:,}", result.error)
         await self._sleep(delay)
 
     def _mark_failing(self, kind: str, retry_in_s: float) -> None:
