@@ -303,7 +303,8 @@ class Agent:
                 fresh = load_config(self.config.source_path, overrides=self.overrides)
                 built = self._build_sinks(fresh)
             except ConfigError as exc:
-                log.error("reload refused, keeping the running sinks: %s", exc)
+                log.error("reload refused, keeping the running sinks: %s; fix the file and "
+                          "reload again (systemctl reload evagg, or SIGHUP)", exc)
                 self.metrics.config_reloads.inc(result="refused")
                 self.metrics.reload_refused_at.set(time.time())  # `evagg status` says so
                 return

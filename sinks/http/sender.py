@@ -119,6 +119,11 @@ class Sender:
         """The cursor moved over the batch: it is never sent again."""
         self._posted.discard(batch.key)
 
+    def say_held_refusals(self, *, at_close: bool = False) -> None:
+        """The dead-letter lines the once-a-minute limit held back, once their minute is
+        over (or now, at close)."""
+        self._refusals_log.say_held(force=at_close)
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
@@ -188,8 +193,9 @@ class Sender:
         self.counters["dead_lettered_events"] += batch.events
         self._refusals_log.log(
             logging.WARNING, "refused", "sink %s: %s refused %d events with HTTP %d; kept in "
-            "%s (%d batches dead-lettered so far)", self.name, url_for_display(self.url),
-            batch.events, status, letter.body_path, self.counters["dead_lettered_batches"])
+            "%s (%d batches dead-lettered so far); once the endpoint takes them: evagg dlq "
+            "replay --sink %s", self.name, url_for_display(self.url), batch.events, status,
+            letter.body_path, self.counters["dead_lettered_batches"], self.name)
         return None
 
     def _failed(self, counter: str, failure: SinkResult) -> SinkResult:

@@ -162,6 +162,7 @@ class HttpSink(Sink):
         return self._report()
 
     async def flush(self, *, final: bool = False) -> SinkResult:
+        self._sender.say_held_refusals()
         if self._failure is None:
             await self._send_due(final=final)
         if final:
@@ -182,6 +183,7 @@ class HttpSink(Sink):
         self._reset()
 
     async def close(self) -> None:
+        self._sender.say_held_refusals(at_close=True)
         running = self._running()
         for task in running:  # shutting down: the drain deadline has passed
             task.cancel()
