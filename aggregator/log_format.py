@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Final
@@ -69,6 +70,12 @@ def stderr_is_the_journal(environ: Mapping[str, str] | None = None) -> bool:
     except (OSError, ValueError, AttributeError):
         return False
     return f"{found.st_dev}:{found.st_ino}" == f"{device}:{inode}" and bool(inode)
+
+
+def utc_clock(timestamp: float) -> str:
+    """A time of day as the agent's words say it (status, the log's reminders): UTC, one
+    zone on every node."""
+    return time.strftime("%H:%M:%S UTC", time.gmtime(timestamp))
 
 
 def log_format_from_environment() -> str:

@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from aggregator.log_format import utc_clock
+
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
@@ -50,11 +52,6 @@ def _labelled(sample: dict[str, float], metric: str) -> list[tuple[dict[str, str
     return out
 
 
-def _utc_clock(timestamp: float) -> str:
-    """A time of day as status prints it: UTC, one zone on every node."""
-    return time.strftime("%H:%M:%S UTC", time.gmtime(timestamp))
-
-
 def sink_health(sample: dict[str, float], now: float) -> dict[str, str]:
     """Each sink's health as a word to act on: `ok`, `retrying (connect) since 07:28:42
     UTC, next in 12s` (the agent backs off and tries again: wait, or look at the endpoint), or
@@ -68,7 +65,7 @@ def sink_health(sample: dict[str, float], now: float) -> dict[str, str]:
     out: dict[str, str] = {}
     for sink in sinks:
         if sink not in since and requests.get(sink):  # an HTTP sink retrying its requests
-            out[sink] = (f"retrying (its requests fail) since {_utc_clock(requests[sink])}"
+            out[sink] = (f"retrying (its requests fail) since {utc_clock(requests[sink])}"
                          ", retrying now")
             continue
         if sink not in since:
@@ -78,7 +75,7 @@ def sink_health(sample: dict[str, float], now: float) -> dict[str, str]:
         word = "failing" if permanent.get(sink) else "retrying"
         wait = retry.get(sink, 0.0) - now
         nxt = f"next in {wait:.0f}s" if wait >= 0.5 else "retrying now"
-        out[sink] = f"{word} ({kind}) since {_utc_clock(started)}, {nxt}"
+        out[sink] = f"{word} ({kind}) since {utc_clock(started)}, {nxt}"
     return out
 
 

@@ -17,6 +17,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from aggregator.log_format import utc_clock
 from aggregator.metrics import AgentMetrics
 from aggregator.spool import RecordScreen, Spool
 from aggregator.worker_errors import WorkerErrors
@@ -31,10 +32,6 @@ PERMANENT_HINT = " (a permanent error: fix the sink's config, credentials or buc
 
 
 STILL_FAILING_EVERY_S = 600.0  # a sink that stays down is said again this often
-
-
-def _utc(ns: int) -> str:
-    return time.strftime("%H:%M:%S UTC", time.gmtime(ns / 1e9)) if ns else "now"
 
 
 @dataclass
@@ -205,7 +202,7 @@ class SinkConsumer:
             state.reminded_at = now
             lag = self.spool.lag(self.name)[1]
             log.warning("sink %s still failing (%s) since %s: %d attempts, %s events waiting; "
-                        "last: %s", self.name, kind, _utc(state.failing_since_ns),
+                        "last: %s", self.name, kind, utc_clock(state.failing_since_ns / 1e9),
                         state.failures_in_a_row, f"{lag:,}", result.error)
         await self._sleep(delay)
 
