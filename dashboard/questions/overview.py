@@ -18,6 +18,9 @@ from dashboard.lake.store import Store
 WIDTHS_S = (1, 5, 10, 30, 60, 300, 600, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600,
             86400, 7 * 86400, 30 * 86400)
 MAX_BUCKETS = 120
+# Events stamped later than this after now are a producer's wrong clock (the year 2100):
+# counted apart, not charted, where one of them stretched every bucket to 30 days.
+AHEAD_OF_NOW_US = 24 * 3600 * 1_000_000
 
 
 def bucket_width_s(first_us: int, last_us: int) -> int:
@@ -35,13 +38,18 @@ STATES_FROM_TASKS = ("(SELECT final_state AS state, count(*) AS tasks FROM tasks
 DRIVERS_SQL = "SELECT count(*) AS n FROM tasks WHERE task_type = 'DRIVER_TASK'"
 FOLDED_DRIVERS_SQL = ("SELECT coalesce(sum(tasks), 0) AS n FROM fold.summary_bins "
                       "WHERE dimension = 'driver'")
-SPAN_SQL = "SELECT epoch_us(min(time)) AS first, epoch_us(max(time)) AS last FROM events_raw"
+SPAN_SQL = ("SELECT epoch_us(min(time)) AS first, epoch_us(max(time)) AS last FROM events_raw "
+            "WHERE epoch_us(time) <= $latest_us")
 COUNTS_SQL = ("SELECT epoch_us(time) // $width_us AS bucket, kind, count(*) AS events "
-              "FROM events GROUP BY ALL ORDER BY bucket, kind")
-FOLDED_SPAN_SQL = "SELECT min(first_us) AS first, max(last_us) AS last FROM event_timeline"
+              "FROM events WHERE epoch_us(time) <= $latest_us GROUP BY ALL ORDER BY bucket, kind")
+AHEAD_SQL = "SELECT count(*) FROM events WHERE epoch_us(time) > $latest_us"
+FOLDED_SPAN_SQL = ("SELECT min(first_us) AS first, max(last_us) AS last FROM event_timeline "
+                   "WHERE first_us <= $latest_us")
 FOLDED_COUNTS_SQL = ("SELECT second // $width_s AS bucket, kind, "
                      "CAST(sum(events) AS BIGINT) AS events FROM event_timeline "
-                     "GROUP BY ALL ORDER BY bucket, kind")
+                     "WHERE first_us <= $latest_us GROUP BY ALL ORDER BY bucket, kind")
+FOLDED_AHEAD_SQL = ("SELECT coalesce(sum(events), 0) FROM event_timeline "
+                    "WHERE first_us > $latest_us")
 
 
 # The `ops` view's ops and final states (dashboard/sql/ops.sql), counted from the raw
@@ -72,15 +80,20 @@ def overview(store: Store) -> dict[str, Any]:
         f"SELECT * FROM {'task_state_counts' if folded else STATES_FROM_TASKS} ORDER BY 2 DESC, 1",
         views=not folded)
     drivers = store.execute(FOLDED_DRIVERS_SQL if folded else DRIVERS_SQL, views=not folded)
-    span = store.execute(FOLDED_SPAN_SQL, views=False) if folded else store.execute(SPAN_SQL)
+    latest = {"latest_us": int(dt.datetime.now(dt.UTC).timestamp() * 1e6) + AHEAD_OF_NOW_US}
+    span = (store.execute(FOLDED_SPAN_SQL, latest, views=False) if folded
+            else store.execute(SPAN_SQL, latest))
     first, last = span.rows[0] if span.rows else (None, None)
+    ahead = (store.execute(FOLDED_AHEAD_SQL, latest, views=False) if folded
+             else store.execute(AHEAD_SQL, latest)).rows
     timeline: list[dict[str, Any]] = []
     kinds: dict[str, int] = {}
     width = 60
     if first is not None and last is not None:
         width = bucket_width_s(first, last)
-        counts = (store.execute(FOLDED_COUNTS_SQL, {"width_s": width}, views=False) if folded else
-                  store.execute(COUNTS_SQL, {"width_us": width * 1_000_000}))
+        counts = (store.execute(FOLDED_COUNTS_SQL, {"width_s": width, **latest}, views=False)
+                  if folded else
+                  store.execute(COUNTS_SQL, {"width_us": width * 1_000_000, **latest}))
         for bucket, kind, events in counts.rows:
             start = dt.datetime.fromtimestamp(bucket * width, tz=dt.UTC)
             timeline.append({"t": start.isoformat().replace("+00:00", "Z"),
@@ -91,7 +104,9 @@ def overview(store: Store) -> dict[str, Any]:
         "tasks": sum(r["tasks"] for r in states.records()),
         "drivers": int(drivers.rows[0][0]) if drivers.rows else 0,
         "kinds": [{"kind": k, "events": n} for k, n in sorted(kinds.items(), key=lambda x: -x[1])],
-        "events": sum(kinds.values()),
+        "events": sum(kinds.values()) + (int(ahead[0][0]) if ahead and ahead[0][0] else 0),
         "bucket_s": width,
         "timeline": timeline,
+        # events stamped more than a day after now: a producer's clock, not on the chart
+        "ahead_of_now": int(ahead[0][0]) if ahead and ahead[0][0] else 0,
     }

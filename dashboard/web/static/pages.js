@@ -48,7 +48,9 @@ export async function overview() {
   const states = h("div", { class: "state-counts" }, data.states.map((s) =>
     h("a", { href: routeHref("tasks", { state: s.state }), class: "state-chip", "data-state": s.state },
       h("i", { style: `background:${STATE_COLORS[s.state] || "#999"}` }), s.state || "?", h("b", null, fmtNum(s.tasks)))));
-  const kinds = h("p", { class: "muted" }, data.kinds.map((k) => `${k.kind}: ${fmtNum(k.events)}`).join(" · "));
+  const kinds = h("p", { class: "muted" }, data.kinds.map((k) => `${k.kind}: ${fmtNum(k.events)}`).join(" · "),
+    data.ahead_of_now ? h("span", { class: "error-text", id: "ahead-of-now" },
+      ` · ${fmtNum(data.ahead_of_now)} ${data.ahead_of_now === 1 ? "event" : "events"} stamped more than a day after now ${data.ahead_of_now === 1 ? "is" : "are"} not charted: a producer's clock, or the time it sends, is wrong (evagg query sql "SELECT host, pid, source, max(time) FROM events WHERE time > now() + INTERVAL 1 DAY GROUP BY ALL")`) : null);
   return h("div", null, cards,
     section("Tasks by state", states),
     section(`Events over time (${fmtDur(data.bucket_s)} buckets, log scale)`, timelineChart(data.timeline, data.bucket_s), kinds),

@@ -1,0 +1,37 @@
+"""The overview's events over time when one producer's clock is wrong: an event stamped
+in the year 2100 had stretched every bucket to 30 days and put the cluster's whole day in
+one bar. It is counted apart, not charted, folded or not."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from dashboard.lake.store import Store, StoreOptions
+from dashboard.questions.overview import overview
+from tests.dashboard.lakegen import at, event, local_put, write_rows
+
+YEAR_2100_NS = int(datetime(2100, 1, 1, tzinfo=UTC).timestamp() * 1e9)
+
+
+@pytest.mark.parametrize("folded", [True, False], ids=["folded", "from-scratch"])
+def test_an_event_from_a_wrong_clock_is_counted_apart_not_charted(
+        tmp_path: Path, folded: bool) -> None:
+    rows = [event(kind="task", source="script", task_id=f"t{n}", name="work",
+                  state="FINISHED", time=at(60.0 * n)) for n in range(30)]
+    rows.append(event(kind="task", source="script", task_id="late", name="work",
+                      state="FINISHED", time=YEAR_2100_NS))
+    write_rows(local_put(tmp_path / "lake"), rows, "part-1.parquet")
+    cache = str(tmp_path / "cache") if folded else None
+    store = Store(StoreOptions(str(tmp_path / "lake"), cache_dir=cache, fold=folded))
+    try:
+        found = overview(store)
+    finally:
+        store.close()
+    assert found["ahead_of_now"] == 1
+    assert found["events"] == 31  # still counted
+    assert found["bucket_s"] <= 60  # the half hour of real work, not 30-day buckets
+    assert sum(point["events"] for point in found["timeline"]) == 30
+    assert all(point["t"] < "2099" for point in found["timeline"])
