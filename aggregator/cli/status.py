@@ -133,7 +133,7 @@ class StatusReport:
         for sink in sorted(set(self.lag_events) | set(self.delivered_per_s)):
             state = self.health.get(sink, "ok")
             lines.append(f"sink {sink:<12} {self.delivered_per_s.get(sink, 0):,.0f} events/s  "
-                         f"lag {self.lag_events.get(sink, 0):,.0f} events{self._file(sink)}  "
+                         f"lag {_count(self.lag_events.get(sink, 0), 'event')}{self._file(sink)}  "
                          f"errors {self.errors.get(sink, 0):,.0f}{self._retried(sink)}  "
                          f"{state}{self._dead_letters(sink, config_flag)}")
         if self.reload_refused_at:
@@ -215,6 +215,11 @@ WHICH_PRODUCERS = ("SELECT host, pid, reason, sum(lost) AS events FROM (SELECT h
                    "sum(metrics['events'])) AS lost FROM events WHERE kind = 'loss' "
                    "GROUP BY host, pid, name, attrs['session']) GROUP BY ALL "
                    "ORDER BY events DESC")
+
+
+def _count(n: float, noun: str) -> str:
+    """`1 event`, `2 events`, `1,204 events`."""
+    return f"{n:,.0f} {noun}{'' if n == 1 else 's'}"
 
 
 def _pairs(values: dict[str, float]) -> str:

@@ -49,10 +49,12 @@ def ray_ops() -> list[Row]:
 
 
 def small_metrics() -> list[Row]:
-    """A run whose loss is under a thousandth and whose learning rate never changes."""
+    """A run whose loss is under a thousandth, whose learning rate never changes, and
+    whose tokens_per_s runs in the millions."""
     return [event(kind="op", source="torch", run_id="tiny", step=step, name="train_step",
                   span_id=f"t{step}", state="FINISHED", time=at(800 + step), duration_s=0.1,
-                  metrics={"loss": 0.000692 + step * 0.0001, "lr": 0.01})
+                  metrics={"loss": 0.000692 + step * 0.0001, "lr": 0.01,
+                           "tokens_per_s": 3931860.6 - step * 1000})
             for step in range(4)]
 
 
@@ -241,6 +243,8 @@ def test_metric_axes_show_whole_numbers_and_a_constant_once(page: Page) -> None:
     assert "0.000692" in loss.locator("text.y-label").all_text_contents()
     lr = page.locator("svg.metric", has=page.locator("text.chart-title", has_text="lr"))
     assert lr.locator("text.y-label").all_text_contents() == ["0.01"]
+    rate = page.locator("svg.metric", has=page.locator("text.chart-title", has_text="tokens_per_s"))
+    assert rate.locator("text.y-label").all_text_contents() == ["3,931,860.6", "3,928,860.6"]
 
 
 def test_quantile_labels_and_error_names_are_whole_and_apart(page: Page) -> None:

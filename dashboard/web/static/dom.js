@@ -68,7 +68,8 @@ export function fmtNum(value, digits = 3) {
   if (value === null || value === undefined) return "";
   if (Number.isInteger(value)) return value.toLocaleString("en-US");
   const v = Number(value);
-  if (Math.abs(v) >= 1000) return v.toFixed(1);
+  // thousands grouped, as whole numbers are: 3,931,860.6 tokens/s, not 3931860.6
+  if (Math.abs(v) >= 1000) return v.toLocaleString("en-US", { maximumFractionDigits: 1 });
   // below 0.0001 always as 1.34e-6: toPrecision writes 0.00000134 down to 1e-6 and
   // 8.14e-7 below it, two ways in one column (0.000692 stays whole)
   if (v !== 0 && Math.abs(v) < 1e-4) return v.toExponential(digits - 1).replace(/\.?0+e/, "e");

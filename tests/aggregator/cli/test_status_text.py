@@ -29,7 +29,7 @@ def test_a_parquet_sink_says_when_its_open_file_reaches_the_lake() -> None:
     sample = parse_metrics(SCRAPE)
     lake = next(line for line in format_status(sample, sample, 1.0, now=0.0).as_text()
                 .splitlines() if "lake" in line)
-    assert "lag 1 events (not in a file yet: next file closes in 4s)" in lake
+    assert "lag 1 event (not in a file yet: next file closes in 4s)" in lake
     assert "retried" not in lake
 
 
