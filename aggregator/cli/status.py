@@ -172,8 +172,7 @@ class StatusReport:
         """Events the endpoint refused for good: not lost, but not delivered either."""
         if sink in self.dead_letters_waiting:  # what is on disk now: a replay empties it
             waiting = self.dead_letters_waiting[sink]
-            events = "event" if waiting == 1 else "events"
-            return (f"  dead letters: {waiting:,.0f} {events} waiting (evagg dlq list"
+            return (f"  dead letters: {_count(waiting, 'event')} waiting (evagg dlq list"
                     f"{config_flag} --sink {sink})" if waiting else "")
         count = self.dead_lettered.get(sink, 0.0)
         return (f"  dead-lettered {count:,.0f} events since the agent started (evagg dlq list"

@@ -160,6 +160,10 @@ def test_a_task_whose_worker_died_names_the_workers_file_and_the_command_reads_i
     whole = evagg("query", "logs", "--data", str(lake.root), *command, "--tail", "2")
     assert whole.returncode == 0, whole.stderr
     assert whole.stdout.decode().endswith("".join(SMALL[-2:]))  # the file's last lines
+    unknown = evagg("query", "logs", "--data", str(lake.root), "--worker", "ab" * 28,
+                    "--session", SESSION)
+    assert unknown.returncode == 1
+    assert f"Worker {'ab' * 28} not found." in unknown.stderr.decode()
 
 
 def test_an_actor_tasks_log_is_asked_of_its_actor_with_a_command_that_reads_the_lake(

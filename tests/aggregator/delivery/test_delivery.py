@@ -19,17 +19,18 @@ from sinks.schema import batch_to_bytes, empty_batch
 
 
 class FlakySink(Sink):
-    """Fails its first two writes; its first abandon() raises like a read-only disk."""
+    """Fails its first `failures` writes; its first abandon() raises like a read-only disk."""
 
-    def __init__(self) -> None:
+    def __init__(self, failures: int = 2) -> None:
         super().__init__("flaky")
+        self.failures = failures
         self.writes = 0
         self.abandons = 0
         self.delivered: list[int] = []
 
     async def write(self, records: Sequence[SpoolRecord]) -> SinkResult:
         self.writes += 1
-        if self.writes <= 2:
+        if self.writes <= self.failures:
             return SinkResult.failure("endpoint down", "connect")
         self.delivered += [r.offset for r in records]
         return SinkResult.success(records[-1].offset, sum(r.count for r in records))
@@ -46,6 +47,19 @@ class FlakySink(Sink):
         pass
 
 
+async def run_until(consumer: SinkConsumer, cursor: int) -> int:
+    """Run `consumer` until its sink's cursor reaches `cursor` (10 s at most), stop it,
+    and return the cursor it stopped at."""
+    task = asyncio.create_task(consumer.run())
+    for _ in range(200):
+        if consumer.spool.cursor(consumer.name) == cursor:
+            break
+        await asyncio.sleep(0.05)
+    consumer.stop()
+    await task
+    return consumer.spool.cursor(consumer.name)
+
+
 def test_delivery_survives_a_failing_abandon_and_resends_from_the_cursor(
         tmp_path: Path) -> None:
     async def main() -> tuple[FlakySink, AgentMetrics, int]:
@@ -56,15 +70,7 @@ def test_delivery_survives_a_failing_abandon_and_resends_from_the_cursor(
             await spool.append(b"x" * 100, 1, received_ns=i)
         metrics = AgentMetrics()
         sink = FlakySink()
-        consumer = SinkConsumer(sink, spool, metrics, backoff_cap_s=0.05)
-        task = asyncio.create_task(consumer.run())
-        for _ in range(200):
-            if spool.cursor("flaky") == 6:
-                break
-            await asyncio.sleep(0.05)
-        consumer.stop()
-        await asyncio.wait_for(task, 5)
-        cursor = spool.cursor("flaky")
+        cursor = await run_until(SinkConsumer(sink, spool, metrics, backoff_cap_s=0.05), 6)
         spool.close()
         return sink, metrics, cursor
 
@@ -75,14 +81,10 @@ def test_delivery_survives_a_failing_abandon_and_resends_from_the_cursor(
 
 
 class DownSink(FlakySink):
-    """Fails its first four writes, then delivers."""
+    """Fails its first four writes, then delivers; its abandon() does not fail."""
 
-    async def write(self, records: Sequence[SpoolRecord]) -> SinkResult:
-        self.writes += 1
-        if self.writes <= 4:
-            return SinkResult.failure("endpoint down", "connect")
-        self.delivered += [r.offset for r in records]
-        return SinkResult.success(records[-1].offset, sum(r.count for r in records))
+    def __init__(self) -> None:
+        super().__init__(failures=4)
 
     async def abandon(self) -> None:
         pass
@@ -103,15 +105,8 @@ def test_a_sink_that_stays_down_is_said_again_and_its_recovery_says_for_how_long
         spool.register_sinks(["flaky"])
         for i in range(3):  # readable records, so none is set aside as unreadable
             await spool.append(batch_to_bytes(empty_batch()), 1, received_ns=i)
-        consumer = SinkConsumer(DownSink(), spool, AgentMetrics(), backoff_cap_s=0.02)
-        task = asyncio.create_task(consumer.run())
-        for _ in range(200):
-            if spool.cursor("flaky") == 4:
-                break
-            await asyncio.sleep(0.05)
-        consumer.stop()
-        await task
-        cursor = spool.cursor("flaky")
+        cursor = await run_until(
+            SinkConsumer(DownSink(), spool, AgentMetrics(), backoff_cap_s=0.02), 4)
         spool.close()
         return cursor
 
