@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import re
 from typing import Any
 
@@ -94,6 +95,18 @@ def float_cell(value: float) -> str:
 def spread(value: Any) -> str:
     """A metric spread {min, max, mean} as "min..max ~mean"; anything else as a cell."""
     if isinstance(value, dict) and {"min", "max", "mean"} <= set(value):
-        lo, hi, mean = (table_cell(value[k]) for k in ("min", "max", "mean"))
+        lo, hi, mean = (metric_cell(value[k]) for k in ("min", "max", "mean"))
         return lo if lo == hi else f"{lo}..{hi} ~{mean}"
-    return table_cell(value)
+    return metric_cell(value)
+
+
+def metric_cell(value: Any) -> str:
+    """A metric as its number reads, not as seconds: tokens=4096 and lr=0.1, where three
+    decimals read 4096.000 and 0.100; four significant digits at most below 1000."""
+    if not isinstance(value, float) or not math.isfinite(value):
+        return table_cell(value)
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    if abs(value) >= 1000:
+        return f"{value:.1f}" if abs(value) < 1e12 else f"{value:.4g}"
+    return f"{value:.4g}"

@@ -83,7 +83,7 @@ def test_steps_search_and_sql(lake: Path, expected: type[Expected]) -> None:
                              "--json").stdout)
     assert {s["step"]: s["ops"] for s in steps} == expected.steps
     table = evagg("query", "--data", str(lake), "steps", "--run", "run1").stdout
-    assert "loss=0.700..0.900 ~0.800" in table
+    assert "loss=0.7..0.9 ~0.8" in table
     found = json.loads(evagg("query", "--data", str(lake), "search", "ENOSPC", "--json").stdout)
     assert [(r["kind"], r["id"], r["attempt"]) for r in found] == [("task", "flaky", 0)]
     spans = json.loads(evagg("query", "--data", str(lake), "search", "missing variable",
@@ -101,6 +101,16 @@ def test_small_numbers_keep_their_digits_in_the_table(lake: Path) -> None:
                 "2.5::DOUBLE AS loss, 0.0::DOUBLE AS zero")
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[2].split() == ["0.000198", "1e-05", "2.500", "0.000"]
+
+
+def test_metrics_read_as_numbers_not_seconds(lake: Path) -> None:
+    # a step's tokens read 4096.000 and its learning rate 0.100, as if they were seconds
+    out = evagg("query", "--data", str(lake), "sql",
+                "SELECT MAP {'tokens': 4096.0, 'lr': 0.1, 'loss': 1.47391, 'w': 6.1e-07, "
+                "'r': 3931860.64, 'z': 0.0} AS metrics")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[2].strip() == (
+        "tokens=4096, lr=0.1, loss=1.474, w=6.1e-07, r=3931860.6, z=0")
 
 
 def test_data_from_the_environment(lake: Path) -> None:
