@@ -23,11 +23,16 @@ _LENGTH = struct.Struct(">I")
 PAUSE_AT_FRAMES = 8
 RESUME_AT_FRAMES = 2
 # A connection's buffer starts this small (a node may hold hundreds of quiet producers'
-# connections) and grows to the frame in progress; it goes back to this size when a
-# read smaller than this, into an empty buffer, left it empty (the producer sends whole
-# small frames now). The last read of a large frame is often small too, but it does not
-# start empty: shrinking then cost each next frame a new buffer (bench_pipeline.py).
-SMALL_BUFFER_BYTES = 64 * 1024
+# connections, up to agent.max_connections: bench_connections.py) and grows to the frame
+# in progress; it goes back to this size when a read smaller than this, into an empty
+# buffer, left it empty (the producer sends whole small frames now). The last read of a
+# large frame is often small too, but it does not start empty: shrinking then cost each
+# next frame a new buffer (bench_pipeline.py).
+SMALL_BUFFER_BYTES = 8 * 1024
+# A read that fills the space offered says the producer has sent more: the next read is
+# offered twice the space, up to this, so many small frames sent at once are read in
+# few calls (bench_frame_reader.py --frame-bytes 2000).
+MAX_READ_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +53,8 @@ class FrameReader(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.connected = asyncio.Event()
         self._buffer = bytearray(SMALL_BUFFER_BYTES)
+        self._read_bytes = SMALL_BUFFER_BYTES // 2  # the least free space a read is offered
+        self._offered = 0
         self._start = 0  # the first byte not yet cut into a frame
         self._stop = 0  # the end of the bytes read
         self._paused = False
@@ -63,7 +70,7 @@ class FrameReader(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         """Free space after the bytes read: a frame cut by the buffer's end is moved to
         its start first, and the buffer grows only for a frame larger than it."""
-        wanted = max(SMALL_BUFFER_BYTES // 2, self._missing())
+        wanted = max(self._read_bytes, self._missing())
         if len(self._buffer) - self._stop < wanted:
             pending = self._stop - self._start
             if self._start:
@@ -71,6 +78,7 @@ class FrameReader(asyncio.BufferedProtocol):
                 self._start, self._stop = 0, pending
             if len(self._buffer) - self._stop < wanted:
                 self._buffer.extend(bytes(pending + wanted - len(self._buffer)))
+        self._offered = len(self._buffer) - self._stop
         return memoryview(self._buffer)[self._stop:]
 
     def _missing(self) -> int:
@@ -84,6 +92,8 @@ class FrameReader(asyncio.BufferedProtocol):
         if self._ended:
             return
         read_into_empty = self._start == self._stop
+        if nbytes == self._offered:
+            self._read_bytes = min(2 * self._read_bytes, MAX_READ_BYTES)
         self._stop += nbytes
         start, stop, buffer = self._start, self._stop, self._buffer
         cut = False
@@ -104,6 +114,7 @@ class FrameReader(asyncio.BufferedProtocol):
             self._start = self._stop = 0
             if read_into_empty and nbytes < SMALL_BUFFER_BYTES < len(buffer):
                 self._buffer = bytearray(SMALL_BUFFER_BYTES)
+                self._read_bytes = SMALL_BUFFER_BYTES // 2
         if cut:
             self._cancel_stall_timer()  # progress: the next partial frame gets a fresh limit
         if self.frames.qsize() >= PAUSE_AT_FRAMES or self._write_blocked:

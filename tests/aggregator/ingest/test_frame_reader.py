@@ -163,3 +163,35 @@ def test_a_large_frame_ended_by_a_small_read_keeps_the_grown_buffer() -> None:
         return len(reader._buffer)
 
     assert asyncio.run(main()) >= 300_000
+
+
+def test_many_small_frames_sent_at_once_are_read_in_few_reads() -> None:
+    """A quiet connection's buffer is small, but a producer that sent a burst of small
+    frames has its bytes read in growing reads, not one small buffer's worth at a time."""
+    burst = b"".join(frame(n) for n in range(1, 401))  # about 125 kB of 314-byte frames
+
+    async def main() -> tuple[int, int]:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        theirs.sendall(burst)  # all of it waits in the kernel before the first read
+        reader = FrameReader(max_frame_bytes=1 << 20, frame_timeout_s=30)
+        reads = 0
+        counted = reader.buffer_updated
+
+        def count_reads(nbytes: int) -> None:
+            nonlocal reads
+            reads += 1
+            counted(nbytes)
+
+        reader.buffer_updated = count_reads  # type: ignore[method-assign]
+        await asyncio.get_running_loop().create_connection(lambda: reader, sock=ours)
+        frames = 0
+        while frames < 400:
+            assert isinstance(await asyncio.wait_for(reader.frames.get(), 10), bytes)
+            reader.frame_taken()
+            frames += 1
+        theirs.close()
+        return frames, reads
+
+    frames, reads = asyncio.run(main())
+    assert len(burst) // 8 > SMALL_BUFFER_BYTES  # a small buffer alone would take 8+ reads
+    assert frames == 400 and reads <= 7, reads
