@@ -279,7 +279,13 @@ class Sender:
         on them) count as `exit_deadline`; the drops of reports that never went out are
         told again. The connection in use cannot carry it when the agent holds it back (a
         spool full under `block` stops reading this producer's frames), and the process
-        may be about to exit (docs/wire-protocol.md, "Losses")."""
+        may be about to exit (docs/wire-protocol.md, "Losses").
+
+        It goes under a session of its own: the agent takes a session's highest stored
+        seq for "every frame up to here is stored", and this frame, numbered after the
+        frames the agent has not read yet, would be stored before them and make them
+        look like resends of frames it holds. The loss events name the emitter's session
+        in their attrs, which is what the agent counts totals by."""
         self._drain(self._handoff.settings)  # what callers queued last: framed, or dropped
         for seq in [seq for seq in self.outbox.frames if seq > self._sent_upto]:
             frame = self.outbox.settle(seq)
@@ -295,11 +301,14 @@ class Sender:
             conn = Connection(self._handoff.settings.resolved_socket())
         except OSError:
             return  # no agent to tell: stats() and the closing words say it
+        made = self.outbox.frames[report]
+        alone = {report: (wire.encode_batch(os.urandom(wire.SESSION_BYTES), 1, made.events,
+                                            wire.payload_of(made.frame)), made.events)}
         try:
             conn.queue((report,))
             deadline = time.monotonic() + LAST_WORD_S
             while conn.wants_write and time.monotonic() < deadline:
-                if not conn.write(self.outbox.frames):
+                if not conn.write(alone):
                     select.select([], [conn], [], max(0.0, deadline - time.monotonic()))
         except ConnectionClosed:
             pass  # the agent went away meanwhile

@@ -15,7 +15,7 @@ import pytest
 
 from emitters import Emitter
 from tests.agentproc import AgentProcess
-from tests.emitters.fakeagent import Batch, FakeAgent
+from tests.emitters.fakeagent import Batch, FakeAgent, frame_events
 from tests.producers import producer_report, start_producer
 
 COUNTED = "evagg_producer_dropped_events_total"
@@ -100,3 +100,24 @@ def test_a_flush_after_a_drop_with_no_agent_returns_at_once(sock_path: Path) -> 
         assert emitter.stats().dropped.get("too_large") == 1
     finally:
         emitter.close(1.0)
+
+
+def test_the_last_report_goes_under_a_session_of_its_own(sock_path: Path) -> None:
+    """The agent takes a session's highest stored seq for "every frame up to here is
+    stored". The last report, numbered after frames the agent has not answered (a spool
+    full under `block` holds them), would be stored first and make them look stored:
+    it goes under its own session, its loss events naming the emitter's."""
+    emitter = Emitter(socket=sock_path, flush_interval=0.01, max_pending=8)
+    with FakeAgent(sock_path, silent_connections=1) as agent:  # the first: never answered
+        for i in range(2000):
+            emitter.emit(kind="task", name="held", step=i)
+        assert agent.wait_for(lambda: any(f.count for f in agent.received))
+        emitter.close(0.5)
+        assert agent.wait_for(lambda: agent.connections == 2 and any(
+            event["kind"] == "loss" for event in frame_events(agent.received[-1])))
+        with agent._lock:
+            received = list(agent.received)
+    held = {frame.session for frame in received[:-1]}
+    last = received[-1]
+    assert len(held) == 1 and last.session not in held and last.seq == 1, (held, last)
+    assert {event["attrs"]["session"] for event in frame_events(last)} == {held.pop().hex()}
