@@ -10,11 +10,20 @@ a fast producer is slowed by TCP-style backpressure instead of growing the agent
 memory. It pauses reading too while the producer does not read its acks (asyncio's
 pause_writing): each frame read makes an ack, and acks nobody reads would otherwise
 pile up in the agent without bound.
+
+A producer that goes away (it exits, or closes with acks unread) leaves the frames it
+wrote and the agent has not read yet in the socket's receive queue. The ack the agent
+writes next then fails, and asyncio closes the socket: those frames would be gone, and
+nobody would send them again. So the reader keeps a copy of the socket and reads them
+as the handler takes frames, bounded as before, until the end of what was written
+(docs/wire-protocol.md, "A producer that goes away").
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,6 +70,7 @@ class FrameReader(asyncio.BufferedProtocol):
         self._write_blocked = False  # the producer is not reading its acks
         self._stall_timer: asyncio.TimerHandle | None = None
         self._ended = False
+        self._left: socket.socket | None = None  # a gone producer's socket, read to its end
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -145,6 +155,9 @@ class FrameReader(asyncio.BufferedProtocol):
         if (self._paused and not self._write_blocked and not self._ended
                 and self.frames.qsize() <= RESUME_AT_FRAMES):
             self._paused = False
+            if self._left is not None:
+                self._read_left()
+                return
             self.transport.resume_reading()  # type: ignore[union-attr]
             self._watch_for_stall()
 
@@ -179,7 +192,39 @@ class FrameReader(asyncio.BufferedProtocol):
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._end(None, None)
+        """Closed by the handler (exc None), or a write or read failed: the producer
+        closed its end. What it wrote before is in the receive queue all the same (a Unix
+        stream socket reports the peer's close only once that queue is read): read it on
+        a copy of the socket, which asyncio closes after this returns."""
+        if exc is None or self._ended or self.transport is None:
+            self._end(None, None)
+            return
+        try:
+            left = self.transport.get_extra_info("socket").dup()
+            left.setblocking(False)
+        except (OSError, AttributeError):
+            self._end(None, None)
+            return
+        self._left = left
+        self._paused = self._write_blocked = False  # no more acks go out
+        self._read_left()
+
+    def _read_left(self) -> None:
+        """The gone producer's frames, until the handler has PAUSE_AT_FRAMES waiting
+        (frame_taken() reads on) or the end of what it wrote: all of it is in the
+        receive queue already, so nothing is waited for."""
+        while self._left is not None and not self._ended:
+            if self.frames.qsize() >= PAUSE_AT_FRAMES:
+                self._pause()
+                return
+            try:
+                nbytes = self._left.recv_into(self.get_buffer(-1))
+            except OSError:  # ECONNRESET once the queue is read, or EAGAIN: no more came
+                nbytes = 0
+            if not nbytes:
+                self.eof_received()
+                return
+            self.buffer_updated(nbytes)
 
     def _end(self, reason: str | None, label: str | None) -> None:
         if self._ended:
@@ -189,4 +234,8 @@ class FrameReader(asyncio.BufferedProtocol):
             self._stall_timer.cancel()
         self._start = self._stop = 0
         self._buffer = bytearray()  # nothing more is cut: a grown buffer goes now
+        if self._left is not None:
+            with contextlib.suppress(OSError):
+                self._left.close()
+            self._left = None
         self.frames.put_nowait(StreamEnd(reason, label))

@@ -114,6 +114,7 @@ class SocketIngest:
             log.exception("socket connection failed")
         finally:
             self.metrics.open_connections.inc(-1)
+            reader.finish()  # nothing more is read, not even what a gone producer left
             if reader.transport is not None:
                 reader.transport.close()
 

@@ -7,6 +7,8 @@ import asyncio
 import random
 import socket
 
+import pytest
+
 from aggregator.ingest.frame_reader import SMALL_BUFFER_BYTES, FrameReader, StreamEnd
 from emitters import wire
 
@@ -195,3 +197,35 @@ def test_many_small_frames_sent_at_once_are_read_in_few_reads() -> None:
     frames, reads = asyncio.run(main())
     assert len(burst) // 8 > SMALL_BUFFER_BYTES  # a small buffer alone would take 8+ reads
     assert frames == 400 and reads <= 7, reads
+
+
+@pytest.mark.parametrize("tail", [b"", b"\x00\x00\x10"], ids=["whole", "cut"])
+def test_what_a_producer_wrote_before_it_went_away_is_read_to_the_end(tail: bytes) -> None:
+    """A producer writes frames faster than they are taken (the reader pauses, the rest
+    wait in the socket), then closes with an ack unread, as a producer that exits while
+    a full spool holds its frames does. The next ack fails to go out and asyncio closes
+    the socket; every frame the producer wrote still comes out, in order, as the handler
+    takes them, then the end (truncated when the last frame was cut)."""
+    bodies = [wire.encode_batch(b"S" * 16, n, 1, b'{"kind": "op"}' * 300) for n in range(1, 41)]
+
+    async def main() -> list[bytes | StreamEnd]:
+        reader, peer = await reader_over_socketpair(timeout_s=5)
+        peer.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+        peer.sendall(b"".join(bodies) + tail)  # about 170 KiB: the socket holds it
+        await asyncio.sleep(0.2)  # the reader reads, and pauses with frames waiting
+        assert reader.frames.qsize() < len(bodies)
+        assert reader.transport is not None
+        reader.transport.write(b"ack")
+        await asyncio.sleep(0.05)
+        peer.close()  # its ack unread: the agent's side is reset
+        reader.transport.write(b"ack")  # fails: asyncio closes the socket
+        got: list[bytes | StreamEnd] = []
+        while not got or not isinstance(got[-1], StreamEnd):
+            got.append(await asyncio.wait_for(reader.frames.get(), 5))
+            reader.frame_taken()
+        return got
+
+    items = asyncio.run(main())
+    assert items[:-1] == [body[4:] for body in bodies]
+    assert items[-1] == (StreamEnd("connection closed inside a frame", "truncated") if tail
+                         else StreamEnd(None, None))
