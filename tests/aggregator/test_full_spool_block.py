@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from typing import Any
 
 from tests.agentproc import REPO, AgentProcess, http_sink
 from tests.aggregator.cli.newcomer import evagg
@@ -135,3 +136,67 @@ def test_a_producer_that_exits_while_the_spool_is_full_has_its_losses_counted(
     status = evagg("status", "--url", agent.http_url, "--interval", "0.1")
     assert "lost       none" not in status.stdout, status.stdout
     assert "by producers" in status.stdout and "buffer_full=" in status.stdout
+
+
+# A batch job that writes faster than a full spool takes and then ends: it leaves the
+# interpreter as scripts do, without calling close(). Its frames are 16 KiB (the agent
+# above reads frames of up to 64 KiB), and the attrs differ by event so that no column
+# is constant.
+EXITING_PRODUCER = """
+import sys, emitters
+emitters.configure(socket=sys.argv[1], max_frame_bytes=16 * 1024, exit_timeout=1.0)
+for i in range(int(sys.argv[2])):
+    emitters.emit(kind="task", name="gone", task_id=f"g{i}", attrs={"pad": str(i) * 40})
+"""
+
+
+def lost_by_loss_events(events: list[dict[str, Any]]) -> int:
+    """What the `loss` rows say was lost, as `evagg status`'s query counts them: each
+    session's largest total per reason."""
+    lost: dict[tuple[str, str], int] = {}
+    for event in events:
+        if event.get("kind") == "loss":
+            key = (str(event.get("attrs", {}).get("session")), str(event.get("name")))
+            metrics = event.get("metrics") or {}
+            count = int(metrics.get("events_total", metrics.get("events", 0)))
+            lost[key] = max(lost.get(key, 0), count)
+    return sum(lost.values())
+
+
+def test_every_event_of_a_producer_that_exits_while_the_spool_is_full_is_delivered_or_counted(
+        agent_factory: Callable[..., AgentProcess],
+        servers: Callable[..., ServerThread]) -> None:
+    """The producer's frames that the agent had not read when it exited were neither
+    stored nor counted: its last loss report, on a fresh connection, was stored first
+    and made them look like resends already stored, and the agent closed a connection
+    whose acks could no longer be written without reading the rest of its frames. Once
+    the sink is back, each emitted event is delivered or counted lost, by the metrics,
+    by `evagg status` and by the `loss` rows alike."""
+    emitted = 3000
+    endpoint = servers()
+    agent = blocking_agent(agent_factory, endpoint)
+    fill_to_the_brim(agent)
+    done = subprocess.run([sys.executable, "-c", EXITING_PRODUCER, str(agent.socket_path),
+                           str(emitted)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    endpoint.answer_always(200)
+
+    def gone() -> int:
+        return len({e["event_id"] for e in endpoint.accepted_events() if e.get("name") == "gone"})
+
+    def counted_lost() -> float:
+        return agent.metric("evagg_producer_dropped_events_total")
+
+    def accounted() -> bool:
+        return gone() + counted_lost() >= emitted
+
+    wait_until(accounted, 120, lambda: f"{emitted} events delivered or counted lost: "
+               f"{gone()} delivered, {counted_lost():.0f} counted lost, the producer said "
+               f"{done.stderr.strip()!r}")
+    lost = counted_lost()
+    assert gone() + lost == emitted, (gone(), lost)
+    wait_until(lambda: lost_by_loss_events(endpoint.accepted_events()) == lost, 60,
+               lambda: f"loss rows for {lost:.0f} events: {endpoint.accepted_events()[-5:]}")
+    status = evagg("status", "--url", agent.http_url).stdout
+    assert (f"lost       {lost:,.0f} events" if lost else "lost       none") in status, status
