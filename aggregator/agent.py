@@ -96,7 +96,8 @@ class Agent:
                                    frame_timeout_s=config.frame_timeout_s,
                                    max_connections=config.max_connections)
         self.http = HttpApi(self.ingestor, self.metrics, max_body_bytes=config.http_max_body_bytes,
-                            token=config.http_token, is_ready=self.is_ready)
+                            token=config.http_token, is_ready=self.is_ready,
+                            listen_host=config.http_listen.rpartition(":")[0].strip("[]"))
         self.heartbeat = Heartbeat(self.ingestor, self.metrics, self.losses,
                                    node_id=config.node_id, spool_directory=self.spool.directory,
                                    interval_s=config.heartbeat_interval_s,

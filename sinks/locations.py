@@ -4,6 +4,7 @@ loopback host, for the sinks, the agent's config, `evagg compact` and the dashbo
 from __future__ import annotations
 
 import ipaddress
+import socket
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
@@ -56,3 +57,20 @@ def is_loopback_host(host: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+def host_header_trusted(header: str | None, listen_host: str) -> bool:
+    """Whether a request with this Host header may be answered by a server listening on
+    `listen_host`. A server on loopback answers only names of this machine (loopback
+    names and addresses, the listen host, the machine's own host name): a web page whose
+    own name an attacker re-pointed at 127.0.0.1 (DNS rebinding) sends that name, and is
+    refused. A server listening where other hosts reach it was opened on purpose: any
+    name. A request without a Host header (HTTP/1.0) is no browser's."""
+    if header is None or not is_loopback_host(listen_host):
+        return True
+    try:
+        name = urlsplit(f"//{header}").hostname or ""
+    except ValueError:  # a malformed port or bracket
+        return False
+    own = {listen_host.lower().strip("[]"), socket.gethostname().lower()}
+    return is_loopback_host(name) or name in own

@@ -26,11 +26,13 @@ from aggregator.metrics import AgentMetrics
 from aggregator.ray.batch import RayBatch
 from aggregator.ray.events import RayBodyError
 from aggregator.ray.intake import RayIntake, RayResendPending
+from sinks.locations import host_header_trusted
 
 log = logging.getLogger("evagg.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 INGEST_PATHS = frozenset({"/v1/events", "/ray/events", "/v1/traces"})
+KNOWN_PATHS = INGEST_PATHS | {"/metrics", "/healthz", "/readyz", "/v1/tail"}
 READABLE_ENCODINGS = frozenset({"identity", "gzip", "deflate"})  # bodies.py inflates these
 # How long a request waits for room in a full spool (when_full = "block") before its 503:
 # an HTTP sender times out and resends anyway, and a request held open forever holds its
@@ -40,8 +42,10 @@ ROOM_WAIT_S = 5.0
 
 class HttpApi:
     def __init__(self, ingestor: Ingestor, metrics: AgentMetrics, *, max_body_bytes: int,
-                 token: str | None, is_ready: Callable[[], bool]) -> None:
+                 token: str | None, is_ready: Callable[[], bool],
+                 listen_host: str = "127.0.0.1") -> None:
         self.ingestor = ingestor
+        self.listen_host = listen_host
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.token = token
@@ -64,7 +68,14 @@ class HttpApi:
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Bearer token on ingest routes; every failure becomes a short readable answer."""
+        """No browser; bearer token on ingest routes; every failure becomes a short
+        readable answer."""
+        refused = self._from_a_browser(request)
+        if refused:
+            # a known route's path, else one word: a label must not take a page's words
+            route = request.path if request.path in KNOWN_PATHS else "other"
+            self.metrics.bad_input.inc(route=route, reason="browser_request")
+            return _refusal(request, 403, refused)
         guarded = request.path in INGEST_PATHS or request.path == "/v1/tail"
         if self.token and guarded and not self._authorized(request):
             self.metrics.bad_input.inc(route=request.path, reason="unauthorized")
@@ -94,6 +105,20 @@ class HttpApi:
             self.metrics.worker_errors.inc(worker="http", type=type(exc).__name__)
             log.exception("request to %s failed", request.path)
             return _error(500, f"internal error: {type(exc).__name__}")
+
+    def _from_a_browser(self, request: web.Request) -> str:
+        """Why a request comes from a web page, or "". The port serves no page, and its
+        clients (emitters, Ray, OTLP exporters) send no Origin; a browser sends one with
+        every cross-site POST, which a page can make without asking (a text/plain form
+        body), so any Origin is refused. A Host that names no loopback name, on a
+        loopback port, is a page whose name was re-pointed at 127.0.0.1 (DNS rebinding),
+        which could read /v1/tail and /metrics as its own."""
+        if "Origin" in request.headers:
+            return "requests from web pages are refused (the request has an Origin header)"
+        if not host_header_trusted(request.headers.get("Host"), self.listen_host):
+            return (f"Host {request.headers['Host'][:100]!r} does not name this machine; "
+                    f"use http://127.0.0.1:<port> or http://localhost:<port>")
+        return ""
 
     def _authorized(self, request: web.Request) -> bool:
         """A bearer token, or for Ray's exporter (which cannot send headers) ?token=."""
