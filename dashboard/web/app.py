@@ -13,6 +13,7 @@ from importlib import resources
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from dashboard.lake.errors import DashboardError
 from dashboard.lake.store import Store
@@ -20,6 +21,7 @@ from dashboard.questions.runner import QueryRunner
 from dashboard.raystate.routes import RayStateApi
 from dashboard.web.api import Api, Handler
 from dashboard.web.artifact_routes import ArtifactApi
+from sinks.locations import host_header_trusted
 
 log = logging.getLogger("evagg.dashboard")
 STATIC = Path(str(resources.files("dashboard.web").joinpath("static")))
@@ -54,13 +56,32 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     return response
 
 
+def only_this_machine(listen_host: str) -> Middleware:
+    """On a loopback port, refuse a Host that does not name this machine: a web page whose
+    name was re-pointed at 127.0.0.1 (DNS rebinding) would otherwise read every page and
+    file of the store as its own (docs/security.md, "Web pages")."""
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        host = request.headers.get("Host")
+        if host is None or host_header_trusted(host, listen_host):
+            return await handler(request)
+        response = web.json_response({"error": f"Host {host[:100]!r} does not name this "
+                                      "machine; open http://127.0.0.1:<port>/ or "
+                                      "http://localhost:<port>/"}, status=403)
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+    return check
+
+
 async def index(_request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC / "index.html")
 
 
-def create_app(store: Store, *, timeout_s: float = 60.0) -> web.Application:
+def create_app(store: Store, *, timeout_s: float = 60.0,
+               listen_host: str = "127.0.0.1") -> web.Application:
     runner = QueryRunner(store, timeout_s=timeout_s)
-    app = web.Application(middlewares=[errors_as_json])
+    app = web.Application(middlewares=[only_this_machine(listen_host), errors_as_json])
     app.add_routes(Api(store, runner).routes())
     app.add_routes(ArtifactApi(store, runner).routes())  # shipped files, docs/dashboard.md
     app.add_routes(RayStateApi(store, runner).routes())  # Ray's State API, docs/ray.md

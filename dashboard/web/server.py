@@ -145,7 +145,8 @@ def run_dashboard(args: argparse.Namespace) -> int:
                   file=sys.stderr, flush=True)
 
     try:
-        web.run_app(create_app(store, timeout_s=args.query_timeout), host=host, port=port,
+        web.run_app(create_app(store, timeout_s=args.query_timeout, listen_host=host),
+                    host=host, port=port,
                     print=announce, access_log=None)
     except OSError as exc:
         print(f"evagg dashboard: cannot listen on {host}:{port}: {exc.strerror}; another "
