@@ -130,6 +130,11 @@ def _ensure(path: Path, start_timeout: float, lock_timeout: float) -> AgentLease
     deadline = time.monotonic() + lock_timeout
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        problem = paths.unsafe_directory(path.parent)
+        if problem:  # before any file is opened there: another user's symlinks
+            log.warning("evagg: not using or starting an agent on %s: %s; set "
+                        "EVAGG_SOCKET or XDG_RUNTIME_DIR to a folder of your own", path, problem)
+            return None
         users = _open_lock(users_lock_path(path))
     except OSError as exc:  # a system socket's directory: use the agent if it is there
         if agent_answers(path):

@@ -8,12 +8,14 @@ they arrive, and knows how long the oldest unanswered frame has been waiting.
 from __future__ import annotations
 
 import contextlib
+import errno
 import socket
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 
-from emitters import wire
+from emitters import paths, wire
 
 CONNECT_TIMEOUT_S = 1.0
 
@@ -24,7 +26,13 @@ class ConnectionClosed(ConnectionError):
 
 class Connection:
     def __init__(self, path: str) -> None:
-        """Connect at once; raises OSError when no agent listens at `path`."""
+        """Connect at once; raises OSError when no agent listens at `path`, or when it is
+        in the user's shared folder under /tmp and another user holds that folder (their
+        socket would take this process's events)."""
+        if Path(path).parent == paths.shared_tmp_dir():
+            problem = paths.unsafe_directory(Path(path).parent)
+            if problem:
+                raise PermissionError(errno.EACCES, f"not connecting: {problem}")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(CONNECT_TIMEOUT_S)

@@ -22,7 +22,7 @@ from aggregator.decode.columns import ColumnsRefused
 from aggregator.ingest.frame_reader import FrameReader, StreamEnd
 from aggregator.ingest.ingestor import Ingestor, SpoolUnavailable
 from aggregator.metrics import AgentMetrics
-from emitters import wire
+from emitters import paths, wire
 from emitters.ratelimit import RateLimitedLog
 
 log = logging.getLogger("evagg.socket")
@@ -207,8 +207,14 @@ def peer_credentials(transport: asyncio.BaseTransport) -> tuple[int | None, int 
 
 
 def prepare_socket_path(path: Path) -> None:
-    """Create the directory; remove a stale socket file that nobody listens on."""
+    """Create the directory; remove a stale socket file that nobody listens on. A
+    directory another user may change is refused: they could swap the socket for their
+    own (and take the producers' events) or for a symlink the agent's chmod follows."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    problem = paths.unsafe_directory(path.parent)
+    if problem:
+        raise RuntimeError(f"agent.socket: {problem}; put the socket in a folder of the "
+                           "agent's own user (or root's) that others cannot write")
     if not path.exists() and not path.is_symlink():
         return
     if not stat.S_ISSOCK(path.lstat().st_mode):
