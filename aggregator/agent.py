@@ -37,6 +37,7 @@ from aggregator.delivery.sink_set import SinkSet, build_sinks
 from aggregator.gauges import AgentGauges
 from aggregator.heartbeat import Heartbeat, silent_after_s
 from aggregator.ingest.http_routes import HttpApi
+from aggregator.ingest.http_routes import serve as serve_http
 from aggregator.ingest.ingestor import Ingestor
 from aggregator.ingest.unix_socket import SocketIngest
 from aggregator.liveness import LivenessWatch
@@ -61,6 +62,7 @@ from aggregator.shutdown import (
 )
 from aggregator.spool import Spool
 from aggregator.worker_errors import WorkerErrors
+from emitters.ratelimit import RateLimitedLog
 from emitters.thread_names import name_this_thread
 from sinks.base import Sink
 
@@ -97,7 +99,8 @@ class Agent:
                                    max_connections=config.max_connections)
         self.http = HttpApi(self.ingestor, self.metrics, max_body_bytes=config.http_max_body_bytes,
                             token=config.http_token, is_ready=self.is_ready,
-                            listen_host=config.http_listen.rpartition(":")[0].strip("[]"))
+                            listen_host=config.http_listen.rpartition(":")[0].strip("[]"),
+                            stall_s=config.frame_timeout_s)
         self.heartbeat = Heartbeat(self.ingestor, self.metrics, self.losses,
                                    node_id=config.node_id, spool_directory=self.spool.directory,
                                    interval_s=config.heartbeat_interval_s,
@@ -113,6 +116,8 @@ class Agent:
         self._reload_lock = asyncio.Lock()  # a reload and the drain never overlap
         self._reload_task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
+        self._http_server: asyncio.Server | None = None
+        self._http_log = RateLimitedLog(log)
         self._ready = False
         self._stop_signals = StopSignals()  # a second SIGINT/SIGTERM cuts the drain short
         self._stop = asyncio.Event()
@@ -226,14 +231,27 @@ class Agent:
         host, _, port = self.config.http_listen.rpartition(":")
         # A short shutdown_timeout: an open `evagg tail` must not hold the exit for minutes.
         # auto_decompress off: the routes inflate bodies themselves (ingest/bodies.py).
+        # keepalive_timeout: a connection must send a request's headers within
+        # frame_timeout of opening (or of its last answer), or it is closed; lingering:
+        # the rest of a refused body is waited for that long at most, not 10 s.
         self._runner = web.AppRunner(self.http.app(), access_log=None, handle_signals=False,
-                                     shutdown_timeout=2.0, auto_decompress=False)
+                                     shutdown_timeout=2.0, auto_decompress=False,
+                                     keepalive_timeout=self.config.frame_timeout_s,
+                                     lingering_time=self.config.frame_timeout_s)
         await self._runner.setup()
         try:
-            await web.TCPSite(self._runner, host.strip("[]"), int(port)).start()
+            self._http_server = await serve_http(
+                self._runner, host.strip("[]"), int(port),
+                max_connections=self.config.max_connections,
+                on_refused=self._refuse_http_connection)
         except OSError as exc:
             await self._runner.cleanup()
             raise RuntimeError(http_port_problem(self.config.http_listen, exc)) from None
+
+    def _refuse_http_connection(self) -> None:
+        self.metrics.bad_input.inc(route="http", reason="too_many_connections")
+        self._http_log.log(logging.WARNING, "over_cap", "closing HTTP connections beyond "
+                           "max_connections = %d", self.config.max_connections)
 
     def _announce(self) -> None:
         for warning in config_warnings(self.config):
@@ -265,6 +283,8 @@ class Agent:
             await cancel_until_done(delivering)
             if self.sinks is not None:
                 await self.sinks.abandon()
+        if self._http_server is not None:
+            self._http_server.close()
         if self._runner is not None:
             await self._runner.cleanup()
         self.ingestor.close()

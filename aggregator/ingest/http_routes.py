@@ -43,9 +43,11 @@ ROOM_WAIT_S = 5.0
 class HttpApi:
     def __init__(self, ingestor: Ingestor, metrics: AgentMetrics, *, max_body_bytes: int,
                  token: str | None, is_ready: Callable[[], bool],
-                 listen_host: str = "127.0.0.1") -> None:
+                 listen_host: str = "127.0.0.1", stall_s: float = 10.0) -> None:
         self.ingestor = ingestor
         self.listen_host = listen_host
+        # a body that sends no byte for this long is cut off (frame_timeout, as a frame)
+        self.stall_s = stall_s
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.token = token
@@ -90,7 +92,10 @@ class HttpApi:
             return _refusal(request, 400, f"cannot read the body: {exc}")
         except BodyRefused as exc:
             self.metrics.bad_input.inc(route=request.path, reason=exc.reason)
-            return _refusal(request, exc.status, str(exc))
+            answer = _refusal(request, exc.status, str(exc))
+            if exc.status == 408:  # the rest of the body may never come: no next request
+                answer.force_close()
+            return answer
         except web.HTTPException as exc:
             if exc.status == 413:
                 self.metrics.bad_input.inc(route=request.path, reason="too_large")
@@ -137,10 +142,31 @@ class HttpApi:
         if encoding not in READABLE_ENCODINGS:
             raise BodyRefused(f"Content-Encoding {encoding[:40]!r} is not supported "
                               "(gzip, deflate or none)", 415, "bad_encoding")
-        body = await request.read()
+        body = await self._body(request)
         if encoding == "identity":
             return body
         return await self.ingestor.in_thread(inflate, body, encoding, self.max_body_bytes)
+
+    async def _body(self, request: web.Request) -> bytes:
+        """The raw body, held to http_max_body; a client that sends no byte of it for
+        `stall_s` is refused (408), as a frame stalled on the socket is: it would hold
+        its connection and the bytes it sent so far for as long as it likes."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            try:
+                async with asyncio.timeout(self.stall_s):
+                    chunk = await request.content.readany()
+            except TimeoutError:
+                raise BodyRefused(f"the body stalled: no byte for {self.stall_s:g} s",
+                                  408, "stalled") from None
+            if not chunk:
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise web.HTTPRequestEntityTooLarge(max_size=self.max_body_bytes,
+                                                    actual_size=size)
+            chunks.append(chunk)
 
     async def post_events(self, request: web.Request) -> web.Response:
         body = await self._read(request)
@@ -191,7 +217,7 @@ class HttpApi:
             otlp.check_encoding(encoding)  # gzip is inflated by the decoder, with its cap
         except otlp.OtlpError as exc:
             return self._bad(request, "bad_encoding", str(exc), status=exc.status)
-        body = await request.read()
+        body = await self._body(request)
         try:
             decoded = await self.ingestor.in_thread(
                 otlp.decode_otlp_traces, body, content_type, encoding)
@@ -235,6 +261,29 @@ class HttpApi:
         names = request.query.getall("name", [])
         return await stream_tail(request, self.ingestor.spool, kinds=kinds, names=names,
                                  is_ready=self.is_ready)
+
+
+async def serve(runner: web.AppRunner, host: str, port: int, *, max_connections: int,
+                on_refused: Callable[[], None]) -> asyncio.Server:
+    """Listen on host:port with at most `max_connections` connections open: one more is
+    closed at once (on_refused is told), so that clients which open connections and hold
+    them (a slow request never finished) cannot take the file descriptors the socket,
+    the spool and the sinks need. The caller closes the server before runner.cleanup()."""
+    server = runner.server
+    assert server is not None, "runner.setup() first"
+
+    def connection() -> asyncio.BaseProtocol:
+        if len(server.connections) >= max_connections:
+            on_refused()
+            return _Refused()
+        return server()
+
+    return await asyncio.get_running_loop().create_server(connection, host, port)
+
+
+class _Refused(asyncio.Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
 
 
 def _ingest_answer(result: IngestResult, all_rejected_status: int = 400,
