@@ -11,6 +11,7 @@ import dataclasses
 import grp
 import os
 import socket
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -85,6 +86,7 @@ class AgentConfig:
     ray_log_dir: str = DEFAULT_RAY_LOG_DIR  # Ray's temp root; "" collects no Ray logs
     inferred_end_grace_s: float = 30.0  # 0: no inferred ends (aggregator/liveness/)
     files: tuple[WatchedFiles, ...] = ()  # [[files]]: directories shipped as artifacts
+    http_token_file: Path | None = None  # where http_token was read, for its mode
 
 
 _AGENT_KEYS = {
@@ -311,6 +313,8 @@ def _build(
                                  "agent."),
         sinks=parse_sinks(sinks_raw, problems),
         source_path=path,
+        http_token_file=(Path(agent["http_token_file"]) if isinstance(
+            agent.get("http_token_file"), str) and agent["http_token_file"] else None),
         red_metrics=get(agent, "red_metrics", True, parse_bool, "agent."),
         red_max_names=get(agent, "red_max_names", 200, label_cap, "agent."),
         max_connections=get(agent, "max_connections", 1024, connection_cap, "agent."),
@@ -353,11 +357,28 @@ def config_warnings(config: AgentConfig) -> list[str]:
                         f"at {RAY_EXPORT_DELAY_S:g}s or more, or Ray's own end may come after "
                         "evagg inferred one")
     warnings.extend(files_warnings(config.files, [sink.type for sink in config.sinks]))
+    warnings.extend(token_file_warnings(config))
     host = config.http_listen.rpartition(":")[0].strip("[]")
     if not host or config.http_token is not None or is_loopback_host(host):
         return warnings
     return [f"agent.http_listen: {config.http_listen} can be reached from other hosts and "
             "no http_token_file is set: anyone who reaches it can write events", *warnings]
+
+
+def token_file_warnings(config: AgentConfig) -> list[str]:
+    """A token file other users may read (or anyone but its owner may change) protects
+    nothing from them: they send events and read /v1/tail with it."""
+    if config.http_token is None or config.http_token_file is None:
+        return []
+    try:
+        mode = stat.S_IMODE(config.http_token_file.stat().st_mode)
+    except OSError:
+        return []  # read a moment ago; a file gone since is the next start's error
+    if not mode & 0o026:  # other users' read or write, the group's write
+        return []
+    return [f"agent.http_token_file: {config.http_token_file} has mode {mode:04o}: every "
+            "local user can read (or change) the token, and so write events and read "
+            f"them back; chmod 600 {config.http_token_file} (640 to let a group read it)"]
 
 
 def _unverified(options: Mapping[str, Any]) -> bool:

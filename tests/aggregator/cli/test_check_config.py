@@ -50,6 +50,24 @@ def test_a_missing_token_file_is_named_by_its_path(tmp_path: Path) -> None:
             "No such file or directory") in checked.stderr
 
 
+def test_a_token_file_every_user_may_read_is_a_warning(tmp_path: Path) -> None:
+    """Another local user reads the token from a 0644 file and writes events with it."""
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    path = config(tmp_path, f'state_dir = "{tmp_path}/state"\nhttp_token_file = "{token}"')
+    token.chmod(0o644)
+    checked = evagg("check-config", "--config", str(path))
+    assert checked.returncode == 0, checked.stderr
+    assert (f"config warning: agent.http_token_file: {token} has mode 0644: every local "
+            f"user can read (or change) the token") in checked.stderr
+    assert f"chmod 600 {token}" in checked.stderr
+    assert "s3cret" not in checked.stderr + checked.stdout
+    for private in (0o600, 0o640):
+        token.chmod(private)
+        checked = evagg("check-config", "--config", str(path))
+        assert "http_token_file" not in checked.stderr, checked.stderr
+
+
 def test_warnings_show_beside_errors_and_a_bad_url_is_said_once(tmp_path: Path) -> None:
     path = config(tmp_path, f'state_dir = "{tmp_path}/state"', listen="0.0.0.0:4040",
                   sinks='[[sinks]]\nname = "c"\ntype = "http"\nurl = "ftp://example.com/x"\n')
