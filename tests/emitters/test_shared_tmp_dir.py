@@ -27,6 +27,7 @@ from typing import NoReturn
 
 import pytest
 
+import emitters.autostart
 from tests.agentproc import REPO
 from tests.emitters.ondemand import agent_pids
 from tests.ports import free_port
@@ -39,12 +40,13 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to act as
 
 PRODUCER = """
 import emitters
-emitters.emit(kind="task", name="secret-work", state="FINISHED", task_id="t1")
-print("flushed" if emitters.flush(3) else "not flushed", flush=True)
+emitter = emitters.Emitter()
+emitter.emit(kind="task", name="secret-work", state="FINISHED", task_id="t1")
+print("flushed" if emitter.flush(3) else "not flushed", flush=True)
 """
 ON_DEMAND = """
 import emitters
-emitters.configure(start_agent=True)
+emitters.Emitter().configure(start_agent=True)
 print("started" if emitters.autostart.current_lease() else "no agent", flush=True)
 """
 
@@ -106,6 +108,9 @@ def _run_as_victim(home: Path, code: str, output: int, timeout: float) -> NoRetu
             del os.environ[name]
         os.environ.update({"HOME": str(home), "EVAGG_HTTP_LISTEN": f"127.0.0.1:{free_port()}"})
         os.chdir(home)
+        # a new process has no agent leased, whatever tests this worker ran before (the
+        # victim's code makes an emitter of its own: the default one may be theirs)
+        emitters.autostart._lease = None
         os.setgroups([])
         os.setgid(VICTIM)
         os.setuid(VICTIM)
