@@ -32,7 +32,13 @@ log = logging.getLogger("evagg.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 INGEST_PATHS = frozenset({"/v1/events", "/ray/events", "/v1/traces"})
-KNOWN_PATHS = INGEST_PATHS | {"/metrics", "/healthz", "/readyz", "/v1/tail"}
+# OTLP/HTTP's other signals, which the agent does not store: an exporter pointed at the
+# agent's base address (OTEL_EXPORTER_OTLP_ENDPOINT) posts them beside its traces, and
+# gets a refusal saying so rather than a bare 404.
+NOT_TAKEN = {"/v1/metrics": ("metrics", "OTEL_METRICS_EXPORTER"),
+             "/v1/logs": ("logs", "OTEL_LOGS_EXPORTER")}
+OTLP_PATHS = frozenset({"/v1/traces", *NOT_TAKEN})
+KNOWN_PATHS = INGEST_PATHS | OTLP_PATHS | {"/metrics", "/healthz", "/readyz", "/v1/tail"}
 READABLE_ENCODINGS = frozenset({"identity", "gzip", "deflate"})  # bodies.py inflates these
 # How long a request waits for room in a full spool (when_full = "block") before its 503:
 # an HTTP sender times out and resends anyway, and a request held open forever holds its
@@ -62,6 +68,8 @@ class HttpApi:
         app.router.add_post("/v1/events", self.post_events)
         app.router.add_post("/ray/events", self.post_ray_events)
         app.router.add_post("/v1/traces", self.post_traces)
+        for path in NOT_TAKEN:
+            app.router.add_post(path, self.post_not_taken)
         app.router.add_get("/metrics", self.get_metrics)
         app.router.add_get("/healthz", self.get_healthz)
         app.router.add_get("/readyz", self.get_readyz)
@@ -236,6 +244,14 @@ class HttpApi:
         answer, answer_type = otlp.otlp_response(content_type, result.rejected, note)
         return web.Response(body=answer, content_type=answer_type)
 
+    async def post_not_taken(self, request: web.Request) -> web.Response:
+        """OTLP metrics or logs: a 404 (not retryable) that says where they belong."""
+        signal, variable = NOT_TAKEN[request.path]
+        return self._bad(request, "signal_not_taken",
+                         f"this agent takes OTLP traces only (POST /v1/traces), not {signal}: "
+                         f"send {signal} to an OpenTelemetry Collector, or turn that "
+                         f"exporter off ({variable}=none)", status=404)
+
     def _bad(self, request: web.Request, reason: str, text: str,
              status: int = 400) -> web.Response:
         self.metrics.bad_input.inc(route=request.path, reason=reason)
@@ -300,15 +316,26 @@ def _ingest_answer(result: IngestResult, all_rejected_status: int = 400,
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
 
 
-def _refusal(request: web.Request, status: int, text: str) -> web.Response:
+def _refusal(request: web.Request, status: int, text: str,
+             headers: dict[str, str] | None = None) -> web.Response:
     """A refused request's answer: OTLP/HTTP wants a google.rpc.Status in the request's
-    encoding, which its exporters parse; every other route answers JSON."""
-    if request.path != "/v1/traces":
-        return _error(status, text)
+    encoding, which its exporters parse; every other route answers JSON.
+
+    On the OTLP routes the reason is the HTTP reason phrase too: the Python SDK's
+    exporter logs the status line (`code: 415, reason: ...`), not the body."""
+    if request.path not in OTLP_PATHS:
+        return _error(status, text, headers)
     body, content_type = otlp.otlp_error_body(request.headers.get("Content-Type"), text)
-    return web.Response(status=status, body=body, headers={"Content-Type": content_type})
+    return web.Response(status=status, body=body, reason=reason_phrase(text),
+                        headers={"Content-Type": content_type, **(headers or {})})
 
 
-def _error(status: int, text: str) -> web.Response:
+def reason_phrase(text: str) -> str:
+    """`text` as an HTTP/1.1 reason phrase: printable ASCII on one line, at most 300."""
+    printable = "".join(c if " " <= c <= "~" else "?" for c in text)
+    return printable[:300]
+
+
+def _error(status: int, text: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(status=status, body=orjson.dumps({"error": text}),
-                        content_type="application/json")
+                        content_type="application/json", headers=headers)

@@ -1,0 +1,107 @@
+"""What an engineer whose services already use the OpenTelemetry SDK meets: the SDK's own
+OTLP/HTTP exporters, configured as its docs say, against a real agent process.
+
+Each test here does what such a user did, and checks what they saw: the exporter's log
+line, what `evagg query` and `evagg export-traces` give back, and the agent's counts.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.agentproc import AgentProcess
+
+EXPORTER_LOGGER = "opentelemetry.exporter"
+
+
+@pytest.fixture
+def exporter_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    caplog.set_level(logging.INFO, logger=EXPORTER_LOGGER)
+    yield caplog
+
+
+def exporter_errors(caplog: pytest.LogCaptureFixture) -> str:
+    return "\n".join(r.getMessage() for r in caplog.records
+                     if r.name.startswith(EXPORTER_LOGGER) and r.levelno >= logging.ERROR)
+
+
+def export_one_span(endpoint: str, **exporter_args: Any) -> str:
+    """One ended span through the SDK's OTLPSpanExporter; its trace id."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"service.name": "checkout"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=endpoint,
+                                                                     **exporter_args)))
+    with provider.get_tracer("shop").start_as_current_span("pay") as span:
+        trace_id = f"{span.get_span_context().trace_id:032x}"
+    provider.shutdown()
+    return trace_id
+
+
+def test_metrics_and_logs_sent_beside_traces_are_refused_saying_why_and_counted(
+        agent: AgentProcess, exporter_log: pytest.LogCaptureFixture) -> None:
+    """OTEL_EXPORTER_OTLP_ENDPOINT at the agent sends metrics and logs to /v1/metrics and
+    /v1/logs too. The agent stores traces only: the exporter's log must say so, not
+    `404, reason: Not Found`, and the agent counts what it turned away."""
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk._logs import LoggerProvider, LoggingHandler
+    from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    reader = PeriodicExportingMetricReader(
+        OTLPMetricExporter(endpoint=f"{agent.http_url}/v1/metrics"),
+        export_interval_millis=3_600_000)
+    meters = MeterProvider(metric_readers=[reader])
+    meters.get_meter("shop").create_counter("orders").add(3)
+    meters.shutdown()
+
+    loggers = LoggerProvider()
+    loggers.add_log_record_processor(SimpleLogRecordProcessor(
+        OTLPLogExporter(endpoint=f"{agent.http_url}/v1/logs")))
+    app_log = logging.getLogger("shop.app")
+    with warnings.catch_warnings():  # the SDK's handler, deprecated for a separate package
+        warnings.simplefilter("ignore", DeprecationWarning)
+        handler = LoggingHandler(logger_provider=loggers)
+    app_log.addHandler(handler)
+    try:
+        app_log.warning("card declined")
+    finally:
+        app_log.removeHandler(handler)
+        loggers.shutdown()
+
+    errors = exporter_errors(exporter_log)
+    assert "metrics batch code: 404, reason: this agent takes OTLP traces only" in errors, errors
+    assert "OTEL_METRICS_EXPORTER=none" in errors
+    assert "logs batch code: 404, reason: this agent takes OTLP traces only" in errors, errors
+    assert "OTEL_LOGS_EXPORTER=none" in errors
+    for route in ("/v1/metrics", "/v1/logs"):
+        assert agent.metric(
+            f'evagg_bad_input_total{{reason="signal_not_taken",route="{route}"}}') >= 1
+
+    # The traces beside them are taken as ever.
+    trace_id = export_one_span(f"{agent.http_url}/v1/traces")
+    assert agent.wait_rows(f"SELECT name FROM events WHERE trace_id = '{trace_id}'", 1) == [
+        ("pay",)]
+
+
+def test_a_refused_export_says_why_in_the_sdk_exporters_log(
+        agent_factory: Any, tmp_path: Path, exporter_log: pytest.LogCaptureFixture) -> None:
+    """docs/opentelemetry.md: every refusal carries its reason 'so an exporter's log shows
+    why'. The Python SDK logs the status line, not the body."""
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    agent = agent_factory(agent_toml=f'http_token_file = "{token}"').start()
+    export_one_span(f"{agent.http_url}/v1/traces")  # no Authorization header
+    errors = exporter_errors(exporter_log)
+    assert "spans batch code: 401, reason: missing or wrong bearer token" in errors, errors
