@@ -8,6 +8,7 @@ line, what `evagg query` and `evagg export-traces` give back, and the agent's co
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,3 +106,36 @@ def test_a_refused_export_says_why_in_the_sdk_exporters_log(
     export_one_span(f"{agent.http_url}/v1/traces")  # no Authorization header
     errors = exporter_errors(exporter_log)
     assert "spans batch code: 401, reason: missing or wrong bearer token" in errors, errors
+
+
+def test_spans_sent_while_the_agent_drains_are_retried_after_its_retry_after_saying_why(
+        agent_factory: Any, exporter_log: pytest.LogCaptureFixture) -> None:
+    """A draining agent answers 503 with Retry-After: the SDK waits that long and tries
+    again, and its warning says why, as for any other refusal."""
+    import signal
+    import urllib.error
+    import urllib.request
+
+    from tests.agentproc import http_sink
+    from tests.ports import free_port
+
+    agent = agent_factory(sinks_toml=http_sink("away", f"http://127.0.0.1:{free_port()}/"),
+                          drain_timeout="30s").start()
+    export_one_span(f"{agent.http_url}/v1/traces")  # stays in the spool: its sink is down
+    assert agent.proc is not None
+    agent.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    while True:  # the port stays open while the agent drains
+        try:
+            urllib.request.urlopen(f"{agent.http_url}/readyz", timeout=2).close()
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 503
+            break
+        assert time.monotonic() < deadline, "the agent never said it was draining"
+        time.sleep(0.1)
+    export_one_span(f"{agent.http_url}/v1/traces", timeout=8)
+    warnings = "\n".join(r.getMessage() for r in exporter_log.records
+                         if r.name.startswith(EXPORTER_LOGGER))
+    assert ("Transient error the agent is draining encountered while exporting spans batch, "
+            "retrying in 5.00s") in warnings, warnings
+    agent.kill()

@@ -38,6 +38,7 @@ _TRACE_ID_BYTES = 16
 _SPAN_ID_BYTES = 8
 _STATUS_ERROR = 2
 _INVALID_ARGUMENT = 3  # google.rpc.Code
+_UNAVAILABLE = 14
 _BAD_ID = base64.b64encode(b"\0").decode()  # decodes, then fails the length check
 _GZIP_MAGIC = b"\x1f\x8b"
 _ID_KEYS = ("traceId", "trace_id", "spanId", "span_id", "parentSpanId", "parent_span_id")
@@ -289,14 +290,17 @@ def otlp_response(content_type: str | None, rejected_spans: int, message: str) -
     return response.SerializeToString(), PROTOBUF
 
 
-def otlp_error_body(content_type: str | None, reason: str) -> tuple[bytes, str]:
+def otlp_error_body(content_type: str | None, reason: str,
+                    http_status: int = 400) -> tuple[bytes, str]:
     """A google.rpc.Status body for a 4xx/5xx answer, in the request's encoding (JSON or
-    protobuf; protobuf when the request named neither)."""
+    protobuf; protobuf when the request named neither): UNAVAILABLE for a 503 (send again
+    later), else INVALID_ARGUMENT."""
+    code = _UNAVAILABLE if http_status == 503 else _INVALID_ARGUMENT
     media = (content_type or "").split(";", 1)[0].strip().lower()
     if media == JSON:
-        return orjson.dumps({"code": _INVALID_ARGUMENT, "message": reason}), JSON
+        return orjson.dumps({"code": code, "message": reason}), JSON
     # Protobuf for any other type too: OTLP's default encoding, what its exporters parse.
-    return _status_protobuf(_INVALID_ARGUMENT, reason), PROTOBUF
+    return _status_protobuf(code, reason), PROTOBUF
 
 
 def _response_media(content_type: str | None) -> str:

@@ -44,6 +44,7 @@ READABLE_ENCODINGS = frozenset({"identity", "gzip", "deflate"})  # bodies.py inf
 # an HTTP sender times out and resends anyway, and a request held open forever holds its
 # connection and its sender's thread.
 ROOM_WAIT_S = 5.0
+RETRY_LATER = {"Retry-After": "5"}  # on a 503: the agent is draining, or its spool is full
 
 
 class HttpApi:
@@ -91,8 +92,7 @@ class HttpApi:
             self.metrics.bad_input.inc(route=request.path, reason="unauthorized")
             return _refusal(request, 401, "missing or wrong bearer token")
         if request.path in INGEST_PATHS and not self.is_ready():
-            return web.Response(status=503, body=orjson.dumps({"error": "the agent is draining"}),
-                                content_type="application/json", headers={"Retry-After": "5"})
+            return _refusal(request, 503, "the agent is draining", headers=RETRY_LATER)
         try:
             return await handler(request)
         except web.RequestPayloadError as exc:  # e.g. a body cut off on the way
@@ -112,8 +112,7 @@ class HttpApi:
         except asyncio.CancelledError:
             raise
         except SpoolUnavailable as exc:
-            return web.Response(status=503, body=orjson.dumps({"error": str(exc)}),
-                                content_type="application/json", headers={"Retry-After": "5"})
+            return _refusal(request, 503, str(exc), headers=RETRY_LATER)
         except Exception as exc:
             self.metrics.worker_errors.inc(worker="http", type=type(exc).__name__)
             log.exception("request to %s failed", request.path)
@@ -325,7 +324,8 @@ def _refusal(request: web.Request, status: int, text: str,
     exporter logs the status line (`code: 415, reason: ...`), not the body."""
     if request.path not in OTLP_PATHS:
         return _error(status, text, headers)
-    body, content_type = otlp.otlp_error_body(request.headers.get("Content-Type"), text)
+    body, content_type = otlp.otlp_error_body(request.headers.get("Content-Type"), text,
+                                               status)
     return web.Response(status=status, body=body, reason=reason_phrase(text),
                         headers={"Content-Type": content_type, **(headers or {})})
 
