@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from tests.agentproc import AgentProcess
@@ -139,3 +140,56 @@ def test_spans_sent_while_the_agent_drains_are_retried_after_its_retry_after_say
     assert ("Transient error the agent is draining encountered while exporting spans batch, "
             "retrying in 5.00s") in warnings, warnings
     agent.kill()
+
+
+def test_span_events_survive_both_exporters_and_come_back_in_the_export(
+        agent: AgentProcess, tmp_path: Path) -> None:
+    """A span's events ('cache miss' at a time, with attributes) were dropped without a
+    word: only the last `exception` event was kept, as the error columns."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    import emitters
+    from aggregator.cli.export_traces import export_traces
+    from emitters import otel
+
+    socket_exporter = otel.EvaggSpanExporter(emitters.Emitter(socket=str(agent.socket_path)))
+    provider = TracerProvider(resource=Resource.create({"service.name": "checkout"}))
+    provider.add_span_processor(SimpleSpanProcessor(socket_exporter))
+    provider.add_span_processor(SimpleSpanProcessor(
+        OTLPSpanExporter(endpoint=f"{agent.http_url}/v1/traces")))
+    start = 1_790_000_000_123_456_789
+    with provider.get_tracer("shop").start_as_current_span("pay", start_time=start,
+                                                           end_on_exit=False) as span:
+        span.add_event("cache miss", {"key": "cart:7", "tries": 3}, timestamp=start + 1_000)
+        span.record_exception(TimeoutError("first try"), timestamp=start + 2_000)
+        span.add_event("retry", timestamp=start + 3_000)
+        span.record_exception(ValueError("card declined"), timestamp=start + 4_000)
+        span.end(end_time=start + 5_000)
+        trace_id = f"{span.get_span_context().trace_id:032x}"
+    provider.shutdown()
+    assert socket_exporter.emitter.flush(30)
+
+    rows = agent.wait_rows("SELECT attrs['otel.events'], error_type, error_message FROM events "
+                           "WHERE name = 'pay'", 2)
+    assert rows[0] == rows[1]  # the socket and OTLP alike
+    stored, error_type, error_message = rows[0]
+    assert error_type == "ValueError" and error_message == "card declined"
+    events = orjson.loads(stored)
+    assert [(e["name"], e["time_unix_nano"]) for e in events] == [
+        ("cache miss", start + 1_000), ("exception", start + 2_000), ("retry", start + 3_000)]
+    assert events[0]["attributes"] == {"key": "cart:7", "tries": "3"}
+    assert events[1]["attributes"]["exception.message"] == "first try"
+
+    out = tmp_path / "trace.json"
+    assert export_traces(str(agent.lake_dir), trace_id=trace_id, since=None, out=out) == 1  # one id
+    for resource_spans in orjson.loads(out.read_bytes())["resourceSpans"]:
+        for exported in resource_spans["scopeSpans"][0]["spans"]:
+            assert [(e["name"], e["timeUnixNano"]) for e in exported["events"]] == [
+                ("cache miss", str(start + 1_000)), ("exception", str(start + 2_000)),
+                ("retry", str(start + 3_000)), ("exception", exported["endTimeUnixNano"])]
+            assert {"key": "key", "value": {"stringValue": "cart:7"}} in exported["events"][0][
+                "attributes"]
+            assert "otel.events" not in {a["key"] for a in exported["attributes"]}

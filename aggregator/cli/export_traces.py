@@ -31,6 +31,7 @@ _COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "state", "kind", "s
             "run_id", "job_id", "node_id", "host", "pid", "step")
 _SPAN_KINDS = {"UNSPECIFIED": 0, "INTERNAL": 1, "SERVER": 2, "CLIENT": 3, "PRODUCER": 4,
                "CONSUMER": 5}
+_EVENTS = "otel.events"  # emitters.integrations.otel_rows.EVENTS_KEY
 _INTERNAL_ATTRS = frozenset({"otel.span_kind", "otel.scope", "service.name"})
 _COLUMN_ATTRS = (("run_id", "evagg.run_id"), ("job_id", "evagg.job_id"),
                  ("node_id", "evagg.node_id"), ("host", "host.name"),
@@ -147,6 +148,9 @@ def _span(row: dict[str, Any]) -> dict[str, Any]:
     attrs = dict(row["attrs"] or {})
     start = int(row["time_ns"])  # whole microseconds: DuckDB's precision for the column
     end = start + round((row["duration_s"] or 0.0) * 1e6) * 1000
+    events = _stored_events(attrs.get(_EVENTS))
+    if events:  # back as the span's events, not as a text attribute
+        del attrs[_EVENTS]
     span: dict[str, Any] = {
         "traceId": row["trace_id"],
         "spanId": row["span_id"],
@@ -161,8 +165,27 @@ def _span(row: dict[str, Any]) -> dict[str, Any]:
     if row["state"] == "FAILED":
         span["status"] = {"code": _STATUS_ERROR, "message": row["error_message"] or ""}
     if row["error_type"] or row["stack_trace"]:
-        span["events"] = [_exception_event(row, end)]
+        events.append(_exception_event(row, end))
+    if events:
+        span["events"] = events
     return span
+
+
+def _stored_events(text: str | None) -> list[dict[str, Any]]:
+    """The span's events as stored in attrs['otel.events'] (a list cut at the attribute
+    value limit no longer parses: then it stays an attribute only)."""
+    if not text:
+        return []
+    try:
+        stored = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return []
+    if not isinstance(stored, list):  # an attribute of the span's own by that name
+        return []
+    return [{"timeUnixNano": str(event.get("time_unix_nano") or 0),
+             "name": str(event.get("name") or ""),
+             "attributes": [_kv(k, v) for k, v in (event.get("attributes") or {}).items()]}
+            for event in stored if isinstance(event, dict)]
 
 
 def _attributes(row: dict[str, Any], attrs: dict[str, str]) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from emitters.integrations.otel_rows import (
     CUT_KEY,
     EXCEPTION_EVENT,
     end_problem,
+    events_text,
     resource_text,
     span_event,
 )
@@ -226,9 +227,11 @@ def _invalid_ids(span: Any) -> str:
 
 def _span_row(span: Any, resource: dict[str, str], scope: str) -> dict[str, Any]:
     exception = None
-    for event in span.events:
-        if event.name == EXCEPTION_EVENT:
-            exception = _attributes(event.attributes)
+    events = [(event.name, event.time_unix_nano, _attributes(event.attributes))
+              for event in span.events]
+    for name, _, attributes in events:
+        if name == EXCEPTION_EVENT:
+            exception = attributes
     parent = span.parent_span_id
     return span_event(
         name=span.name,
@@ -245,6 +248,7 @@ def _span_row(span: Any, resource: dict[str, str], scope: str) -> dict[str, Any]
         resource=resource,
         exception=exception,
         links=[f"{link.trace_id.hex()}-{link.span_id.hex()}" for link in span.links],
+        events=events_text(events) if events else None,
     )
 
 

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from emitters.integrations.otel_rows import (
+    EVENTS_KEY,
     EXCEPTION_EVENT,
     JOB_ID_KEYS,
     NOTHING,
@@ -29,8 +30,10 @@ from emitters.integrations.otel_rows import (
     add_special_columns,
     attr_text,
     cut_values,
+    events_text,
     link_texts,
     resource_text,
+    sdk_events,
 )
 
 _INT64 = 2**63
@@ -132,6 +135,14 @@ class SpanRows:
             else:
                 attrs[key] = attr_text(value)
                 long_values = long_values or len(attrs[key]) > VALUE_LIMIT
+        events = span._events
+        if type(events) is self._list_type:
+            events = events._dq
+        if events:
+            kept = events_text(sdk_events(events))
+            if kept:
+                attrs[EVENTS_KEY] = kept
+                long_values = long_values or len(kept) > VALUE_LIMIT
         if long_values:
             cut_values(attrs)
         kind = span._kind
@@ -176,9 +187,6 @@ class SpanRows:
         plain = SPECIAL_KEYS.isdisjoint(values)
         if not plain and not _add_special(row, values, base):
             return None
-        events = span._events
-        if type(events) is self._list_type:
-            events = events._dq
         if failed or events:
             self._add_error(row, span, failed, NOTHING if plain else values, events)
         return row

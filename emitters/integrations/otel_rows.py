@@ -25,6 +25,9 @@ VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}  # UUID varian
 # 32 Ki characters keep a span with a few cut values under the socket's 1 MiB event cap.
 VALUE_LIMIT = 32_768
 CUT_KEY = "evagg.cut_attributes"
+# The span's events, as JSON text: every event but the last `exception` (whose fields are
+# the error columns), each {"name", "time_unix_nano", "attributes"} with values as text.
+EVENTS_KEY = "otel.events"
 # Ray colours its error texts for terminals; the escapes are noise in a table.
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
@@ -83,6 +86,29 @@ def resource_text(attributes: Mapping[str, Any]) -> dict[str, str]:
             if v is not None and not k.startswith("telemetry.sdk.")}
 
 
+def events_text(events: Iterable[tuple[str, int, Mapping[str, Any] | None]]) -> str | None:
+    """The EVENTS_KEY text of (name, time in ns, attributes) events, None for no event to
+    keep: the last `exception` event is left out, its fields fill the error columns."""
+    listed = list(events)
+    last_exception = max((i for i, event in enumerate(listed) if event[0] == EXCEPTION_EVENT),
+                         default=-1)
+    kept = []
+    for index, (name, time_ns, attributes) in enumerate(listed):
+        if index == last_exception:
+            continue
+        item: dict[str, Any] = {"name": name, "time_unix_nano": time_ns}
+        if attributes:
+            item["attributes"] = {k: attr_text(v) for k, v in attributes.items()
+                                  if v is not None}
+        kept.append(item)
+    return orjson.dumps(kept).decode() if kept else None
+
+
+def sdk_events(events: Iterable[Any]) -> list[tuple[str, int, Mapping[str, Any] | None]]:
+    """OTel SDK Events as events_text's tuples."""
+    return [(event.name, event.timestamp, event.attributes) for event in events]
+
+
 def span_event_id(trace_id: str, span_id: str, start_ns: int) -> str:
     """A UUIDv7-shaped id fixed by the span, so a resent span dedupes on `event_id`.
 
@@ -98,13 +124,16 @@ def span_event(
     end_ns: int, failed: bool, status_message: str, span_kind: str, scope: str,
     attributes: Mapping[str, Any], resource: Mapping[str, str],
     exception: Mapping[str, Any] | None = None, links: Iterable[str] = (),
+    events: str | None = None,
 ) -> dict[str, Any]:
     """One evagg `span` event row from plain span fields (ids as lower-case hex; the
-    resource already as text, see `resource_text`)."""
+    resource already as text, see `resource_text`; `events` as `events_text` makes it)."""
     attrs = dict(resource)
     for key, value in attributes.items():
         if value is not None:
             attrs[key] = value if type(value) is str else attr_text(value)
+    if events:
+        attrs[EVENTS_KEY] = events
     cut_values(attrs)
     if span_kind != "INTERNAL":  # the default; an export without it reads as INTERNAL
         attrs["otel.span_kind"] = span_kind
@@ -190,7 +219,8 @@ def readable_span_event(span: Any, resource: Mapping[str, str]) -> dict[str, Any
     links = getattr(span, "_links", None)
     attributes = getattr(span, "_attributes", _MISSING)
     exception = None
-    for event in span.events if events is None else events:
+    events = span.events if events is None else events
+    for event in events:
         if event.name == EXCEPTION_EVENT:
             exception = event.attributes
     parent = span.parent
@@ -215,6 +245,7 @@ def readable_span_event(span: Any, resource: Mapping[str, str]) -> dict[str, Any
         resource=resource,
         exception=exception,
         links=link_texts(span.links if links is None else links),
+        events=events_text(sdk_events(events)) if events else None,
     )
 
 
