@@ -193,3 +193,44 @@ def test_span_events_survive_both_exporters_and_come_back_in_the_export(
             assert {"key": "key", "value": {"stringValue": "cart:7"}} in exported["events"][0][
                 "attributes"]
             assert "otel.events" not in {a["key"] for a in exported["attributes"]}
+
+
+def test_a_spans_links_come_back_as_links_in_the_export(agent: AgentProcess,
+                                                        tmp_path: Path) -> None:
+    """A batch span links the requests it serves; Jaeger draws links as references. The
+    export gave them back as a text attribute, `otel.links`, which no OTLP tool reads."""
+    import base64
+
+    from google.protobuf import json_format
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.trace import Link
+
+    from aggregator.cli.export_traces import export_traces
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(
+        OTLPSpanExporter(endpoint=f"{agent.http_url}/v1/traces")))
+    tracer = provider.get_tracer("shop")
+    requests = []
+    for _ in range(2):
+        with tracer.start_as_current_span("request") as request:
+            requests.append(request.get_span_context())
+    with tracer.start_as_current_span("batch", links=[Link(c) for c in requests]) as batch:
+        trace_id = f"{batch.get_span_context().trace_id:032x}"
+    provider.shutdown()
+    agent.wait_rows(f"SELECT name FROM events WHERE trace_id = '{trace_id}'", 1)
+
+    out = tmp_path / "trace.json"
+    assert export_traces(str(agent.lake_dir), trace_id=trace_id, since=None, out=out) == 1
+    document = orjson.loads(out.read_bytes())
+    exported = document["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    assert exported["links"] == [{"traceId": f"{c.trace_id:032x}", "spanId": f"{c.span_id:016x}"}
+                                 for c in requests]
+    assert "otel.links" not in {a["key"] for a in exported["attributes"]}
+    for item in [exported, *exported["links"]]:  # strict parse: OTLP JSON as a tool reads it
+        for key in ("traceId", "spanId"):
+            item[key] = base64.b64encode(bytes.fromhex(item[key])).decode()
+    json_format.ParseDict(document, trace_service_pb2.ExportTraceServiceRequest())

@@ -32,6 +32,8 @@ _COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "state", "kind", "s
 _SPAN_KINDS = {"UNSPECIFIED": 0, "INTERNAL": 1, "SERVER": 2, "CLIENT": 3, "PRODUCER": 4,
                "CONSUMER": 5}
 _EVENTS = "otel.events"  # emitters.integrations.otel_rows.EVENTS_KEY
+_LINKS = "otel.links"  # ["<trace id>-<span id>", ...]
+_LINK = re.compile(r"^([0-9a-f]{32})-([0-9a-f]{16})$")
 _INTERNAL_ATTRS = frozenset({"otel.span_kind", "otel.scope", "service.name"})
 _COLUMN_ATTRS = (("run_id", "evagg.run_id"), ("job_id", "evagg.job_id"),
                  ("node_id", "evagg.node_id"), ("host", "host.name"),
@@ -151,6 +153,9 @@ def _span(row: dict[str, Any]) -> dict[str, Any]:
     events = _stored_events(attrs.get(_EVENTS))
     if events:  # back as the span's events, not as a text attribute
         del attrs[_EVENTS]
+    links = _stored_links(attrs.get(_LINKS))
+    if links:  # back as the span's links, which Jaeger draws as references
+        del attrs[_LINKS]
     span: dict[str, Any] = {
         "traceId": row["trace_id"],
         "spanId": row["span_id"],
@@ -168,7 +173,25 @@ def _span(row: dict[str, Any]) -> dict[str, Any]:
         events.append(_exception_event(row, end))
     if events:
         span["events"] = events
+    if links:
+        span["links"] = links
     return span
+
+
+def _stored_links(text: str | None) -> list[dict[str, str]]:
+    """The span's links from attrs['otel.links']; none unless every one reads."""
+    if not text:
+        return []
+    try:
+        stored = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return []
+    if not isinstance(stored, list):
+        return []
+    found = [_LINK.match(item) if isinstance(item, str) else None for item in stored]
+    if not all(found):
+        return []
+    return [{"traceId": m.group(1), "spanId": m.group(2)} for m in found if m]
 
 
 def _stored_events(text: str | None) -> list[dict[str, Any]]:
