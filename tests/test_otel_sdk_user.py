@@ -234,3 +234,41 @@ def test_a_spans_links_come_back_as_links_in_the_export(agent: AgentProcess,
         for key in ("traceId", "spanId"):
             item[key] = base64.b64encode(bytes.fromhex(item[key])).decode()
     json_format.ParseDict(document, trace_service_pb2.ExportTraceServiceRequest())
+
+
+def test_what_the_sdks_span_limits_dropped_is_kept_as_counts_on_both_paths(
+        agent: AgentProcess, tmp_path: Path) -> None:
+    """The SDK keeps 128 attributes, events and links a span by default and reports how
+    many more it dropped; evagg threw the counts away, so a span cut short looked whole."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.trace import Link, SpanContext
+
+    import emitters
+    from aggregator.cli.export_traces import export_traces
+    from emitters import otel
+
+    socket_exporter = otel.EvaggSpanExporter(emitters.Emitter(socket=str(agent.socket_path)))
+    provider = TracerProvider(span_limits=SpanLimits(max_span_attributes=2, max_events=1,
+                                                     max_links=1))
+    provider.add_span_processor(SimpleSpanProcessor(socket_exporter))
+    provider.add_span_processor(SimpleSpanProcessor(
+        OTLPSpanExporter(endpoint=f"{agent.http_url}/v1/traces")))
+    links = [Link(SpanContext(trace_id=i, span_id=i, is_remote=True)) for i in (1, 2, 3)]
+    with provider.get_tracer("shop").start_as_current_span(
+            "cart", attributes={f"item.{i}": i for i in range(5)}, links=links) as span:
+        for i in range(4):
+            span.add_event(f"scan-{i}")
+        trace_id = f"{span.get_span_context().trace_id:032x}"
+    provider.shutdown()
+    assert socket_exporter.emitter.flush(30)
+
+    rows = agent.wait_rows("SELECT attrs['otel.dropped_attributes'], attrs['otel.dropped_events'], "
+                           "attrs['otel.dropped_links'] FROM events WHERE name = 'cart'", 2)
+    assert rows == [("3", "3", "2")] * 2  # the socket and OTLP alike
+    out = tmp_path / "trace.json"
+    assert export_traces(str(agent.lake_dir), trace_id=trace_id, since=None, out=out) == 1
+    exported = orjson.loads(out.read_bytes())["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    assert (exported["droppedAttributesCount"], exported["droppedEventsCount"],
+            exported["droppedLinksCount"]) == (3, 3, 2)

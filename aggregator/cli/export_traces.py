@@ -34,6 +34,10 @@ _SPAN_KINDS = {"UNSPECIFIED": 0, "INTERNAL": 1, "SERVER": 2, "CLIENT": 3, "PRODU
 _EVENTS = "otel.events"  # emitters.integrations.otel_rows.EVENTS_KEY
 _LINKS = "otel.links"  # ["<trace id>-<span id>", ...]
 _LINK = re.compile(r"^([0-9a-f]{32})-([0-9a-f]{16})$")
+# What the sender's span limits dropped (emitters.integrations.otel_rows.DROPPED_KEYS)
+_DROPPED = (("otel.dropped_attributes", "droppedAttributesCount"),
+            ("otel.dropped_events", "droppedEventsCount"),
+            ("otel.dropped_links", "droppedLinksCount"))
 _INTERNAL_ATTRS = frozenset({"otel.span_kind", "otel.scope", "service.name"})
 _COLUMN_ATTRS = (("run_id", "evagg.run_id"), ("job_id", "evagg.job_id"),
                  ("node_id", "evagg.node_id"), ("host", "host.name"),
@@ -156,6 +160,8 @@ def _span(row: dict[str, Any]) -> dict[str, Any]:
     links = _stored_links(attrs.get(_LINKS))
     if links:  # back as the span's links, which Jaeger draws as references
         del attrs[_LINKS]
+    dropped = {field: int(attrs.pop(key)) for key, field in _DROPPED
+               if attrs.get(key, "").isdigit()}
     span: dict[str, Any] = {
         "traceId": row["trace_id"],
         "spanId": row["span_id"],
@@ -175,6 +181,7 @@ def _span(row: dict[str, Any]) -> dict[str, Any]:
         span["events"] = events
     if links:
         span["links"] = links
+    span.update(dropped)
     return span
 
 

@@ -249,6 +249,8 @@ def _span_row(span: Any, resource: dict[str, str], scope: str) -> dict[str, Any]
         exception=exception,
         links=[f"{link.trace_id.hex()}-{link.span_id.hex()}" for link in span.links],
         events=events_text(events) if events else None,
+        dropped=(span.dropped_attributes_count, span.dropped_events_count,
+                 span.dropped_links_count),
     )
 
 

@@ -26,6 +26,7 @@ from emitters.integrations.otel_rows import (
     STEP_KEYS,
     VALUE_LIMIT,
     VARIANT,
+    add_dropped,
     add_error,
     add_special_columns,
     attr_text,
@@ -136,7 +137,9 @@ class SpanRows:
                 attrs[key] = attr_text(value)
                 long_values = long_values or len(attrs[key]) > VALUE_LIMIT
         events = span._events
+        dropped_events = 0
         if type(events) is self._list_type:
+            dropped_events = events.dropped
             events = events._dq
         if events:
             kept = events_text(sdk_events(events))
@@ -151,10 +154,14 @@ class SpanRows:
         if base.scope_name:
             attrs["otel.scope"] = base.scope_name  # over an attribute of that name
         links = span._links
+        dropped_links = 0
         if type(links) is self._list_type:
+            dropped_links = links.dropped
             links = links._dq  # a BoundedList's own iteration copies under a lock
         if links:
             attrs["otel.links"] = attr_text(link_texts(links))
+        if attributes.dropped or dropped_events or dropped_links:
+            add_dropped(attrs, attributes.dropped, dropped_events, dropped_links)
         context = span._context
         trace = self._traces.get(context[0]) or self._trace(context[0])
         span_hex = context[1].to_bytes(8, "big").hex()

@@ -28,6 +28,9 @@ CUT_KEY = "evagg.cut_attributes"
 # The span's events, as JSON text: every event but the last `exception` (whose fields are
 # the error columns), each {"name", "time_unix_nano", "attributes"} with values as text.
 EVENTS_KEY = "otel.events"
+# How many attributes, events and links the SDK's span limits (128 each by default)
+# dropped before the span was sent, as OTLP reports them: a span cut short says so.
+DROPPED_KEYS = ("otel.dropped_attributes", "otel.dropped_events", "otel.dropped_links")
 # Ray colours its error texts for terminals; the escapes are noise in a table.
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
@@ -104,6 +107,13 @@ def events_text(events: Iterable[tuple[str, int, Mapping[str, Any] | None]]) -> 
     return orjson.dumps(kept).decode() if kept else None
 
 
+def add_dropped(attrs: dict[str, Any], attributes: int, events: int, links: int) -> None:
+    """The DROPPED_KEYS counts that are not zero, as text."""
+    for key, count in zip(DROPPED_KEYS, (attributes, events, links), strict=True):
+        if count:
+            attrs[key] = str(count)
+
+
 def sdk_events(events: Iterable[Any]) -> list[tuple[str, int, Mapping[str, Any] | None]]:
     """OTel SDK Events as events_text's tuples."""
     return [(event.name, event.timestamp, event.attributes) for event in events]
@@ -124,7 +134,7 @@ def span_event(
     end_ns: int, failed: bool, status_message: str, span_kind: str, scope: str,
     attributes: Mapping[str, Any], resource: Mapping[str, str],
     exception: Mapping[str, Any] | None = None, links: Iterable[str] = (),
-    events: str | None = None,
+    events: str | None = None, dropped: tuple[int, int, int] = (0, 0, 0),
 ) -> dict[str, Any]:
     """One evagg `span` event row from plain span fields (ids as lower-case hex; the
     resource already as text, see `resource_text`; `events` as `events_text` makes it)."""
@@ -142,6 +152,8 @@ def span_event(
     link_list = list(links)
     if link_list:
         attrs["otel.links"] = attr_text(link_list)
+    if any(dropped):
+        add_dropped(attrs, *dropped)
     row: dict[str, Any] = {
         "event_id": span_event_id(trace_id, span_id, start_ns), "kind": "span",
         "source": "otel", "name": name, "state": "FAILED" if failed else "FINISHED",
@@ -246,6 +258,8 @@ def readable_span_event(span: Any, resource: Mapping[str, str]) -> dict[str, Any
         exception=exception,
         links=link_texts(span.links if links is None else links),
         events=events_text(sdk_events(events)) if events else None,
+        dropped=(getattr(span, "dropped_attributes", 0), getattr(span, "dropped_events", 0),
+                 getattr(span, "dropped_links", 0)),
     )
 
 

@@ -14,7 +14,7 @@ from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanContext, Status, StatusCode
@@ -72,8 +72,20 @@ def _varied_spans() -> list[Any]:
             span.set_status(Status(StatusCode.ERROR))
         with tracer.start_as_current_span("ok") as span:
             span.set_status(Status(StatusCode.OK))
+    limited = TracerProvider(span_limits=SpanLimits(max_span_attributes=2, max_events=4,
+                                                    max_links=1))
+    limited.add_span_processor(SimpleSpanProcessor(memory))
+    with limited.get_tracer("l").start_as_current_span(  # what the limits drop, counted
+            "limited", attributes={f"a{i}": i for i in range(4)}, links=[link, link]) as span:
+        for i in range(2):  # the oldest events are the ones dropped
+            span.add_event(f"dropped-{i}")
+        span.add_event("first", {"k": [1, 2]}, timestamp=10**18)
+        span.record_exception(KeyError("retried"))  # an earlier exception stays an event
+        span.add_event("later")
+        span.record_exception(TimeoutError("gave up"))  # the last: the error columns
     first.shutdown()
     second.shutdown()
+    limited.shutdown()
     recorded = list(memory.get_finished_spans())
     start = 10**18
     handmade = [  # no scope, no parent, no time between start and end
