@@ -272,3 +272,22 @@ def test_what_the_sdks_span_limits_dropped_is_kept_as_counts_on_both_paths(
     exported = orjson.loads(out.read_bytes())["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
     assert (exported["droppedAttributesCount"], exported["droppedEventsCount"],
             exported["droppedLinksCount"]) == (3, 3, 2)
+
+
+def test_query_trace_with_what_is_not_a_trace_id_is_a_usage_error(agent: AgentProcess) -> None:
+    """`evagg query` exits 2 on bad input and 1 on missing data; a mistyped id (a span id
+    pasted, a cut-off trace id) said 'no spans for trace' and exit 1, as if the trace
+    were only not there yet. export-traces already says what a trace id is."""
+    from tests.aggregator.cli.newcomer import evagg
+
+    trace_id = export_one_span(f"{agent.http_url}/v1/traces")
+    agent.wait_rows(f"SELECT name FROM events WHERE trace_id = '{trace_id}'", 1)
+    lake = str(agent.lake_dir)
+    for wrong in (trace_id[:16], trace_id + "0", "0" * 32, "not-hex"):
+        done = evagg("query", "--data", lake, "trace", wrong)
+        assert done.returncode == 2, (wrong, done.stdout, done.stderr)
+        assert "is not a trace id: one is 32 hex digits" in done.stderr, done.stderr
+    done = evagg("query", "--data", lake, "trace", trace_id.upper())
+    assert done.returncode == 0 and "pay" in done.stdout, done.stderr
+    done = evagg("query", "--data", lake, "trace", "1" * 32)
+    assert done.returncode == 1 and "no spans for trace" in done.stderr, done.stderr

@@ -5,6 +5,7 @@ span under its parent, as the dashboard's trace page draws it."""
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ from dashboard.questions import queries
 
 Adder = Callable[[str, str, Callable[[Store, argparse.Namespace], Result]],
                  argparse.ArgumentParser]
+TRACE_ID = re.compile(r"^[0-9a-fA-F]{32}$")  # as `evagg export-traces --trace-id` takes one
 INDENT = "  "  # a span's name is indented this much per parent above it
 TREE_COLUMNS = ("offset_ms", "duration_s", "name", "state", "service", "error_type",
                 "error_message", "span_id", "parent_span_id", "node_id")
@@ -37,7 +39,11 @@ def _list(store: Store, args: argparse.Namespace) -> Result:
 
 
 def _tree(store: Store, args: argparse.Namespace) -> Result:
-    spans = queries.trace(store, args.trace_id).records()
+    trace_id = args.trace_id.strip()
+    if not TRACE_ID.match(trace_id) or not trace_id.strip("0"):  # bad input, not "no spans"
+        raise BadInput(f"{args.trace_id[:80]!r} is not a trace id: one is 32 hex digits, "
+                       "not all zero, as in the trace_id column or a traceparent's second part")
+    spans = queries.trace(store, trace_id).records()
     rows = [[_indented(span, depth) if c == "name" else span.get(c) for c in TREE_COLUMNS]
             for span, depth in depth_first(spans)]
     return Result(list(TREE_COLUMNS), rows)
