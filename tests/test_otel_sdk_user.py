@@ -291,3 +291,42 @@ def test_query_trace_with_what_is_not_a_trace_id_is_a_usage_error(agent: AgentPr
     assert done.returncode == 0 and "pay" in done.stdout, done.stderr
     done = evagg("query", "--data", lake, "trace", "1" * 32)
     assert done.returncode == 1 and "no spans for trace" in done.stderr, done.stderr
+
+
+def test_spans_refused_by_a_full_spool_are_taken_when_room_comes_within_the_exporters_timeout(
+        agent_factory: Any, servers: Any, exporter_log: pytest.LogCaptureFixture) -> None:
+    """A full spool under `when_full = "block"` holds a request 5 s for room, then answers
+    503. With `Retry-After: 5` on top, the SDK's 10 s export timeout had no time left for
+    a second try: room that came 6 s in was too late, and the batch was dropped."""
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from tests.agentproc import http_sink
+
+    endpoint = servers()
+    endpoint.answer_always(503)
+    agent = agent_factory(sinks_toml=http_sink("collector", endpoint.url),
+                          agent_toml='max_frame = "64KiB"',
+                          spool_toml='max_bytes = "1MiB"\nsegment_bytes = "128KiB"\n'
+                                     'when_full = "block"').start()
+    line = b'{"kind": "task", "name": "filler", "attrs": {"pad": "' + b"x" * 400 + b'"}}\n'
+    for lines in (100, 1):  # fill the spool to the brim
+        while True:
+            request = urllib.request.Request(f"{agent.http_url}/v1/events", data=line * lines)
+            try:
+                urllib.request.urlopen(request, timeout=30).close()
+            except urllib.error.HTTPError as exc:
+                assert exc.code == 503
+                break
+    back = threading.Timer(6.0, endpoint.answer_always, (200,))  # the collector comes back
+    back.start()
+    try:
+        export_one_span(f"{agent.http_url}/v1/traces", timeout=10)  # the SDK's default
+    finally:
+        back.cancel()
+    assert "Failed to export" not in exporter_errors(exporter_log), exporter_errors(exporter_log)
+    deadline = time.monotonic() + 60
+    while not any(e.get("name") == "pay" for e in endpoint.accepted_events()):
+        assert time.monotonic() < deadline, "the span never reached the collector"
+        time.sleep(0.2)

@@ -44,7 +44,7 @@ READABLE_ENCODINGS = frozenset({"identity", "gzip", "deflate"})  # bodies.py inf
 # an HTTP sender times out and resends anyway, and a request held open forever holds its
 # connection and its sender's thread.
 ROOM_WAIT_S = 5.0
-RETRY_LATER = {"Retry-After": "5"}  # on a 503: the agent is draining, or its spool is full
+RETRY_LATER = {"Retry-After": "5"}  # on a 503 while the agent drains
 
 
 class HttpApi:
@@ -112,7 +112,8 @@ class HttpApi:
         except asyncio.CancelledError:
             raise
         except SpoolUnavailable as exc:
-            return _refusal(request, 503, str(exc), headers=RETRY_LATER)
+            return _refusal(request, 503, str(exc),
+                            headers={"Retry-After": str(exc.retry_after_s)})
         except Exception as exc:
             self.metrics.worker_errors.inc(worker="http", type=type(exc).__name__)
             log.exception("request to %s failed", request.path)

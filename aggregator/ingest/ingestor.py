@@ -60,7 +60,15 @@ class BatchWatcher(Protocol):
 
 
 class SpoolUnavailable(RuntimeError):
-    """The spool could not write (disk full, I/O error): answer nothing, let producers resend."""
+    """The spool could not write (disk full, I/O error): answer nothing, let producers resend.
+
+    `retry_after_s` is the HTTP answer's Retry-After: 5, or 1 for a full spool whose
+    request already waited its `room_wait_s` for room (an OTel SDK's export has 10 s in
+    all by default: 5 s held and 5 s more to wait left it no second try)."""
+
+    def __init__(self, text: str, retry_after_s: int = 5) -> None:
+        super().__init__(text)
+        self.retry_after_s = retry_after_s
 
 
 class Ingestor:
@@ -189,7 +197,7 @@ class Ingestor:
             raise SpoolUnavailable(str(exc)) from exc
         except SpoolFull as exc:  # no room within the wait: the producer resends later
             self.metrics.bad_input.inc(route=route, reason="spool_full")
-            raise SpoolUnavailable(str(exc)) from exc
+            raise SpoolUnavailable(str(exc), retry_after_s=1) from exc
         if result.duplicate:
             self.metrics.duplicate_frames.inc(route=route)
             return IngestResult(0, 0, True, "")
