@@ -121,6 +121,9 @@ def test_trace_waterfall(page: Page) -> None:
     detail.get_by_text("attributes (2)").click()
     expect(detail.locator("dl.attrs")).to_contain_text("otel.span_kind")
     shot(page, "trace-waterfall")
+    rows.nth(0).click()  # a span without a stack trace: its detail read "null" above them
+    expect(detail.locator("dd").first).to_have_text("request")
+    assert "null" not in detail.inner_text(), detail.inner_text()
 
 
 def test_training_run_view(page: Page) -> None:

@@ -406,12 +406,14 @@ export async function trace(params) {
   const pick = (sp) => {
     detail.dataset.picked = sp.span_id;  // picked again after an auto-refresh (app.js)
     const attrs = Object.entries(sp.attrs || {}).sort(([a], [b]) => a.localeCompare(b));
-    detail.replaceChildren(h("dl", { class: "meta" }, ["name", "span_id", "parent_span_id", "state", "service", "span_kind",
+    // replaceChildren writes a null out as the text "null": only the parts a span has
+    detail.replaceChildren(...[h("dl", { class: "meta" }, ["name", "span_id", "parent_span_id", "state", "service", "span_kind",
       "start_at", "duration_s", "node_id", "error_type", "error_message"].filter((k) => sp[k] !== null && sp[k] !== undefined)
       .map((k) => [h("dt", null, k), h("dd", null, k === "duration_s" ? fmtDur(sp[k]) : k === "start_at" ? fmtTime(sp[k]) : String(sp[k]))])),
     sp.stack_trace ? h("details", { open: true }, h("summary", null, "stack trace"), h("pre", { class: "stack" }, sp.stack_trace)) : null,
     attrs.length ? h("details", null, h("summary", null, `attributes (${attrs.length})`),
-      h("dl", { class: "meta attrs" }, attrs.map(([k, v]) => [h("dt", null, k), h("dd", null, String(v))]))) : null);
+      h("dl", { class: "meta attrs" }, attrs.map(([k, v]) => [h("dt", null, k), h("dd", null, String(v))]))) : null]
+      .filter(Boolean));
   };
   const started = data.rows.map((sp) => sp.start_at).filter(Boolean).sort()[0];
   const services = [...new Set(data.rows.map((sp) => sp.service).filter(Boolean))].sort();
