@@ -5,7 +5,9 @@ them, and the header values resolved.
 reading of a table, used by `evagg run`, `evagg check-config` and `evagg dlq replay`.
 Header values may be literal, `env:NAME` or `file:/path`; a missing variable or an
 unreadable file is an error here, at start (and in `evagg check-config`), never a
-failure at the first request. Messages name the header, never its value.
+failure at the first request. A `file:` value is read again by the sink whenever its
+file changes (`sinks.http.header_files`), so a rotated token needs no reload.
+Messages name the header, never its value.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ class HttpOptions:
     gzip_level: int = 1  # 5.6x on event JSON at 2.5x the speed of level 6
     # resolved values (env: and file: read); never in repr: they hold credentials
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # header name -> path of the `file:` values, which the sink reads again when they change
+    header_files: Mapping[str, str] = field(default_factory=dict, repr=False)
     timeout_s: float = 10.0
     max_in_flight: int = 4
     # None ("adaptive"): follows the endpoint, 1..max_in_flight; N: always N in flight
@@ -103,12 +107,14 @@ class HttpOptions:
                   for key, (name, parse) in _KEYS.items()}
         tls = {name: option(table, key, getattr(no_tls, name), parse)
                for key, (name, parse) in _TLS_KEYS.items()}
-        headers = resolve_headers(option(table, "headers", {}, text_table), environ)
+        spec: dict[str, str] = option(table, "headers", {}, text_table)
+        headers = resolve_headers(spec, environ)
+        files = {name: value[5:] for name, value in spec.items() if value.startswith("file:")}
         fixed = values["concurrency"]
         if fixed is not None and fixed > values["max_in_flight"]:
             raise SinkOptionError("concurrency", f"{fixed} is more than max_in_flight "
                                   f"({values['max_in_flight']}): raise max_in_flight too")
-        return cls(**values, headers=headers, tls=TlsOptions(**tls))
+        return cls(**values, headers=headers, header_files=files, tls=TlsOptions(**tls))
 
 
 def resolve_headers(
@@ -141,6 +147,11 @@ def _header_value(name: object, value: object, environ: Mapping[str, str]) -> st
     if "\r" in value or "\n" in value:
         raise ValueError("a header cannot contain a line break")
     return value
+
+
+def read_header_file(name: str, path: str) -> str:
+    """A `file:` header's value as read now; ValueError says why it cannot be used."""
+    return _header_value(name, "file:" + path, {})
 
 
 def _read_header_file(path: str) -> str:

@@ -33,6 +33,7 @@ from sinks.http.failures import (
     load_answer_for_error,
     parse_retry_after,
 )
+from sinks.http.header_files import HeaderFiles
 from sinks.http.options import HttpOptions
 from sinks.http.retries import BatchRetry, FailureStreak, retried_here
 
@@ -72,7 +73,8 @@ class Sender:
                  proxy: dict[str, Any], ssl: SSLContext | None, dead_letter_dir: Path | None,
                  max_retry_backoff_s: float) -> None:
         self.name, self.url, self.options = name, url, options
-        self.__headers = headers  # private: credentials, never in a log
+        self.__headers = dict(headers)  # private: credentials, never in a log
+        self._header_files = HeaderFiles(name, options.header_files)
         self._proxy, self._ssl = proxy, ssl
         self.dead_letter_dir = dead_letter_dir  # None: a permanent 4xx stops the sink instead
         self.max_retry_backoff_s = max_retry_backoff_s
@@ -92,18 +94,23 @@ class Sender:
         """Send `batch` until it is answered 2xx or dead-lettered (then None), retrying a
         passing failure after the batch's own backoff. A failure returned is the loop's:
         every request is failing, or it is no passing trouble of the endpoint."""
-        headers = {**self.__headers, "Content-Type": CONTENT_TYPES[self.options.body_format],
-                   "Idempotency-Key": batch.key, "User-Agent": "evagg"}
+        fixed = {"Content-Type": CONTENT_TYPES[self.options.body_format],
+                 "Idempotency-Key": batch.key, "User-Agent": "evagg"}
         retry = BatchRetry(self.max_retry_backoff_s)
         try:
             body = batch.body
             if self.options.gzip:  # before taking a slot: queued batches compress meanwhile
                 body = await asyncio.to_thread(gzip_body, body, self.options.gzip_level)
-                headers["Content-Encoding"] = "gzip"
+                fixed["Content-Encoding"] = "gzip"
             while True:
+                self._header_files.refresh(self.__headers)  # a rotated token goes out now
+                headers = {**self.__headers, **fixed}
                 result = await self._attempt(batch, body, headers, halt, retry.failures > 0)
                 if result is None or halt.failure is not None:
                     return result
+                if result.error_kind == "http_auth" and \
+                        self._header_files.refresh(self.__headers):
+                    continue  # the token file changed while the request was out
                 if not retried_here(result) or self.streak.down:
                     break
                 if not await halt.sleep(retry.delay_after(result)):
@@ -172,6 +179,8 @@ class Sender:
             self.answered = True
             return None, load_answer(status)
         refused = failure_for_status(status, retry_after)
+        if refused is not None and status in (401, 403):
+            refused = self._auth_refused(status)
         if refused is None:  # the batch itself is refused: kept aside, the cursor moves on
             return await self._dead_letter(batch, status, text), load_answer(status)
         return refused, load_answer(status)
@@ -197,6 +206,18 @@ class Sender:
             "replay --sink %s", self.name, url_for_display(self.url), batch.events, status,
             letter.body_path, self.counters["dead_lettered_batches"], self.name)
         return None
+
+    def _auth_refused(self, status: int) -> SinkResult:
+        """A 401 or 403, saying what to do: header files are read again when they change;
+        other credentials need the config fixed and a reload."""
+        files = self._header_files.files
+        if files:
+            what = (f"write the new value to {', '.join(sorted(set(files.values())))}: "
+                    "the sink reads it again before its next request, no reload needed")
+        else:
+            what = "fix them in the config, then reload (SIGHUP)"
+        return SinkResult.failure(f"HTTP {status}: check the credentials; {what}",
+                                  "http_auth", permanent=True)
 
     def _failed(self, counter: str, failure: SinkResult) -> SinkResult:
         self.counters[counter] += 1

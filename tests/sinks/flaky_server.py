@@ -90,6 +90,8 @@ class FlakyServer:
     in_flight: int = 0
     most_in_flight: int = 0
     held: int = 0  # requests whose answer now waits for its Reply.hold
+    # set: a request without exactly this Authorization is answered 401, before any script
+    authorization: str | None = None
 
     @property
     def url(self) -> str:
@@ -187,7 +189,11 @@ class FlakyServer:
         encoding = request.headers.get("Content-Encoding", "")
         wire_bytes = int(request.headers.get("Content-Length", "0"))
         events = _decode(body, request.content_type)
-        answer = self._next_reply(events, arrived)
+        if self.authorization is not None and \
+                request.headers.get("Authorization") != self.authorization:
+            answer = Reply(401, text="invalid token")
+        else:
+            answer = self._next_reply(events, arrived)
         if self._stall_s or answer.delay_s:
             await asyncio.sleep(self._stall_s or answer.delay_s)
         if answer.hold is not None:

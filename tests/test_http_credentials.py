@@ -1,0 +1,59 @@
+"""An HTTP sink whose endpoint rotates its token: the `file:` header is read again when
+its file changes, through a real agent against a real endpoint, with no reload."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.agentproc import AgentProcess, http_sink
+from tests.commands import evagg
+from tests.producers import producer_report, start_producer
+from tests.sinks.server_thread import ServerThread
+from tests.waiting import wait_until
+
+
+def delivered(server: ServerThread, prefix: str) -> set[str]:
+    """The task ids starting with `prefix` in requests the endpoint answered 2xx."""
+    return {str(e.get("task_id")) for e in server.accepted_events()
+            if e.get("kind") == "task" and str(e.get("task_id")).startswith(prefix)}
+
+
+def test_a_rotated_token_file_is_sent_without_a_reload_and_a_401_says_what_to_do(
+        agent_factory: Callable[..., AgentProcess],
+        servers: Callable[..., ServerThread], tmp_path: Path) -> None:
+    endpoint = servers()
+    endpoint.do(lambda: setattr(endpoint.server, "authorization", "Bearer one"))
+    token = tmp_path / "collector-token"
+    token.write_text("Bearer one\n")
+    agent = agent_factory(sinks_toml=http_sink(
+        "collector", endpoint.url, f'[sinks.headers]\nAuthorization = "file:{token}"')).start()
+    assert producer_report(start_producer(agent.socket_path, "first", 200))["flushed"]
+    wait_until(lambda: len(delivered(endpoint, "first")) == 200, 60, "the first token")
+
+    # A vault agent rotates the token: the new file is written and the old token revoked.
+    # The requests after it carry the new token, with no reload.
+    token.write_text("Bearer two\n")
+    endpoint.do(lambda: setattr(endpoint.server, "authorization", "Bearer two"))
+    assert producer_report(start_producer(agent.socket_path, "second", 200))["flushed"]
+    wait_until(lambda: len(delivered(endpoint, "second")) == 200, 60,
+               "the second token, read again from the file")
+
+    # The endpoint revokes the token before the file has the new one: 401, and the
+    # sink's failure says where the new token goes; the events wait in the spool.
+    endpoint.do(lambda: setattr(endpoint.server, "authorization", "Bearer three"))
+    assert producer_report(start_producer(agent.socket_path, "third", 200))["flushed"]
+    refused = 'evagg_delivery_errors_total{kind="http_auth",sink="collector"}'
+    wait_until(lambda: agent.metric(refused) >= 1, 60, "the 401")
+    status = evagg("status", "--config", str(agent.config_path))
+    assert "failing (http_auth)" in status.stdout, status.stdout
+    said = [line for line in agent.log().splitlines() if "HTTP 401" in line]
+    assert said and str(token) in said[0] and "no reload needed" in said[0], said
+    token.write_text("Bearer three\n")
+    # the sink tries again within the delivery loop's minute for a permanent failure
+    wait_until(lambda: len(delivered(endpoint, "third")) == 200, 150,
+               "the third token, read again after the 401")
+    assert agent.stop() == 0
+    log = agent.log()
+    assert "header Authorization read again" in log
+    assert "Bearer" not in log  # the values are secrets: never in a log line
