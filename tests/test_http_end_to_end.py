@@ -232,3 +232,32 @@ def test_unknown_sink_for_dlq_is_a_clear_error(tmp_path: Path) -> None:
                       f'url = "{tmp_path / "lake"}"\n')
     result = evagg("dlq", "list", "--sink", "nope", "--config", str(config))
     assert result.returncode == 2 and "no http sink named 'nope'" in result.stderr
+
+
+def test_a_413_sends_the_batch_in_halves_and_dead_letters_only_an_event_too_large_alone(
+        agent_factory: Callable[..., AgentProcess],
+        servers: Callable[..., ServerThread]) -> None:
+    # The endpoint takes bodies up to 20 kB (nginx's client_max_body_size, an API
+    # gateway's limit): the sink's batches of 500 events are larger.
+    endpoint = servers()
+    endpoint.do(lambda: setattr(endpoint.server, "max_body", 20_000))
+    agent = agent_factory(sinks_toml=http_sink("collector", endpoint.url)).start()
+    assert producer_report(start_producer(agent.socket_path, "big", 2000))["flushed"]
+    wait_until(lambda: len(task_ids(endpoint)) == 2000, 90, "every event, in smaller requests")
+    assert 413 in {s.status for s in endpoint.server.requests}
+    assert all(s.wire_bytes <= 20_000 for s in endpoint.server.requests if s.stored)
+    labels = '{sink="collector",type="http"}'
+    assert agent.metric(f"evagg_sink_split_batches_total{labels}") >= 1
+    assert agent.metric(f"evagg_sink_dead_lettered_events_total{labels}") == 0
+    assert "as too large (HTTP 413); sending it in halves" in agent.log()
+
+    # one event larger than the endpoint takes: dead-lettered alone, and counted
+    endpoint.do(lambda: setattr(endpoint.server, "max_body", 1_000))
+    sent = evagg("emit", "--socket", str(agent.socket_path), "--kind", "task", "--name",
+                 "huge", "--field", "task_id=huge-1", "--field", "error=" + "x" * 2000)
+    assert sent.returncode == 0, sent.stderr
+    wait_until(lambda: agent.metric(f"evagg_sink_dead_lettered_events_total{labels}") >= 1,
+               60, "the one event too large to dead letters")
+    letters = evagg("dlq", "list", "--sink", "collector", "--config", str(agent.config_path))
+    assert "HTTP 413" in letters.stdout and "1 events" in letters.stdout, letters.stdout
+    assert agent.stop() == 0

@@ -22,7 +22,7 @@ import aiohttp
 
 from emitters.ratelimit import RateLimitedLog
 from sinks.base import SinkResult
-from sinks.http.batches import Batch, Body, gzip_body
+from sinks.http.batches import Batch, Body, gzip_body, split_batch
 from sinks.http.concurrency import Answer, ConcurrencyLimit
 from sinks.http.deadletter import write_dead_letter
 from sinks.http.endpoint import CONTENT_TYPES, url_for_display
@@ -39,6 +39,8 @@ from sinks.http.retries import BatchRetry, FailureStreak, retried_here
 
 log = logging.getLogger("evagg.sinks.http")
 MAX_POSTED_KEYS: Final = 100_000  # batches remembered as sent, for counting retries
+TOO_LARGE: Final = "too_large"  # a 413 for a batch of several events: sent in halves
+TOO_LARGE_FAILURE: Final = SinkResult.failure("HTTP 413", TOO_LARGE)
 NOT_SENT: Final = SinkResult.failure("not sent: the sink stopped for the delivery loop",
                                      "skipped")
 
@@ -89,6 +91,9 @@ class Sender:
         # of them is a retry ("a batch sent again with a key already used"), counted when
         # it goes out, not when the loop cuts the batch again and may not send it.
         self._posted: set[str] = set()
+        # key of a batch refused as too large -> keys of its halves delivered (or
+        # dead-lettered), not sent again when the loop resends the batch
+        self._halves_delivered: dict[str, set[str]] = {}
 
     async def send(self, batch: Batch, halt: Halt) -> SinkResult | None:
         """Send `batch` until it is answered 2xx or dead-lettered (then None), retrying a
@@ -111,6 +116,8 @@ class Sender:
                 if result.error_kind == "http_auth" and \
                         self._header_files.refresh(self.__headers):
                     continue  # the token file changed while the request was out
+                if result.error_kind == TOO_LARGE:
+                    return await self._send_halves(batch, halt)
                 if not retried_here(result) or self.streak.down:
                     break
                 if not await halt.sleep(retry.delay_after(result)):
@@ -122,9 +129,36 @@ class Sender:
         halt.stop(result)
         return result
 
+    async def _send_halves(self, batch: Batch, halt: Halt) -> SinkResult | None:
+        """A batch refused as too large (413), sent again as two halves, each split again
+        while the endpoint refuses it, down to single events (dead-lettered if refused
+        still). Halves already delivered are not sent again when the batch is."""
+        halves = split_batch(batch, self.options.body_format)
+        if not halves:
+            return await self._dead_letter(batch, 413, "too large, and cannot be split")
+        self.counters["split_batches"] += 1
+        self._refusals_log.log(  # a line a minute: halving a batch may take many 413s
+            logging.WARNING, "too_large", "sink %s: %s refused a batch of %d events (%d "
+            "bytes) as too large (HTTP 413); sending it in halves (%d batches split so "
+            "far; lower batch_max_bytes to avoid this)", self.name,
+            url_for_display(self.url), batch.events, len(batch.body),
+            self.counters["split_batches"])
+        delivered = self._halves_delivered.setdefault(batch.key, set())
+        for half in halves:
+            if half.key in delivered:
+                continue
+            result = await self.send(half, halt)
+            if result is not None:
+                return result
+            delivered.add(half.key)
+            self._halves_delivered.pop(half.key, None)
+        return None
+
     def passed(self, batch: Batch) -> None:
         """The cursor moved over the batch: it is never sent again."""
         self._posted.discard(batch.key)
+        for half in self._halves_delivered.pop(batch.key, ()):
+            self._posted.discard(half)
 
     def say_held_refusals(self, *, at_close: bool = False) -> None:
         """The dead-letter lines the once-a-minute limit held back, once their minute is
@@ -178,6 +212,8 @@ class Sender:
             self.counters["events_sent"] += batch.events
             self.answered = True
             return None, load_answer(status)
+        if status == 413 and batch.events > 1:  # the endpoint's limit, not these events
+            return TOO_LARGE_FAILURE, load_answer(status)
         refused = failure_for_status(status, retry_after)
         if refused is not None and status in (401, 403):
             refused = self._auth_refused(status)

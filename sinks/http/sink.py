@@ -272,5 +272,5 @@ class HttpSink(Sink):
 _METRICS: Final = ("requests_2xx", "requests_3xx", "requests_4xx", "requests_5xx",
                    "requests_failed", "timeouts", "connect_errors", "tls_errors",
                    "internal_errors", "retries", "dead_lettered_batches", "dead_lettered_events",
-                   "bytes_sent", "events_sent")
+                   "bytes_sent", "events_sent", "split_batches")
 

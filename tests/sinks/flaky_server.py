@@ -92,6 +92,8 @@ class FlakyServer:
     held: int = 0  # requests whose answer now waits for its Reply.hold
     # set: a request without exactly this Authorization is answered 401, before any script
     authorization: str | None = None
+    # set: a request whose body (unzipped) is larger is answered 413, before any script
+    max_body: int | None = None
 
     @property
     def url(self) -> str:
@@ -192,6 +194,8 @@ class FlakyServer:
         if self.authorization is not None and \
                 request.headers.get("Authorization") != self.authorization:
             answer = Reply(401, text="invalid token")
+        elif self.max_body is not None and len(body) > self.max_body:
+            answer = Reply(413, text="request entity too large")
         else:
             answer = self._next_reply(events, arrived)
         if self._stall_s or answer.delay_s:

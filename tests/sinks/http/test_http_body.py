@@ -165,3 +165,25 @@ def test_idempotency_keys_name_records_or_row_positions() -> None:
     assert whole != idempotency_key("t", "spool", (1, 0), (5, 9), whole_records=True)
     assert whole != idempotency_key("s", "other", (1, 0), (5, 9), whole_records=True)
     assert len(whole) == 32 and int(whole, 16) >= 0
+
+
+def test_a_batch_too_large_splits_in_halves_by_events_in_either_format() -> None:
+    import orjson
+
+    from sinks.http.batches import Batch, frame_body, split_batch
+
+    rows = [orjson.dumps({"event_id": str(n), "attrs": {"a,b": "x\\ny"}}) + b"\n"
+            for n in range(5)]
+    for body_format in ("ndjson", "json"):
+        batch = Batch("k" * 32, (0, 0), (1, 0), 0, 5, frame_body([b"".join(rows)],
+                      body_format), False, False)
+        halves = split_batch(batch, body_format)
+        assert [h.events for h in halves] == [2, 3]
+        assert len({h.key for h in halves} | {batch.key}) == 3
+        assert [h.key for h in split_batch(batch, body_format)] == [h.key for h in halves]
+        events = [e for h in halves for e in (
+            orjson.loads(bytes(h.body)) if body_format == "json"
+            else [orjson.loads(line) for line in bytes(h.body).splitlines()])]
+        assert [e["event_id"] for e in events] == ["0", "1", "2", "3", "4"]
+    one = Batch("k" * 32, (0, 0), (1, 0), 0, 1, rows[0], False, False)
+    assert split_batch(one, "ndjson") == []
