@@ -102,6 +102,9 @@ def failure_for_error(exc: TimeoutError | aiohttp.ClientError, timeout_s: float
         # an https:// URL whose endpoint answers in plain HTTP
         hint = "; the endpoint may speak plain HTTP: try http://" if reason == \
             "WRONG_VERSION_NUMBER" else ""
+        if "self-signed" in reason or "local issuer" in reason:  # a private CA's certificate
+            hint = ("; a certificate of a private CA (or a self-signed one) is trusted with "
+                    "tls_ca_file = \"<its CA's PEM>\"")
         return "tls_errors", SinkResult.failure(
             f"TLS handshake failed: {reason}{hint}", "tls", permanent=True)
     return "connect_errors", SinkResult.failure(

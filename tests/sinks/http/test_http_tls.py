@@ -67,6 +67,7 @@ async def test_an_endpoint_the_trusted_cas_did_not_sign_is_a_permanent_tls_failu
             result = await one_attempt(target, make_records(1, 10))
             assert (result.ok, result.error_kind, result.permanent) == (False, "tls", True)
             assert "CERTIFICATE_VERIFY_FAILED: unable to get local issuer" in (result.error or "")
+            assert "tls_ca_file" in (result.error or "")  # says how to trust a private CA
             assert target.metrics()["tls_errors"] == 1
     finally:
         await server.stop()
