@@ -251,7 +251,7 @@ class Sender:
             what = (f"write the new value to {', '.join(sorted(set(files.values())))}: "
                     "the sink reads it again before its next request, no reload needed")
         else:
-            what = "fix them in the config, then reload (SIGHUP)"
+            what = "fix them in the config, then reload (SIGHUP; an env: value needs a restart)"
         return SinkResult.failure(f"HTTP {status}: check the credentials; {what}",
                                   "http_auth", permanent=True)
 
