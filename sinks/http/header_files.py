@@ -35,7 +35,9 @@ class HeaderFiles:
     def __init__(self, sink: str, files: Mapping[str, str]) -> None:
         self.sink = sink
         self.files = dict(files)
-        self._stamps = {name: _stamp(path) for name, path in self.files.items()}
+        # nothing stamped yet: the first request reads each file again, so a change
+        # between the options' read and now is not missed
+        self._stamps: dict[str, Stamp | None] = {}
         self._said: set[tuple[str, str]] = set()  # (header, problem) already logged
 
     def refresh(self, headers: MutableMapping[str, str]) -> bool:
