@@ -46,3 +46,5 @@ class SinkType:
     build: SinkBuilder
     # Two sinks of this type on one url would overwrite each other's files.
     one_sink_per_url: bool = False
+    # what is likely a mistake about a url that works (a config warning); None: nothing
+    url_warning: Callable[[str], str | None] = lambda url: None

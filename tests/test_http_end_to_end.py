@@ -261,3 +261,23 @@ def test_a_413_sends_the_batch_in_halves_and_dead_letters_only_an_event_too_larg
     letters = evagg("dlq", "list", "--sink", "collector", "--config", str(agent.config_path))
     assert "HTTP 413" in letters.stdout and "1 events" in letters.stdout, letters.stdout
     assert agent.stop() == 0
+
+
+def test_a_sink_pointed_at_elasticsearch_bulk_or_loki_push_is_warned_about_at_once(
+        agent_factory: Callable[..., AgentProcess], tmp_path: Path) -> None:
+    # the sink's bare events are not what _bulk or Loki's push take: say so before every
+    # batch comes back 400 and fills the dead letters
+    sinks = (http_sink("search", "http://127.0.0.1:9/logs-evagg/_bulk")
+             + http_sink("logs", "http://127.0.0.1:9/loki/api/v1/push")
+             + http_sink("relay", "http://127.0.0.1:9/ingest"))
+    agent = agent_factory(sinks_toml=sinks)
+    checked = evagg("check-config", "--config", str(agent.config_path))
+    assert checked.returncode == 0, checked.stderr
+    warned = [line for line in checked.stderr.splitlines() if "config warning" in line]
+    assert len(warned) == 2, checked.stderr
+    assert "(search).url: Elasticsearch/OpenSearch _bulk needs an action line" in warned[0]
+    assert "(logs).url: Loki's push API" in warned[1]
+    assert all("Backends you may already run" in line for line in warned)
+    agent.start()
+    assert "_bulk needs an action line" in agent.log()
+    assert agent.stop() == 0

@@ -36,6 +36,7 @@ from aggregator.config.values import (
 from emitters import paths
 from emitters.handoff import Settings
 from sinks.locations import is_loopback_host
+from sinks.registry import sink_types
 from sinks.units import (
     parse_bool,
     parse_duration,
@@ -358,11 +359,25 @@ def config_warnings(config: AgentConfig) -> list[str]:
                         "evagg inferred one")
     warnings.extend(files_warnings(config.files, [sink.type for sink in config.sinks]))
     warnings.extend(token_file_warnings(config))
+    warnings.extend(url_warnings(config))
     host = config.http_listen.rpartition(":")[0].strip("[]")
     if not host or config.http_token is not None or is_loopback_host(host):
         return warnings
     return [f"agent.http_listen: {config.http_listen} can be reached from other hosts and "
             "no http_token_file is set: anyone who reaches it can write events", *warnings]
+
+
+def url_warnings(config: AgentConfig) -> list[str]:
+    """A url its sink type finds likely wrong though it works: an HTTP sink pointed at an
+    ingest API that wants another body (Elasticsearch's _bulk, Loki's push, ...)."""
+    types = sink_types()
+    warnings = []
+    for index, sink in enumerate(config.sinks):
+        kind = types.get(sink.type)
+        said = kind.url_warning(sink.url) if kind is not None else None
+        if said is not None:
+            warnings.append(f"sinks[{index}] ({sink.name}).url: {said}")
+    return warnings
 
 
 def token_file_warnings(config: AgentConfig) -> list[str]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from sinks.base import Sink
 from sinks.http.deadletter import dead_letter_dir
+from sinks.http.endpoint import other_shape
 from sinks.http.options import HttpOptions
 from sinks.http.sink import HttpSink
 from sinks.sink_type import SinkPlace, SinkType
@@ -25,4 +26,13 @@ def _url_problem(url: str) -> str | None:
     return "an http sink needs an http:// or https:// url"
 
 
-HTTP = SinkType("http", HttpOptions, _url_problem, _build)
+def _url_warning(url: str) -> str | None:
+    wants = other_shape(url)
+    if wants is None:
+        return None
+    return (f"{wants}, not the events the sink sends, so every batch would be refused and "
+            "dead-lettered; see docs/sinks-http.md, \"Backends you may already run\" (a "
+            "relay)")
+
+
+HTTP = SinkType("http", HttpOptions, _url_problem, _build, url_warning=_url_warning)
