@@ -79,7 +79,8 @@ class FrameReader(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         """Free space after the bytes read: a frame cut by the buffer's end is moved to
-        its start first, and the buffer grows only for a frame larger than it."""
+        its start first, and the buffer grows only for a frame larger than it or for the
+        larger reads a producer's burst earned (MAX_READ_BYTES)."""
         wanted = max(self._read_bytes, self._missing())
         if len(self._buffer) - self._stop < wanted:
             pending = self._stop - self._start
