@@ -185,16 +185,22 @@ def _span(row: dict[str, Any]) -> dict[str, Any]:
     return span
 
 
-def _stored_links(text: str | None) -> list[dict[str, str]]:
-    """The span's links from attrs['otel.links']; none unless every one reads."""
+def _stored_list(text: str | None) -> list[Any]:
+    """A list the span's attrs hold as JSON text; none where the text is not one (a list
+    cut at the attribute value limit no longer parses, or an attribute of the span's own
+    by that name): it then stays an attribute only."""
     if not text:
         return []
     try:
         stored = orjson.loads(text)
     except orjson.JSONDecodeError:
         return []
-    if not isinstance(stored, list):
-        return []
+    return stored if isinstance(stored, list) else []
+
+
+def _stored_links(text: str | None) -> list[dict[str, str]]:
+    """The span's links from attrs['otel.links']; none unless every one reads."""
+    stored = _stored_list(text)
     found = [_LINK.match(item) if isinstance(item, str) else None for item in stored]
     if not all(found):
         return []
@@ -202,20 +208,11 @@ def _stored_links(text: str | None) -> list[dict[str, str]]:
 
 
 def _stored_events(text: str | None) -> list[dict[str, Any]]:
-    """The span's events as stored in attrs['otel.events'] (a list cut at the attribute
-    value limit no longer parses: then it stays an attribute only)."""
-    if not text:
-        return []
-    try:
-        stored = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return []
-    if not isinstance(stored, list):  # an attribute of the span's own by that name
-        return []
+    """The span's events as stored in attrs['otel.events']."""
     return [{"timeUnixNano": str(event.get("time_unix_nano") or 0),
              "name": str(event.get("name") or ""),
              "attributes": [_kv(k, v) for k, v in (event.get("attributes") or {}).items()]}
-            for event in stored if isinstance(event, dict)]
+            for event in _stored_list(text) if isinstance(event, dict)]
 
 
 def _attributes(row: dict[str, Any], attrs: dict[str, str]) -> list[dict[str, Any]]:
