@@ -36,8 +36,8 @@ from aggregator.delivery.consumer import SinkConsumer
 from aggregator.delivery.sink_set import SinkSet, build_sinks
 from aggregator.gauges import AgentGauges
 from aggregator.heartbeat import Heartbeat, silent_after_s
+from aggregator.ingest.http_listener import serve as serve_http
 from aggregator.ingest.http_routes import HttpApi
-from aggregator.ingest.http_routes import serve as serve_http
 from aggregator.ingest.ingestor import Ingestor
 from aggregator.ingest.unix_socket import SocketIngest
 from aggregator.liveness import LivenessWatch

@@ -13,13 +13,19 @@ import hmac
 import logging
 from collections.abc import Awaitable, Callable
 
-import orjson
 import pyarrow as pa
 from aiohttp import web
 
 from aggregator.decode import otlp
 from aggregator.decode.normalize import Normalized, Stamp
 from aggregator.ingest.bodies import BodyRefused, encoding_name, inflate
+from aggregator.ingest.http_answers import (
+    NOT_TAKEN,
+    OTLP_PATHS,
+    error_answer,
+    ingest_answer,
+    refusal,
+)
 from aggregator.ingest.ingestor import Ingestor, IngestResult, SpoolUnavailable
 from aggregator.ingest.tail import stream_tail
 from aggregator.metrics import AgentMetrics
@@ -32,12 +38,6 @@ log = logging.getLogger("evagg.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 INGEST_PATHS = frozenset({"/v1/events", "/ray/events", "/v1/traces"})
-# OTLP/HTTP's other signals, which the agent does not store: an exporter pointed at the
-# agent's base address (OTEL_EXPORTER_OTLP_ENDPOINT) posts them beside its traces, and
-# gets a refusal saying so rather than a bare 404.
-NOT_TAKEN = {"/v1/metrics": ("metrics", "OTEL_METRICS_EXPORTER"),
-             "/v1/logs": ("logs", "OTEL_LOGS_EXPORTER")}
-OTLP_PATHS = frozenset({"/v1/traces", *NOT_TAKEN})
 KNOWN_PATHS = INGEST_PATHS | OTLP_PATHS | {"/metrics", "/healthz", "/readyz", "/v1/tail"}
 READABLE_ENCODINGS = frozenset({"identity", "gzip", "deflate"})  # bodies.py inflates these
 # How long a request waits for room in a full spool (when_full = "block") before its 503:
@@ -86,38 +86,38 @@ class HttpApi:
             # a known route's path, else one word: a label must not take a page's words
             route = request.path if request.path in KNOWN_PATHS else "other"
             self.metrics.bad_input.inc(route=route, reason="browser_request")
-            return _refusal(request, 403, refused)
+            return refusal(request, 403, refused)
         guarded = request.path in INGEST_PATHS or request.path == "/v1/tail"
         if self.token and guarded and not self._authorized(request):
             self.metrics.bad_input.inc(route=request.path, reason="unauthorized")
-            return _refusal(request, 401, "missing or wrong bearer token")
+            return refusal(request, 401, "missing or wrong bearer token")
         if request.path in INGEST_PATHS and not self.is_ready():
-            return _refusal(request, 503, "the agent is draining", headers=RETRY_LATER)
+            return refusal(request, 503, "the agent is draining", headers=RETRY_LATER)
         try:
             return await handler(request)
         except web.RequestPayloadError as exc:  # e.g. a body cut off on the way
             self.metrics.bad_input.inc(route=request.path, reason="bad_encoding")
-            return _refusal(request, 400, f"cannot read the body: {exc}")
+            return refusal(request, 400, f"cannot read the body: {exc}")
         except BodyRefused as exc:
             self.metrics.bad_input.inc(route=request.path, reason=exc.reason)
-            answer = _refusal(request, exc.status, str(exc))
+            answer = refusal(request, exc.status, str(exc))
             if exc.status == 408:  # the rest of the body may never come: no next request
                 answer.force_close()
             return answer
         except web.HTTPException as exc:
             if exc.status == 413:
                 self.metrics.bad_input.inc(route=request.path, reason="too_large")
-                return _refusal(request, 413, f"body larger than {self.max_body_bytes} bytes")
+                return refusal(request, 413, f"body larger than {self.max_body_bytes} bytes")
             raise
         except asyncio.CancelledError:
             raise
         except SpoolUnavailable as exc:
-            return _refusal(request, 503, str(exc),
+            return refusal(request, 503, str(exc),
                             headers={"Retry-After": str(exc.retry_after_s)})
         except Exception as exc:
             self.metrics.worker_errors.inc(worker="http", type=type(exc).__name__)
             log.exception("request to %s failed", request.path)
-            return _error(500, f"internal error: {type(exc).__name__}")
+            return error_answer(500, f"internal error: {type(exc).__name__}")
 
     def _from_a_browser(self, request: web.Request) -> str:
         """Why a request comes from a web page, or "". The port serves no page, and its
@@ -182,7 +182,7 @@ class HttpApi:
             return self._bad(request, "empty_body", "the body is empty")
         result = await self.ingestor.ingest_ndjson(body, self.ingestor.stamp(), route="http",
                                                    room_wait_s=ROOM_WAIT_S)
-        return _ingest_answer(result)
+        return ingest_answer(result)
 
     async def post_ray_events(self, request: web.Request) -> web.Response:
         """Ray's Event Export: each event stored once (aggregator/ray/intake.py); a resend
@@ -204,7 +204,7 @@ class HttpApi:
                 observe(mapped.normalized.batch)
         duplicates = mapped.duplicates + mapped.held
         self.metrics.duplicate_frames.inc(duplicates, route="ray")
-        return _ingest_answer(result, all_rejected_status=200, duplicates=duplicates)
+        return ingest_answer(result, all_rejected_status=200, duplicates=duplicates)
 
     async def _store_ray(self, normalized: Normalized, stamp: Stamp) -> IngestResult:
         return await self.ingestor.store(normalized, stamp, route="ray", room_wait_s=ROOM_WAIT_S)
@@ -236,7 +236,7 @@ class HttpApi:
                                                  route="otlp", extra_rejected=decoded.rejected,
                                                  room_wait_s=ROOM_WAIT_S)
         if result.too_large:  # one span larger than a spool record: nothing was stored
-            return _refusal(request, 413, result.note)
+            return refusal(request, 413, result.note)
         if decoded.cut_attributes and result.accepted:
             self.metrics.cut_values.inc(decoded.cut_attributes, route="otlp")
         # every refused span's reason (up to ten), as the socket's ack gives them
@@ -255,7 +255,7 @@ class HttpApi:
     def _bad(self, request: web.Request, reason: str, text: str,
              status: int = 400) -> web.Response:
         self.metrics.bad_input.inc(route=request.path, reason=reason)
-        return _refusal(request, status, text)
+        return refusal(request, status, text)
 
     async def get_metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=self.metrics.registry.render(),
@@ -277,66 +277,3 @@ class HttpApi:
         names = request.query.getall("name", [])
         return await stream_tail(request, self.ingestor.spool, kinds=kinds, names=names,
                                  is_ready=self.is_ready)
-
-
-async def serve(runner: web.AppRunner, host: str, port: int, *, max_connections: int,
-                on_refused: Callable[[], None]) -> asyncio.Server:
-    """Listen on host:port with at most `max_connections` connections open: one more is
-    closed at once (on_refused is told), so that clients which open connections and hold
-    them (a slow request never finished) cannot take the file descriptors the socket,
-    the spool and the sinks need. The caller closes the server before runner.cleanup()."""
-    server = runner.server
-    assert server is not None, "runner.setup() first"
-
-    def connection() -> asyncio.BaseProtocol:
-        if len(server.connections) >= max_connections:
-            on_refused()
-            return _Refused()
-        return server()
-
-    return await asyncio.get_running_loop().create_server(connection, host, port)
-
-
-class _Refused(asyncio.Protocol):
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.close()
-
-
-def _ingest_answer(result: IngestResult, all_rejected_status: int = 400,
-                   duplicates: int | None = None) -> web.Response:
-    """accepted: rows stored; rejected: lines, events or rows refused; duplicate: the
-    whole request was stored before; duplicates (Ray): events dropped as resent."""
-    status = all_rejected_status if result.accepted == 0 and result.rejected else 200
-    if result.too_large:
-        status = 413  # not the events' fault: the same events in smaller requests go in
-    body: dict[str, object] = {"accepted": result.accepted, "rejected": result.rejected,
-                               "duplicate": result.duplicate, "errors": list(result.reasons)}
-    if duplicates is not None:
-        body["duplicates"] = duplicates
-    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
-
-
-def _refusal(request: web.Request, status: int, text: str,
-             headers: dict[str, str] | None = None) -> web.Response:
-    """A refused request's answer: OTLP/HTTP wants a google.rpc.Status in the request's
-    encoding, which its exporters parse; every other route answers JSON.
-
-    On the OTLP routes the reason is the HTTP reason phrase too: the Python SDK's
-    exporter logs the status line (`code: 415, reason: ...`), not the body."""
-    if request.path not in OTLP_PATHS:
-        return _error(status, text, headers)
-    body, content_type = otlp.otlp_error_body(request.headers.get("Content-Type"), text,
-                                               status)
-    return web.Response(status=status, body=body, reason=reason_phrase(text),
-                        headers={"Content-Type": content_type, **(headers or {})})
-
-
-def reason_phrase(text: str) -> str:
-    """`text` as an HTTP/1.1 reason phrase: printable ASCII on one line, at most 300."""
-    printable = "".join(c if " " <= c <= "~" else "?" for c in text)
-    return printable[:300]
-
-
-def _error(status: int, text: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps({"error": text}),
-                        content_type="application/json", headers=headers)
