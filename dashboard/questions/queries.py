@@ -126,7 +126,8 @@ def steps(store: Store, run_id: str) -> Result:
 def step_ops(store: Store, run_id: str) -> Result:
     return store.execute(
         "SELECT step_group AS step, step AS own_step, name, state, started_at, time, duration_s, "
-        "metrics, error_type, error_message, op_id FROM op_steps WHERE run_id = $run "
+        "metrics, error_type, error_message, op_id, pid, rank FROM op_steps "
+        "WHERE run_id = $run "
         "ORDER BY step_group NULLS LAST, started_at", {"run": clean_text("run", run_id)})
 
 

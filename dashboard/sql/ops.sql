@@ -38,6 +38,7 @@ SELECT
     max(node_id) AS node_id,
     max(worker_id) AS worker_id,
     max(pid) AS pid,
+    max(attrs['rank']) AS rank,  -- a distributed job's rank (emitters.torch stamps it)
     max(trace_id) AS trace_id,
     max(source) AS source
 FROM op_events

@@ -27,6 +27,7 @@ tracker is made.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
@@ -76,6 +77,9 @@ class TrainingTracker:
         self.errors: Counter[str] = Counter()
         self.dropped_steps = 0
         self._ids = {k: text(v) for k, v in (("run_id", run_id), ("job_id", job_id)) if v}
+        # Every rank of a distributed job runs its own tracker under the same run and step
+        # numbers: each step's events say which rank sent them.
+        self._attrs = _rank_attrs(torch)
         self._device = _cuda_device(model)  # the model's GPU: maybe not the current one
         self._cuda = self._device is not None
         self._pending: deque[_Step] = deque()
@@ -312,7 +316,23 @@ class TrainingTracker:
             self._guard(self._emit, self._pending.popleft())
 
     def _emit(self, done: _Step) -> None:
-        self._send(step_event_count(done), StepBuild(done, self.name, self._ids))
+        self._send(step_event_count(done), StepBuild(done, self.name, self._ids, self._attrs))
+
+
+def _rank_attrs(torch: Any) -> dict[str, str]:
+    """`rank` and `world_size` of a distributed job: torch.distributed's once its process
+    group is made, else those torchrun (and most launchers) put in the environment, so a
+    tracker made before init_process_group() knows its rank too; none for one process."""
+    try:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return {"rank": str(dist.get_rank()), "world_size": str(dist.get_world_size())}
+    except Exception:
+        pass
+    rank, world_size = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
+    if rank.isdigit() and world_size.isdigit():
+        return {"rank": rank, "world_size": world_size}
+    return {}
 
 
 def _cuda_device(model: Any) -> Any:

@@ -44,15 +44,17 @@ class StepBuild:
     events as rows (step_events); with the other steps of a frame, their events as columns
     (columns_of), for the emitter's straight columns path (emitters/columns_items.py)."""
 
-    __slots__ = ("done", "ids", "name")
+    __slots__ = ("attrs", "done", "ids", "name")
 
-    def __init__(self, done: Step, name: str, ids: dict[str, str]) -> None:
+    def __init__(self, done: Step, name: str, ids: dict[str, str],
+                 attrs: dict[str, str] | None = None) -> None:
         self.done = done
         self.name = name
         self.ids = ids
+        self.attrs = attrs or {}  # on every event of the step (a distributed run's rank)
 
     def __call__(self) -> list[dict[str, Any]]:
-        return step_events(self.done, self.name, self.ids)
+        return step_events(self.done, self.name, self.ids, self.attrs)
 
     @staticmethod
     def columns_of(builds: Sequence[StepBuild]) -> dict[str, list[Any]] | None:
@@ -60,6 +62,7 @@ class StepBuild:
         not a plain CPU one (failed, in a trace, timed on CUDA, a phase called more than
         once, a metric that is not a finite float), which the rows path then takes."""
         keys = tuple(builds[0].ids)
+        attrs = builds[0].attrs
         times: list[int] = []
         names: list[str] = []
         steps: list[int] = []
@@ -69,7 +72,7 @@ class StepBuild:
         for build in builds:
             done = build.done
             if (done.error or done.trace or done.deferred or done.peak_memory_bytes is not None
-                    or tuple(build.ids) != keys):
+                    or tuple(build.ids) != keys or build.attrs != attrs):
                 return None
             values = done.metrics.copy()
             values["data_wait_s"] = done.data_wait_s
@@ -97,9 +100,13 @@ class StepBuild:
             for key, column in ids.items():
                 column += [build.ids[key]] * rows
         n = len(times)
-        return {"time": times, "kind": ["op"] * n, "source": ["torch"] * n, "name": names,
-                "state": ["FINISHED"] * n, "step": steps, "duration_s": durations,
-                "metrics": metrics, **ids, "event_id": event_ids(times)}
+        columns: dict[str, list[Any]] = {
+            "time": times, "kind": ["op"] * n, "source": ["torch"] * n, "name": names,
+            "state": ["FINISHED"] * n, "step": steps, "duration_s": durations,
+            "metrics": metrics, **ids, "event_id": event_ids(times)}
+        if attrs:
+            columns["attrs"] = [attrs] * n
+        return columns
 
 
 def step_event_count(done: Step) -> int:
@@ -108,10 +115,12 @@ def step_event_count(done: Step) -> int:
     return 1 + sum(1 for phase in PHASES if phases.get(phase))
 
 
-def step_events(done: Step, name: str, ids: dict[str, str]) -> list[dict[str, Any]]:
-    """The step's events, built as emit() would build them (typed, an id each)."""
+def step_events(done: Step, name: str, ids: dict[str, str],
+                attrs: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """The step's events, built as emit() would build them (typed, an id each); `attrs`
+    (a distributed run's rank) on each of them."""
     if done.error or done.trace or done.deferred or done.peak_memory_bytes is not None:
-        return _step_events(done, name, ids)
+        return _with_attrs(_step_events(done, name, ids), attrs)
     events: list[dict[str, Any]] = []
     times: list[int] = []
     phases = done.phases
@@ -145,6 +154,15 @@ def step_events(done: Step, name: str, ids: dict[str, str]) -> list[dict[str, An
     times.append(done.start[0])
     for event, event_id in zip(events, event_ids(times), strict=True):
         event["event_id"] = event_id
+    return _with_attrs(events, attrs)
+
+
+def _with_attrs(events: list[dict[str, Any]], attrs: dict[str, str] | None
+                ) -> list[dict[str, Any]]:
+    if attrs:
+        for event in events:
+            own = event.get("attrs")
+            event["attrs"] = {**attrs, **own} if own else attrs
     return events
 
 

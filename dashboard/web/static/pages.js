@@ -324,6 +324,8 @@ export async function run(params) {
     // a failed step's ops are open: its error shows without a click
     const opList = h("details", { "data-key": `step-${st.step}`, open: st.failures > 0 }, h("summary", null, `${ops.length} ops: ${(st.op_names || []).join(", ")}`),
       h("ul", { class: "ops" }, ops.map((op) => h("li", null, stateBadge(op.state), ` ${op.name} `,
+        // the ranks of a distributed job share a run and its step numbers: say whose op
+        op.rank !== null && op.rank !== undefined ? h("span", { class: "op-rank", title: `pid ${op.pid ?? "?"}` }, `rank ${op.rank} `) : null,
         h("span", { class: "muted" }, `${fmtDur(op.duration_s)}${op.own_step !== st.step ? ` (own step: ${op.own_step ?? "none"})` : ""}`),
         op.error_type || op.error_message ? h("span", { class: "error-text" }, ` ${errorText(op.error_type, op.error_message)}`) : null,
         (op.nonfinite || []).length ? h("span", { class: "nonfinite" }, ` ${op.nonfinite.join(", ")} NaN/inf`) : null))));

@@ -1,0 +1,139 @@
+"""A multi-process training job on one node, as an ML engineer runs it: torchrun starts two
+ranks of DistributedDataParallel over gloo on the CPU, each feeding from a DataLoader with
+two forked worker processes and tracking its loop with TrainingTracker, one `emitters.op`
+of its own per step; a real agent takes it all, and `evagg query` and the dashboard's
+queries read the lake back.
+
+- Every rank's steps are there once each (the forked DataLoader workers neither duplicate
+  nor lose any), and each step's events say which rank sent them: `attrs.rank` and
+  `attrs.world_size`, the `ops` view's `rank`, the dashboard's ops of a step.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from dashboard.lake.store import Store, StoreOptions
+from dashboard.questions.queries import step_ops
+from tests.agentproc import REPO, AgentProcess
+
+pytest.importorskip("torch")
+
+STEPS = 4
+SLOW_STEP = 2
+SLOW_S = 2.0
+
+SCRIPT = r"""
+import os, sys, time
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+import emitters
+from emitters.torch import TrainingTracker
+
+torch.set_num_threads(1)
+steps, slow_step, slow_s = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DistributedDataParallel(torch.nn.Sequential(
+    torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+data = TensorDataset(torch.randn(2 * 8 * steps, 16), torch.randn(2 * 8 * steps, 1))
+loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data), num_workers=2)
+with TrainingTracker(model, optimizer, run_id="ddp") as tracker:
+    for i, (x, y) in enumerate(tracker.wrap(loader)):
+        with emitters.op("prepare", step=tracker.current_step, run_id="ddp"):
+            x = x * 1.0
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        if rank == 1 and i == slow_step:
+            time.sleep(slow_s)  # a straggler: rank 0 waits for its gradients
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        tracker.metric(loss=loss, tokens=x.shape[0] * 16)
+assert emitters.flush(60), emitters.stats()
+assert not tracker.errors, tracker.errors
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    workdir = tmp_path_factory.mktemp("ddp")
+    script = workdir / "train.py"
+    script.write_text(SCRIPT)
+    (workdir / "agent").mkdir()
+    with AgentProcess(workdir / "agent") as agent:
+        env = {**os.environ, "PYTHONPATH": str(REPO), "EVAGG_SOCKET": str(agent.socket_path)}
+        env.pop("EVAGG_START_AGENT", None)
+        done = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone",
+             "--nproc_per_node=2", str(script), str(STEPS), str(SLOW_STEP), str(SLOW_S)],
+            cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        # two ranks: per step forward, backward, optimizer_step, train_step and `prepare`
+        agent.wait_rows("SELECT 1 FROM events WHERE kind = 'op' AND state <> 'STARTED'",
+                        2 * STEPS * 5, timeout=120)
+        yield {"query": evagg_sql(agent.lake_dir), "lake": agent.lake_dir}
+
+
+def evagg_sql(lake: Path) -> Callable[[str], list[dict[str, Any]]]:
+    """`evagg query sql --json` over the lake, as the user reads it."""
+    def run(sql: str) -> list[dict[str, Any]]:
+        done = subprocess.run(
+            [sys.executable, "-m", "aggregator", "query", "sql", "--data", str(lake),
+             "--cache", str(lake.parent / "cache"), "--json", sql],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+            env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert done.returncode == 0, done.stderr
+        rows: list[dict[str, Any]] = orjson.loads(done.stdout)
+        return rows
+    return run
+
+
+def test_every_rank_sends_each_step_once_and_says_which_rank_it_is(
+        trained: dict[str, Any]) -> None:
+    rows = trained["query"](
+        "SELECT attrs['rank'] AS rank, attrs['world_size'] AS world_size, "
+        "list(DISTINCT pid) AS pids, count(*) AS events, "
+        "list(step ORDER BY step) AS steps "
+        "FROM events_raw WHERE source = 'torch' AND name = 'train_step' "
+        "GROUP BY ALL ORDER BY rank")
+    assert [(r["rank"], r["world_size"], r["steps"]) for r in rows] == [
+        ("0", "2", list(range(STEPS))), ("1", "2", list(range(STEPS)))]
+    assert all(len(r["pids"]) == 1 for r in rows)
+    assert rows[0]["pids"] != rows[1]["pids"]
+    # every event of the tracker's carries its rank, and its rank matches its process
+    phases = trained["query"](
+        "SELECT name, count(*) AS n, count(DISTINCT (pid, attrs['rank'])) AS ranks "
+        "FROM events_raw WHERE source = 'torch' AND attrs['rank'] IS NOT NULL "
+        "GROUP BY name ORDER BY name")
+    assert [(r["name"], r["n"], r["ranks"]) for r in phases] == [
+        (name, 2 * STEPS, 2) for name in ("backward", "forward", "optimizer_step",
+                                          "train_step")]
+
+
+def test_the_ops_view_and_the_dashboard_name_each_ops_rank(trained: dict[str, Any]) -> None:
+    rows = trained["query"](
+        "SELECT rank, name, count(*) AS n FROM ops WHERE run_id = 'ddp' "
+        "AND source = 'torch' GROUP BY ALL ORDER BY ALL")
+    assert {(r["rank"], r["n"]) for r in rows} == {("0", STEPS), ("1", STEPS)}
+    store = Store(StoreOptions(str(trained["lake"]), refresh_s=0.2))
+    try:
+        ops = step_ops(store, "ddp").records()
+    finally:
+        store.close()
+    train_steps = [op for op in ops if op["name"] == "train_step"]
+    assert sorted((op["step"], op["rank"]) for op in train_steps) == sorted(
+        (step, rank) for step in range(STEPS) for rank in ("0", "1"))
+    assert len({(op["rank"], op["pid"]) for op in train_steps}) == 2
+
