@@ -94,6 +94,7 @@ class TrainingTracker:
         # Bound once: a hook per forward makes no method object per call.
         self._on_backward = self._backward_start
         self._on_backward_end = self._backward_end
+        self._on_backward_done = self._backward_done
         self._engine: Any = torch.autograd.Variable._execution_engine
         self._guard(self._install, model, optimizer)
 
@@ -220,6 +221,17 @@ class TrainingTracker:
                 self._count(exc)
 
     def _backward_end(self) -> None:
+        # The graph has run; what it queued meanwhile runs after this callback: DDP's
+        # reducer waits there for the gradients' all-reduce, which is backward's time (and
+        # its failure, a rank gone, is backward's). So backward ends in a callback queued
+        # now, after those.
+        try:
+            self._engine.queue_callback(self._on_backward_done)
+        except Exception as exc:
+            self._count(exc)
+            self._backward_done()
+
+    def _backward_done(self) -> None:
         try:
             self._finish("backward")
         except Exception as exc:

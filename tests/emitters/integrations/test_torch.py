@@ -193,6 +193,27 @@ def test_a_step_that_raised_and_was_caught_ends_failed_and_keeps_the_numbering()
     assert len(forwards) == 6 and all("calls" not in (e.get("attrs") or {}) for e in forwards)
 
 
+def test_a_callback_that_fails_after_the_graph_fails_backward() -> None:
+    """DDP's reducer waits for the gradients' all-reduce in an autograd callback queued
+    while the graph runs, and raises there when a rank is gone: backward failed, and
+    the tracker's own end-of-backward callback (queued before it) must not call it done."""
+    sink = Captured()
+    model, optimizer = model_and_optimizer()
+    engine = torch.autograd.Variable._execution_engine
+
+    def gone() -> None:
+        raise RuntimeError("Connection closed by peer")
+
+    model[0].weight.register_hook(lambda grad: engine.queue_callback(gone))
+    with pytest.raises(RuntimeError, match="closed by peer"), \
+            TrainingTracker(model, optimizer, emitter=sink):  # type: ignore[arg-type]
+        torch.nn.functional.mse_loss(model(torch.randn(4, 8)), torch.zeros(4, 1)).backward()
+    states = {e["name"]: (e["state"], e.get("error_message")) for e in sink.events}
+    assert states == {"forward": ("FINISHED", None),
+                      "backward": ("FAILED", "Connection closed by peer"),
+                      "train_step": ("FAILED", "Connection closed by peer")}
+
+
 def test_hooks_are_removed_on_close() -> None:
     sink = Captured()
     model, optimizer = model_and_optimizer()

@@ -7,6 +7,10 @@ queries read the lake back.
 - Every rank's steps are there once each (the forked DataLoader workers neither duplicate
   nor lose any), and each step's events say which rank sent them: `attrs.rank` and
   `attrs.world_size`, the `ops` view's `rank`, the dashboard's ops of a step.
+- backward is the whole of backward under DDP: rank 1 is slow to reach its backward at
+  step 2, so rank 0's backward waits there for the gradients' all-reduce, which DDP runs
+  in an autograd callback after the graph; that wait is backward's time, not a gap
+  between the phases that no op covers.
 """
 
 from __future__ import annotations
@@ -137,3 +141,14 @@ def test_the_ops_view_and_the_dashboard_name_each_ops_rank(trained: dict[str, An
         (step, rank) for step in range(STEPS) for rank in ("0", "1"))
     assert len({(op["rank"], op["pid"]) for op in train_steps}) == 2
 
+
+def test_backward_under_ddp_holds_the_wait_for_the_gradients_all_reduce(
+        trained: dict[str, Any]) -> None:
+    rows = trained["query"](
+        "SELECT attrs['rank'] AS rank, name, duration_s FROM events_raw "
+        f"WHERE source = 'torch' AND step = {SLOW_STEP} ORDER BY ALL")
+    took = {(r["rank"], r["name"]): r["duration_s"] for r in rows}
+    # rank 0 reached backward about SLOW_S before rank 1 did: it spent that long waiting
+    # for the all-reduce inside backward (a lower bound only: load makes it longer)
+    assert took[("0", "backward")] >= SLOW_S / 4, took
+    assert took[("0", "backward")] <= took[("0", "train_step")]
