@@ -11,6 +11,9 @@ queries read the lake back.
   step 2, so rank 0's backward waits there for the gradients' all-reduce, which DDP runs
   in an autograd callback after the graph; that wait is backward's time, not a gap
   between the phases that no op covers.
+- A second run stops when rank 1 raises: the Run page (Chromium, 1280 px wide) shows that
+  step FAILED with rank 1's error, and its long message wraps rather than push the
+  step's other columns off the page.
 """
 
 from __future__ import annotations
@@ -24,16 +27,21 @@ from typing import Any
 
 import orjson
 import pytest
+from playwright.sync_api import expect
 
 from dashboard.lake.store import Store, StoreOptions
 from dashboard.questions.queries import step_ops
 from tests.agentproc import REPO, AgentProcess
+from tests.dashboard.chromium import ARTIFACTS, chromium, tab
+from tests.dashboard.serve import serving
 
 pytest.importorskip("torch")
 
 STEPS = 4
 SLOW_STEP = 2
 SLOW_S = 2.0
+FAIL_STEP = 1
+LOADED_MS = 60_000  # a first query over a fresh lake on a loaded 2-core machine is slow
 
 SCRIPT = r"""
 import os, sys, time
@@ -45,6 +53,7 @@ from emitters.torch import TrainingTracker
 
 torch.set_num_threads(1)
 steps, slow_step, slow_s = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+run_id, fail_step = sys.argv[4], int(sys.argv[5])
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
@@ -53,11 +62,14 @@ model = DistributedDataParallel(torch.nn.Sequential(
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 data = TensorDataset(torch.randn(2 * 8 * steps, 16), torch.randn(2 * 8 * steps, 1))
 loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data), num_workers=2)
-with TrainingTracker(model, optimizer, run_id="ddp") as tracker:
+with TrainingTracker(model, optimizer, run_id=run_id) as tracker:
     for i, (x, y) in enumerate(tracker.wrap(loader)):
-        with emitters.op("prepare", step=tracker.current_step, run_id="ddp"):
+        with emitters.op("prepare", step=tracker.current_step, run_id=run_id):
             x = x * 1.0
         loss = torch.nn.functional.mse_loss(model(x), y)
+        if rank == 1 and i == fail_step:  # as long as the error gloo gives the other rank
+            raise RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+                               "reward model unreachable: " + "retry budget spent; " * 12)
         if rank == 1 and i == slow_step:
             time.sleep(slow_s)  # a straggler: rank 0 waits for its gradients
         loss.backward()
@@ -72,6 +84,8 @@ dist.destroy_process_group()
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Run "ddp" trains STEPS steps; run "ddp-failed" stops when rank 1 raises at
+    FAIL_STEP (torchrun then ends rank 0 and exits 1)."""
     workdir = tmp_path_factory.mktemp("ddp")
     script = workdir / "train.py"
     script.write_text(SCRIPT)
@@ -79,14 +93,24 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     with AgentProcess(workdir / "agent") as agent:
         env = {**os.environ, "PYTHONPATH": str(REPO), "EVAGG_SOCKET": str(agent.socket_path)}
         env.pop("EVAGG_START_AGENT", None)
-        done = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone",
-             "--nproc_per_node=2", str(script), str(STEPS), str(SLOW_STEP), str(SLOW_S)],
-            cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
+
+        def torchrun(run_id: str, fail_step: int) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                 "--nproc_per_node=2", str(script), str(STEPS), str(SLOW_STEP), str(SLOW_S),
+                 run_id, str(fail_step)],
+                cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
+
+        done = torchrun("ddp", -1)
         assert done.returncode == 0, done.stdout + done.stderr
+        failed = torchrun("ddp-failed", FAIL_STEP)
+        assert failed.returncode == 1 and "reward model unreachable" in failed.stderr, (
+            failed.stdout + failed.stderr)
         # two ranks: per step forward, backward, optimizer_step, train_step and `prepare`
-        agent.wait_rows("SELECT 1 FROM events WHERE kind = 'op' AND state <> 'STARTED'",
-                        2 * STEPS * 5, timeout=120)
+        agent.wait_rows("SELECT 1 FROM events WHERE kind = 'op' AND state <> 'STARTED' "
+                        "AND run_id = 'ddp'", 2 * STEPS * 5, timeout=120)
+        agent.wait_rows("SELECT 1 FROM events WHERE run_id = 'ddp-failed' "
+                        "AND name = 'train_step' AND state = 'FAILED'", 1, timeout=120)
         yield {"query": evagg_sql(agent.lake_dir), "lake": agent.lake_dir}
 
 
@@ -110,7 +134,7 @@ def test_every_rank_sends_each_step_once_and_says_which_rank_it_is(
         "SELECT attrs['rank'] AS rank, attrs['world_size'] AS world_size, "
         "list(DISTINCT pid) AS pids, count(*) AS events, "
         "list(step ORDER BY step) AS steps "
-        "FROM events_raw WHERE source = 'torch' AND name = 'train_step' "
+        "FROM events_raw WHERE source = 'torch' AND name = 'train_step' AND run_id = 'ddp' "
         "GROUP BY ALL ORDER BY rank")
     assert [(r["rank"], r["world_size"], r["steps"]) for r in rows] == [
         ("0", "2", list(range(STEPS))), ("1", "2", list(range(STEPS)))]
@@ -120,6 +144,7 @@ def test_every_rank_sends_each_step_once_and_says_which_rank_it_is(
     phases = trained["query"](
         "SELECT name, count(*) AS n, count(DISTINCT (pid, attrs['rank'])) AS ranks "
         "FROM events_raw WHERE source = 'torch' AND attrs['rank'] IS NOT NULL "
+        "AND run_id = 'ddp' "
         "GROUP BY name ORDER BY name")
     assert [(r["name"], r["n"], r["ranks"]) for r in phases] == [
         (name, 2 * STEPS, 2) for name in ("backward", "forward", "optimizer_step",
@@ -146,9 +171,29 @@ def test_backward_under_ddp_holds_the_wait_for_the_gradients_all_reduce(
         trained: dict[str, Any]) -> None:
     rows = trained["query"](
         "SELECT attrs['rank'] AS rank, name, duration_s FROM events_raw "
-        f"WHERE source = 'torch' AND step = {SLOW_STEP} ORDER BY ALL")
+        f"WHERE source = 'torch' AND run_id = 'ddp' AND step = {SLOW_STEP} ORDER BY ALL")
     took = {(r["rank"], r["name"]): r["duration_s"] for r in rows}
     # rank 0 reached backward about SLOW_S before rank 1 did: it spent that long waiting
     # for the all-reduce inside backward (a lower bound only: load makes it longer)
     assert took[("0", "backward")] >= SLOW_S / 4, took
     assert took[("0", "backward")] <= took[("0", "train_step")]
+
+
+def test_the_run_page_names_the_rank_that_failed_and_keeps_its_columns_on_the_page(
+        trained: dict[str, Any]) -> None:
+    """The failed rank's long error (as long as gloo's) wraps in the ops cell: on one line
+    it pushed the failures, wall time and metrics columns past the window's edge."""
+    store = Store(StoreOptions(str(trained["lake"]), refresh_s=0.2))
+    with serving(store) as url, chromium() as browser, \
+            tab(browser, url, width=1280, height=900) as page:
+        page.goto("/#/run?run=ddp-failed")
+        row = page.locator(f"table.steps tbody tr[data-step='{FAIL_STEP}']")
+        failed = row.locator("li", has_text="reward model unreachable")
+        expect(failed).to_contain_text("rank 1", timeout=LOADED_MS)
+        expect(failed).to_contain_text("FAILED")
+        page.screenshot(path=str(ARTIFACTS / "ddp-failed-rank.png"), full_page=True)
+        for column in range(2, 6):  # failures, wall time, queue time, metric spread
+            box = row.locator("> td").nth(column).bounding_box()
+            assert box is not None and box["x"] + box["width"] <= 1280, (column, box)
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    store.close()
