@@ -1,7 +1,8 @@
 """A training step's events framed straight into columns (StepBuild.columns_of) reach the
 agent's spool exactly as the same step's event rows (step_events) do: Hypothesis over
 steps with and without each phase, several calls to a phase, failed steps, metrics that
-are NaN, infinite or ints, several trackers' steps in one frame."""
+are NaN, infinite or ints, several trackers' steps in one frame, a distributed rank's
+attrs on each step's events."""
 
 from __future__ import annotations
 
@@ -63,19 +64,20 @@ def queued(builds: list[Any], counts: list[int]) -> list[tuple[Any, ...]]:
 
 def as_rows(build: StepBuild) -> Any:
     """The same step without columns_of: the rows path."""
-    return lambda: step_events(build.done, build.name, build.ids)
+    return lambda: step_events(build.done, build.name, build.ids, build.attrs)
 
 
 IDS = st.sampled_from([{"run_id": "run-1"}, {"run_id": "run-2", "job_id": "job-9"}])
+ATTRS = st.sampled_from([{}, {"rank": "0", "world_size": "2"}, {"rank": "1", "world_size": "2"}])
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(steps(), st.sampled_from(["train_step", "eval"]), IDS),
+@given(st.lists(st.tuples(steps(), st.sampled_from(["train_step", "eval"]), IDS, ATTRS),
                 min_size=1, max_size=6))
 def test_a_steps_columns_spool_as_its_rows_do(
-        made: list[tuple[Step, str, dict[str, str]]]) -> None:
-    builds = [StepBuild(done, name, ids) for done, name, ids in made]
-    counts = [step_event_count(done) for done, _, _ in made]
+        made: list[tuple[Step, str, dict[str, str], dict[str, str]]]) -> None:
+    builds = [StepBuild(done, name, ids, attrs) for done, name, ids, attrs in made]
+    counts = [step_event_count(done) for done, _, _, _ in made]
     straight, rows = spooled(frames(queued(builds, counts), columns=True))[0], \
         spooled(frames(queued(list(map(as_rows, builds)), counts), columns=True))[0]
     assert straight.num_rows == rows.num_rows == sum(counts)
@@ -106,3 +108,12 @@ def test_a_plain_cpu_step_takes_the_straight_path_and_an_odd_one_does_not() -> N
     assert deferred_columns(queued([*builds, StepBuild(odd, "train_step", {"run_id": "r"})],
                                    [4, 4, 4, 4]), CONTEXT) is None
     assert deferred_columns(queued(builds, [4, 4, 3]), CONTEXT) is None  # another count
+
+    rank = {"rank": "1", "world_size": "2"}  # a distributed job's: on every event, straight
+    ranked = [StepBuild(plain(n), "train_step", {"run_id": "r"}, rank) for n in range(2)]
+    columns = deferred_columns(queued(ranked, [4, 4]), CONTEXT)
+    assert columns is not None and len(columns["attrs"]) == 8
+    assert all(attrs.items() >= rank.items() for attrs in columns["attrs"])
+    # steps of two ranks in one frame (two trackers in one process) take the rows path
+    other = StepBuild(plain(2), "train_step", {"run_id": "r"}, {"rank": "0", "world_size": "2"})
+    assert deferred_columns(queued([*ranked, other], [4, 4, 4]), CONTEXT) is None
