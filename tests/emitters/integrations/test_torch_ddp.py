@@ -11,7 +11,9 @@ queries read the lake back.
   step 2, so rank 0's backward waits there for the gradients' all-reduce, which DDP runs
   in an autograd callback after the graph; that wait is backward's time, not a gap
   between the phases that no op covers.
-- A second run stops when rank 1 raises: the Run page (Chromium, 1280 px wide) shows that
+- A second run stops when rank 1 raises while rank 0 is stuck in a long compute, which
+  torchrun then ends with SIGTERM: with the exit handler docs/pytorch.md gives, rank 0's
+  step in flight reads FAILED rather than vanish. The Run page (Chromium, 1280 px wide) shows that
   step FAILED with rank 1's error, and its long message wraps rather than push the
   step's other columns off the page.
 """
@@ -43,14 +45,18 @@ SLOW_S = 2.0
 FAIL_STEP = 1
 LOADED_MS = 60_000  # a first query over a fresh lake on a loaded 2-core machine is slow
 
+# docs/pytorch.md's line: torchrun ends the other ranks with SIGTERM when one fails
+HANDLER = "signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))"
+
 SCRIPT = r"""
-import os, sys, time
+import os, signal, sys, time
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 import emitters
 from emitters.torch import TrainingTracker
 
+HANDLER
 torch.set_num_threads(1)
 steps, slow_step, slow_s = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 run_id, fail_step = sys.argv[4], int(sys.argv[5])
@@ -67,6 +73,8 @@ with TrainingTracker(model, optimizer, run_id=run_id) as tracker:
         with emitters.op("prepare", step=tracker.current_step, run_id=run_id):
             x = x * 1.0
         loss = torch.nn.functional.mse_loss(model(x), y)
+        if rank == 0 and i == fail_step:
+            time.sleep(120)  # stuck (a long compute, a hung collective) till torchrun ends it
         if rank == 1 and i == fail_step:  # as long as the error gloo gives the other rank
             raise RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
                                "reward model unreachable: " + "retry budget spent; " * 12)
@@ -85,10 +93,10 @@ dist.destroy_process_group()
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Run "ddp" trains STEPS steps; run "ddp-failed" stops when rank 1 raises at
-    FAIL_STEP (torchrun then ends rank 0 and exits 1)."""
+    FAIL_STEP while rank 0 is stuck there (torchrun then ends rank 0 and exits 1)."""
     workdir = tmp_path_factory.mktemp("ddp")
     script = workdir / "train.py"
-    script.write_text(SCRIPT)
+    script.write_text(SCRIPT.replace("HANDLER", HANDLER))
     (workdir / "agent").mkdir()
     with AgentProcess(workdir / "agent") as agent:
         env = {**os.environ, "PYTHONPATH": str(REPO), "EVAGG_SOCKET": str(agent.socket_path)}
@@ -110,7 +118,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         agent.wait_rows("SELECT 1 FROM events WHERE kind = 'op' AND state <> 'STARTED' "
                         "AND run_id = 'ddp'", 2 * STEPS * 5, timeout=120)
         agent.wait_rows("SELECT 1 FROM events WHERE run_id = 'ddp-failed' "
-                        "AND name = 'train_step' AND state = 'FAILED'", 1, timeout=120)
+                        "AND name = 'train_step' AND state = 'FAILED'", 2, timeout=120)
         yield {"query": evagg_sql(agent.lake_dir), "lake": agent.lake_dir}
 
 
@@ -177,6 +185,19 @@ def test_backward_under_ddp_holds_the_wait_for_the_gradients_all_reduce(
     # for the all-reduce inside backward (a lower bound only: load makes it longer)
     assert took[("0", "backward")] >= SLOW_S / 4, took
     assert took[("0", "backward")] <= took[("0", "train_step")]
+
+
+def test_a_rank_that_torchrun_ended_reads_failed_at_its_step_in_flight(
+        trained: dict[str, Any]) -> None:
+    assert HANDLER in (REPO / "docs" / "pytorch.md").read_text()
+    rows = trained["query"](
+        "SELECT attrs['rank'] AS rank, step, state, error_type, error_message FROM events "
+        "WHERE run_id = 'ddp-failed' AND name = 'train_step' ORDER BY rank, step")
+    assert [(r["rank"], r["step"], r["state"]) for r in rows] == [
+        (rank, step, "FINISHED" if step < FAIL_STEP else "FAILED")
+        for rank in ("0", "1") for step in range(FAIL_STEP + 1)]
+    ended = rows[FAIL_STEP]
+    assert (ended["error_type"], ended["error_message"]) == ("SystemExit", "143"), ended
 
 
 def test_the_run_page_names_the_rank_that_failed_and_keeps_its_columns_on_the_page(
