@@ -39,7 +39,19 @@ class Context:
             value = identity.get(key) or os.environ.get(env)
             if value:
                 base[key] = value
-        return Context(base, dict(identity.get("attrs") or {}))
+        return Context(base, {**launcher_attrs(), **dict(identity.get("attrs") or {})})
+
+
+def launcher_attrs() -> dict[str, str]:
+    """Under torchrun (it sets TORCHELASTIC_RUN_ID), the `rank` and `world_size` it gives
+    the process, so that every event of a rank (its own ops, its DataLoader workers',
+    which inherit the environment) says which rank it came from; none elsewhere."""
+    if not os.environ.get("TORCHELASTIC_RUN_ID"):
+        return {}
+    rank, world_size = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
+    if rank.isdigit() and world_size.isdigit():
+        return {"rank": rank, "world_size": world_size}
+    return {}
 
 
 class ContextChange:

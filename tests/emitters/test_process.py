@@ -69,6 +69,30 @@ def test_module_api_takes_context_from_the_environment(agent: FakeAgent) -> None
     assert events[3]["attrs"] == {"host_group": "a"}
 
 
+def test_under_torchrun_every_event_says_its_rank(agent: FakeAgent) -> None:
+    code = """
+        import emitters
+        emitters.emit(kind="task", name="loaded")
+        emitters.configure(attrs={"team": "vision"})
+        with emitters.op("prepare", step=1):
+            pass
+        print(emitters.flush(20))
+    """
+    launched = {"EVAGG_SOCKET": str(agent.path), "RANK": "3", "WORLD_SIZE": "4",
+                "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "none"}
+    result = run_python(code, env=launched)
+    assert result.returncode == 0, result.stderr
+    rank = {"rank": "3", "world_size": "4"}
+    assert [e.get("attrs") for e in agent.events()] == [rank] + [{**rank, "team": "vision"}] * 2
+    # RANK alone is any launcher's (or any program's) variable: not taken for torchrun's
+    with FakeAgent(short_socket_path()) as other:
+        result = run_python(code, env={**{k: v for k, v in launched.items()
+                                          if k != "TORCHELASTIC_RUN_ID"},
+                                       "EVAGG_SOCKET": str(other.path)})
+        assert result.returncode == 0, result.stderr
+        assert [e.get("attrs") for e in other.events()] == [None] + [{"team": "vision"}] * 2
+
+
 def test_module_close_and_stats_act_on_the_default_emitter(agent: FakeAgent) -> None:
     result = run_python(STATS_AT_EXIT + """
 import emitters

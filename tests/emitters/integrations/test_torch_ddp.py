@@ -7,6 +7,8 @@ queries read the lake back.
 - Every rank's steps are there once each (the forked DataLoader workers neither duplicate
   nor lose any), and each step's events say which rank sent them: `attrs.rank` and
   `attrs.world_size`, the `ops` view's `rank`, the dashboard's ops of a step.
+- torchrun's rank reaches every event of the rank's emitter: its own `emitters.op`s and
+  its DataLoader workers' events, each item's once.
 - backward is the whole of backward under DDP: rank 1 is slow to reach its backward at
   step 2, so rank 0's backward waits there for the gradients' all-reduce, which DDP runs
   in an autograd callback after the graph; that wait is backward's time, not a gap
@@ -66,7 +68,13 @@ torch.manual_seed(0)
 model = DistributedDataParallel(torch.nn.Sequential(
     torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-data = TensorDataset(torch.randn(2 * 8 * steps, 16), torch.randn(2 * 8 * steps, 1))
+class Items(TensorDataset):
+    def __getitem__(self, index):  # in a forked DataLoader worker
+        emitters.emit(kind="task", name="load_item", state="FINISHED", run_id=run_id,
+                      duration_s=0.001, item=int(index))
+        return super().__getitem__(index)
+
+data = Items(torch.randn(2 * 8 * steps, 16), torch.randn(2 * 8 * steps, 1))
 loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data), num_workers=2)
 with TrainingTracker(model, optimizer, run_id=run_id) as tracker:
     for i, (x, y) in enumerate(tracker.wrap(loader)):
@@ -117,6 +125,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         # two ranks: per step forward, backward, optimizer_step, train_step and `prepare`
         agent.wait_rows("SELECT 1 FROM events WHERE kind = 'op' AND state <> 'STARTED' "
                         "AND run_id = 'ddp'", 2 * STEPS * 5, timeout=120)
+        agent.wait_rows("SELECT 1 FROM events WHERE name = 'load_item' AND run_id = 'ddp'",
+                        2 * 8 * STEPS, timeout=120)
         agent.wait_rows("SELECT 1 FROM events WHERE run_id = 'ddp-failed' "
                         "AND name = 'train_step' AND state = 'FAILED'", 2, timeout=120)
         yield {"query": evagg_sql(agent.lake_dir), "lake": agent.lake_dir}
@@ -157,6 +167,29 @@ def test_every_rank_sends_each_step_once_and_says_which_rank_it_is(
     assert [(r["name"], r["n"], r["ranks"]) for r in phases] == [
         (name, 2 * STEPS, 2) for name in ("backward", "forward", "optimizer_step",
                                           "train_step")]
+
+
+def test_a_ranks_own_ops_and_its_dataloader_workers_events_carry_its_rank(
+        trained: dict[str, Any]) -> None:
+    """torchrun's RANK and WORLD_SIZE reach every event of the rank's emitter, and of its
+    forked DataLoader workers' (each item loaded once, none lost)."""
+    query = trained["query"]
+    ranks = {r["pid"]: r["rank"] for r in query(
+        "SELECT DISTINCT pid, attrs['rank'] AS rank FROM events "
+        "WHERE run_id = 'ddp' AND name = 'train_step'")}
+    prepared = query("SELECT pid, rank, count(*) AS n FROM ops WHERE run_id = 'ddp' "
+                     "AND name = 'prepare' GROUP BY ALL ORDER BY rank")
+    assert [(ranks.get(r["pid"]), r["rank"], r["n"]) for r in prepared] == [
+        ("0", "0", STEPS), ("1", "1", STEPS)]
+    loaded = query(
+        "SELECT attrs['rank'] AS rank, attrs['world_size'] AS world_size, "
+        "count(*) AS events, count(DISTINCT attrs['item']) AS items, "
+        "count(DISTINCT pid) AS workers, bool_or(list_contains($pids, pid)) AS in_rank "
+        "FROM events_raw WHERE run_id = 'ddp' AND name = 'load_item' "
+        "GROUP BY ALL ORDER BY rank".replace("$pids", str(sorted(ranks))))
+    assert [(r["rank"], r["world_size"], r["events"], r["items"], r["workers"],
+             r["in_rank"]) for r in loaded] == [
+        (rank, "2", 8 * STEPS, 8 * STEPS, 2, False) for rank in ("0", "1")]
 
 
 def test_the_ops_view_and_the_dashboard_name_each_ops_rank(trained: dict[str, Any]) -> None:
