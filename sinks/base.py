@@ -32,7 +32,9 @@ class SinkResult:
     delivered_events: int = 0  # events that became durable with this call
     error: str | None = None  # short reason, for logs and metrics labels
     error_kind: str | None = None  # bounded label: "timeout", "http_5xx", "throttled", ...
-    retry_after_s: float | None = None  # the peer asked us to wait this long
+    # the peer asked us to wait this long; on a permanent failure, how soon what the sink
+    # watches may have fixed it (a credentials file it reads again), else the loop's minute
+    retry_after_s: float | None = None
     permanent: bool = False  # retrying soon will not help (bad credentials, missing bucket)
     # The peer accepted something since the last result, even if the cursor cannot move
     # yet (an earlier batch is still out): the sink is not down.

@@ -3,6 +3,7 @@ its file changes, through a real agent against a real endpoint, with no reload."
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,10 +48,13 @@ def test_a_rotated_token_file_is_sent_without_a_reload_and_a_401_says_what_to_do
     wait_until(lambda: agent.metric(refused) >= 1, 60, "the 401")
     status = evagg("status", "--config", str(agent.config_path))
     assert "failing (http_auth)" in status.stdout, status.stdout
+    # a permanent failure, yet the next try comes soon: the sink watches the file
+    next_try = re.search(r"next in (\d+)s|retrying now", status.stdout)
+    assert next_try and int(next_try.group(1) or 0) <= 10, status.stdout
     said = [line for line in agent.log().splitlines() if "HTTP 401" in line]
     assert said and str(token) in said[0] and "no reload needed" in said[0], said
     token.write_text("Bearer three\n")
-    # the sink tries again within the delivery loop's minute for a permanent failure
+    # tried again within 10 s of the 401, not the delivery loop's minute
     wait_until(lambda: len(delivered(endpoint, "third")) == 200, 150,
                "the third token, read again after the 401")
     assert agent.stop() == 0

@@ -180,8 +180,8 @@ class SinkConsumer:
         self._position = self.spool.cursor(self.name)
         if self._stopping.is_set():
             return  # stopped or replaced by a reload: no retry here
-        if result.permanent:
-            delay = PERMANENT_RETRY_S
+        if result.permanent:  # sooner where the sink watches what may fix it
+            delay = min(PERMANENT_RETRY_S, result.retry_after_s or PERMANENT_RETRY_S)
         else:
             delay = backoff_delay(state.failures_in_a_row, cap=self.backoff_cap_s,
                                   retry_after=result.retry_after_s)

@@ -39,6 +39,9 @@ from sinks.http.retries import BatchRetry, FailureStreak, retried_here
 
 log = logging.getLogger("evagg.sinks.http")
 MAX_POSTED_KEYS: Final = 100_000  # batches remembered as sent, for counting retries
+# A 401 or 403 while the sink reads a header from a file: tried again this soon (one
+# request each time), so a token written there after the refusal goes out within it.
+HEADER_FILE_RETRY_S: Final = 10.0
 TOO_LARGE: Final = "too_large"  # a 413 for a batch of several events: sent in halves
 TOO_LARGE_FAILURE: Final = SinkResult.failure("HTTP 413", TOO_LARGE)
 NOT_SENT: Final = SinkResult.failure("not sent: the sink stopped for the delivery loop",
@@ -252,8 +255,10 @@ class Sender:
                     "the sink reads it again before its next request, no reload needed")
         else:
             what = "fix them in the config, then reload (SIGHUP; an env: value needs a restart)"
+        # with header files, the next request, which may carry a new token, comes soon
         return SinkResult.failure(f"HTTP {status}: check the credentials; {what}",
-                                  "http_auth", permanent=True)
+                                  "http_auth", permanent=True,
+                                  retry_after_s=HEADER_FILE_RETRY_S if files else None)
 
     def _failed(self, counter: str, failure: SinkResult) -> SinkResult:
         self.counters[counter] += 1
