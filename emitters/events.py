@@ -46,8 +46,12 @@ def launcher_attrs() -> dict[str, str]:
     """Under torchrun (it sets TORCHELASTIC_RUN_ID), the `rank` and `world_size` it gives
     the process, so that every event of a rank (its own ops, its DataLoader workers',
     which inherit the environment) says which rank it came from; none elsewhere."""
-    if not os.environ.get("TORCHELASTIC_RUN_ID"):
-        return {}
+    return environment_rank() if os.environ.get("TORCHELASTIC_RUN_ID") else {}
+
+
+def environment_rank() -> dict[str, str]:
+    """`rank` and `world_size` from RANK and WORLD_SIZE, as launchers set them; none
+    unless both are whole numbers."""
     rank, world_size = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
     if rank.isdigit() and world_size.isdigit():
         return {"rank": rank, "world_size": world_size}

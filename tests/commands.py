@@ -7,7 +7,11 @@ import argparse
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
 from dashboard.cli.query import add_query_parser, run_query
@@ -30,3 +34,14 @@ def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str
 def check_config(*args: str) -> subprocess.CompletedProcess[str]:
     """`evagg check-config ARGS`, with the repository importable as an installed one is."""
     return evagg("check-config", *args, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def evagg_sql(lake: Path) -> Callable[[str], list[dict[str, Any]]]:
+    """`evagg query sql --json` over `lake`, as the user reads it; rows as dicts."""
+    def run(sql: str) -> list[dict[str, Any]]:
+        done = evagg("query", "sql", "--data", str(lake), "--cache", str(lake.parent / "cache"),
+                     "--json", sql, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert done.returncode == 0, done.stderr
+        rows: list[dict[str, Any]] = orjson.loads(done.stdout)
+        return rows
+    return run

@@ -127,7 +127,8 @@ class Ingestor:
         normalized = decode(*args)
         if normalized.batch.num_rows == 0:
             return normalized, None
-        return normalized, _spool_bytes(normalized.batch, self.losses is not None, self.watcher)
+        return normalized, _spool_bytes(normalized.batch, self._counts_losses("socket"),
+                                        self.watcher)
 
     async def ingest_ndjson(self, body: bytes, stamp: Stamp, *, route: str,
                             room_wait_s: float | None = None) -> IngestResult:
@@ -161,9 +162,9 @@ class Ingestor:
             self._say_rejected(route, rejected, reasons[0], stamp.pid, kept=batch.num_rows)
         if batch.num_rows == 0:
             return IngestResult(0, rejected, False, normalized.first_reason(), reasons)
-        counts_losses = self.losses is not None and route != "agent"  # the agent's own: elsewhere
         if prepared is None:
-            prepared = await self.in_thread(_spool_bytes, batch, counts_losses, self.watcher)
+            prepared = await self.in_thread(_spool_bytes, batch, self._counts_losses(route),
+                                            self.watcher)
         payload, producer_losses, watched = prepared
         if producer_losses and session != NO_SESSION and self.losses is not None:
             # Counted now, not once stored: a spool full under `block` may hold this frame
@@ -212,6 +213,11 @@ class Ingestor:
         self.metrics.received_frames.inc(route=route)
         self.metrics.received_bytes.inc(raw_bytes or len(payload), route=route)
         return IngestResult(batch.num_rows, rejected, False, normalized.first_reason(), reasons)
+
+    def _counts_losses(self, route: str) -> bool:
+        """Whether the `loss` events of batches from `route` are counted here: producers'
+        reports; the agent's own loss events are counted where they are made."""
+        return self.losses is not None and route != "agent"
 
     def _say_rejected(self, route: str, count: int, first: str, pid: int | None, *,
                       kept: int) -> None:

@@ -27,7 +27,6 @@ tracker is made.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
@@ -36,6 +35,7 @@ from typing import Any, TypeVar
 import emitters
 from emitters import tracecontext
 from emitters.emitter import Emitter
+from emitters.events import environment_rank
 from emitters.integrations.torch_steps import PHASES, Mark, StepBuild, step_event_count
 from emitters.integrations.torch_steps import Step as _Step
 from emitters.integrations.torch_trace import trace_handler as trace_handler
@@ -341,10 +341,7 @@ def _rank_attrs(torch: Any) -> dict[str, str]:
             return {"rank": str(dist.get_rank()), "world_size": str(dist.get_world_size())}
     except Exception:
         pass
-    rank, world_size = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
-    if rank.isdigit() and world_size.isdigit():
-        return {"rank": rank, "world_size": world_size}
-    return {}
+    return environment_rank()
 
 
 def _cuda_device(model: Any) -> Any:

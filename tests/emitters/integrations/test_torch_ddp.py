@@ -25,17 +25,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
-import orjson
 import pytest
 from playwright.sync_api import expect
 
 from dashboard.lake.store import Store, StoreOptions
 from dashboard.questions.queries import step_ops
 from tests.agentproc import REPO, AgentProcess
+from tests.commands import evagg_sql
 from tests.dashboard.chromium import ARTIFACTS, chromium, tab
 from tests.dashboard.serve import serving
 
@@ -130,20 +129,6 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         agent.wait_rows("SELECT 1 FROM events WHERE run_id = 'ddp-failed' "
                         "AND name = 'train_step' AND state = 'FAILED'", 2, timeout=120)
         yield {"query": evagg_sql(agent.lake_dir), "lake": agent.lake_dir}
-
-
-def evagg_sql(lake: Path) -> Callable[[str], list[dict[str, Any]]]:
-    """`evagg query sql --json` over the lake, as the user reads it."""
-    def run(sql: str) -> list[dict[str, Any]]:
-        done = subprocess.run(
-            [sys.executable, "-m", "aggregator", "query", "sql", "--data", str(lake),
-             "--cache", str(lake.parent / "cache"), "--json", sql],
-            cwd=REPO, capture_output=True, text=True, timeout=120,
-            env={**os.environ, "PYTHONPATH": str(REPO)})
-        assert done.returncode == 0, done.stderr
-        rows: list[dict[str, Any]] = orjson.loads(done.stdout)
-        return rows
-    return run
 
 
 def test_every_rank_sends_each_step_once_and_says_which_rank_it_is(

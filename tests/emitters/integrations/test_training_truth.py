@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ import orjson
 import pytest
 
 from tests.agentproc import REPO, AgentProcess
+from tests.commands import evagg_sql
 
 # The user's script. Run "raise-after-forward": steps 0 and 1 train (1 with a NaN loss,
 # its update skipped), step 2 raises after forward. Run "raise-in-backward": step 0
@@ -104,19 +105,6 @@ def run_script(agent: AgentProcess) -> dict[str, Any]:
     ids["query"] = evagg_sql(agent.lake_dir)
     ids["lake"] = agent.lake_dir
     return ids
-
-
-def evagg_sql(lake: Path) -> Callable[[str], list[dict[str, Any]]]:
-    def run(sql: str) -> list[dict[str, Any]]:
-        done = subprocess.run(
-            [sys.executable, "-m", "aggregator", "query", "sql", "--data", str(lake),
-             "--cache", str(lake.parent / "cache"), "--json", sql],
-            cwd=REPO, capture_output=True, text=True, timeout=120,
-            env={**os.environ, "PYTHONPATH": str(REPO)})
-        assert done.returncode == 0, done.stderr
-        rows: list[dict[str, Any]] = orjson.loads(done.stdout)
-        return rows
-    return run
 
 
 def test_a_step_that_raised_reads_failed_and_counts_its_failure(
