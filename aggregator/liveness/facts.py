@@ -73,12 +73,18 @@ class BatchFacts(NamedTuple):
     ray_ends: frozenset[Key]  # Ray's events of one attempt come in any order: each is kept
 
 
-def facts_of(batch: pa.RecordBatch) -> BatchFacts:
-    """The facts and ends of one batch; both empty for a batch with neither."""
+def facts_of(batch: pa.RecordBatch, ops_open: bool = True) -> BatchFacts:
+    """The facts and ends of one batch; both empty for a batch with neither.
+
+    `ops_open` False says no op is open: then a batch of producers' op ends (a training
+    loop's, the commonest batch) can close nothing, and its keys are not made at all.
+    Remembering them would only stop a start another process sends after the end from
+    opening (a producer's own start comes first on its one connection); such a start is
+    watched, and the end inferred if that process dies ranks below the real one."""
     if batch.num_rows == 0:
         return BatchFacts([], NO_ENDS, NO_ENDS)
     if _only_producer_op_ends(batch):
-        return BatchFacts([], _op_ends(batch), NO_ENDS)
+        return BatchFacts([], _op_ends(batch) if ops_open else NO_ENDS, NO_ENDS)
     return general_facts_of(batch)
 
 

@@ -90,7 +90,8 @@ class OpenSet:
     def __init__(self, max_processes: int = 10_000, max_attempts: int = 100_000) -> None:
         self.max_processes = max_processes
         self.max_attempts = max_attempts
-        self.attempts: dict[Key, Attempt] = {}
+        self.attempts: dict[Key, Attempt] = {}  # changed through add and _drop only
+        self.open_ops = 0  # of `attempts`, the ops: ends of ops can close only these
         self.jobs: dict[tuple[str, str], Job] = {}
         self.actors: dict[tuple[str, str], Actor] = {}
         self.processes: dict[int, Process] = {}
@@ -128,7 +129,7 @@ class OpenSet:
         else:  # the open set is the smaller: most ends close nothing
             closed_now = [key for key in attempts if key in keys]
         for key in closed_now:
-            del attempts[key]
+            self._drop(key)
         self.changed |= bool(closed_now)
         self.closed.add(keys if every_end else closed_now)
         if not every_end:
@@ -154,8 +155,8 @@ class OpenSet:
             if len(self.attempts) >= self.max_attempts:
                 self.untracked.add("too_many_attempts")
                 return
-            found = self.attempts[key] = Attempt(fact.kind, ray, fact.session, fact.key_id,
-                                                 fact.attempt, fact.state)
+            found = self.add(key, Attempt(fact.kind, ray, fact.session, fact.key_id,
+                                          fact.attempt, fact.state))
         self._learn(found, fact)
         self.changed = True
 
@@ -315,4 +316,17 @@ class OpenSet:
 
     def _take(self, key: Key) -> Attempt:
         self._remember_end(key)
-        return self.attempts.pop(key)
+        return self._drop(key)
+
+    # -- the only writers of `attempts`, which keep `open_ops` ---------------------------
+
+    def add(self, key: Key, attempt: Attempt) -> Attempt:
+        """Open `attempt` under `key` (a new key: the caller looked it up)."""
+        self.attempts[key] = attempt
+        self.open_ops += attempt.kind == "op"
+        return attempt
+
+    def _drop(self, key: Key) -> Attempt:
+        attempt = self.attempts.pop(key)
+        self.open_ops -= attempt.kind == "op"
+        return attempt

@@ -66,8 +66,8 @@ def _load_parts(open_set: OpenSet, saved: dict[str, Any], same_boot: bool) -> No
         open_set.processes[pid] = Process(Identity(pid, ticks if same_boot else -1), gone_ns)
     for item in saved.get("attempts", []):
         attempt = Attempt(**item)
-        open_set.attempts[attempt_key(attempt.kind, attempt.session, attempt.key_id,
-                                      attempt.attempt)] = attempt
+        open_set.add(attempt_key(attempt.kind, attempt.session, attempt.key_id,
+                                 attempt.attempt), attempt)
     for item in saved.get("jobs", []):
         open_set.jobs[(item["session"], item["job_id"])] = Job(**item)
     for item in saved.get("actors", []):

@@ -69,7 +69,9 @@ class LivenessWatch:
         """In the ingestor's worker thread: the few columns that matter. Never raises:
         the batch is stored whatever this makes of it, only its watching can be lost."""
         try:
-            return facts_of(batch)
+            # read off the loop's open set without a lock: a producer's own starts were
+            # applied before its next frame is decoded, and only they can be its ends' keys
+            return facts_of(batch, ops_open=self.open.open_ops > 0)
         except Exception as exc:
             self._errors.failed("liveness", exc, "could not pick the attempts of a batch; "
                                 "its events are stored, only their watching is lost")

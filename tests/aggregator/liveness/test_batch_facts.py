@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 
 from aggregator.decode.columns import decode_columns
 from aggregator.decode.normalize import Stamp, rows_to_batch
+from aggregator.liveness import restart
 from aggregator.liveness.facts import (
     _only_producer_op_ends,
     attempt_key,
@@ -78,6 +80,66 @@ def test_a_batch_at_a_time_opens_and_closes_what_its_rows_one_by_one_do(
     # an end is remembered as closing an open attempt or as a lone end; a late start
     # opens nothing either way
     assert ({*by_batch.closed, *by_batch.lone_ends} == {*by_row.closed, *by_row.lone_ends})
+
+
+def in_order(batches: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+    """The batches less every start of a key after that key's end: what one producer's
+    connection carries (its own start comes before its end)."""
+    ended: set[tuple[Any, ...]] = set()
+    out = []
+    for rows in batches:
+        kept = []
+        for row in rows:
+            key = (row["kind"], row["key"], row["attempt"], row["ray"])
+            if row["state"] in ("FINISHED", "FAILED"):
+                ended.add(key)
+            elif key in ended:
+                continue
+            kept.append(row)
+        out.append(kept or rows[:0])
+    return [rows for rows in out if rows]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=st.lists(st.lists(ROW, min_size=1, max_size=12), min_size=1, max_size=6))
+def test_ends_that_can_close_no_open_op_are_skipped_without_changing_what_is_open(
+        batches: list[list[dict[str, Any]]], worker_pid: int) -> None:
+    """The agent makes no keys for a batch of op ends while no op is open (the watcher's
+    `ops_open`): over one producer's ordered rows, the open set is what the careful path
+    gives, and `open_ops` counts its open ops throughout."""
+    stamp = Stamp(time.time_ns(), worker_pid, 0, "node", "host")
+    gated, careful = OpenSet(), OpenSet()
+    for batch_rows in in_order(batches):
+        events = [event(row, n, worker_pid) for n, row in enumerate(batch_rows)]
+        batch = rows_to_batch(events, stamp).batch
+        gated.apply(facts_of(batch, ops_open=gated.open_ops > 0))
+        careful.apply(facts_of(batch))
+        assert attempts_of(gated) == attempts_of(careful)
+        assert gated.open_ops == sum(a.kind == "op" for a in gated.attempts.values())
+
+
+def test_open_ops_counts_what_a_process_exit_and_a_restart_leave(
+        worker_pid: int, tmp_path: Path) -> None:
+    stamp = Stamp(time.time_ns(), worker_pid, 0, "node", "host")
+    open_set = OpenSet()
+    starts = [event({"kind": kind, "state": state, "key": f"k{n}", "attempt": 0,
+                     "ray": False}, n, worker_pid)
+              for n, (kind, state) in enumerate([("op", "STARTED"), ("op", "STARTED"),
+                                                 ("task", "RUNNING")])]
+    open_set.apply(facts_of(rows_to_batch(starts, stamp).batch))
+    assert (open_set.open_ops, len(open_set.attempts)) == (2, 3)
+    restart.save(restart.parts_of(open_set), tmp_path)
+    restored = OpenSet()
+    restart.load(restored, tmp_path)
+    assert (restored.open_ops, len(restored.attempts)) == (2, 3)
+    open_set.take_attempts({worker_pid})  # the process exited: its attempts end
+    assert (open_set.open_ops, open_set.attempts) == (0, {})
+    # with none open, a training loop's ends make no keys; one open again, they do
+    ends = rows_to_batch([event({"kind": "op", "state": "FINISHED", "key": f"e{n}",
+                                 "attempt": 0, "ray": False}, n, worker_pid)
+                          for n in range(3)], stamp).batch
+    assert facts_of(ends, ops_open=restored.open_ops > 0).ends
+    assert not facts_of(ends, ops_open=open_set.open_ops > 0).ends
 
 
 def test_a_batch_of_lone_ends_opens_nothing_and_closes_an_open_op(worker_pid: int) -> None:

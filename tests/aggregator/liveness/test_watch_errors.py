@@ -25,11 +25,11 @@ def test_a_batch_the_watch_cannot_read_is_stored_and_the_failure_counted(
     real = watch.facts_of
     calls = {"n": 0}
 
-    def first_one_fails(batch: pa.RecordBatch) -> BatchFacts:
+    def first_one_fails(batch: pa.RecordBatch, ops_open: bool = True) -> BatchFacts:
         calls["n"] += 1
         if calls["n"] == 1:
             raise ValueError("a bug in reading the batch")
-        return real(batch)
+        return real(batch, ops_open)
 
     monkeypatch.setattr(watch, "facts_of", first_one_fails)
 
