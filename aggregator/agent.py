@@ -41,6 +41,7 @@ from aggregator.ingest.http_routes import HttpApi
 from aggregator.ingest.ingestor import Ingestor
 from aggregator.ingest.unix_socket import SocketIngest
 from aggregator.liveness import LivenessWatch
+from aggregator.liveness.procs import is_running
 from aggregator.losses import LossRecorder
 from aggregator.memory import (
     arrow_pool_name,
@@ -96,7 +97,8 @@ class Agent:
                                    mode=config.socket_mode, group=config.socket_group,
                                    max_frame_bytes=config.max_frame_bytes,
                                    frame_timeout_s=config.frame_timeout_s,
-                                   max_connections=config.max_connections)
+                                   max_connections=config.max_connections,
+                                   producer_alive=is_running)
         self.http = HttpApi(self.ingestor, self.metrics, max_body_bytes=config.http_max_body_bytes,
                             token=config.http_token, is_ready=self.is_ready,
                             listen_host=config.http_listen.rpartition(":")[0].strip("[]"),
@@ -137,6 +139,9 @@ class Agent:
             log.warning("spool recovery: truncated %d bytes, %d corrupt records, quarantined %s",
                         report.truncated_bytes, report.corrupt_records, report.quarantined_files)
         self._recall_ray_ids()
+        if recalled := self.losses.recall_unreported(self.config.state_dir):
+            log.warning("reporting %d events the last run lost and could not report before "
+                        "it stopped", recalled)
         if self.liveness.enabled:  # ends of what dead processes left open
             self.liveness.restore()
             self.ingestor.watcher = self.liveness
@@ -290,6 +295,7 @@ class Agent:
         self.ingestor.close()
         log_stopped(self.sinks, self.spool.directory, self._stop_signals)
         self.spool.close()
+        self.losses.keep_unreported(self.config.state_dir)  # the final heartbeat's, if it failed
         self._remove_socket_file()
         if not delivering.cancelled():
             delivering.result()  # a drain that failed is the agent's error, after cleanup

@@ -15,13 +15,18 @@ Four places learn of losses and each is given the same `LossRecorder`:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Final, NamedTuple
 
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from aggregator.metrics import Family
+
+log = logging.getLogger("evagg.losses")
 
 # What an emitter's `loss` event may name (emitters/ledger.py); any other name is a
 # producer's own, counted as "other" so that no producer can grow the label set.
@@ -29,8 +34,14 @@ EMITTER_REASONS: Final = frozenset(
     {"buffer_full", "nacked", "too_large", "unencodable", "exit_deadline"})
 OTHER_REASON: Final = "other"
 KEPT_TOTALS: Final = 100_000  # producer sessions' running totals kept; the longest unseen go first
-# The agent's own reasons for a lost event (the spool's and the record screen's).
-AGENT_REASONS: Final = frozenset({"drop_oldest", "corrupt_record", "undecodable_record"})
+# Frames of a producer that had exited, still waiting for spool room when the agent
+# stopped: nobody can send them again (docs/wire-protocol.md, "A producer that goes away").
+UNSTORED_AT_STOP: Final = "unstored_at_stop"
+# The agent's own reasons for a lost event (the spool's, the record screen's, the socket's).
+AGENT_REASONS: Final = frozenset({"drop_oldest", "corrupt_record", "undecodable_record",
+                                  UNSTORED_AT_STOP})
+# In the state directory: losses found but not reported when the agent last stopped.
+UNREPORTED_FILE: Final = "losses-unreported.json"
 
 
 class LossRecorder:
@@ -62,6 +73,42 @@ class LossRecorder:
             self._unreported[reason] = self._unreported.get(reason, 0) + events
             if self.on_found is not None:
                 self.on_found()
+
+    def keep_unreported(self, state_dir: Path) -> None:
+        """At exit: the losses no `loss` event reported yet (the spool had no room for the
+        last one), written for the next start to report. Never raises: the agent is
+        stopping, and the log says what the file would have."""
+        if not self._unreported:
+            return
+        path = state_dir / UNREPORTED_FILE
+        try:
+            staged = path.with_suffix(".tmp")
+            staged.write_bytes(orjson.dumps(self._unreported))
+            staged.replace(path)
+        except OSError as exc:
+            log.error("could not keep the count of %s lost events for the next start (%s): "
+                      "they were lost by %s", sum(self._unreported.values()), exc,
+                      ", ".join(sorted(self._unreported)))
+
+    def recall_unreported(self, state_dir: Path) -> int:
+        """At start: what the last run found lost and could not report, reported now;
+        returns the events."""
+        path = state_dir / UNREPORTED_FILE
+        try:
+            found = orjson.loads(path.read_bytes())
+            path.unlink()
+        except FileNotFoundError:
+            return 0
+        except (OSError, orjson.JSONDecodeError) as exc:
+            log.error("could not read the losses the last run left in %s (%s); its log "
+                      "has them", path, exc)
+            return 0
+        events = 0
+        for reason, count in found.items() if isinstance(found, dict) else ():
+            if isinstance(count, int) and count > 0:
+                self.record(str(reason), count)
+                events += count
+        return events
 
     def totals(self) -> dict[str, int]:
         """Events the agent found lost since it started, by reason (reported or not)."""

@@ -202,6 +202,8 @@ LOSS_REASONS = {
     "drop_oldest": "the spool was full and drops its oldest records (overflow policy)",
     "corrupt_record": "damaged spool records cut when the agent started",
     "undecodable_record": "a spool record no sink can read",
+    "unstored_at_stop": "sent by a producer that exited, still waiting for spool room when "
+                        "the agent stopped",
 }
 
 

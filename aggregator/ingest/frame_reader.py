@@ -177,6 +177,38 @@ class FrameReader(asyncio.BufferedProtocol):
                 self.frame_timeout_s, self._end,
                 f"frame incomplete after {self.frame_timeout_s:g}s", "stalled")
 
+    def read_rest(self) -> None:
+        """At the agent's stop, for a producer that has exited: cut every whole frame it
+        wrote that is still in the socket into the queue at once, past PAUSE_AT_FRAMES
+        (no more than its socket buffer held), so that the handler stores them while the
+        stop waits, or counts them lost (unix_socket.py)."""
+        if self._ended or self.transport is None:
+            return
+        try:
+            rest = self._left or self.transport.get_extra_info("socket").dup()
+            rest.setblocking(False)
+        except (OSError, AttributeError):
+            return
+        self._left = None
+        with contextlib.closing(rest):
+            while not self._ended:
+                try:
+                    nbytes = rest.recv_into(self.get_buffer(-1))
+                except OSError:  # EAGAIN: nothing more was written
+                    return
+                if not nbytes:
+                    return
+                self.buffer_updated(nbytes)
+
+    def take_queued(self) -> list[bytes]:
+        """The frames still queued, taken: the handler will not get them."""
+        taken: list[bytes] = []
+        while not self.frames.empty():
+            item = self.frames.get_nowait()
+            if isinstance(item, bytes):
+                taken.append(item)
+        return taken
+
     def finish(self) -> None:
         """Stop reading: the frames already queued are ingested, then the connection ends."""
         if not self._ended and self.transport is not None and not self.transport.is_closing():

@@ -15,12 +15,14 @@ import socket
 import stat
 import struct
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from aggregator.decode.columns import ColumnsRefused
 from aggregator.ingest.frame_reader import FrameReader, StreamEnd
 from aggregator.ingest.ingestor import Ingestor, SpoolUnavailable
+from aggregator.ingest.unstored import unstored_losses
 from aggregator.metrics import AgentMetrics
 from emitters import paths, wire
 from emitters.ratelimit import RateLimitedLog
@@ -42,7 +44,8 @@ _KEEP_SOCKET_FILE: dict[str, Any] = (
 class SocketIngest:
     def __init__(self, ingestor: Ingestor, metrics: AgentMetrics, *, path: Path, mode: int,
                  group: str | None, max_frame_bytes: int, frame_timeout_s: float = 10.0,
-                 max_connections: int = 1024) -> None:
+                 max_connections: int = 1024,
+                 producer_alive: Callable[[int], bool] = lambda pid: True) -> None:
         self.ingestor = ingestor
         self.metrics = metrics
         self.path = path
@@ -53,6 +56,9 @@ class SocketIngest:
         # each connection may hold max_frame bytes of frames: the cap bounds their sum,
         # and the file descriptors the sinks need too
         self.max_connections = max_connections
+        # whether a producer's process still runs (it resends what was not stored); the
+        # agent gives the liveness watch's test, which takes a zombie for gone
+        self.producer_alive = producer_alive
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
         self._readers: set[FrameReader] = set()
@@ -76,8 +82,11 @@ class SocketIngest:
             self._server.close()
 
     async def close_connections(self, timeout: float) -> None:
-        """Ingest the frames already received, then end every connection."""
+        """Ingest the frames already received, then end every connection. An exited
+        producer's frames still in its socket are read first: nobody will resend them."""
         for reader in self._readers:
+            if reader.transport is not None and not self._alive(reader.transport):
+                reader.read_rest()
             reader.finish()
         if self._handlers:
             _, pending = await asyncio.wait(set(self._handlers), timeout=timeout)
@@ -148,8 +157,35 @@ class SocketIngest:
                 if item.reason is not None:
                     self._refuse(transport, item.label, item.reason)
                 return
-            if not await self._handle_body(item, pid, uid, transport):
+            try:
+                handled = await self._handle_body(item, pid, uid, transport)
+            except asyncio.CancelledError:  # the agent stops before the frame is stored
+                self._count_unstored(pid, [item, *reader.take_queued()])
+                raise
+            if not handled:
                 return
+
+    def _alive(self, transport: asyncio.Transport) -> bool:
+        pid, _ = peer_credentials(transport)
+        return pid is None or self.producer_alive(pid)
+
+    def _count_unstored(self, pid: int | None, bodies: list[bytes]) -> None:
+        """An exited producer's frames the agent stops before storing are lost (a live one
+        resends them to the next agent): counted (unstored.py), and reported by the final
+        heartbeat, or by the next start when the spool has no room for it."""
+        losses = self.ingestor.losses
+        if pid is None or self.producer_alive(pid) or losses is None:
+            return
+        lost, frames = unstored_losses(bodies, self.ingestor.spool.has,
+                                       self.ingestor.stamp(pid))
+        for reason, events in lost.items():
+            losses.record(reason, events)
+        if lost:
+            log.warning("stopping before %d frames of pid %d were stored: that producer has "
+                        "exited and cannot send them again, so they are lost and counted (%s);"
+                        " give the sinks room before a stop (`evagg status` shows a full "
+                        "spool)", frames, pid,
+                        ", ".join(f"{reason}={events}" for reason, events in lost.items()))
 
     async def _handle_body(self, body: bytes, pid: int | None, uid: int | None,
                            transport: asyncio.Transport) -> bool:

@@ -38,6 +38,11 @@ def identity_of(pid: int) -> Identity | None:
     return Identity(pid, int(stat[19]))
 
 
+def is_running(pid: int) -> bool:
+    """Whether a process runs at `pid` (a zombie has exited)."""
+    return identity_of(pid) is not None
+
+
 def is_alive(identity: Identity) -> bool:
     return identity_of(identity.pid) == identity
 

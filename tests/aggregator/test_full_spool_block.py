@@ -201,3 +201,79 @@ def test_every_event_of_a_producer_that_exits_while_the_spool_is_full_is_deliver
                lambda: f"loss rows for {lost:.0f} events: {endpoint.accepted_events()[-5:]}")
     status = evagg("status", "--url", agent.http_url).stdout
     assert (f"lost       {lost:,.0f} events" if lost else "lost       none") in status, status
+
+
+def test_an_exited_producers_frames_the_agent_stops_before_storing_are_counted_lost(
+        agent_factory: Callable[..., AgentProcess],
+        servers: Callable[..., ServerThread]) -> None:
+    """The agent is stopped while the spool is still full and the frames of a producer
+    that has exited wait for room: nobody can send them again. They were lost without a
+    count; now the stopping agent counts them (`unstored_at_stop`) and, its last `loss`
+    event having no room either, the next start reports them. Every emitted event is
+    delivered or counted lost, in the `loss` rows and in `evagg status`."""
+    emitted = 3000
+    endpoint = servers()
+    agent = blocking_agent(agent_factory, endpoint, drain_timeout="2s")
+    fill_to_the_brim(agent)
+    done = subprocess.run([sys.executable, "-c", EXITING_PRODUCER, str(agent.socket_path),
+                           str(emitted)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert agent.stop() == 0
+    said = [line for line in agent.log().splitlines() if "unstored_at_stop" in line]
+    assert said and "has exited and cannot send them again" in said[0], agent.log()[-3000:]
+    endpoint.answer_always(200)
+    agent.start()
+    assert "reporting" in agent.log() and "the last run lost" in agent.log()
+
+    def gone() -> int:
+        return len({e["event_id"] for e in endpoint.accepted_events() if e.get("name") == "gone"})
+
+    def counted_lost() -> int:
+        return lost_by_loss_events(endpoint.accepted_events())
+
+    wait_until(lambda: gone() + counted_lost() >= emitted, 120,
+               lambda: f"{emitted} events delivered or counted lost: {gone()} delivered, "
+               f"{counted_lost()} in loss rows, the producer said {done.stderr.strip()!r}")
+    assert gone() + counted_lost() == emitted, (gone(), counted_lost())
+    unstored = agent.metric('evagg_dropped_events_total{reason="unstored_at_stop"}')
+    assert unstored > 0
+    status = evagg("status", "--url", agent.http_url).stdout
+    assert "unstored_at_stop" in status, status
+
+
+LIVE_PRODUCER = """
+import sys, time, emitters
+emitters.configure(socket=sys.argv[1], max_frame_bytes=16 * 1024)
+for i in range(500):
+    emitters.emit(kind="task", name="alive", task_id=f"a{i}", attrs={"pad": str(i) * 40})
+print("sent", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_live_producers_frames_left_at_a_stop_are_not_counted_lost(
+        agent_factory: Callable[..., AgentProcess],
+        servers: Callable[..., ServerThread]) -> None:
+    """A producer that still runs keeps what the agent did not store and resends it to
+    the next agent: counting it lost at the stop would count it twice."""
+    endpoint = servers()
+    agent = blocking_agent(agent_factory, endpoint, drain_timeout="2s")
+    fill_to_the_brim(agent)
+    producer = subprocess.Popen([sys.executable, "-c", LIVE_PRODUCER, str(agent.socket_path)],
+                                stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert producer.stdout is not None and producer.stdout.readline() == "sent\n"
+        wait_until(lambda: agent.metric("evagg_open_connections") >= 1, 30,
+                   "the producer's connection")
+        assert agent.stop() == 0
+        assert "unstored_at_stop" not in agent.log()
+        endpoint.answer_always(200)
+        agent.start()  # the producer reconnects and resends
+        wait_until(lambda: len({e["event_id"] for e in endpoint.accepted_events()
+                                if e.get("name") == "alive"}) == 500, 60,
+                   "the live producer's 500 events delivered")
+    finally:
+        producer.kill()
+        producer.wait()
