@@ -146,18 +146,25 @@ def search(store: Store, text: str, limit: int = 100) -> Result:
     task_where, params = TaskFilter(text=text).where(available)
     def match(*cols: str) -> str:
         return " OR ".join(f"contains(lower({c}), $text)" for c in cols)
+    # A traced op is a span of its trace too (spans.sql): it is listed once, as the op.
     sql = f"""
+        WITH found_ops AS (
+            SELECT op_id, name, state, time, run_id, error_type, error_message, trace_id
+            FROM ops WHERE {match('op_id', 'trace_id', 'name', 'run_id', 'error_type',
+                                  'error_message', 'stack_trace')}
+        )
         SELECT 'task' AS kind, task_id AS id, attempt, name, final_state AS state,
                {TASK_TIME} AS time, job_id AS scope, error_type, error_message
         FROM tasks{task_where}
         UNION ALL
         SELECT 'op', op_id, NULL, name, state, time, run_id, error_type, error_message
-        FROM ops WHERE {match('op_id', 'name', 'run_id', 'error_type', 'error_message',
-                             'stack_trace')}
+        FROM found_ops
         UNION ALL
         SELECT 'span', span_id, NULL, name, state, start_at, trace_id, error_type, error_message
-        FROM spans WHERE {match('span_id', 'trace_id', 'name', 'error_type', 'error_message',
-                                'stack_trace')}
+        FROM spans AS s WHERE ({match('span_id', 'trace_id', 'name', 'error_type',
+                                      'error_message', 'stack_trace')})
+            AND NOT EXISTS (SELECT 1 FROM found_ops AS o
+                            WHERE o.op_id = s.span_id AND o.trace_id = s.trace_id)
         ORDER BY time DESC NULLS LAST, kind, id LIMIT $limit"""
     return store.execute(sql, {**params, "limit": limit})
 

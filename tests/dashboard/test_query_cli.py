@@ -187,3 +187,23 @@ def test_the_command_keeps_pandas_and_pyarrow_out(lake: Path, tmp_path: Path) ->
                           text=True, timeout=120)
     assert done.stderr.strip().splitlines()[-1] == "0 []", done.stderr
     assert json.loads(done.stdout)  # the summary rows
+
+
+def test_a_traced_op_is_found_once_as_an_op(tmp_path: Path) -> None:
+    """An op with a trace id is both an op and a span of its trace: search listed it twice,
+    as `op` and as `span`. It is listed once, as the op; a plain span is still a span, and
+    searching the trace id still finds the op."""
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    common = {"kind": "op", "source": "torch", "name": "allreduce-stall", "run_id": "run9",
+              "span_id": "00f067aa0ba902b7", "trace_id": trace, "node_id": "nodeA"}
+    rows = [event(**common, state="STARTED", time=at(1.0)),
+            event(**common, state="FINISHED", time=at(2.0), duration_s=1.0),
+            event(kind="span", source="otel", name="allreduce-stall wait", trace_id=trace,
+                  span_id="b7ad6b7169203331", state="FINISHED", time=at(1.5),
+                  duration_s=0.2)]
+    write_rows(local_put(tmp_path), rows, "part-0.parquet")
+    for text in ("allreduce-stall", trace):
+        found = json.loads(evagg("query", "--data", str(tmp_path), "search", text,
+                                 "--json").stdout)
+        assert sorted((r["kind"], r["id"]) for r in found) == [
+            ("op", "00f067aa0ba902b7"), ("span", "b7ad6b7169203331")], (text, found)
