@@ -1,7 +1,12 @@
 """Producers' loss reports counted by their running totals: each drop once, whichever
-reports the agent reads, misses or reads twice."""
+reports the agent reads, misses or reads twice; and the agent's own losses that a stop
+could not report, reported by the next start."""
 
 from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
 
 from aggregator.losses import LossRecorder, ProducerLoss
 from aggregator.metrics import Family
@@ -34,3 +39,18 @@ def test_sessions_and_reasons_apart_and_reports_without_totals_by_their_events()
                     ProducerLoss("too_large", 1, "a", 1), ProducerLoss("other", 2, "", None),
                     ProducerLoss("other", 2, "", None)]) == {"buffer_full": 12, "too_large": 1,
                                                              "other": 4}
+
+
+def test_losses_a_stop_could_not_report_are_reported_by_the_next_start(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    stopping = LossRecorder()
+    stopping.record("unstored_at_stop", 40)
+    stopping.record("exit_deadline", 2)
+    stopping.keep_unreported(tmp_path)  # its final heartbeat found no room
+    starting = LossRecorder()
+    assert starting.recall_unreported(tmp_path) == 42
+    assert starting.take_unreported() == {"unstored_at_stop": 40, "exit_deadline": 2}
+    assert starting.recall_unreported(tmp_path) == 0  # reported once, not at every start
+    (tmp_path / "losses-unreported.json").write_text("{not json")
+    assert LossRecorder().recall_unreported(tmp_path) == 0
+    assert "could not read the losses the last run left" in caplog.text
