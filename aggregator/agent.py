@@ -36,7 +36,6 @@ from aggregator.delivery.consumer import SinkConsumer
 from aggregator.delivery.sink_set import SinkSet, build_sinks
 from aggregator.gauges import AgentGauges
 from aggregator.heartbeat import Heartbeat, silent_after_s
-from aggregator.ingest.http_listener import serve as serve_http
 from aggregator.ingest.http_routes import HttpApi
 from aggregator.ingest.ingestor import Ingestor
 from aggregator.ingest.unix_socket import SocketIngest
@@ -65,6 +64,7 @@ from aggregator.spool import Spool
 from aggregator.worker_errors import WorkerErrors
 from emitters.ratelimit import RateLimitedLog
 from emitters.thread_names import name_this_thread
+from sinks import listener
 from sinks.base import Sink
 
 log = logging.getLogger("evagg.agent")
@@ -236,16 +236,12 @@ class Agent:
         host, _, port = self.config.http_listen.rpartition(":")
         # A short shutdown_timeout: an open `evagg tail` must not hold the exit for minutes.
         # auto_decompress off: the routes inflate bodies themselves (ingest/bodies.py).
-        # keepalive_timeout: a connection must send a request's headers within
-        # frame_timeout of opening (or of its last answer), or it is closed; lingering:
-        # the rest of a refused body is waited for that long at most, not 10 s.
-        self._runner = web.AppRunner(self.http.app(), access_log=None, handle_signals=False,
-                                     shutdown_timeout=2.0, auto_decompress=False,
-                                     keepalive_timeout=self.config.frame_timeout_s,
-                                     lingering_time=self.config.frame_timeout_s)
+        # A request's headers take frame_timeout at most, as a frame on the socket does.
+        self._runner = listener.runner(self.http.app(), stall_s=self.config.frame_timeout_s,
+                                       shutdown_timeout=2.0, auto_decompress=False)
         await self._runner.setup()
         try:
-            self._http_server = await serve_http(
+            self._http_server = await listener.serve(
                 self._runner, host.strip("[]"), int(port),
                 max_connections=self.config.max_connections,
                 on_refused=self._refuse_http_connection)

@@ -128,11 +128,10 @@ def run_dashboard(args: argparse.Namespace) -> int:
     except DashboardError as exc:
         print(f"evagg dashboard: {exc.message}", file=sys.stderr)
         return 2 if isinstance(exc, BadInput) else 1
-    from aiohttp import web
-
     from dashboard.web.app import create_app
+    from dashboard.web.serving import serve_until_stopped
 
-    def announce(_: str) -> None:  # aiohttp calls it once the port is open
+    def announce() -> None:  # once the port is open
         described = store.describe()
         print(f"evagg dashboard: {described['location']} ({described['engine']}, "
               f"{described['files']} file{'' if described['files'] == 1 else 's'}) on "
@@ -145,9 +144,8 @@ def run_dashboard(args: argparse.Namespace) -> int:
                   file=sys.stderr, flush=True)
 
     try:
-        web.run_app(create_app(store, timeout_s=args.query_timeout, listen_host=host),
-                    host=host, port=port,
-                    print=announce, access_log=None)
+        serve_until_stopped(create_app(store, timeout_s=args.query_timeout, listen_host=host),
+                            host, port, announce)
     except OSError as exc:
         print(f"evagg dashboard: cannot listen on {host}:{port}: {exc.strerror}; another "
               "dashboard may hold it: choose another with --port", file=sys.stderr)

@@ -1,0 +1,110 @@
+"""Hostile clients of a real `evagg dashboard`, whose port every local user reaches: a
+request whose headers never end, and connections opened by the hundred and held. Each
+costs the dashboard a file descriptor for as long as the client likes, and DuckDB needs
+descriptors to read the store. A request's headers must come within 10 s, and
+connections beyond the cap are closed at once, so the operator's page still answers
+(docs/security.md, "Web pages")."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.agentproc import REPO
+from tests.dashboard.lakegen import Expected, local_put, write_sample_store
+from tests.ports import free_port
+from tests.waiting import wait_for
+
+HOLDERS = 600
+# Runs the command with at most 400 file descriptors, as the agent's hostile-client test
+# does: a shell's usual 1024, scaled down.
+LOWER_DESCRIPTOR_LIMIT = (
+    "import os, resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (400, 400)); "
+    "os.execv(sys.argv[1], sys.argv[1:])")
+
+
+@pytest.fixture(scope="module")
+def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    lake = tmp_path_factory.mktemp("lake")
+    write_sample_store(local_put(lake))
+    port = free_port()
+    # Its output goes to a file: a pipe nobody reads would stop it once asyncio's lines
+    # about refused accepts filled it.
+    output = lake.parent / "dashboard.log"
+    # --refresh 0: every request lists the store again and opens its files
+    with output.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-c", LOWER_DESCRIPTOR_LIMIT, sys.executable,
+                                 "-m", "aggregator", "dashboard", "--data", str(lake),
+                                 "--no-cache", "--refresh", "0", "--port", str(port)],
+                                cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: f"127.0.0.1:{port}" in output.read_text() or proc.poll() is not None,
+                 30, "the dashboard to serve")
+        assert proc.poll() is None, output.read_text()
+        limits = Path(f"/proc/{proc.pid}/limits").read_text()
+        assert any(line.startswith("Max open files") and line.split()[3:5] == ["400", "400"]
+                   for line in limits.splitlines()), limits
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def tcp(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+
+def test_headers_that_never_end_are_cut_off(dashboard: int) -> None:
+    sock = tcp(dashboard)
+    sock.sendall(b"GET /api/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+    sock.settimeout(0.5)
+    deadline = time.monotonic() + 20  # aiohttp's own default held it 75 s
+    closed = False
+    while not closed and time.monotonic() < deadline:
+        try:
+            closed = sock.recv(65536) == b""
+        except TimeoutError:
+            try:
+                sock.sendall(b"X-Slow: 1\r\n")
+            except OSError:
+                closed = True
+        except ConnectionResetError:
+            closed = True
+    sock.close()
+    assert closed, "a request whose headers never end holds its connection"
+
+
+def tasks_page(connection: http.client.HTTPConnection, offset: int) -> tuple[int, bytes]:
+    """A page of the task table: a different offset each time, so no cached answer."""
+    connection.request("GET", f"/api/tasks?limit=5&offset={offset}")
+    answer = connection.getresponse()
+    return answer.status, answer.read()
+
+
+def test_held_connections_leave_the_operators_page_answering(dashboard: int) -> None:
+    operator = http.client.HTTPConnection("127.0.0.1", dashboard, timeout=60)
+    assert tasks_page(operator, 0)[0] == 200  # the operator's page, open before the flood
+    holders = []
+    try:
+        for _ in range(HOLDERS):  # more than the dashboard's descriptors: each sends nothing
+            try:
+                holders.append(tcp(dashboard))
+            except OSError:
+                break
+        time.sleep(0.5)  # the dashboard accepts what it can
+        status, body = tasks_page(operator, 1)
+    finally:
+        for held in holders:
+            held.close()
+        operator.close()
+    assert status == 200, body[:300]
+    page = json.loads(body)
+    assert page["total"] == Expected.tasks and len(page["rows"]) == 5
