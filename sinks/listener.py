@@ -8,10 +8,24 @@ Both HTTP servers of evagg use it: the agent's port and `evagg dashboard`. It li
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
+
+# What a browser says of the page that caused a request (Sec-Fetch-Site): another site's
+# (cross-site), or one of another port or name of this machine (same-site: a site ignores
+# ports). Its own pages say same-origin; an address typed or bookmarked says none. Other
+# clients send no such header. A page may fire GETs anywhere (an <img src>, a form) with
+# no CORS to ask, and each may cost a query.
+OTHER_SITES = ("cross-site", "same-site")
+
+
+def from_another_site(headers: Mapping[str, str]) -> str:
+    """Sec-Fetch-Site's value where a page of another site (or port) caused the request,
+    else ""."""
+    site = headers.get("Sec-Fetch-Site", "").strip().lower()
+    return site if site in OTHER_SITES else ""
 
 
 def runner(app: web.Application, *, stall_s: float, **options: Any) -> web.AppRunner:

@@ -32,6 +32,7 @@ from aggregator.metrics import AgentMetrics
 from aggregator.ray.batch import RayBatch
 from aggregator.ray.events import RayBodyError
 from aggregator.ray.intake import RayIntake, RayResendPending
+from sinks.listener import from_another_site
 from sinks.locations import host_header_trusted
 
 log = logging.getLogger("evagg.http")
@@ -128,6 +129,9 @@ class HttpApi:
         which could read /v1/tail and /metrics as its own."""
         if "Origin" in request.headers:
             return "requests from web pages are refused (the request has an Origin header)"
+        site = from_another_site(request.headers)
+        if site:  # a GET from a page, which sends no Origin: an <img src> on /v1/tail
+            return f"requests from web pages are refused (Sec-Fetch-Site: {site})"
         if not host_header_trusted(request.headers.get("Host"), self.listen_host):
             return (f"Host {request.headers['Host'][:100]!r} does not name this machine; "
                     f"use http://127.0.0.1:<port> or http://localhost:<port>")

@@ -21,6 +21,8 @@ from dashboard.questions.runner import QueryRunner
 from dashboard.raystate.routes import RayStateApi
 from dashboard.web.api import Api, Handler
 from dashboard.web.artifact_routes import ArtifactApi
+from emitters.ratelimit import RateLimitedLog
+from sinks.listener import from_another_site
 from sinks.locations import host_header_trusted
 
 log = logging.getLogger("evagg.dashboard")
@@ -57,21 +59,43 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
 
 
 def only_this_machine(listen_host: str) -> Middleware:
-    """On a loopback port, refuse a Host that does not name this machine: a web page whose
-    name was re-pointed at 127.0.0.1 (DNS rebinding) would otherwise read every page and
-    file of the store as its own (docs/security.md, "Web pages")."""
+    """Refuse what a web page other than the dashboard's own sends (docs/security.md, "Web
+    pages"); each kind of refusal is logged once a minute with how many there were."""
+    refusals = RateLimitedLog(log)
+
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        host = request.headers.get("Host")
-        if host is None or host_header_trusted(host, listen_host):
+        kind, reason = refused_page_request(request, listen_host)
+        if not kind:
             return await handler(request)
-        response = web.json_response({"error": f"Host {host[:100]!r} does not name this "
-                                      "machine; open http://127.0.0.1:<port>/ or "
-                                      "http://localhost:<port>/"}, status=403)
+        refusals.log(logging.WARNING, kind, "refused a request from a web page (%s) for %s: "
+                     "%s", kind, request.path[:100], reason)
+        response = web.json_response({"error": reason}, status=403)
         response.headers.update(SECURITY_HEADERS)
         return response
 
     return check
+
+
+def refused_page_request(request: web.Request, listen_host: str) -> tuple[str, str]:
+    """(kind, reason) where a request comes from a page it must not serve, else ("", "").
+    On a loopback port, a Host that does not name this machine is a page whose name was
+    re-pointed at 127.0.0.1 (DNS rebinding), which would read every page and file of the
+    store as its own. A page of another site (or port) may not make the dashboard query,
+    but a link to its page from elsewhere (a chat, a wiki) opens it: only a top-level
+    navigation to "/" is let through, and the page's own requests are same-origin."""
+    host = request.headers.get("Host")
+    if host is not None and not host_header_trusted(host, listen_host):
+        return "rebound_host", (f"Host {host[:100]!r} does not name this machine; open "
+                                "http://127.0.0.1:<port>/ or http://localhost:<port>/")
+    site = from_another_site(request.headers)
+    navigation = (request.headers.get("Sec-Fetch-Mode") == "navigate"
+                  and request.headers.get("Sec-Fetch-Dest") == "document")
+    if site and not (navigation and request.path == "/"):
+        return "cross_site", (f"requests caused by another site's page are refused "
+                              f"(Sec-Fetch-Site: {site}); open the dashboard's own address "
+                              "and follow its links")
+    return "", ""
 
 
 async def index(_request: web.Request) -> web.FileResponse:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -18,10 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.agentproc import REPO
+from tests.dashboard.dashproc import running_dashboard
 from tests.dashboard.lakegen import Expected, local_put, write_sample_store
-from tests.ports import free_port
-from tests.waiting import wait_for
 
 HOLDERS = 600
 # Runs the command with at most 400 file descriptors, as the agent's hostile-client test
@@ -35,27 +32,13 @@ LOWER_DESCRIPTOR_LIMIT = (
 def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     lake = tmp_path_factory.mktemp("lake")
     write_sample_store(local_put(lake))
-    port = free_port()
-    # Its output goes to a file: a pipe nobody reads would stop it once asyncio's lines
-    # about refused accepts filled it.
-    output = lake.parent / "dashboard.log"
     # --refresh 0: every request lists the store again and opens its files
-    with output.open("w") as sink:
-        proc = subprocess.Popen([sys.executable, "-c", LOWER_DESCRIPTOR_LIMIT, sys.executable,
-                                 "-m", "aggregator", "dashboard", "--data", str(lake),
-                                 "--no-cache", "--refresh", "0", "--port", str(port)],
-                                cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
-    try:
-        wait_for(lambda: f"127.0.0.1:{port}" in output.read_text() or proc.poll() is not None,
-                 30, "the dashboard to serve")
-        assert proc.poll() is None, output.read_text()
-        limits = Path(f"/proc/{proc.pid}/limits").read_text()
+    with running_dashboard(lake, lake.parent, "--refresh", "0",
+                           prefix=(sys.executable, "-c", LOWER_DESCRIPTOR_LIMIT)) as started:
+        limits = Path(f"/proc/{started.pid}/limits").read_text()
         assert any(line.startswith("Max open files") and line.split()[3:5] == ["400", "400"]
                    for line in limits.splitlines()), limits
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(30)
+        yield started.port
 
 
 def tcp(port: int) -> socket.socket:

@@ -6,41 +6,33 @@ answered (docs/security.md, "Web pages")."""
 from __future__ import annotations
 
 import http.client
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
 
-from tests.agentproc import REPO
-from tests.ports import free_port
+from tests.dashboard.dashproc import Dashboard, running_dashboard
 
 
 @pytest.fixture(scope="module")
-def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+def started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
     lake = tmp_path_factory.mktemp("lake")
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "aggregator", "dashboard", "--data",
-                             str(lake), "--no-cache", "--port", str(port)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:  # it says where it serves once the port is open
-            if f"127.0.0.1:{port}" in line:
-                break
-        else:
-            pytest.fail(f"the dashboard exited: {proc.wait()}")
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with running_dashboard(lake, lake.parent) as running:
+        yield running
 
 
-def status(port: int, path: str, host: str) -> tuple[int, bytes]:
+@pytest.fixture(scope="module")
+def dashboard(started: Dashboard) -> int:
+    return started.port
+
+
+def status(port: int, path: str, host: str, **fetch: str) -> tuple[int, bytes]:
+    """A GET with this Host; `fetch`: the Sec-Fetch-* headers a browser adds (site=...)."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
         connection.putrequest("GET", path, skip_host=True)
         connection.putheader("Host", host)
+        for name, value in fetch.items():
+            connection.putheader(f"Sec-Fetch-{name.title()}", value)
         connection.endheaders()
         answer = connection.getresponse()
         return answer.status, answer.read()
@@ -65,3 +57,35 @@ def test_an_ssh_tunnel_on_another_local_port_is_served(dashboard: int) -> None:
     """`ssh -L 9000:127.0.0.1:8050 host` sends the laptop's port in the Host header."""
     assert status(dashboard, "/", "localhost:9000")[0] == 200
 
+
+
+@pytest.mark.parametrize("site", ["cross-site", "same-site"])
+@pytest.mark.parametrize(("path", "mode", "dest"), [
+    ("/api/tasks?search=x", "no-cors", "image"),  # <img src> on another site's page
+    ("/api/v0/tasks", "navigate", "document"),  # a link or form to the API
+    ("/static/app.js", "no-cors", "script"),
+])
+def test_another_sites_page_makes_the_dashboard_do_nothing(
+        started: Dashboard, site: str, path: str, mode: str, dest: str) -> None:
+    code, body = status(started.port, path, f"127.0.0.1:{started.port}", site=site,
+                        mode=mode, dest=dest)
+    assert code == 403, body[:200]
+    assert f"Sec-Fetch-Site: {site}".encode() in body
+    assert "refused a request from a web page (cross_site)" in started.log()
+
+
+@pytest.mark.parametrize(("site", "mode", "dest"), [
+    ("cross-site", "navigate", "document"),  # a link to the dashboard in a chat or wiki
+    ("none", "navigate", "document"),  # the address typed or bookmarked
+])
+def test_a_link_to_the_dashboard_opens_it(started: Dashboard, site: str, mode: str,
+                                          dest: str) -> None:
+    code, body = status(started.port, "/", f"localhost:{started.port}", site=site,
+                        mode=mode, dest=dest)
+    assert code == 200 and b"<html" in body.lower()
+
+
+def test_the_pages_own_requests_are_answered(started: Dashboard) -> None:
+    code, _ = status(started.port, "/api/info", f"localhost:{started.port}",
+                     site="same-origin", mode="cors", dest="empty")
+    assert code == 200

@@ -73,3 +73,22 @@ def test_a_rebound_name_cannot_read_or_write_the_port(agent: AgentProcess, path:
 def test_loopback_names_are_answered(agent: AgentProcess, host: str) -> None:
     assert ask(agent, "GET", "/metrics", {"Host": f"{host}:{agent.port}"})[0] == 200
     assert ask(agent, "GET", "/healthz", {"Host": host})[0] == 200
+
+
+@pytest.mark.parametrize("site", ["cross-site", "same-site"])
+def test_a_get_from_another_sites_page_is_refused(agent: AgentProcess, site: str) -> None:
+    """An <img src> on a page opens /v1/tail with no Origin; the browser says whose page
+    asked (Sec-Fetch-Site). same-site: a page on another port of 127.0.0.1."""
+    before = agent.metric('evagg_bad_input_total{reason="browser_request",route="/v1/tail"}')
+    status, text = ask(agent, "GET", "/v1/tail", {
+        "Host": f"127.0.0.1:{agent.port}", "Sec-Fetch-Site": site, "Sec-Fetch-Mode": "no-cors",
+        "Sec-Fetch-Dest": "image"})
+    assert status == 403, text
+    assert f"Sec-Fetch-Site: {site}".encode() in text
+    assert agent.metric('evagg_bad_input_total{reason="browser_request",'
+                        'route="/v1/tail"}') == before + 1
+
+
+def test_an_address_typed_in_the_browser_is_answered(agent: AgentProcess) -> None:
+    assert ask(agent, "GET", "/metrics", {"Host": f"127.0.0.1:{agent.port}",
+                                          "Sec-Fetch-Site": "none"})[0] == 200
