@@ -162,8 +162,9 @@ def _dlq(args: argparse.Namespace) -> int:
 
     from aggregator.config import ConfigError, load_config
     from aggregator.delivery.build import sink_problem
-    from sinks.http.deadletter import dead_letter_dir, list_dead_letters, replay_dead_letters
+    from sinks.http.deadletter import dead_letter_dir, list_dead_letters
     from sinks.http.endpoint import url_for_display
+    from sinks.http.replay import replay_dead_letters
 
     try:
         config = load_config(args.config)
@@ -195,6 +196,8 @@ def _dlq(args: argparse.Namespace) -> int:
     report = asyncio.run(replay_dead_letters(directory, url, **sending))
     print(f"sent {report.sent} batches ({report.events_sent} events) to "
           f"{url_for_display(url)}; their files are deleted")
+    if report.split:
+        print(f"{report.split} refused as too large (HTTP 413) were sent again in halves")
     if report.failed:
         print(f"{report.failed} batches failed and stay in {directory}:")
         for error in report.errors:

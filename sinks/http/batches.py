@@ -11,12 +11,11 @@ import hashlib
 import zlib
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
-import orjson
 
 from sinks.http.body import EncodedRows
 from sinks.records import SpoolRecord
@@ -276,26 +275,3 @@ def record_groups(records: Sequence[SpoolRecord], events: int) -> list[Sequence[
         count += record.count
     groups.append(records[start:])
     return groups
-
-
-def split_batch(batch: Batch, body_format: BodyFormat) -> list[Batch]:
-    """A batch the endpoint refused as too large (413) as two halves by events, each
-    under a key of its own derived from the batch's (the same halves, and keys, on every
-    resend). A batch of one event cannot be split: []."""
-    if batch.events < 2:
-        return []
-    body = bytes(batch.body)
-    if body_format == "ndjson":
-        rows = [line + b"\n" for line in body.split(b"\n") if line]
-    else:  # the array's separators were the rows' newlines: find the rows by parsing
-        rows = [orjson.dumps(value) + b"\n" for value in orjson.loads(body)]
-    if len(rows) < 2:
-        return []
-    middle = len(rows) // 2
-    halves = []
-    for start, stop in ((0, middle), (middle, len(rows))):
-        key = hashlib.sha256(f"{batch.key}\n{start}\n{stop}".encode()).hexdigest()[:32]
-        halves.append(replace(batch, key=key, events=stop - start, resend=False,
-                              acknowledged=False,
-                              body=frame_body([b"".join(rows[start:stop])], body_format)))
-    return halves

@@ -5,29 +5,25 @@ the body exactly as sent before compression, and `<key>.meta.json`, why it was r
 The key is the batch's Idempotency-Key, so refusing the same batch twice (after a restart)
 rewrites the same pair. Both are written to a temporary name, fsynced and renamed before
 the sink lets its cursor pass the batch; the sidecar goes last, and only a sidecar makes
-an entry, so a half-written pair is never listed. `evagg dlq replay` sends each body
-again with its original Idempotency-Key and deletes the pair only on a 2xx.
+an entry, so a half-written pair is never listed. `evagg dlq replay` sends them again
+(sinks/http/replay.py).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import os
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from ssl import SSLContext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import aiohttp
 import orjson
 
 from sinks.durable import write_durably
-from sinks.http.batches import gzip_body
-from sinks.http.endpoint import CONTENT_TYPES, url_for_display
+from sinks.http.endpoint import url_for_display
 
 if TYPE_CHECKING:
-    from sinks.http.proxy import ProxyRoute
+    pass
 
 RESPONSE_LIMIT = 4096  # bytes of the refusal's response text kept in the sidecar
 META_SUFFIX = ".meta.json"
@@ -47,14 +43,6 @@ class DeadLetter:
     sink: str
     first_offset: int
     last_offset: int
-
-
-@dataclass(slots=True)
-class ReplayReport:
-    sent: int = 0  # batches the endpoint accepted; their files are deleted
-    failed: int = 0  # batches still on disk
-    events_sent: int = 0
-    errors: list[str] = field(default_factory=list)  # "<key>: <reason>", one per failure
 
 
 def write_dead_letter(
@@ -157,68 +145,3 @@ def list_dead_letters(directory: Path) -> list[DeadLetter]:
     letters = [letter for meta_path in directory.glob(f"*{META_SUFFIX}")
                if (letter := _read_letter(meta_path)) is not None]
     return sorted(letters, key=lambda letter: (letter.time, letter.key))
-
-
-async def replay_dead_letters(
-    directory: Path,
-    url: str,
-    headers: Mapping[str, str] | None = None,
-    *,
-    timeout_s: float = 10.0,
-    gzip: bool = False,
-    keys: Collection[str] | None = None,
-    ssl: SSLContext | None = None,
-    proxy: ProxyRoute | None = None,
-) -> ReplayReport:
-    """POST each dead letter (or those in `keys`) to `url`; delete the ones answered 2xx.
-    `ssl`: the sink's TLS context (`sinks.http.tls.client_ssl`); None, the system CAs.
-    `proxy`: the sink's route (`sinks.http.proxy.proxy_route`); None: direct."""
-    report = ReplayReport()
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    connector = aiohttp.TCPConnector(ssl=True if ssl is None else ssl)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        for letter in list_dead_letters(directory):
-            if keys is not None and letter.key not in keys:
-                continue
-            reason = await _replay_one(session, letter, url, headers or {}, gzip,
-                                       proxy.for_endpoint(url) if proxy else ({}, {}))
-            if reason is None:
-                report.sent += 1
-                report.events_sent += letter.events
-                letter.meta_path.unlink(missing_ok=True)  # sidecar first: no half entries
-                letter.body_path.unlink(missing_ok=True)
-            else:
-                report.failed += 1
-                report.errors.append(f"{letter.key}: {reason}")
-    return report
-
-
-async def _replay_one(
-    session: aiohttp.ClientSession,
-    letter: DeadLetter,
-    url: str,
-    headers: Mapping[str, str],
-    gzip: bool,
-    proxy: tuple[dict[str, str], dict[str, Any]],
-) -> str | None:
-    """None on a 2xx, else a short reason."""
-    try:
-        body = letter.body_path.read_bytes()
-    except OSError as exc:
-        return f"cannot read {letter.body_path.name}: {exc.strerror or exc}"
-    content_type = CONTENT_TYPES.get(letter.body_format, "application/json")
-    sent_headers = {**headers, **proxy[0], "Content-Type": content_type,
-                    "Idempotency-Key": letter.key}
-    if gzip:
-        body = gzip_body(body)
-        sent_headers["Content-Encoding"] = "gzip"
-    try:
-        async with session.post(url, data=body, headers=sent_headers, allow_redirects=False,
-                                **proxy[1]) as response:
-            if 200 <= response.status < 300:
-                return None
-            return f"HTTP {response.status}"
-    except TimeoutError:
-        return "timeout"
-    except aiohttp.ClientError as exc:
-        return type(exc).__name__

@@ -22,7 +22,7 @@ import aiohttp
 
 from emitters.ratelimit import RateLimitedLog
 from sinks.base import SinkResult
-from sinks.http.batches import Batch, Body, gzip_body, split_batch
+from sinks.http.batches import Batch, Body, gzip_body
 from sinks.http.concurrency import Answer, ConcurrencyLimit
 from sinks.http.deadletter import write_dead_letter
 from sinks.http.endpoint import CONTENT_TYPES, url_for_display
@@ -33,6 +33,7 @@ from sinks.http.failures import (
     load_answer_for_error,
     parse_retry_after,
 )
+from sinks.http.halves import split_batch
 from sinks.http.header_files import HeaderFiles
 from sinks.http.options import HttpOptions
 from sinks.http.retries import BatchRetry, FailureStreak, retried_here

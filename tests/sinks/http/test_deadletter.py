@@ -13,10 +13,10 @@ from sinks.http import HttpOptions, HttpSink
 from sinks.http.deadletter import (
     dead_letter_dir,
     list_dead_letters,
-    replay_dead_letters,
     url_for_display,
     write_dead_letter,
 )
+from sinks.http.replay import replay_dead_letters
 from tests.sinks.flaky_server import FlakyServer
 from tests.sinks.http.records import make_records
 

@@ -170,7 +170,8 @@ def test_idempotency_keys_name_records_or_row_positions() -> None:
 def test_a_batch_too_large_splits_in_halves_by_events_in_either_format() -> None:
     import orjson
 
-    from sinks.http.batches import Batch, frame_body, split_batch
+    from sinks.http.batches import Batch, frame_body
+    from sinks.http.halves import split_batch
 
     rows = [orjson.dumps({"event_id": str(n), "attrs": {"a,b": "x\\ny"}}) + b"\n"
             for n in range(5)]

@@ -13,8 +13,8 @@ import pytest
 
 from sinks.base import SinkResult
 from sinks.http import HttpOptions, HttpSink, HttpSinkConfigError
-from sinks.http.deadletter import replay_dead_letters
 from sinks.http.proxy import proxy_route
+from sinks.http.replay import replay_dead_letters
 from sinks.http.tls import TlsOptions
 from tests.commands import check_config
 from tests.sinks.certs import make_pki

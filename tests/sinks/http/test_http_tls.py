@@ -14,7 +14,8 @@ from cryptography.hazmat.primitives import serialization
 
 from sinks.base import SinkResult
 from sinks.http import HttpOptions, HttpSink, HttpSinkConfigError
-from sinks.http.deadletter import list_dead_letters, replay_dead_letters
+from sinks.http.deadletter import list_dead_letters
+from sinks.http.replay import replay_dead_letters
 from sinks.http.tls import TlsOptions, client_ssl
 from sinks.records import SpoolRecord
 from tests.commands import check_config
