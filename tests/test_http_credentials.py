@@ -61,3 +61,40 @@ def test_a_rotated_token_file_is_sent_without_a_reload_and_a_401_says_what_to_do
     log = agent.log()
     assert "header Authorization read again" in log
     assert "Bearer" not in log  # the values are secrets: never in a log line
+
+
+def test_a_deleted_token_file_keeps_its_value_and_says_so(
+        agent_factory: Callable[..., AgentProcess],
+        servers: Callable[..., ServerThread], tmp_path: Path) -> None:
+    """The file goes (a Secret deleted, a vault agent stopped): the token read before
+    still works until the endpoint revokes it, so it is sent, but the operator is told,
+    in the log once and in `evagg status` while it lasts."""
+    endpoint = servers()
+    endpoint.do(lambda: setattr(endpoint.server, "authorization", "Bearer one"))
+    token = tmp_path / "collector-token"
+    token.write_text("Bearer one\n")
+    agent = agent_factory(sinks_toml=http_sink(
+        "collector", endpoint.url, f'[sinks.headers]\nAuthorization = "file:{token}"')).start()
+    unusable = 'evagg_sink_header_files_unusable{sink="collector"'
+    assert agent.metric(unusable) == 0
+    token.unlink()
+    for batch in ("after-1", "after-2"):
+        assert producer_report(start_producer(agent.socket_path, batch, 200))["flushed"]
+        wait_until(lambda b=batch: len(delivered(endpoint, b)) == 200, 60,
+                   f"{batch} sent with the token read before")
+    assert agent.metric(unusable) == 1
+    status = evagg("status", "--config", str(agent.config_path))
+    assert "1 header file gone or unreadable: the value read before is sent" in status.stdout, \
+        status.stdout
+    said = [line for line in agent.log().splitlines() if "header Authorization" in line]
+    assert len(said) == 1, said  # once, not at every request
+    assert f"file {token}: No such file or directory (deleted or moved?)" in said[0]
+    assert "the value read before is still sent" in said[0]
+
+    token.write_text("Bearer one\n")  # written back: the same token, counted no more
+    assert producer_report(start_producer(agent.socket_path, "back", 200))["flushed"]
+    wait_until(lambda: len(delivered(endpoint, "back")) == 200, 60, "the file written back")
+    assert agent.metric(unusable) == 0
+    assert f"header Authorization: {token} can be read again" in agent.log()
+    assert agent.stop() == 0
+    assert "Bearer" not in agent.log()

@@ -103,6 +103,8 @@ class StatusReport:
     dead_lettered: dict[str, float] = field(default_factory=dict)
     # of those (and earlier runs'), the events on disk now, not yet sent by `evagg dlq replay`
     dead_letters_waiting: dict[str, float] = field(default_factory=dict)
+    # `file:` headers whose file is gone, unreadable or empty: the value before is sent
+    header_files_unusable: dict[str, float] = field(default_factory=dict)
     # events producers sent since the agent started (its own heartbeats left out): a
     # rate of 0 right after one test event does not say whether it arrived; this does
     received_total: float = 0.0
@@ -135,7 +137,8 @@ class StatusReport:
             lines.append(f"sink {sink:<12} {self.delivered_per_s.get(sink, 0):,.0f} events/s  "
                          f"lag {_count(self.lag_events.get(sink, 0), 'event')}{self._file(sink)}  "
                          f"errors {self.errors.get(sink, 0):,.0f}{self._retried(sink)}  "
-                         f"{state}{self._dead_letters(sink, config_flag)}")
+                         f"{state}{self._dead_letters(sink, config_flag)}"
+                         f"{self._header_files(sink)}")
         if self.reload_refused_at:
             at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.reload_refused_at))
             lines.append(f"config     the reload at {at} was refused (the agent's log says "
@@ -177,6 +180,11 @@ class StatusReport:
         count = self.dead_lettered.get(sink, 0.0)
         return (f"  dead-lettered {count:,.0f} events since the agent started (evagg dlq list"
                 f"{config_flag} --sink {sink})" if count else "")
+
+    def _header_files(self, sink: str) -> str:
+        count = self.header_files_unusable.get(sink, 0.0)
+        return (f"  {_count(count, 'header file')} gone or unreadable: the value read before "
+                "is sent (the agent's log names the file)" if count else "")
 
     def _retried(self, sink: str) -> str:
         count = self.retried.get(sink, 0.0)
@@ -252,6 +260,7 @@ def format_status(first: dict[str, float], second: dict[str, float],
                                             "reason")),
         dead_lettered=_by_label(second, "evagg_sink_dead_lettered_events_total", "sink"),
         dead_letters_waiting=_by_label(second, "evagg_sink_dead_letters_waiting_events", "sink"),
+        header_files_unusable=_by_label(second, "evagg_sink_header_files_unusable", "sink"),
         reload_refused_at=second.get("evagg_config_reload_refused_timestamp_seconds"),
         spool_blocked=bool(second.get("evagg_spool_blocked", 0.0)),
         draining=bool(second.get("evagg_draining", 0.0)),

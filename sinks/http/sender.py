@@ -80,7 +80,7 @@ class Sender:
                  max_retry_backoff_s: float) -> None:
         self.name, self.url, self.options = name, url, options
         self.__headers = dict(headers)  # private: credentials, never in a log
-        self._header_files = HeaderFiles(name, options.header_files)
+        self.header_files = HeaderFiles(name, options.header_files)
         self._proxy, self._ssl = proxy, ssl
         self.dead_letter_dir = dead_letter_dir  # None: a permanent 4xx stops the sink instead
         self.max_retry_backoff_s = max_retry_backoff_s
@@ -112,13 +112,13 @@ class Sender:
                 body = await asyncio.to_thread(gzip_body, body, self.options.gzip_level)
                 fixed["Content-Encoding"] = "gzip"
             while True:
-                self._header_files.refresh(self.__headers)  # a rotated token goes out now
+                self.header_files.refresh(self.__headers)  # a rotated token goes out now
                 headers = {**self.__headers, **fixed}
                 result = await self._attempt(batch, body, headers, halt, retry.failures > 0)
                 if result is None or halt.failure is not None:
                     return result
                 if result.error_kind == "http_auth" and \
-                        self._header_files.refresh(self.__headers):
+                        self.header_files.refresh(self.__headers):
                     continue  # the token file changed while the request was out
                 if result.error_kind == TOO_LARGE:
                     return await self._send_halves(batch, halt)
@@ -250,7 +250,7 @@ class Sender:
     def _auth_refused(self, status: int) -> SinkResult:
         """A 401 or 403, saying what to do: header files are read again when they change;
         other credentials need the config fixed and a reload."""
-        files = self._header_files.files
+        files = self.header_files.files
         if files:
             what = (f"write the new value to {', '.join(sorted(set(files.values())))}: "
                     "the sink reads it again before its next request, no reload needed")

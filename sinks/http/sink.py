@@ -129,13 +129,16 @@ class HttpSink(Sink):
 
     def gauges(self) -> dict[str, float]:
         """The concurrency limit, the requests in flight, the moving average of the
-        endpoint's answer latency (0 before the first answer), and the events waiting in
-        dead letters (until `evagg dlq replay` sends them)."""
+        endpoint's answer latency (0 before the first answer), the events waiting in
+        dead letters (until `evagg dlq replay` sends them), and the `file:` headers whose
+        file is gone, unreadable or empty now."""
         limit = self._sender.limit
         gauges = {"concurrency_limit": float(limit.limit), "requests_in_flight": float(
             limit.in_flight), "answer_latency_seconds": limit.latency_s or 0.0}
         if self._dead_letters is not None:
             gauges["dead_letters_waiting_events"] = float(self._dead_letters.events())
+        if self._sender.header_files.files:  # sent with the value read before, meanwhile
+            gauges["header_files_unusable"] = float(len(self._sender.header_files.unusable))
         # Requests fail before the delivery loop hears of it (the sink retries each one,
         # and tells the loop after DOWN_AFTER in a row): `evagg status` says so meanwhile.
         gauges["requests_failing_since_timestamp_seconds"] = self._sender.streak.since
