@@ -66,7 +66,7 @@ def target(name: str) -> Callable[[bytes], None]:
     def otlp_of(content_type: str) -> Callable[[bytes], None]:
         def fuzz(data: bytes) -> None:
             try:
-                decoded = otlp.decode_otlp_traces(data, content_type, None)
+                decoded = otlp.decode_otlp_traces(data, content_type)
             except otlp.OtlpError:
                 return
             rows_to_batch(decoded.rows, Stamp.now())

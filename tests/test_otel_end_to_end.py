@@ -17,6 +17,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +117,7 @@ def check_jaeger_export(agent: AgentProcess, trace_id: str, out: Path) -> None:
                     if key in span:
                         span[key] = base64.b64encode(bytes.fromhex(span[key])).decode()
     json_format.ParseDict(document, trace_service_pb2.ExportTraceServiceRequest())
-    decoded = otlp.decode_otlp_traces(out.read_bytes(), otlp.JSON, None)
+    decoded = otlp.decode_otlp_traces(out.read_bytes(), otlp.JSON)
     assert decoded.rejected_spans == 0
     rows = [(r["name"], r["trace_id"], r["span_id"], r.get("parent_span_id"),
              r["attrs"].get("service.name"), None, None) for r in decoded.rows]
@@ -305,11 +307,26 @@ def test_a_brotli_body_gets_415_with_a_status_saying_what_to_send(agent: AgentPr
     status, body = post(agent, good, PB, "br")
     assert status == 415
     refusal = status_pb2.Status.FromString(body)
-    assert "unsupported Content-Encoding 'br'" in refusal.message
-    assert "gzip" in refusal.message
+    assert "Content-Encoding 'br' is not supported (gzip, deflate or none)" in refusal.message
     status, body = post(agent, good, "text/plain")
     assert status == 415 and "unsupported Content-Type" in status_pb2.Status.FromString(
         body).message
+
+
+@pytest.mark.parametrize(("encoding", "pack"), [
+    ("gzip", gzip.compress),
+    ("deflate", zlib.compress),  # HTTP's deflate: a zlib stream
+    ("deflate", lambda body: zlib.compress(body, wbits=-15)),  # what some clients send
+])
+def test_gzip_and_deflate_bodies_are_stored(agent: AgentProcess, encoding: str,
+                                            pack: Callable[[bytes], bytes]) -> None:
+    """OTLP/HTTP names gzip only, but collectors take deflate too, and the SDKs can send
+    it (Compression.Deflate): a deflate body is read like any other, not refused."""
+    name = f"packed-{encoding}-{len(pack(b'x'))}"
+    status, body = post(agent, pack(request_with([(name, os.urandom(16), os.urandom(8))])),
+                         PB, encoding)
+    assert status == 200, body
+    assert wait_rows(agent, f"SELECT name FROM events WHERE name = '{name}'", 1) == [(name,)]
 
 
 if __name__ == "__main__":

@@ -49,6 +49,19 @@ def export_one_span(endpoint: str, **exporter_args: Any) -> str:
     return trace_id
 
 
+@pytest.mark.parametrize("compression", ["Gzip", "Deflate"])
+def test_the_exporters_compressions_are_taken(agent: AgentProcess, compression: str,
+                                              exporter_log: pytest.LogCaptureFixture) -> None:
+    """OTEL_EXPORTER_OTLP_COMPRESSION=deflate, or Compression.Deflate: the agent said 415
+    to it, and the SDK dropped every span with a line in its log."""
+    from opentelemetry.exporter.otlp.proto.http import Compression
+
+    trace_id = export_one_span(f"{agent.http_url}/v1/traces",
+                               compression=getattr(Compression, compression))
+    agent.wait_rows(f"SELECT name FROM events WHERE trace_id = '{trace_id}'", 1)
+    assert exporter_errors(exporter_log) == ""
+
+
 def test_metrics_and_logs_sent_beside_traces_are_refused_saying_why_and_counted(
         agent: AgentProcess, exporter_log: pytest.LogCaptureFixture) -> None:
     """OTEL_EXPORTER_OTLP_ENDPOINT at the agent sends metrics and logs to /v1/metrics and

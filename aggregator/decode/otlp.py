@@ -2,8 +2,9 @@
 
 Follows the OTLP/HTTP spec: protobuf (`application/x-protobuf`) or JSON
 (`application/json`, where trace and span ids are hex strings, not base64, and unknown
-fields are ignored), optionally gzip-encoded. A body that cannot be decoded at all raises
-`OtlpError` (400, or 415 for an unsupported content type or encoding) and nothing of it
+fields are ignored); a gzip or deflate body is inflated by the route first
+(aggregator/ingest/bodies.py). A body that cannot be decoded at all raises
+`OtlpError` (400, or 415 for an unsupported content type) and nothing of it
 is stored. Spans with invalid ids or without a usable end time are rejected one by one
 and reported through `partial_success`, the rest are kept; attribute values longer than
 `VALUE_LIMIT` characters are cut, as the socket exporter cuts them. The rows go to
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import importlib
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,14 +34,12 @@ from emitters.integrations.otel_rows import (
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
-MAX_DECODED_BYTES = 64 * 1024 * 1024
 _TRACE_ID_BYTES = 16
 _SPAN_ID_BYTES = 8
 _STATUS_ERROR = 2
 _INVALID_ARGUMENT = 3  # google.rpc.Code
 _UNAVAILABLE = 14
 _BAD_ID = base64.b64encode(b"\0").decode()  # decodes, then fails the length check
-_GZIP_MAGIC = b"\x1f\x8b"
 _ID_KEYS = ("traceId", "trace_id", "spanId", "span_id", "parentSpanId", "parent_span_id")
 
 
@@ -83,41 +81,11 @@ def media_type(content_type: str | None) -> str:
     return media
 
 
-def decode_otlp_traces(
-    body: bytes, content_type: str | None, content_encoding: str | None
-) -> OtlpDecoded:
+def decode_otlp_traces(body: bytes, content_type: str | None) -> OtlpDecoded:
+    """The spans of a request body, inflated already (the route does: ingest/bodies.py)."""
     media = media_type(content_type)
-    raw = _decompress(body, content_encoding)
-    request = _parse_json(raw) if media == JSON else _parse_protobuf(raw)
+    request = _parse_json(body) if media == JSON else _parse_protobuf(body)
     return _rows(request)
-
-
-def check_encoding(encoding: str | None) -> str:
-    """The Content-Encoding's name if OTLP/HTTP allows it (gzip or none), else OtlpError(415)."""
-    name = (encoding or "identity").strip().lower()
-    if name not in ("identity", "gzip"):
-        raise OtlpError(f"unsupported Content-Encoding {(encoding or '')[:40]!r}: "
-                        "send gzip or no Content-Encoding", 415)
-    return name
-
-
-def _decompress(body: bytes, encoding: str | None) -> bytes:
-    if check_encoding(encoding) == "identity":
-        return body
-    if not body.startswith(_GZIP_MAGIC):
-        # Already inflated on the way (aiohttp does, by default). Neither OTLP protobuf
-        # (0x1f is an invalid wire type) nor JSON can start with these two bytes.
-        return body
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(body, MAX_DECODED_BYTES)
-    except zlib.error as exc:
-        raise OtlpError(f"invalid gzip body: {exc}") from None
-    if inflater.unconsumed_tail:
-        raise OtlpError(f"gzip body inflates past {MAX_DECODED_BYTES} bytes")
-    if not inflater.eof:
-        raise OtlpError("truncated gzip body")
-    return out
 
 
 def _messages() -> Any:

@@ -86,7 +86,7 @@ def test_socket_rows_equal_the_agents_otlp_rows() -> None:
     from_socket = [otel.readable_span_event(s, otel.resource_text(resource.attributes))
                    for s in spans]
     body = encode_spans(spans).SerializeToString()
-    from_otlp = otlp.decode_otlp_traces(body, otlp.PROTOBUF, None).rows
+    from_otlp = otlp.decode_otlp_traces(body, otlp.PROTOBUF).rows
     assert from_socket == from_otlp
     inner, outer = from_socket
     assert inner["state"] == "FAILED" and inner["error_type"] == "KeyError"

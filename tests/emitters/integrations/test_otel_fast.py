@@ -193,7 +193,7 @@ def test_fast_rows_equal_the_agents_otlp_rows() -> None:
     for row in rows:
         row["attrs"].pop("odd", None)  # OTLP's encoder drops a string it cannot encode
     body = encode_spans(spans).SerializeToString()
-    from_otlp = otlp.decode_otlp_traces(body, otlp.PROTOBUF, None).rows
+    from_otlp = otlp.decode_otlp_traces(body, otlp.PROTOBUF).rows
     assert sorted(rows, key=_event_id) == sorted(from_otlp, key=_event_id)
 
 
@@ -222,7 +222,7 @@ def test_long_values_are_cut_alike_on_every_path_and_the_span_kept() -> None:
     generic = [otel.readable_span_event(s, otel.resource_text(s.resource.attributes))
                for s in spans]
     from_otlp = otlp.decode_otlp_traces(encode_spans(spans).SerializeToString(),
-                                        otlp.PROTOBUF, None)
+                                        otlp.PROTOBUF)
     assert fast == generic == from_otlp.rows
     (attrs,) = [row["attrs"] for row in fast]
     assert attrs["prompt"] == "p" * VALUE_LIMIT and attrs["tokens"].startswith("[0,1,2,")
