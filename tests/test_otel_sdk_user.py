@@ -211,7 +211,9 @@ def test_span_events_survive_both_exporters_and_come_back_in_the_export(
 def test_a_spans_links_come_back_as_links_in_the_export(agent: AgentProcess,
                                                         tmp_path: Path) -> None:
     """A batch span links the requests it serves; Jaeger draws links as references. The
-    export gave them back as a text attribute, `otel.links`, which no OTLP tool reads."""
+    export gave them back as a text attribute, `otel.links`, which no OTLP tool reads; and
+    a link's own attributes (which message of the batch it was) were dropped on both
+    exporters' ways in."""
     import base64
 
     from google.protobuf import json_format
@@ -221,9 +223,13 @@ def test_a_spans_links_come_back_as_links_in_the_export(agent: AgentProcess,
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.trace import Link
 
+    import emitters
     from aggregator.cli.export_traces import export_traces
+    from emitters import otel
 
+    socket_exporter = otel.EvaggSpanExporter(emitters.Emitter(socket=str(agent.socket_path)))
     provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(socket_exporter))
     provider.add_span_processor(SimpleSpanProcessor(
         OTLPSpanExporter(endpoint=f"{agent.http_url}/v1/traces")))
     tracer = provider.get_tracer("shop")
@@ -231,17 +237,26 @@ def test_a_spans_links_come_back_as_links_in_the_export(agent: AgentProcess,
     for _ in range(2):
         with tracer.start_as_current_span("request") as request:
             requests.append(request.get_span_context())
-    with tracer.start_as_current_span("batch", links=[Link(c) for c in requests]) as batch:
+    links = [Link(requests[0], {"messaging.message.id": "m-7", "batch.index": 0}),
+             Link(requests[1])]
+    with tracer.start_as_current_span("batch", links=links) as batch:
         trace_id = f"{batch.get_span_context().trace_id:032x}"
     provider.shutdown()
-    agent.wait_rows(f"SELECT name FROM events WHERE trace_id = '{trace_id}'", 1)
+    assert socket_exporter.emitter.flush(30)
+    rows = agent.wait_rows("SELECT attrs['otel.links'] FROM events WHERE name = 'batch'", 2)
+    assert rows[0] == rows[1]  # the socket and OTLP alike
 
     out = tmp_path / "trace.json"
     assert export_traces(str(agent.lake_dir), trace_id=trace_id, since=None, out=out) == 1
     document = orjson.loads(out.read_bytes())
-    exported = document["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
-    assert exported["links"] == [{"traceId": f"{c.trace_id:032x}", "spanId": f"{c.span_id:016x}"}
-                                 for c in requests]
+    (exported,) = [span for resource in document["resourceSpans"]  # the same span: once
+                   for scope in resource["scopeSpans"] for span in scope["spans"]
+                   if span["name"] == "batch"]
+    assert exported["links"] == [
+        {"traceId": f"{requests[0].trace_id:032x}", "spanId": f"{requests[0].span_id:016x}",
+         "attributes": [{"key": "batch.index", "value": {"stringValue": "0"}},
+                        {"key": "messaging.message.id", "value": {"stringValue": "m-7"}}]},
+        {"traceId": f"{requests[1].trace_id:032x}", "spanId": f"{requests[1].span_id:016x}"}]
     assert "otel.links" not in {a["key"] for a in exported["attributes"]}
     for item in [exported, *exported["links"]]:  # strict parse: OTLP JSON as a tool reads it
         for key in ("traceId", "spanId"):

@@ -32,7 +32,7 @@ _COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "state", "kind", "s
 _SPAN_KINDS = {"UNSPECIFIED": 0, "INTERNAL": 1, "SERVER": 2, "CLIENT": 3, "PRODUCER": 4,
                "CONSUMER": 5}
 _EVENTS = "otel.events"  # emitters.integrations.otel_rows.EVENTS_KEY
-_LINKS = "otel.links"  # ["<trace id>-<span id>", ...]
+_LINKS = "otel.links"  # ["<trace id>-<span id>" or {"id": that, "attributes": {...}}, ...]
 _LINK = re.compile(r"^([0-9a-f]{32})-([0-9a-f]{16})$")
 # What the sender's span limits dropped (emitters.integrations.otel_rows.DROPPED_KEYS)
 _DROPPED = (("otel.dropped_attributes", "droppedAttributesCount"),
@@ -198,13 +198,25 @@ def _stored_list(text: str | None) -> list[Any]:
     return stored if isinstance(stored, list) else []
 
 
-def _stored_links(text: str | None) -> list[dict[str, str]]:
-    """The span's links from attrs['otel.links']; none unless every one reads."""
-    stored = _stored_list(text)
-    found = [_LINK.match(item) if isinstance(item, str) else None for item in stored]
-    if not all(found):
-        return []
-    return [{"traceId": m.group(1), "spanId": m.group(2)} for m in found if m]
+def _stored_links(text: str | None) -> list[dict[str, Any]]:
+    """The span's links from attrs['otel.links'], each with its own attributes where it
+    had any (otel_rows.link_item); none unless every one reads."""
+    links = [_stored_link(item) for item in _stored_list(text)]
+    return [link for link in links if link] if all(links) else []
+
+
+def _stored_link(item: Any) -> dict[str, Any] | None:
+    ident: Any = item
+    attributes: Any = {}
+    if isinstance(item, dict):
+        ident, attributes = item.get("id"), item.get("attributes")
+    found = _LINK.match(ident) if isinstance(ident, str) else None
+    if found is None or not isinstance(attributes, dict):
+        return None
+    link: dict[str, Any] = {"traceId": found.group(1), "spanId": found.group(2)}
+    if attributes:
+        link["attributes"] = [_kv(k, v) for k, v in attributes.items()]
+    return link
 
 
 def _stored_events(text: str | None) -> list[dict[str, Any]]:

@@ -28,6 +28,7 @@ from emitters.integrations.otel_rows import (
     EXCEPTION_EVENT,
     end_problem,
     events_text,
+    link_item,
     resource_text,
     span_event,
 )
@@ -215,7 +216,8 @@ def _span_row(span: Any, resource: dict[str, str], scope: str) -> dict[str, Any]
         attributes=_attributes(span.attributes),
         resource=resource,
         exception=exception,
-        links=[f"{link.trace_id.hex()}-{link.span_id.hex()}" for link in span.links],
+        links=[link_item(link.trace_id.hex(), link.span_id.hex(), _attributes(link.attributes))
+               for link in span.links],
         events=events_text(events) if events else None,
         dropped=(span.dropped_attributes_count, span.dropped_events_count,
                  span.dropped_links_count),

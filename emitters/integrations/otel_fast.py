@@ -20,6 +20,7 @@ from emitters.integrations.otel_rows import (
     EVENTS_KEY,
     EXCEPTION_EVENT,
     JOB_ID_KEYS,
+    LINKS_KEY,
     NOTHING,
     RUN_ID_KEYS,
     SPECIAL_KEYS,
@@ -32,9 +33,9 @@ from emitters.integrations.otel_rows import (
     attr_text,
     cut_values,
     events_text,
-    link_texts,
     resource_text,
     sdk_events,
+    sdk_links,
 )
 
 _INT64 = 2**63
@@ -159,7 +160,7 @@ class SpanRows:
             dropped_links = links.dropped
             links = links._dq  # a BoundedList's own iteration copies under a lock
         if links:
-            attrs["otel.links"] = attr_text(link_texts(links))
+            attrs[LINKS_KEY] = attr_text(sdk_links(links))
         if attributes.dropped or dropped_events or dropped_links:
             add_dropped(attrs, attributes.dropped, dropped_events, dropped_links)
         context = span._context

@@ -28,6 +28,9 @@ CUT_KEY = "evagg.cut_attributes"
 # The span's events, as JSON text: every event but the last `exception` (whose fields are
 # the error columns), each {"name", "time_unix_nano", "attributes"} with values as text.
 EVENTS_KEY = "otel.events"
+# The span's links, a JSON list of link_item's items
+LINKS_KEY = "otel.links"
+Link = str | dict[str, Any]
 # How many attributes, events and links the SDK's span limits (128 each by default)
 # dropped before the span was sent, as OTLP reports them: a span cut short says so.
 DROPPED_KEYS = ("otel.dropped_attributes", "otel.dropped_events", "otel.dropped_links")
@@ -133,7 +136,7 @@ def span_event(
     *, name: str, trace_id: str, span_id: str, parent_span_id: str | None, start_ns: int,
     end_ns: int, failed: bool, status_message: str, span_kind: str, scope: str,
     attributes: Mapping[str, Any], resource: Mapping[str, str],
-    exception: Mapping[str, Any] | None = None, links: Iterable[str] = (),
+    exception: Mapping[str, Any] | None = None, links: Iterable[Link] = (),
     events: str | None = None, dropped: tuple[int, int, int] = (0, 0, 0),
 ) -> dict[str, Any]:
     """One evagg `span` event row from plain span fields (ids as lower-case hex; the
@@ -151,7 +154,7 @@ def span_event(
         attrs["otel.scope"] = scope
     link_list = list(links)
     if link_list:
-        attrs["otel.links"] = attr_text(link_list)
+        attrs[LINKS_KEY] = attr_text(link_list)
     if any(dropped):
         add_dropped(attrs, *dropped)
     row: dict[str, Any] = {
@@ -217,9 +220,19 @@ def add_error(row: dict[str, Any], failed: bool, status_message: str,
     row.update((k, clean_error_text(attr_text(v))) for k, v in fields.items() if v)
 
 
-def link_texts(links: Iterable[Any]) -> list[str]:
-    """OTel Links as "<trace id>-<span id>" hex."""
-    return [f"{link.context.trace_id:032x}-{link.context.span_id:016x}" for link in links]
+def link_item(trace_id: str, span_id: str, attributes: Mapping[str, Any] | None) -> Link:
+    """One link as LINKS_KEY stores it: "<trace id>-<span id>" (hex), or with attributes
+    of its own (why the span links there: a message id, a batch index) {"id": that,
+    "attributes": {key: text}}, the values as a span's own are kept (attr_text)."""
+    link = f"{trace_id}-{span_id}"
+    kept = {k: attr_text(v) for k, v in (attributes or {}).items() if v is not None}
+    return {"id": link, "attributes": kept} if kept else link
+
+
+def sdk_links(links: Iterable[Any]) -> list[Link]:
+    """OTel SDK Links as LINKS_KEY's items."""
+    return [link_item(f"{link.context.trace_id:032x}", f"{link.context.span_id:016x}",
+                      link.attributes) for link in links]
 
 
 def readable_span_event(span: Any, resource: Mapping[str, str]) -> dict[str, Any]:
@@ -256,7 +269,7 @@ def readable_span_event(span: Any, resource: Mapping[str, str]) -> dict[str, Any
         attributes=dict(span.attributes if attributes is _MISSING else attributes or {}),
         resource=resource,
         exception=exception,
-        links=link_texts(span.links if links is None else links),
+        links=sdk_links(span.links if links is None else links),
         events=events_text(sdk_events(events)) if events else None,
         dropped=(getattr(span, "dropped_attributes", 0), getattr(span, "dropped_events", 0),
                  getattr(span, "dropped_links", 0)),
