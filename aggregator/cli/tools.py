@@ -197,7 +197,8 @@ def _dlq(args: argparse.Namespace) -> int:
     print(f"sent {report.sent} batches ({report.events_sent} events) to "
           f"{url_for_display(url)}; their files are deleted")
     if report.split:
-        print(f"{report.split} refused as too large (HTTP 413) were sent again in halves")
+        print(f"{report.split} requests refused as too large (HTTP 413) were sent again in "
+              "halves")
     if report.failed:
         print(f"{report.failed} batches failed and stay in {directory}:")
         for error in report.errors:

@@ -68,8 +68,8 @@ def only_this_machine(listen_host: str) -> Middleware:
         kind, reason = refused_page_request(request, listen_host)
         if not kind:
             return await handler(request)
-        refusals.log(logging.WARNING, kind, "refused a request from a web page (%s) for %s: "
-                     "%s", kind, request.path[:100], reason)
+        refusals.log(logging.WARNING, kind, "refused a request from a web page (%s) for %r: "
+                     "%s", kind, request.path[:100], reason)  # quoted: a page chose the path
         response = web.json_response({"error": reason}, status=403)
         response.headers.update(SECURITY_HEADERS)
         return response

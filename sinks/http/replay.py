@@ -33,7 +33,7 @@ class ReplayReport:
     sent: int = 0  # batches the endpoint accepted; their files are deleted
     failed: int = 0  # batches still on disk (a split letter's pieces left count apiece)
     events_sent: int = 0
-    split: int = 0  # letters sent in halves, refused whole as too large
+    split: int = 0  # requests refused as too large (413), sent again in halves
     errors: list[str] = field(default_factory=list)  # "<key>: <reason>", one per failure
 
 
@@ -122,8 +122,9 @@ async def _replay_one(poster: _Poster, letter: DeadLetter, report: ReplayReport)
         report.failed += 1
         report.errors.append(f"{letter.key}: {_refusal(left)}")
         return
-    for piece in left:  # written before the letter goes: a crash between keeps both
-        _keep(letter, piece)
+    if not _keep_pieces(letter, left, report):
+        return
+    for piece in left:
         report.failed += 1
         report.errors.append(f"{piece.piece.key}: {piece.reason} ({piece.piece.events} of "
                              f"letter {letter.key}'s events, kept as a letter of their own)")
@@ -141,10 +142,29 @@ def _refusal(left: list[_Left]) -> str:
     return f"{', '.join(reasons)} for each of its {len(left)} pieces, sent in halves"
 
 
-def _keep(letter: DeadLetter, left: _Left) -> None:
+def _keep_pieces(letter: DeadLetter, left: list[_Left], report: ReplayReport) -> bool:
+    """Write the pieces left as letters of their own (before the letter goes: a crash
+    between keeps both); False, and none written, where the disk will not take them."""
+    written: list[DeadLetter] = []
+    try:
+        for piece in left:
+            written.append(_keep(letter, piece))
+    except OSError as exc:
+        for piece_letter in written:  # the letter stays whole: its pieces would go twice
+            piece_letter.meta_path.unlink(missing_ok=True)
+            piece_letter.body_path.unlink(missing_ok=True)
+        report.failed += 1
+        report.errors.append(f"{letter.key}: cannot write the pieces left as letters of "
+                             f"their own ({exc.strerror or exc}); the letter stays whole, "
+                             "and its pieces taken go again, under the same keys")
+        return False
+    return True
+
+
+def _keep(letter: DeadLetter, left: _Left) -> DeadLetter:
     """A piece of `letter` the endpoint refused still, as a dead letter of its own."""
     status = left.reason.removeprefix("HTTP ")
-    write_dead_letter(letter.body_path.parent, key=left.piece.key, body=left.piece.body,
+    return write_dead_letter(letter.body_path.parent, key=left.piece.key, body=left.piece.body,
                       status=int(status) if status.isdigit() else letter.status,
                       response=f"at replay: {left.reason}", url=letter.url,
                       events=left.piece.events, body_format=letter.body_format,

@@ -63,7 +63,7 @@ def test_another_sites_page_runs_no_query_but_its_link_opens_the_dashboard(
         dashboard: Dashboard, another_site: str) -> None:
     with chromium() as browser, tab(browser, another_site, width=1400, height=900) as page:
         page.goto("/")
-        wait_until(lambda: "(cross_site) for /api/tasks" in dashboard.log(), 30,
+        wait_until(lambda: "(cross_site) for '/api/tasks'" in dashboard.log(), 30,
                    lambda: f"the dashboard to refuse the page's requests: {dashboard.log()}")
         page.click("#link")
         expect(page.locator("#task-count")).to_have_text(f"{Expected.tasks} task attempts")
