@@ -7,6 +7,8 @@ folds only the Parquet files it has not folded yet (path and size), so a query a
 new file costs that file, not the whole store. Files that vanish are fine when a listed
 compacted file says it covers them (`evagg compact` writes that in its metadata);
 any other loss (retention deleted data, a file rewritten with another size) rebuilds.
+On a local lake the task fragments are read where they are, not copied
+(dashboard/lake/fold_place.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import duckdb
 
+from dashboard.lake import fold_place
 from dashboard.lake.fold_cache import attach_cache, cache_file, default_cache_dir
 from dashboard.lake.fold_files import (
     Cover,
@@ -88,8 +91,12 @@ def sql_sections(name: str = "fold.sql") -> dict[str, str]:
 
 class TaskFold:
     def __init__(self, con: duckdb.DuckDBPyConnection, key: str, cache_dir: str | None,
-                 on_long_fold: Callable[[str], None] | None = None) -> None:
+                 on_long_fold: Callable[[str], None] | None = None,
+                 placed_source: fold_place.PlacedSource | None = None) -> None:
+        """placed_source: how to read fragments where they are (a local lake); None
+        copies them into the cache."""
         self.key = key
+        self.placed_source = placed_source
         self.on_long_fold = on_long_fold
         self.sql = sql_sections()
         self.sql["macros"] = task_fold_macros() + self.sql["macros"]
@@ -100,7 +107,7 @@ class TaskFold:
              + self.keys_sql).encode(), digest_size=8).hexdigest()
         self.path, self.note = attach_cache(con, key, cache_dir)
         # shared by every cursor: the views use them too
-        con.execute(self.keys_sql + self.ends_sql["macros"])
+        con.execute(self.keys_sql + self.ends_sql["macros"] + self.sql["shared"])
         self.generation = 0
         self.rebuilds = 0
         self.folded_files = 0  # read and folded by this process
@@ -113,6 +120,7 @@ class TaskFold:
         try:
             self._prepare(cur)
             self._check_version(cur)
+            fold_place.bind(cur, self.placed_source)
         finally:
             cur.close()
 
@@ -127,6 +135,8 @@ class TaskFold:
                     "SELECT * FROM fold_partial_of('fold_empty')")
         cur.execute("CREATE OR REPLACE TEMP VIEW fold_empty_signed AS "
                     "SELECT 1 AS sign, * FROM fold_finish_of('fold_empty_partial')")
+        cur.execute("CREATE OR REPLACE TEMP VIEW fold_signed_placed AS "
+                    "SELECT * FROM fold_empty_signed")
 
     def _check_version(self, cur: duckdb.DuckDBPyConnection) -> None:
         cur.execute(self.sql["schema"])
@@ -145,6 +155,14 @@ class TaskFold:
         cur.execute("INSERT INTO fold.meta VALUES ('version', $v), ('location', $l), "
                     "('generation', $g)",
                     {"v": self.version, "l": self.key, "g": str(self.generation)})
+        fold_place.bind(cur, self.placed_source)
+
+    def _rebuild(self, cur: duckdb.DuckDBPyConnection, listed: dict[str, FileEntry],
+                 known: dict[str, set[Cover]]) -> None:
+        """Start the fold again, keeping the covers read of the listed compacted files."""
+        self.rebuilds += 1
+        self._reset(cur)
+        _insert(cur, "fold.covers", [(p, n, s) for p in listed if p in known for n, s in known[p]])
 
     def view_texts(self) -> dict[str, str]:
         """What the store's views.create_views runs in place of tasks.sql and ends.sql:
@@ -181,10 +199,13 @@ class TaskFold:
         if gone and not all(explained(p, folded[p], known, held) for p in gone):
             log.info("%d folded files of %s vanished unexplained: refolding", len(gone),
                      self.key)
-            self.rebuilds += 1
-            self._reset(cur)
-            _insert(cur, "fold.covers",
-                    [(p, n, s) for p in listed if p in known for n, s in known[p]])
+            self._rebuild(cur, listed, known)
+            return self.sync(cur, listing, source_for, covers_of, fragment_source_for)
+        lost = fold_place.changed(cur, listing)
+        if lost:  # their attempts were nowhere else
+            log.info("%d task fragments of %s read in place vanished or changed: refolding",
+                     len(lost), self.key)
+            self._rebuild(cur, listed, known)
             return self.sync(cur, listing, source_for, covers_of, fragment_source_for)
         covered = coverage(folded, known)
         fresh = [f for f in listing.files if folded.get(f.path) != f.size]
@@ -195,10 +216,7 @@ class TaskFold:
         if self._would_mix(cur, todo, by_fragment):
             log.info("a compacted file of %s must be read whose hour was folded from its "
                      "task fragment: refolding", self.key)
-            self.rebuilds += 1
-            self._reset(cur)
-            _insert(cur, "fold.covers",
-                    [(p, n, s) for p in listed if p in known for n, s in known[p]])
+            self._rebuild(cur, listed, known)
             return self.sync(cur, listing, source_for, covers_of, fragment_source_for)
         self._announce([f for f in todo if f.path not in by_fragment], first=not folded)
         self._forget(cur, gone, listed)
@@ -273,7 +291,9 @@ class TaskFold:
                              fragments: list[FileEntry], source_for: SourceFor,
                              fragment_source_for: FragmentSourceFor | None) -> None:
         """Compacted files whose tasks are their fragments merged (fold.sql @fragments):
-        of their rows only kind and time (the timeline) and the facts' few are read."""
+        of their rows only kind and time (the timeline) and the facts' few are read. With
+        a placed_source the fragments stay where they are and only the attempts that
+        must be merged are stored (@fragments_placed); else every attempt is copied."""
         source = source_for(cur, batch)
         present = {row[0] for row in cur.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
         projection = ", ".join(_project(c, t, c in present & FACT_COLUMNS)
@@ -288,13 +308,23 @@ class TaskFold:
         small = sum(f.size for f in fragments) < SMALL_BATCH_BYTES // 8
         with _threads(cur, 1 if small else 0) as before:
             self.scan_threads = before
+            in_place = self.placed_source is not None
             cur.execute("BEGIN TRANSACTION")
             try:
-                found = cur.execute("SELECT count(*) FROM fold.task_fold").fetchone()
+                held = _rows_held(cur)
                 cur.execute(self.sql["fragments"])
                 cur.execute(self.sql["facts"])
                 cur.execute(self.sql["fragment_hosts"])
-                self._fold_tasks(cur, found[0] if found else 0)
+                if in_place:
+                    cur.execute(self.sql["fragments_placed"])
+                    if held:
+                        with _threads(cur, self.scan_threads):  # hashes every held key
+                            cur.execute(self.sql["fragments_placed_hits"])
+                    cur.execute(self.sql["fragments_placed_split"])
+                    fold_place.place(cur, batch.files, fragments)
+                else:
+                    cur.execute(self.sql["fragments_copied"])
+                self._fold_tasks(cur, held)
                 cur.execute(self.sql["bins"])
                 _insert(cur, "fold.files", [(f.path, f.size) for f in batch.files])
                 _insert(cur, "fold.from_fragments", [(f.path,) for f in batch.files])
@@ -304,15 +334,17 @@ class TaskFold:
                 raise
             finally:
                 cur.execute(self.sql["cleanup"])
+        if in_place:  # the views name the fragments: now these too
+            fold_place.bind(cur, self.placed_source)
         log.debug("folded %d files of %s from their task fragments", len(batch.files),
                   self.key)
 
     def _fold_rows(self, cur: duckdb.DuckDBPyConnection, batch: Listing) -> None:
         cur.execute("BEGIN TRANSACTION")
         try:
-            found = cur.execute("SELECT (SELECT count(*) FROM fold.task_fold), "
-                                "(SELECT count(*) FROM fold.seen)").fetchone()
-            tasks, seen = found if found else (0, 0)
+            found = cur.execute("SELECT count(*) FROM fold.seen").fetchone()
+            seen = found[0] if found else 0
+            tasks = _rows_held(cur)
             cur.execute(self.sql["ids"])
             if seen:
                 with _threads(cur, self.scan_threads):  # scans `seen`: every thread helps
@@ -329,16 +361,18 @@ class TaskFold:
         finally:
             cur.execute(self.sql["cleanup"])
 
-    def _fold_tasks(self, cur: duckdb.DuckDBPyConnection, stored: int) -> None:
-        """The batch's task rows into task_fold: appended to an empty table; else merged
-        with the stored rows they touch, or, touching none, inserted as they are."""
-        if not stored:
+    def _fold_tasks(self, cur: duckdb.DuckDBPyConnection, held: int) -> None:
+        """The batch's task rows into task_fold: appended when the fold holds no rows
+        (stored or in place); else merged with the rows they touch, or, touching none,
+        inserted as they are."""
+        if not held:
             cur.execute(self.sql["append"])
             return
         cur.execute(self.sql["merge_batch"])
-        with _threads(cur, self.scan_threads):  # scans task_fold's k
+        with _threads(cur, self.scan_threads):  # scans task_fold's k (and the placed keys)
             cur.execute(self.sql["hit"])
-        hits = cur.execute("SELECT count(*) FROM fold_hit").fetchone()
+        hits = cur.execute("SELECT (SELECT count(*) FROM fold_hit) "
+                           "+ (SELECT count(*) FROM fold_hit_placed)").fetchone()
         cur.execute(self.sql["merge" if hits and hits[0] else "fresh"])
 
     def _bump(self, cur: duckdb.DuckDBPyConnection) -> None:
@@ -353,21 +387,25 @@ class TaskFold:
         found = cur.execute("SELECT value FROM fold.meta WHERE key = 'summary'").fetchone()
         # ends.sql's ends change with the clock too (an agent falls silent), not only
         # with new files: the kept summary is for one generation and one set of ends.
-        ends = cur.execute("SELECT count(*), max(end_at) FROM task_ends").fetchone()
-        key = f"{self.generation}:{ends}"
-        if found is None or found[0] != key:
-            self._prepare(cur)
-            cur.execute(self.sql["summary"])
-            bins = [int(b) for b, in cur.execute("SELECT DISTINCT bin FROM fold_wanted"
-                                                  ).fetchall()]
-            # integers read back from the fold, never outside text
-            cur.execute(self.sql["summary_table"].replace(
-                "@bins", ", ".join(map(str, bins)) or "NULL"))
-            cur.execute("DROP TABLE IF EXISTS fold_wanted; DROP VIEW IF EXISTS fold_bins_now; "
-                        "DROP TABLE IF EXISTS fold_renamed; "
-                        "DROP VIEW IF EXISTS fold_ended_signed; DROP TABLE IF EXISTS fold_ended")
-            cur.execute("DELETE FROM fold.meta WHERE key = 'summary'")
-            cur.execute("INSERT INTO fold.meta VALUES ('summary', $g)", {"g": key})
+        # task_ends once, as a table: its size known, the joins with it read the fold's
+        # rows only where it has any (fold.sql @summary)
+        cur.execute("CREATE OR REPLACE TEMP TABLE fold_ends_now AS SELECT * FROM task_ends")
+        try:
+            ends = cur.execute("SELECT count(*), max(end_at) FROM fold_ends_now").fetchone()
+            key = f"{self.generation}:{ends}"
+            if found is None or found[0] != key:
+                self._prepare(cur)
+                cur.execute(self.sql["summary"])
+                bins = [int(b) for b, in cur.execute("SELECT DISTINCT bin FROM fold_wanted"
+                                                      ).fetchall()]
+                # integers read back from the fold, never outside text
+                cur.execute(self.sql["summary_table"].replace(
+                    "@bins", ", ".join(map(str, bins)) or "NULL"))
+                cur.execute(self.sql["summary_done"])
+                cur.execute("DELETE FROM fold.meta WHERE key = 'summary'")
+                cur.execute("INSERT INTO fold.meta VALUES ('summary', $g)", {"g": key})
+        finally:
+            cur.execute("DROP TABLE IF EXISTS fold_ends_now")
         return "fold.summary"
 
     def close(self, con: duckdb.DuckDBPyConnection) -> None:
@@ -384,7 +422,8 @@ class TaskFold:
         return {"cache": str(self.path) if self.path else "memory", "note": self.note,
                 "generation": self.generation, "rebuilds": self.rebuilds,
                 "folded_files": self.folded_files, "adopted_files": self.adopted_files,
-                "fragment_files": self.fragment_files}
+                "fragment_files": self.fragment_files,
+                "in_place": self.placed_source is not None}
 
 
 @contextmanager
@@ -402,6 +441,13 @@ def _threads(cur: duckdb.DuckDBPyConnection, threads: int) -> Iterator[int]:
         yield before
     finally:
         cur.execute(f"SET threads = {before}")
+
+
+def _rows_held(cur: duckdb.DuckDBPyConnection) -> int:
+    """Whether the fold holds task rows, stored or in place (0: none)."""
+    found = cur.execute("SELECT (SELECT count(*) FROM fold.task_fold) "
+                        "+ (SELECT count(*) FROM fold.placed)").fetchone()
+    return int(found[0]) if found else 0
 
 
 def _by_fragment(todo: list[FileEntry], listing: Listing, known: dict[str, set[Cover]],

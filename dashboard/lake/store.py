@@ -28,7 +28,7 @@ from dashboard.lake.errors import BadInput, NoData, QueryFailed, StoreUnavailabl
 from dashboard.lake.fold import Cover, TaskFold, parse_covers
 from dashboard.lake.listing import FileEntry, Listing
 from dashboard.lake.results import Result, from_cursor
-from dashboard.lake.sources import ENGINES, Relation, open_source
+from dashboard.lake.sources import ENGINES, Relation, fragments_sql, open_source
 from sinks.parquet.layout import COMPACTION_META_KEY
 
 log = logging.getLogger("evagg.dashboard.lake")
@@ -76,7 +76,9 @@ class Store:
         self.fold: TaskFold | None = None
         if options.fold:
             self.fold = TaskFold(self._con, self._source.cache_key, options.cache_dir,
-                                 on_long_fold=options.on_long_fold)
+                                 on_long_fold=options.on_long_fold,
+                                 placed_source=(fragments_sql if
+                                                self._source.fragments_in_place else None))
             self.fold.create_views(self._con)
             self.note = "; ".join(n for n in (self.note, self.fold.note) if n)
 

@@ -9,6 +9,13 @@
 -- a file, or a compacted file holding rows already folded, changes nothing. The one
 -- count, count(DISTINCT event_id), is kept exact by `seen`: the 64-bit hashes of every
 -- (event_id, kind) already counted, so only new events add to `events` and `timeline`.
+--
+-- On a local lake the task fragments are read where they are (dashboard/lake/fold_place.py
+-- names them in `fold.placed` and binds the views `fold_placed` and `fold_tasks` over
+-- them): task_fold then holds only the attempts that had to be merged (found in two
+-- fragments, or touched by a later file), and every reader reads `fold_tasks`, the
+-- stored rows and the in-place rows whose key no stored row has. On S3 the fragments
+-- are copied into task_fold (reading them in place would download them on every query).
 
 -- @schema
 CREATE TABLE IF NOT EXISTS fold.meta (key VARCHAR PRIMARY KEY, value VARCHAR);
@@ -16,6 +23,8 @@ CREATE TABLE IF NOT EXISTS fold.files (path VARCHAR, size BIGINT);
 CREATE TABLE IF NOT EXISTS fold.covers (path VARCHAR, name VARCHAR, size BIGINT);
 -- The folded files whose tasks came from their task fragment (@fragments), not their rows.
 CREATE TABLE IF NOT EXISTS fold.from_fragments (path VARCHAR);
+-- The fragments read in place (a local lake), with their size and their compacted file.
+CREATE TABLE IF NOT EXISTS fold.placed (fragment VARCHAR, size BIGINT, path VARCHAR);
 CREATE TABLE IF NOT EXISTS fold.seen (t BIGINT, h UBIGINT);
 CREATE TABLE IF NOT EXISTS fold.timeline (
     second BIGINT, kind VARCHAR, events BIGINT, first_us BIGINT, last_us BIGINT);
@@ -34,6 +43,7 @@ DROP TABLE IF EXISTS fold.meta;
 DROP TABLE IF EXISTS fold.files;
 DROP TABLE IF EXISTS fold.covers;
 DROP TABLE IF EXISTS fold.from_fragments;
+DROP TABLE IF EXISTS fold.placed;
 DROP TABLE IF EXISTS fold.seen;
 DROP TABLE IF EXISTS fold.timeline;
 DROP TABLE IF EXISTS fold.task_fold;
@@ -42,6 +52,33 @@ DROP TABLE IF EXISTS fold.summary_bins;
 DROP TABLE IF EXISTS fold.ends_facts;
 DROP TABLE IF EXISTS fold.ends_agents;
 DROP TABLE IF EXISTS fold.ends_session_hosts;
+
+-- @shared
+-- Made once on the connection, not per cursor: the views over the fragments read in
+-- place (fold_place.py) use them, and every cursor reads those views.
+-- tasks.sql's duration, kept with each row, and its histogram bin: bins are monotonic in
+-- the duration (DuckDB's order: -inf < finite < +inf < NaN), about 0.4% wide, so the
+-- summary finds a quantile's bin from counts and reads only that bin's durations.
+CREATE OR REPLACE MACRO fold_bin(d) AS
+    CASE
+        WHEN d IS NULL THEN NULL
+        WHEN isnan(d) OR d = CAST('infinity' AS DOUBLE) THEN 1000000
+        WHEN d = CAST('-infinity' AS DOUBLE) THEN -1000000
+        ELSE CAST(sign(d) * floor(ln(1 + abs(d) * 1e6) * 256) AS INTEGER)
+    END;
+-- Each stored row also keeps k, a hash of its key: the merge finds the rows a batch
+-- touches by k alone (reading one integer column, not three), and regroups the rows
+-- found by the whole key, so a row found by a colliding k is merged with itself alone.
+CREATE OR REPLACE MACRO fold_finish_of(rows) AS TABLE
+SELECT * EXCLUDE (d), d AS duration_s, fold_bin(d) AS bin,
+       hash(task_id, attempt, session) AS k
+FROM (
+    SELECT *, coalesce(
+        reported_s,
+        (epoch_us(CASE final_state WHEN 'FAILED' THEN coalesce(failed_at, inferred_at)
+                  ELSE coalesce(finished_at, inferred_at) END)
+            - epoch_us(running_at)) / 1e6) AS d
+    FROM query_table(rows));
 
 -- @macros
 -- fold_partial_of(rows) and fold_merge_of(parts), the partial fold of task rows and the
@@ -55,16 +92,6 @@ DROP TABLE IF EXISTS fold.ends_session_hosts;
 CREATE OR REPLACE TEMP MACRO fold_error_shown(error_key, final_key) AS
     coalesce(error_key >= 36028797018963968 OR final_key // 72057594037927936 = 7, true);
 
--- tasks.sql's duration, kept with each row, and its histogram bin: bins are monotonic in
--- the duration (DuckDB's order: -inf < finite < +inf < NaN), about 0.4% wide, so the
--- summary finds a quantile's bin from counts and reads only that bin's durations.
-CREATE OR REPLACE TEMP MACRO fold_bin(d) AS
-    CASE
-        WHEN d IS NULL THEN NULL
-        WHEN isnan(d) OR d = CAST('infinity' AS DOUBLE) THEN 1000000
-        WHEN d = CAST('-infinity' AS DOUBLE) THEN -1000000
-        ELSE CAST(sign(d) * floor(ln(1 + abs(d) * 1e6) * 256) AS INTEGER)
-    END;
 -- quantile_cont from the order statistics `vals` (rank -> value) of n values, in its
 -- arithmetic: rn = (double) (n - 1) * q, d = rn - floor(rn): lo * (1 - d) + hi * d.
 CREATE OR REPLACE TEMP MACRO fold_rn(n, q) AS CAST(n - 1 AS DOUBLE) * CAST(q AS DOUBLE);
@@ -76,19 +103,6 @@ CREATE OR REPLACE TEMP MACRO fold_quantile(vals, n, q) AS
               + vals[CAST(ceil(fold_rn(n, q)) AS BIGINT)]
                   * (fold_rn(n, q) - floor(fold_rn(n, q)))
     END;
--- Each stored row also keeps k, a hash of its key: the merge finds the rows a batch
--- touches by k alone (reading one integer column, not three), and regroups the rows
--- found by the whole key, so a row found by a colliding k is merged with itself alone.
-CREATE OR REPLACE TEMP MACRO fold_finish_of(rows) AS TABLE
-SELECT * EXCLUDE (d), d AS duration_s, fold_bin(d) AS bin,
-       hash(task_id, attempt, session) AS k
-FROM (
-    SELECT *, coalesce(
-        reported_s,
-        (epoch_us(CASE final_state WHEN 'FAILED' THEN coalesce(failed_at, inferred_at)
-                  ELSE coalesce(finished_at, inferred_at) END)
-            - epoch_us(running_at)) / 1e6) AS d
-    FROM query_table(rows));
 
 -- Summary counts per (dimension, value, bin) of rows with a sign: +1 a row that comes,
 -- -1 one that a merge replaces, so the table is kept by adding deltas. Rows the tasks
@@ -210,10 +224,41 @@ LEFT JOIN fold.timeline AS t
     ON t.second IS NOT DISTINCT FROM n.second AND t.kind IS NOT DISTINCT FROM n.kind;
 DELETE FROM fold.timeline WHERE rowid IN (SELECT r FROM fold_timeline WHERE r IS NOT NULL);
 INSERT INTO fold.timeline SELECT second, kind, events, first_us, last_us FROM fold_timeline;
--- A Ray attempt's owner and executor halves are in two nodes' fragments: merged here
--- (only the attempts in more than one fragment are grouped).
+
+-- @fragments_copied
+-- (S3.) A Ray attempt's owner and executor halves are in two nodes' fragments: merged
+-- here (only the attempts in more than one fragment are grouped), and every attempt is
+-- copied into task_fold.
 CREATE OR REPLACE TEMP VIEW fold_batch_partial AS
 SELECT * FROM fold_merge_split_of('fold_fragment_parts');
+
+-- @fragments_placed
+-- (A local lake.) The fragments stay where they are: only the attempts that must be
+-- merged go into task_fold, those found in two of the batch's fragments (a Ray
+-- attempt's owner and executor halves, on two nodes), and, when task_fold or earlier
+-- fragments hold rows (@fragments_placed_hits), those found there too. The rest stay in
+-- place (fold_once_parts), counted in the summary bins here, once.
+-- Keys are compared by k (grouping one integer cost 0.3 s of 0.5 for 2.7 million rows):
+-- a colliding k only sends an attempt through the merge, which regroups by the key.
+CREATE OR REPLACE TEMP VIEW fold_keyed_parts AS
+SELECT *, hash(task_id, attempt, session) AS k FROM fold_fragment_parts;
+CREATE OR REPLACE TEMP TABLE fold_twice AS
+SELECT k FROM fold_keyed_parts GROUP BY k HAVING count(*) > 1;
+
+-- @fragments_placed_hits
+INSERT INTO fold_twice
+SELECT DISTINCT n.k FROM fold_keyed_parts AS n
+SEMI JOIN (SELECT k FROM fold.task_fold UNION ALL SELECT k FROM fold_placed) AS o USING (k)
+ANTI JOIN fold_twice AS t USING (k);
+
+-- @fragments_placed_split
+CREATE OR REPLACE TEMP VIEW fold_twice_parts AS
+SELECT p.* EXCLUDE (k) FROM fold_keyed_parts AS p SEMI JOIN fold_twice USING (k);
+CREATE OR REPLACE TEMP VIEW fold_batch_partial AS SELECT * FROM fold_merge_of('fold_twice_parts');
+CREATE OR REPLACE TEMP VIEW fold_once_parts AS
+SELECT p.* EXCLUDE (k) FROM fold_keyed_parts AS p ANTI JOIN fold_twice USING (k);
+CREATE OR REPLACE TEMP VIEW fold_signed_placed AS
+SELECT 1 AS sign, * FROM fold_finish_of('fold_once_parts');
 
 -- @fragment_hosts
 -- ends.sql's session hosts from the fragments (the rows fold.py reads for facts are the
@@ -261,10 +306,18 @@ CREATE OR REPLACE TEMP TABLE fold_batch AS SELECT * FROM fold_finish_of('fold_ba
 -- at all when the batch's tasks are all new.
 CREATE OR REPLACE TEMP TABLE fold_hit AS
 SELECT f.rowid AS r FROM fold.task_fold AS f SEMI JOIN fold_batch AS b USING (k);
+-- The rows read in place that the batch touches (none when no fragment is read in place).
+CREATE OR REPLACE TEMP TABLE fold_hit_placed AS
+SELECT p.* FROM fold_placed AS p SEMI JOIN fold_batch AS b USING (k);
 
 -- @merge
 CREATE OR REPLACE TEMP TABLE fold_old AS
 SELECT f.* FROM fold.task_fold AS f SEMI JOIN fold_hit AS h ON f.rowid = h.r;
+-- An in-place row whose key a stored row has is superseded by it (it is neither shown
+-- nor counted), and that stored row is a hit too (same k): left out here. The merged
+-- row goes into task_fold, which supersedes the in-place one from then on.
+INSERT INTO fold_old BY NAME
+SELECT p.* FROM fold_hit_placed AS p ANTI JOIN fold_old AS o USING (task_id, attempt, session);
 -- Only the batch's rows of tasks already stored are merged: a merge of one partial row
 -- is that row (each arg_max kept with its key), so the batch's new tasks pass as they are.
 CREATE OR REPLACE TEMP VIEW fold_parts AS
@@ -296,13 +349,16 @@ CREATE OR REPLACE TEMP VIEW fold_signed AS SELECT 1 AS sign, * FROM fold.task_fo
 -- @bins
 -- The signed rows' counts added to the kept counts, in one pass: the change per bin
 -- (unique per bin) joined to the bin's kept row (unique too), whose rowid is kept so the
--- old row goes by rowid; a bin that reaches 0 goes.
+-- old row goes by rowid; a bin that reaches 0 goes. fold_signed_placed: the rows a batch
+-- of fragments leaves in place (@fragments_placed_split), else none.
+CREATE OR REPLACE TEMP VIEW fold_signed_all AS
+SELECT * FROM fold_signed UNION ALL BY NAME SELECT * FROM fold_signed_placed;
 CREATE OR REPLACE TEMP TABLE fold_bins AS
 SELECT d.dimension, d.value, d.bin, d.tasks + coalesce(b.tasks, 0) AS tasks,
        d.finished + coalesce(b.finished, 0) AS finished,
        d.failed + coalesce(b.failed, 0) AS failed,
        d.durations + coalesce(b.durations, 0) AS durations, b.rowid AS r
-FROM fold_bins_of('fold_signed') AS d LEFT JOIN fold.summary_bins AS b
+FROM fold_bins_of('fold_signed_all') AS d LEFT JOIN fold.summary_bins AS b
     ON b.dimension = d.dimension AND b.value IS NOT DISTINCT FROM d.value
     AND b.bin IS NOT DISTINCT FROM d.bin;
 DELETE FROM fold.summary_bins WHERE rowid IN (SELECT r FROM fold_bins WHERE r IS NOT NULL);
@@ -311,6 +367,13 @@ SELECT dimension, value, bin, tasks, finished, failed, durations FROM fold_bins
 WHERE tasks <> 0;
 
 -- @cleanup
+DROP VIEW IF EXISTS fold_signed_all;
+CREATE OR REPLACE TEMP VIEW fold_signed_placed AS SELECT * FROM fold_empty_signed;
+DROP VIEW IF EXISTS fold_once_parts;
+DROP VIEW IF EXISTS fold_twice_parts;
+DROP VIEW IF EXISTS fold_keyed_parts;
+DROP TABLE IF EXISTS fold_twice;
+DROP TABLE IF EXISTS fold_hit_placed;
 DROP VIEW IF EXISTS fold_kinds;
 DROP VIEW IF EXISTS fold_fragment_parts;
 DROP VIEW IF EXISTS fold_facts_parts;
@@ -336,21 +399,24 @@ DROP TABLE IF EXISTS fold_bins;
 DROP TABLE IF EXISTS fold_wanted;
 DROP VIEW IF EXISTS fold_bins_now;
 DROP TABLE IF EXISTS fold_renamed;
+DROP TABLE IF EXISTS fold_nameless;
+DROP TABLE IF EXISTS fold_ends_now;
 DROP VIEW IF EXISTS fold_ended_signed;
 DROP TABLE IF EXISTS fold_ended;
 
 -- @views
--- task_attempts over the fold: tasks.sql's final SELECT, reading the kept aggregates
+-- task_attempts over the fold (fold_tasks: the stored rows and those read in place):
+-- tasks.sql's final SELECT, reading the kept aggregates
 -- (ends.sql's `tasks` adds the ends evagg infers). The other attempts' names are looked
 -- up only for tasks with a nameless attempt (a window over every row, as tasks.sql has,
 -- would stop filters reaching the scan of task_fold).
 CREATE OR REPLACE VIEW task_attempts AS
 WITH nameless AS (
-    SELECT DISTINCT task_id, session FROM fold.task_fold WHERE name IS NULL
+    SELECT DISTINCT task_id, session FROM fold_tasks WHERE name IS NULL
 ),
 siblings AS (
     SELECT task_id, session, max(name) AS name, max(function) AS function
-    FROM fold.task_fold SEMI JOIN nameless USING (task_id, session)
+    FROM fold_tasks SEMI JOIN nameless USING (task_id, session)
     GROUP BY ALL
 )
 SELECT
@@ -389,7 +455,7 @@ SELECT
     session
 FROM (SELECT *, coalesce(error_key >= 36028797018963968
                           OR final_key // 72057594037927936 = 7, true) AS shown
-      FROM fold.task_fold) AS f
+      FROM fold_tasks) AS f
 LEFT JOIN siblings AS o USING (task_id, session)
 WHERE has_state OR f.name IS NOT NULL;
 
@@ -433,32 +499,36 @@ SELECT second, kind, events, first_us, last_us FROM fold.timeline;
 -- actor's restarted creation task without its definition) and fold_bins_now moves
 -- them from the name they were counted under to the one the view shows.
 -- (An attempt ends.sql ends moves with the state the tasks view shows, its end's.)
-CREATE OR REPLACE TEMP TABLE fold_renamed AS
-WITH nameless AS (
+-- fold_ends_now is task_ends once (fold.py made it for the summary's key): as a table of
+-- known size, a join with it reads the fold's rows only where it has any, where the view
+-- let DuckDB scan every row first (1.2 s of 2.2 with half a million rows read in place).
+-- The nameless attempts are a table first for the same reason: none, no scan for
+-- their siblings.
+CREATE OR REPLACE TEMP TABLE fold_nameless AS
     SELECT task_id, attempt, session, actor_repr,
            coalesce(e.final_state, f.final_state) AS final_state,
            CASE WHEN e.end_at IS NULL THEN f.duration_s
                 ELSE (epoch_us(e.end_at) - epoch_us(f.running_at)) / 1e6 END AS duration_s,
            CASE WHEN e.end_at IS NULL THEN f.bin
                 ELSE fold_bin((epoch_us(e.end_at) - epoch_us(f.running_at)) / 1e6) END AS bin
-    FROM fold.task_fold AS f
-    LEFT JOIN task_ends AS e USING (task_id, attempt, session)
-    WHERE f.name IS NULL AND f.has_state AND NOT fold_is_driver(f.task_type)
-),
-siblings AS (
+    FROM fold_tasks AS f
+    LEFT JOIN fold_ends_now AS e USING (task_id, attempt, session)
+    WHERE f.name IS NULL AND f.has_state AND NOT fold_is_driver(f.task_type);
+CREATE OR REPLACE TEMP TABLE fold_renamed AS
+WITH siblings AS (
     SELECT task_id, session, coalesce(max(name), max(function)) AS sibling_name
-    FROM fold.task_fold SEMI JOIN nameless USING (task_id, session)
+    FROM fold_tasks SEMI JOIN fold_nameless USING (task_id, session)
     GROUP BY ALL
 )
 SELECT n.*, o.sibling_name
-FROM nameless AS n JOIN siblings AS o USING (task_id, session)
+FROM fold_nameless AS n JOIN siblings AS o USING (task_id, session)
 WHERE o.sibling_name IS NOT NULL;
 -- The attempts ends.sql ends, as counted (-1) and as the tasks view shows them (+1).
 CREATE OR REPLACE TEMP TABLE fold_ended AS
 SELECT f.*, e.end_at, e.final_state AS end_state, e.error_type AS end_error_type,
        e.error_message AS end_error_message,
        (epoch_us(e.end_at) - epoch_us(f.running_at)) / 1e6 AS end_duration_s
-FROM fold.task_fold AS f JOIN task_ends AS e
+FROM fold_tasks AS f JOIN fold_ends_now AS e
     ON e.task_id = f.task_id AND e.attempt = f.attempt AND e.session = f.session;
 CREATE OR REPLACE TEMP VIEW fold_ended_signed AS
 SELECT -1 AS sign,
@@ -543,6 +613,14 @@ wanted AS (
 )
 SELECT * FROM wanted;
 
+-- @summary_done
+DROP TABLE IF EXISTS fold_wanted;
+DROP VIEW IF EXISTS fold_bins_now;
+DROP TABLE IF EXISTS fold_renamed;
+DROP TABLE IF EXISTS fold_nameless;
+DROP VIEW IF EXISTS fold_ended_signed;
+DROP TABLE IF EXISTS fold_ended;
+
 -- @summary_table
 CREATE OR REPLACE TABLE fold.summary AS
 WITH groups AS (
@@ -558,7 +636,7 @@ near AS (
                 THEN coalesce(f.error.exception_class, f.error.error_type) END AS error,
            job_key(f.job_id, f.session) AS job, f.node_id, f.duration_s, f.bin,
            fold_is_driver(f.task_type) AS driver
-    FROM fold.task_fold AS f LEFT JOIN fold_renamed AS r USING (task_id, attempt, session)
+    FROM fold_tasks AS f LEFT JOIN fold_renamed AS r USING (task_id, attempt, session)
     ANTI JOIN fold_ended AS x
         ON x.task_id = f.task_id AND x.attempt = f.attempt AND x.session = f.session
     WHERE f.bin IN (@bins) AND (f.has_state OR f.name IS NOT NULL)

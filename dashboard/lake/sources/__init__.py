@@ -15,14 +15,14 @@ import logging
 import duckdb
 
 from dashboard.lake.errors import StoreUnavailable
-from dashboard.lake.sources._base import Relation, Source
+from dashboard.lake.sources._base import Relation, Source, fragments_sql
 from dashboard.lake.sources._httpfs import HttpfsSource
 from dashboard.lake.sources._local import LocalDir, LocalSource
 from dashboard.lake.sources._pyarrow import PyarrowSource
 from dashboard.lake.sources._s3 import S3Prefix
 from sinks.locations import is_s3_url
 
-__all__ = ["ENGINES", "Relation", "Source", "open_source"]
+__all__ = ["ENGINES", "Relation", "Source", "fragments_sql", "open_source"]
 log = logging.getLogger("evagg.dashboard.lake")
 ENGINES = ("auto", "httpfs", "pyarrow")
 

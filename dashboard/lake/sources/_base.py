@@ -42,6 +42,10 @@ class Source(ABC):
 
     engine: str  # "local", "httpfs" or "pyarrow": who reads, as the store describes it
     note: str = ""  # for the user: a fallback that was taken
+    # Whether the task fold reads fragments where they are (`fragments_sql`) on every
+    # query instead of copying them into its cache: cheap on a local disk, a download of
+    # every fragment per query on S3.
+    fragments_in_place: bool = False
 
     @property
     @abstractmethod
@@ -68,8 +72,7 @@ class Source(ABC):
 
     def fragment_relation(self, fragments: Sequence[FileEntry], name: str) -> Relation:
         """The rows of task fragment files (sinks/fragments/), as they are written."""
-        files = ", ".join(sql_literal(self.path(f)) for f in fragments)
-        return Relation(f"read_parquet([{files}], hive_partitioning = false)")
+        return Relation(fragments_sql([self.path(f) for f in fragments]))
 
     def path(self, entry: FileEntry) -> str:
         """The path of a listed file in the form this source's reader opens."""
@@ -83,6 +86,12 @@ class Source(ABC):
             "SELECT value FROM parquet_kv_metadata($path) WHERE key = CAST($key AS BLOB)",
             {"path": self.path(entry), "key": key}).fetchone()
         return bytes(found[0]) if found else None
+
+
+def fragments_sql(paths: Sequence[str]) -> str:
+    """DuckDB's read of task fragment files, by the paths it opens."""
+    files = ", ".join(sql_literal(p) for p in paths)
+    return f"read_parquet([{files}], hive_partitioning = false)"
 
 
 def duckdb_relation(listing: Listing) -> Relation:

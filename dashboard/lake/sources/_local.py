@@ -56,6 +56,7 @@ class LocalSource(Source):
     """DuckDB reads the listed local files."""
 
     engine = "local"
+    fragments_in_place = True
 
     def __init__(self, where: LocalDir) -> None:
         self.where = where
