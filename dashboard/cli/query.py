@@ -191,20 +191,26 @@ def run_query(args: argparse.Namespace) -> int:
                                on_long_fold=_tell)
         store = Store(options)
         try:
-            result = func(store, args)
+            _write(func(store, args), args)
         finally:
+            # after the answer is out: closing may copy task fragments the fold read in
+            # place into its cache (seconds, once per location; docs/queries.md)
             store.close()
     except DashboardError as exc:
         print(f"evagg query: {exc.message}", file=sys.stderr)
         return 2 if isinstance(exc, BadInput) else 1
+    return 0
+
+
+def _write(result: Result, args: argparse.Namespace) -> None:
     if "raw" in result.extra:  # bytes as stored (evagg query logs)
         sys.stdout.flush()
         sys.stdout.buffer.write(result.extra["raw"])
-        return 0
-    sys.stdout.write(render(result, args.fmt or "table"))
-    if "note" in result.extra and (args.fmt or "table") == "table":
-        print(result.extra["note"], file=sys.stderr)  # for people: stdout stays the table
-    return 0
+    else:
+        sys.stdout.write(render(result, args.fmt or "table"))
+        if "note" in result.extra and (args.fmt or "table") == "table":
+            print(result.extra["note"], file=sys.stderr)  # for people: stdout stays the table
+    sys.stdout.flush()
 
 
 def _summary(store: Store, _args: argparse.Namespace) -> Result:

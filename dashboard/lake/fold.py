@@ -375,6 +375,23 @@ class TaskFold:
                            "+ (SELECT count(*) FROM fold_hit_placed)").fetchone()
         cur.execute(self.sql["merge" if hits and hits[0] else "fresh"])
 
+    def persist(self, cur: duckdb.DuckDBPyConnection) -> int:
+        """Copy the rows read in place into the cache table (fold.sql @persist); returns
+        how many fragments were read in place before. Answers do not change."""
+        placed = len(fold_place.placed(cur))
+        if not placed:
+            return 0
+        cur.execute("BEGIN TRANSACTION")
+        try:
+            cur.execute(self.sql["persist"])
+            cur.execute("COMMIT")
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+        fold_place.bind(cur, self.placed_source)
+        log.debug("copied the tasks of %d fragments of %s into its cache", placed, self.key)
+        return placed
+
     def _bump(self, cur: duckdb.DuckDBPyConnection) -> None:
         self.generation += 1
         cur.execute("UPDATE fold.meta SET value = $g WHERE key = 'generation'",

@@ -49,6 +49,10 @@ class StoreOptions:
     cache_dir: str | None = None  # where the fold's cache file lives; None: memory only
     # Told once when the fold is about to read a lot (a first query of a large store).
     on_long_fold: Callable[[str], None] | None = None
+    # A first open answers from task fragments read in place (a local lake); the fold then
+    # copies them into its cache, for later queries: in a thread right after (a
+    # dashboard), else when the store closes (a command, once its answer is out).
+    persist_in_background: bool = False
 
 
 class Store:
@@ -59,6 +63,9 @@ class Store:
         self.location = options.location
         self.note = ""
         self._lock = threading.RLock()
+        self._fold_lock = threading.Lock()  # a fold's writes: a sync, or persisting one
+        self._persister: threading.Thread | None = None
+        self._closed = False
         self._listing: Listing | None = None
         self._listed_at = float("-inf")
         self._built_for: str | None = None
@@ -119,8 +126,11 @@ class Store:
         for attempt in range(2):
             cursor = self._con.cursor()
             try:
-                self.fold.sync(cursor, listing, self._batch_source, self._covers_of,
-                               self._fragment_source)
+                with self._fold_lock:
+                    self.fold.sync(cursor, listing, self._batch_source, self._covers_of,
+                                   self._fragment_source)
+                if self.options.persist_in_background:
+                    self._persist_soon()
                 return listing
             except duckdb.IOException as exc:
                 if attempt:
@@ -261,8 +271,41 @@ class Store:
     def version(self) -> str:
         return self.refresh().fingerprint
 
-    def close(self) -> None:
+    def persist_fold(self) -> int:
+        """Copy the task fragments the fold reads in place into its cache (a no-op when
+        there are none); returns how many there were. Queries meanwhile read them in
+        place; they see the table from its commit on, with the same answers."""
+        if self.fold is None:
+            return 0
         with self._lock:
+            cursor = self._con.cursor()
+        try:
+            with self._fold_lock:
+                return self.fold.persist(cursor)
+        except duckdb.Error as exc:  # a fragment gone: the next sync rebuilds
+            log.warning("copying task fragments into the task cache failed: %s", exc)
+            return 0
+        finally:
+            cursor.close()
+
+    def _persist_soon(self) -> None:
+        if self._persister is not None and self._persister.is_alive():
+            return
+        self._persister = threading.Thread(target=self.persist_fold, daemon=True,
+                                           name="evagg-fold-persist")
+        self._persister.start()
+
+    def close(self) -> None:
+        """Closes the connection; first copies fragments read in place into a cache
+        file, for the next process (memory goes with this one)."""
+        if self._closed:
+            return
+        if self._persister is not None:
+            self._persister.join()
+        if self.fold is not None and self.fold.path is not None:
+            self.persist_fold()
+        with self._lock:
+            self._closed = True
             if self.fold is not None:
                 try:
                     self.fold.close(self._con)

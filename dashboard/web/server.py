@@ -100,7 +100,8 @@ def open_store(args: argparse.Namespace) -> Store:
         raise BadInput("--refresh must be >= 0 and --query-timeout > 0")
     options = StoreOptions(location=location, endpoint_url=args.endpoint_url,
                            region=args.region, engine=args.engine, refresh_s=refresh,
-                           cache_dir=cache_dir(args), on_long_fold=_tell)
+                           cache_dir=cache_dir(args), on_long_fold=_tell,
+                           persist_in_background=True)
     store = Store(options)
     try:
         store.refresh(views=False)  # folds new files; the views wait for a page that needs them
