@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from importlib import resources
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -28,6 +25,7 @@ from dashboard.lake.fold_cache import attach_cache, cache_file, default_cache_di
 from dashboard.lake.fold_files import (
     Cover,
     batches,
+    by_fragment,
     coverage,
     explained,
     held_by_folder,
@@ -35,16 +33,17 @@ from dashboard.lake.fold_files import (
     parent_and_name,
     parse_covers,
 )
+from dashboard.lake.fold_sql import (
+    insert,
+    project,
+    read_sql,
+    sql_sections,
+    task_fold_macros,
+    threads,
+)
 from dashboard.lake.listing import FileEntry, Listing
 from dashboard.lake.views import micros
-from sinks.fragments.dialects import dialect
-from sinks.fragments.task_fold import (
-    FOLD_COLUMNS,
-    merge_select,
-    merge_select_split,
-    partial_select,
-)
-from sinks.parquet.layout import fragment_key
+from sinks.fragments.task_fold import FOLD_COLUMNS
 
 log = logging.getLogger("evagg.dashboard.fold")
 FORMAT = "5"  # bump when the tables change shape
@@ -65,28 +64,6 @@ __all__ = ["Cover", "TaskFold", "cache_file", "default_cache_dir", "parse_covers
 SourceFor = Callable[[duckdb.DuckDBPyConnection, Listing], str]
 FragmentSourceFor = Callable[[duckdb.DuckDBPyConnection, list[FileEntry]], str]
 CoversOf = Callable[[duckdb.DuckDBPyConnection, FileEntry], set[Cover]]
-
-
-def task_fold_macros() -> str:
-    """fold_partial_of, fold_merge_of and fold_merge_split_of, from the one owner of the
-    task fold (the agent writes its task fragments with the same SQL)."""
-    duck = dialect("duckdb")
-    return (f"CREATE OR REPLACE TEMP MACRO fold_partial_of(rows) AS TABLE "
-            f"{partial_select(duck, 'query_table(rows)')};\n"
-            f"CREATE OR REPLACE TEMP MACRO fold_merge_of(parts) AS TABLE "
-            f"{merge_select(duck, 'query_table(parts)')};\n"
-            f"CREATE OR REPLACE TEMP MACRO fold_merge_split_of(parts) AS TABLE "
-            f"{merge_select_split(duck, 'query_table(parts)')};\n")
-
-
-def read_sql(name: str) -> str:
-    return resources.files("dashboard").joinpath("sql", name).read_text("utf-8")
-
-
-def sql_sections(name: str = "fold.sql") -> dict[str, str]:
-    text = read_sql(name)
-    parts = re.split(r"^-- @(\w+)\s*$", text, flags=re.MULTILINE)
-    return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
 
 
 class TaskFold:
@@ -162,7 +139,7 @@ class TaskFold:
         """Start the fold again, keeping the covers read of the listed compacted files."""
         self.rebuilds += 1
         self._reset(cur)
-        _insert(cur, "fold.covers", [(p, n, s) for p in listed if p in known for n, s in known[p]])
+        insert(cur, "fold.covers", [(p, n, s) for p in listed if p in known for n, s in known[p]])
 
     def view_texts(self) -> dict[str, str]:
         """What the store's views.create_views runs in place of tasks.sql and ends.sql:
@@ -193,7 +170,7 @@ class TaskFold:
             if is_compacted(entry) and entry.path not in known:
                 known[entry.path] = covers_of(cur, entry)
                 new_covers += [(entry.path, n, s) for n, s in known[entry.path]]
-        _insert(cur, "fold.covers", new_covers)
+        insert(cur, "fold.covers", new_covers)
         gone = [p for p, size in folded.items() if p not in listed or listed[p].size != size]
         held = held_by_folder(known, listed)
         if gone and not all(explained(p, folded[p], known, held) for p in gone):
@@ -212,24 +189,24 @@ class TaskFold:
         adopted = {f.path for f in fresh if is_compacted(f) and known.get(f.path)
                    and known[f.path] <= covered.get(parent_and_name(f.path)[0], set())}
         todo = [f for f in fresh if f.path not in adopted]
-        by_fragment = _by_fragment(todo, listing, known, covered) if fragment_source_for else {}
-        if self._would_mix(cur, todo, by_fragment):
+        from_fragment = by_fragment(todo, listing, known, covered) if fragment_source_for else {}
+        if self._would_mix(cur, todo, from_fragment):
             log.info("a compacted file of %s must be read whose hour was folded from its "
                      "task fragment: refolding", self.key)
             self._rebuild(cur, listed, known)
             return self.sync(cur, listing, source_for, covers_of, fragment_source_for)
-        self._announce([f for f in todo if f.path not in by_fragment], first=not folded)
+        self._announce([f for f in todo if f.path not in from_fragment], first=not folded)
         self._forget(cur, gone, listed)
         # Every row of an adopted file is folded already: refolding it would change nothing.
-        _insert(cur, "fold.files", [(f.path, f.size) for f in fresh if f.path in adopted])
-        for batch in batches([f for f in todo if f.path in by_fragment]):
+        insert(cur, "fold.files", [(f.path, f.size) for f in fresh if f.path in adopted])
+        for batch in batches([f for f in todo if f.path in from_fragment]):
             self._fold_fragment_batch(cur, Listing(tuple(batch), listing.hive),
-                                      [by_fragment[f.path] for f in batch], source_for,
+                                      [from_fragment[f.path] for f in batch], source_for,
                                       fragment_source_for)
-        for batch in batches([f for f in todo if f.path not in by_fragment]):
+        for batch in batches([f for f in todo if f.path not in from_fragment]):
             self._fold_batch(cur, Listing(tuple(batch), listing.hive), source_for)
         self.folded_files += len(todo)
-        self.fragment_files += len(by_fragment)
+        self.fragment_files += len(from_fragment)
         self.adopted_files += len(adopted)
         if gone or fresh:
             self._bump(cur)
@@ -278,11 +255,11 @@ class TaskFold:
                     source_for: SourceFor) -> None:
         source = source_for(cur, batch)
         present = {row[0] for row in cur.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
-        projection = ", ".join(_project(c, t, c in present) for c, t in COLUMNS.items())
+        projection = ", ".join(project(c, t, c in present) for c, t in COLUMNS.items())
         cur.execute(f"CREATE OR REPLACE TEMP VIEW fold_rows AS SELECT {projection} "
                     f"FROM {source}")
         small = sum(f.size for f in batch.files) < SMALL_BATCH_BYTES
-        with _threads(cur, 1 if small else 0) as before:
+        with threads(cur, 1 if small else 0) as before:
             self.scan_threads = before
             self._fold_rows(cur, batch)
         log.debug("folded %d files of %s", len(batch.files), self.key)
@@ -296,7 +273,7 @@ class TaskFold:
         must be merged are stored (@fragments_placed); else every attempt is copied."""
         source = source_for(cur, batch)
         present = {row[0] for row in cur.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
-        projection = ", ".join(_project(c, t, c in present & FACT_COLUMNS)
+        projection = ", ".join(project(c, t, c in present & FACT_COLUMNS)
                                for c, t in COLUMNS.items())
         cur.execute(f"CREATE OR REPLACE TEMP VIEW fold_rows AS SELECT {projection} "
                     f"FROM {source} WHERE kind IN ({FACT_KINDS})")
@@ -306,7 +283,7 @@ class TaskFold:
         parts = fragment_source_for(cur, fragments)
         cur.execute(f"CREATE OR REPLACE TEMP VIEW fold_fragment_parts AS SELECT * FROM {parts}")
         small = sum(f.size for f in fragments) < SMALL_BATCH_BYTES // 8
-        with _threads(cur, 1 if small else 0) as before:
+        with threads(cur, 1 if small else 0) as before:
             self.scan_threads = before
             in_place = self.placed_source is not None
             cur.execute("BEGIN TRANSACTION")
@@ -318,7 +295,7 @@ class TaskFold:
                 if in_place:
                     cur.execute(self.sql["fragments_placed"])
                     if held:
-                        with _threads(cur, self.scan_threads):  # hashes every held key
+                        with threads(cur, self.scan_threads):  # hashes every held key
                             cur.execute(self.sql["fragments_placed_hits"])
                     cur.execute(self.sql["fragments_placed_split"])
                     fold_place.place(cur, batch.files, fragments)
@@ -326,8 +303,8 @@ class TaskFold:
                     cur.execute(self.sql["fragments_copied"])
                 self._fold_tasks(cur, held)
                 cur.execute(self.sql["bins"])
-                _insert(cur, "fold.files", [(f.path, f.size) for f in batch.files])
-                _insert(cur, "fold.from_fragments", [(f.path,) for f in batch.files])
+                insert(cur, "fold.files", [(f.path, f.size) for f in batch.files])
+                insert(cur, "fold.from_fragments", [(f.path,) for f in batch.files])
                 cur.execute("COMMIT")
             except BaseException:
                 cur.execute("ROLLBACK")
@@ -347,13 +324,13 @@ class TaskFold:
             tasks = _rows_held(cur)
             cur.execute(self.sql["ids"])
             if seen:
-                with _threads(cur, self.scan_threads):  # scans `seen`: every thread helps
+                with threads(cur, self.scan_threads):  # scans `seen`: every thread helps
                     cur.execute(self.sql["counted"])
             cur.execute(self.sql["batch"])
             cur.execute(self.sql["facts"])
             self._fold_tasks(cur, tasks)
             cur.execute(self.sql["bins"])
-            _insert(cur, "fold.files", [(f.path, f.size) for f in batch.files])
+            insert(cur, "fold.files", [(f.path, f.size) for f in batch.files])
             cur.execute("COMMIT")
         except BaseException:
             cur.execute("ROLLBACK")
@@ -369,7 +346,7 @@ class TaskFold:
             cur.execute(self.sql["append"])
             return
         cur.execute(self.sql["merge_batch"])
-        with _threads(cur, self.scan_threads):  # scans task_fold's k (and the placed keys)
+        with threads(cur, self.scan_threads):  # scans task_fold's k (and the placed keys)
             cur.execute(self.sql["hit"])
         hits = cur.execute("SELECT (SELECT count(*) FROM fold_hit) "
                            "+ (SELECT count(*) FROM fold_hit_placed)").fetchone()
@@ -443,23 +420,6 @@ class TaskFold:
                 "in_place": self.placed_source is not None}
 
 
-@contextmanager
-def _threads(cur: duckdb.DuckDBPyConnection, threads: int) -> Iterator[int]:
-    """Run with DuckDB's `threads` at `threads` (0: as it is), then restore it; yields
-    the setting before (0 when left as it is). The setting is the database's: a query
-    on another cursor meanwhile gets it too."""
-    if threads <= 0:
-        yield 0
-        return
-    found = cur.execute("SELECT current_setting('threads')").fetchone()
-    before = int(found[0]) if found else threads
-    cur.execute(f"SET threads = {int(threads)}")
-    try:
-        yield before
-    finally:
-        cur.execute(f"SET threads = {before}")
-
-
 def _rows_held(cur: duckdb.DuckDBPyConnection) -> int:
     """Whether the fold holds task rows, stored or in place (0: none)."""
     found = cur.execute("SELECT (SELECT count(*) FROM fold.task_fold) "
@@ -467,38 +427,3 @@ def _rows_held(cur: duckdb.DuckDBPyConnection) -> int:
     return int(found[0]) if found else 0
 
 
-def _by_fragment(todo: list[FileEntry], listing: Listing, known: dict[str, set[Cover]],
-                 covered: dict[str, set[Cover]]) -> dict[str, FileEntry]:
-    """The compacted files to fold from their task fragments, with their fragment: those
-    whose fragment is listed and none of whose rows the fold has (a fragment is all of
-    an hour's tasks: it cannot be folded in part)."""
-    fragments = {f.relative: f for f in listing.fragments}
-    chosen: dict[str, FileEntry] = {}
-    for entry in todo:
-        if not is_compacted(entry):
-            continue
-        directory, _, name = entry.relative.rpartition("/")
-        fragment = fragments.get(fragment_key(directory, name))
-        folded = known.get(entry.path, set()) & covered.get(parent_and_name(entry.path)[0], set())
-        if fragment is not None and not folded:
-            chosen[entry.path] = fragment
-    return chosen
-
-
-def _project(column: str, duckdb_type: str, present: bool) -> str:
-    """One column of the fold's rows: missing ones as NULL; `time` cast to microseconds
-    (DuckDB 2 reads the Parquet nanoseconds as TIMESTAMPTZ_NS, 1.x as TIMESTAMPTZ)."""
-    if not present:
-        return f"CAST(NULL AS {duckdb_type}) AS {column}"
-    if duckdb_type == "TIMESTAMPTZ":
-        return f"{micros(column)} AS {column}"
-    return column
-
-
-def _insert(cur: duckdb.DuckDBPyConnection, table: str, rows: list[tuple[object, ...]]) -> None:
-    """Insert rows in one statement (executemany runs one statement per row)."""
-    if not rows:
-        return
-    columns = {f"c{i}": list(values) for i, values in enumerate(zip(*rows, strict=True))}
-    cur.execute(f"INSERT INTO {table} SELECT {', '.join(f'unnest(${c})' for c in columns)}",
-                columns)

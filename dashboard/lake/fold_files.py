@@ -3,18 +3,19 @@
 `evagg compact` (sinks/parquet/compact.py) names its files `compacted-...` and records in each
 the (name, size) of the files it replaced; a compacted file whose inputs were all folded
 need not be read, and a folded file that vanished is explained when a compacted file in
-its folder covers it.
+its folder covers it. A compacted file none of whose rows were folded is folded from its
+task fragment where one is listed (`by_fragment`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dashboard.lake.listing import FileEntry
-from sinks.parquet.layout import Cover, is_compacted_name, parse_covers
+from dashboard.lake.listing import FileEntry, Listing
+from sinks.parquet.layout import Cover, fragment_key, is_compacted_name, parse_covers
 
-__all__ = ["Cover", "batches", "coverage", "explained", "held_by_folder", "is_compacted",
-           "parse_covers"]
+__all__ = ["Cover", "batches", "by_fragment", "coverage", "explained", "held_by_folder",
+           "is_compacted", "parse_covers"]
 BATCH_BYTES = 2**30  # fold at most this much Parquet per transaction (bounds memory)
 BATCH_FILES = 10_000
 
@@ -68,3 +69,21 @@ def batches(files: list[FileEntry]) -> Iterator[list[FileEntry]]:
         size += entry.size
     if batch:
         yield batch
+
+
+def by_fragment(todo: list[FileEntry], listing: Listing, known: dict[str, set[Cover]],
+                 covered: dict[str, set[Cover]]) -> dict[str, FileEntry]:
+    """The compacted files to fold from their task fragments, with their fragment: those
+    whose fragment is listed and none of whose rows the fold has (a fragment is all of
+    an hour's tasks: it cannot be folded in part)."""
+    fragments = {f.relative: f for f in listing.fragments}
+    chosen: dict[str, FileEntry] = {}
+    for entry in todo:
+        if not is_compacted(entry):
+            continue
+        directory, _, name = entry.relative.rpartition("/")
+        fragment = fragments.get(fragment_key(directory, name))
+        folded = known.get(entry.path, set()) & covered.get(parent_and_name(entry.path)[0], set())
+        if fragment is not None and not folded:
+            chosen[entry.path] = fragment
+    return chosen

@@ -455,7 +455,7 @@ def test_scans_of_stored_tables_run_on_every_thread_in_a_small_fold(
     cached._con.execute("SET threads = 3")
     during: list[tuple[str, object]] = []  # (the section run last, threads inside)
     spy = spy_sections(cached)
-    threads = fold_module._threads
+    threads = fold_module.threads
 
     @contextmanager
     def watch(cur: duckdb.DuckDBPyConnection, wanted: int) -> Iterator[int]:
@@ -464,7 +464,7 @@ def test_scans_of_stored_tables_run_on_every_thread_in_a_small_fold(
                 "SELECT current_setting('threads')").fetchone()))
             yield before
 
-    monkeypatch.setattr(fold_module, "_threads", watch)
+    monkeypatch.setattr(fold_module, "threads", watch)
     write_in_files(root, random_attempts(random.Random(10), 30, "t"), "threads", 1)
     assert_same(cached, scratch)
     # the batch on one thread; then the check against `seen` (after @ids) and the

@@ -349,7 +349,7 @@ def test_a_job_key_splits_back_into_its_job_and_session() -> None:
     # the name back with split_job_key: the two hold each other
     import duckdb
 
-    from dashboard.lake.fold import read_sql
+    from dashboard.lake.fold_sql import read_sql
     from dashboard.raystate.sessions import split_job_key
 
     con = duckdb.connect()
