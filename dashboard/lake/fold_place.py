@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 import duckdb
 
+from dashboard.lake.fold_sql import insert
 from dashboard.lake.listing import FileEntry, Listing
 
 # SQL reading fragment files (by the paths DuckDB opens) as they are written.
@@ -42,10 +43,8 @@ def place(cur: duckdb.DuckDBPyConnection, files: Sequence[FileEntry],
           fragments: Sequence[FileEntry]) -> None:
     """Record `fragments`, those of the compacted `files`, as read in place (inside the
     batch's transaction)."""
-    rows = [(f.path, f.size, c.path) for c, f in zip(files, fragments, strict=True)]
-    cur.execute("INSERT INTO fold.placed SELECT unnest($f), unnest($s), unnest($p)",
-                {"f": [r[0] for r in rows], "s": [r[1] for r in rows],
-                 "p": [r[2] for r in rows]})
+    insert(cur, "fold.placed",
+           [(f.path, f.size, c.path) for c, f in zip(files, fragments, strict=True)])
 
 
 def bind(cur: duckdb.DuckDBPyConnection, source: PlacedSource | None) -> None:
