@@ -74,6 +74,7 @@ class TaskFold:
         copies them into the cache."""
         self.key = key
         self.placed_source = placed_source
+        self.placed = 0  # fragments read in place now, not copied yet
         self.on_long_fold = on_long_fold
         self.sql = sql_sections()
         self.sql["macros"] = task_fold_macros() + self.sql["macros"]
@@ -97,7 +98,7 @@ class TaskFold:
         try:
             self._prepare(cur)
             self._check_version(cur)
-            fold_place.bind(cur, self.placed_source)
+            self.placed = fold_place.bind(cur, self.placed_source)
         finally:
             cur.close()
 
@@ -132,7 +133,7 @@ class TaskFold:
         cur.execute("INSERT INTO fold.meta VALUES ('version', $v), ('location', $l), "
                     "('generation', $g)",
                     {"v": self.version, "l": self.key, "g": str(self.generation)})
-        fold_place.bind(cur, self.placed_source)
+        self.placed = fold_place.bind(cur, self.placed_source)
 
     def _rebuild(self, cur: duckdb.DuckDBPyConnection, listed: dict[str, FileEntry],
                  known: dict[str, set[Cover]]) -> None:
@@ -312,7 +313,7 @@ class TaskFold:
             finally:
                 cur.execute(self.sql["cleanup"])
         if in_place:  # the views name the fragments: now these too
-            fold_place.bind(cur, self.placed_source)
+            self.placed = fold_place.bind(cur, self.placed_source)
         log.debug("folded %d files of %s from their task fragments", len(batch.files),
                   self.key)
 
@@ -365,7 +366,7 @@ class TaskFold:
         except BaseException:
             cur.execute("ROLLBACK")
             raise
-        fold_place.bind(cur, self.placed_source)
+        self.placed = fold_place.bind(cur, self.placed_source)
         log.debug("copied the tasks of %d fragments of %s into its cache", placed, self.key)
         return placed
 
@@ -417,7 +418,7 @@ class TaskFold:
                 "generation": self.generation, "rebuilds": self.rebuilds,
                 "folded_files": self.folded_files, "adopted_files": self.adopted_files,
                 "fragment_files": self.fragment_files,
-                "in_place": self.placed_source is not None}
+                "in_place": self.placed_source is not None, "placed": self.placed}
 
 
 def _rows_held(cur: duckdb.DuckDBPyConnection) -> int:

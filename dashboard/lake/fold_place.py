@@ -47,15 +47,16 @@ def place(cur: duckdb.DuckDBPyConnection, files: Sequence[FileEntry],
            [(f.path, f.size, c.path) for c, f in zip(files, fragments, strict=True)])
 
 
-def bind(cur: duckdb.DuckDBPyConnection, source: PlacedSource | None) -> None:
-    """(Re)make fold_placed and fold_tasks over the fragments `fold.placed` names. Views
-    of the connection's own database, not temporary: every cursor reads them."""
+def bind(cur: duckdb.DuckDBPyConnection, source: PlacedSource | None) -> int:
+    """(Re)make fold_placed and fold_tasks over the fragments `fold.placed` names; returns
+    how many. Views of the connection's own database, not temporary: every cursor reads
+    them."""
     paths = sorted(placed(cur)) if source is not None else []
     if not paths:
         cur.execute("CREATE OR REPLACE VIEW fold_placed AS "
                     "SELECT * FROM fold.task_fold WHERE false;\n"
                     "CREATE OR REPLACE VIEW fold_tasks AS SELECT * FROM fold.task_fold;")
-        return
+        return 0
     assert source is not None
     cur.execute(f"CREATE OR REPLACE VIEW fold_placed_parts AS SELECT * FROM {source(paths)};\n"
                 "CREATE OR REPLACE VIEW fold_placed AS "
@@ -63,3 +64,4 @@ def bind(cur: duckdb.DuckDBPyConnection, source: PlacedSource | None) -> None:
                 "CREATE OR REPLACE VIEW fold_tasks AS SELECT * FROM fold.task_fold "
                 "UNION ALL BY NAME SELECT p.* FROM fold_placed AS p "
                 "ANTI JOIN fold.task_fold AS s USING (task_id, attempt, session);")
+    return len(paths)

@@ -129,7 +129,7 @@ class Store:
                 with self._fold_lock:
                     self.fold.sync(cursor, listing, self._batch_source, self._covers_of,
                                    self._fragment_source)
-                if self.options.persist_in_background:
+                if self.options.persist_in_background and self.fold.placed:
                     self._persist_soon()
                 return listing
             except duckdb.IOException as exc:
@@ -302,7 +302,7 @@ class Store:
             return
         if self._persister is not None:
             self._persister.join()
-        if self.fold is not None and self.fold.path is not None:
+        if self.fold is not None and self.fold.path is not None and self.fold.placed:
             self.persist_fold()
         with self._lock:
             self._closed = True
