@@ -1,12 +1,15 @@
-"""The task fragments the fold reads where they are (a local lake), not copied.
+"""The task fragments the fold reads where they are (a local lake) until it copies them.
 
 Copying a day's fragments into the cache table was most of a first open (4 of 6 s for
 10 million events: materializing 2.7 million rows), where reading them in place costs a
-scan. So on a local lake a fragment's attempts stay in its file, named in `fold.placed`;
-`fold.task_fold` keeps only the attempts that had to be merged (dashboard/sql/fold.sql,
-@fragments_placed), and every reader of the fold reads the view `fold_tasks`: the stored
-rows, and the in-place rows whose key no stored row has (a stored row is their merge
-with whatever else touched the attempt, so it supersedes them).
+scan. So on a local lake a first open leaves a fragment's attempts in its file, named in
+`fold.placed`; `fold.task_fold` keeps only the attempts that had to be merged
+(dashboard/sql/fold.sql, @fragments_placed), and every reader of the fold reads the view
+`fold_tasks`: the stored rows, and the in-place rows whose key no stored row has (a
+stored row is their merge with whatever else touched the attempt, so it supersedes
+them). Read in place on every query, though, they made later queries 1.4-1.7x slower:
+once the first answer is out the fold copies them into the table (`TaskFold.persist`,
+@persist; the store decides when) and the views read the table alone again.
 
 DuckDB's read_parquet takes its file list when a view is bound, so the views here name
 the fragments and are made again whenever `fold.placed` changes (`bind`). A fragment
