@@ -109,6 +109,8 @@ class StatusReport:
     # rate of 0 right after one test event does not say whether it arrived; this does
     received_total: float = 0.0
     spool_blocked: bool = False  # new events wait for room (when_full = "block")
+    # while the spool's appends fail (a full disk before the cap): the error's name -> since
+    spool_write_failing: dict[str, float] = field(default_factory=dict)
     draining: bool = False  # the agent is stopping
     # when the last reload (SIGHUP) was refused, while the sinks before it still run
     reload_refused_at: float | None = None
@@ -130,6 +132,10 @@ class StatusReport:
         if self.spool_blocked:
             lines.append("           full: new events wait for room (when_full = \"block\"); "
                          "producers buffer, HTTP senders get 503, until the sinks deliver")
+        for reason, since in sorted(self.spool_write_failing.items()):
+            lines.append(f"           cannot write ({reason}) since {utc_clock(since)}: new "
+                         "events are refused and producers send them again later; free "
+                         "space on the spool's disk (the state directory)")
         if self.draining:
             lines.append("agent      stopping: delivering what is spooled before it exits")
         for sink in sorted(set(self.lag_events) | set(self.delivered_per_s)):
@@ -153,7 +159,7 @@ class StatusReport:
         """Every loss /metrics counts, by whom and why: a producer's drops are as lost
         as the agent's, and after an incident they are the ones to explain."""
         total = sum(self.dropped.values()) + sum(self.producer_dropped.values())
-        if not total and self.spool_blocked:
+        if not total and (self.spool_blocked or self.spool_write_failing):
             # producers buffer, then drop, and report it in frames that wait for room too
             return ["lost       none counted yet: while the spool is full, producers that run "
                     "out of buffer drop events, and their reports of it wait for room"]
@@ -263,6 +269,8 @@ def format_status(first: dict[str, float], second: dict[str, float],
         header_files_unusable=_by_label(second, "evagg_sink_header_files_unusable", "sink"),
         reload_refused_at=second.get("evagg_config_reload_refused_timestamp_seconds"),
         spool_blocked=bool(second.get("evagg_spool_blocked", 0.0)),
+        spool_write_failing=_by_label(
+            second, "evagg_spool_write_failing_since_timestamp_seconds", "reason"),
         draining=bool(second.get("evagg_draining", 0.0)),
         received_total=sum(v for route, v in _by_label(
             second, "evagg_received_events_total", "route").items() if route != "agent"),

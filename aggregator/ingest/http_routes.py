@@ -270,6 +270,8 @@ class HttpApi:
             return web.Response(status=503, text="draining\n")
         if self.ingestor.spool.blocked:  # when_full = "block": new events wait for room
             return web.Response(status=503, text="spool full: new events wait for room\n")
+        if (failure := self.ingestor.spool.write_failure) is not None:  # a full disk
+            return web.Response(status=503, text=failure.says() + "\n")
         return web.Response(text="ready\n")
 
     async def get_tail(self, request: web.Request) -> web.StreamResponse:

@@ -34,6 +34,7 @@ from aggregator.spool._state import (
     lock_directory,
     remove_temp_files,
 )
+from aggregator.spool._write_health import WriteFailure, WriteHealth
 from emitters.wire import NO_SESSION, SESSION_BYTES
 from sinks.records import SpoolRecord
 
@@ -109,10 +110,16 @@ class Spool:
         self._state = "new"
         self._refused_size = 0  # the last record refused for want of room (block)
         self._words = FullSpoolWords()  # what the log says of a full spool
+        self._health = WriteHealth()  # whether appends fail now (a full disk)
 
     @property
     def bytes_used(self) -> int:
         return self._log.bytes_used
+
+    @property
+    def write_failure(self) -> WriteFailure | None:
+        """Why appends fail now, and since when; None while they succeed."""
+        return self._health.failure
 
     @property
     def first_offset(self) -> int:
@@ -182,13 +189,18 @@ class Spool:
             if self.fsync == "always":
                 await self._log.sync_through(stored)
             return AppendResult(None, True)
-        offset = self._log.write(payload, count, received_ns, session, seq)
-        if seq > 0 and session != NO_SESSION:
-            self._marks.note(session, seq, offset, received_ns)
-        self.counters.appended_records += 1
-        self.counters.appended_events += count
-        if self.fsync == "always":
-            await self._log.sync_through(offset)
+        try:  # a full disk (before the cap) or a broken one: the caller gets the OSError
+            offset = self._log.write(payload, count, received_ns, session, seq)
+            if seq > 0 and session != NO_SESSION:
+                self._marks.note(session, seq, offset, received_ns)
+            self.counters.appended_records += 1
+            self.counters.appended_events += count
+            if self.fsync == "always":
+                await self._log.sync_through(offset)
+        except OSError as exc:
+            self._health.failed(exc)
+            raise
+        self._health.succeeded()
         return AppendResult(offset, False)
 
     def has(self, session: bytes, seq: int) -> bool:

@@ -176,6 +176,7 @@ def firing_cases(scraped: dict[str, list[Labels]]) -> dict[str, Callable[[], Cas
     worker = {"worker": "http", "type": "RuntimeError"}
     ray_log = {"reason": "ray_log_missing"}
     publish = {"sink": "lake", "type": "parquet", "reason": "s3_access_denied"}
+    disk_full = {"reason": "ENOSPC"}  # present only while appends fail: labels as documented
 
     def slow_buckets() -> list[tuple[str, Labels, str]]:
         # Every op in (30, 60] s: the p95 lands between those bounds, over 30.
@@ -195,6 +196,10 @@ def firing_cases(scraped: dict[str, list[Labels]]) -> dict[str, Callable[[], Cas
                                      ("evagg_spool_max_bytes",
                                       one(scraped, "evagg_spool_max_bytes"), "1000x10")],
             "10m", [dict(INSTANCE)]),
+        "EvaggSpoolCannotWrite": lambda: Case(
+            "EvaggSpoolCannotWrite",
+            [("evagg_spool_write_failing_since_timestamp_seconds", disk_full,
+              "_x2 1796656638x10")], "8m", [_plain(disk_full)]),
         "EvaggSinkPermanentError": lambda: Case(
             "EvaggSinkPermanentError",
             [("evagg_sink_permanent_error", one(scraped, "evagg_sink_permanent_error",

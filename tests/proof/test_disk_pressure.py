@@ -8,10 +8,7 @@ filesystem itself full before the byte cap (ENOSPC): the agent must not crash.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,6 +27,7 @@ from tests.proof import (
     wait_caught_up,
     wait_until,
 )
+from tests.proof.disk import filesystem_full, fill, post_events
 from tests.sinks.server_thread import ServerThread
 
 FS_SIZE = "32m"
@@ -252,14 +250,14 @@ def test_filesystem_full_before_the_cap_keeps_the_agent_serving(
     receiver.stop()
     # Something else on the disk leaves the spool 6 MiB, far below its 1 GiB cap: appends
     # meet ENOSPC first.
-    _fill(small_state / "state" / "other-use", leave=6 * 2**20)
+    fill(small_state / "state" / "other-use", leave=6 * 2**20)
     agent = pressured_agent(small_state, receiver, 'max_bytes = "1GiB"\nwhen_full = "block"')
     agent.start()
     try:
         producers = run_producers(agent)
         counts, procs = producers.counts, producers.procs
         watch_while_filling(agent, until_emitted(
-            producers, lambda: _filesystem_full(small_state / "state")), 2**30)
+            producers, lambda: filesystem_full(small_state / "state")), 2**30)
         assert agent.running, agent.log()[-3000:]
         assert metric_where(agent, "evagg_bad_input_total", route="socket",
                             reason="spool_write_failed") > 0
@@ -281,27 +279,3 @@ def test_filesystem_full_before_the_cap_keeps_the_agent_serving(
     for prefix, count in counts.items():
         got = {t for t in received if t.startswith(f"{prefix}-")}
         assert len(got) + dropped[prefix] == count, (prefix, len(got), dropped[prefix])
-
-
-def post_events(agent: AgentProcess, body: bytes) -> tuple[int, str | None]:
-    request = urllib.request.Request(f"{agent.http_url}/v1/events", data=body, method="POST",
-                                     headers={"Content-Type": "application/x-ndjson"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            return int(answer.status), answer.headers.get("Retry-After")
-    except urllib.error.HTTPError as error:
-        return int(error.code), error.headers.get("Retry-After")
-
-
-def _free_bytes(path: Path) -> int:
-    stats = os.statvfs(path)
-    return stats.f_bavail * stats.f_frsize
-
-
-def _filesystem_full(path: Path) -> bool:
-    return _free_bytes(path) < 2**20
-
-
-def _fill(path: Path, leave: int) -> None:
-    with path.open("wb") as filler:
-        filler.write(bytes(_free_bytes(path.parent) - leave))

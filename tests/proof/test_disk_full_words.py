@@ -1,0 +1,79 @@
+"""The spool's disk fills before the spool's cap: what an on-call sees.
+
+The spool's own numbers (its bytes of a 1 GiB cap) look healthy while every append fails,
+so /readyz, /metrics and `evagg status` must say that the disk is the trouble, and stop
+saying so once space returns and an append succeeds.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.agentproc import AgentProcess
+from tests.commands import evagg
+from tests.proof import metric_where, wait_until
+from tests.proof.disk import filesystem_full, fill, post_events
+from tests.sinks.server_thread import ServerThread
+
+FAILING = "evagg_spool_write_failing_since_timestamp_seconds"
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MiB tmpfs under the agent's state dir, almost all of it taken by another file."""
+    workdir = tmp_path / "agent"
+    state = workdir / "state"
+    state.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(state)], check=True)
+    yield workdir
+    if subprocess.run(["umount", str(state)], check=False).returncode != 0:
+        subprocess.run(["umount", "-l", str(state)], check=True)  # an agent still holds it
+
+
+def readyz(agent: AgentProcess) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"{agent.http_url}/readyz", timeout=10) as answer:
+            return int(answer.status), answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return int(error.code), error.read().decode()
+
+
+def status_text(agent: AgentProcess) -> str:
+    done = evagg("status", "--url", agent.http_url, "--interval", "0.2")
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_full_disk_is_named_by_readyz_metrics_and_status(small_disk: Path) -> None:
+    receiver = ServerThread().start()
+    receiver.stop()  # the sink is down, so nothing the spool holds is freed
+    sinks = (f'[[sinks]]\nname = "collector"\ntype = "http"\nurl = "{receiver.url}"\n'
+             'retry_max_backoff = "2s"\n')
+    agent = AgentProcess(small_disk, sinks_toml=sinks, spool_toml='max_bytes = "1GiB"')
+    agent.start()
+    filler = small_disk / "state" / "other-use"
+    try:
+        assert readyz(agent)[0] == 200
+        fill(filler, leave=2 * 2**20)
+        body = b'{"kind": "op", "name": "while-full", "pad": "' + b"x" * 300 + b'"}\n'
+        wait_until(lambda: post_events(agent, body * 2000)[0] == 503
+                   and filesystem_full(small_disk / "state"), 60, "the disk to fill")
+        code, words = readyz(agent)
+        assert code == 503 and "No space left on device" in words, (code, words)
+        assert metric_where(agent, FAILING, reason="ENOSPC") > 0
+        status = status_text(agent)
+        assert "cannot write (ENOSPC) since" in status and "free space" in status, status
+        filler.unlink()  # space returns: once appends succeed and none fails, words go
+        assert post_events(agent, body)[0] == 200
+        wait_until(lambda: readyz(agent)[0] == 200, 60, "/readyz to say ready again")
+        assert FAILING not in agent.metrics()
+        assert "cannot write" not in status_text(agent)
+    finally:
+        agent.kill()
+        receiver.close()
