@@ -17,6 +17,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from aggregator.delivery.flaps import FlapWords
 from aggregator.log_format import utc_clock
 from aggregator.metrics import AgentMetrics
 from aggregator.spool import RecordScreen, Spool
@@ -66,6 +67,7 @@ class SinkConsumer:
         self._finishing = False  # a reload replaces the sink: flush once, then stop
         self._drain_ends: float | None = None  # monotonic deadline of the drain, if known
         self._said_down_while_draining = False
+        self._flaps = FlapWords()  # which failures and recoveries the log says
         # A sample from the start, so a dashboard shows a healthy sink as 0, not "No data".
         metrics.sink_permanent_error.set(0, sink=sink.name)
 
@@ -155,7 +157,7 @@ class SinkConsumer:
             self.state.last_success_ns = time.time_ns()
         elif not result.peer_ok:
             return  # buffered, not delivered: says nothing about the peer's health
-        if self.state.failures_in_a_row:
+        if self.state.failures_in_a_row and self._flaps.say_recovery(time.monotonic()):
             down_s = (time.time_ns() - self.state.failing_since_ns) / 1e9 \
                 if self.state.failing_since_ns else 0.0
             log.info("sink %s recovered after %d failed attempts over %.0fs; %s events to "
@@ -190,11 +192,15 @@ class SinkConsumer:
             delay = min(delay, DRAIN_RETRY_S)  # the drain deadline is short: try more often
         self._mark_failing(kind, delay)
         now = time.monotonic()
-        if first_of_kind:  # once per change of kind: a sink that stays down does not flood
-            log.warning("sink %s failed (%s) delivering to %s: %s; next retry %s%s",
+        # once per change of kind (a sink that stays down does not flood), and flaps of an
+        # endpoint that fails some requests once a minute at most (flaps.py)
+        extra = self._flaps.say_failure(now, first_of_kind=first_of_kind,
+                                        attempts=state.failures_in_a_row)
+        if extra is not None:
+            log.warning("sink %s failed (%s) delivering to %s: %s; next retry %s%s%s",
                         self.name, kind, self.sink.describe(), result.error,
                         f"in {delay:.1f}s" if delay >= 0.05 else "at once",
-                        PERMANENT_HINT if result.permanent else "")
+                        PERMANENT_HINT if result.permanent else "", extra)
             state.reminded_at = now
         elif now - state.reminded_at >= STILL_FAILING_EVERY_S:
             # and a line now and then while it stays down, so that a window of the log
