@@ -35,6 +35,7 @@ from aggregator.spool._state import (
     remove_temp_files,
 )
 from aggregator.spool._write_health import WriteFailure, WriteHealth
+from emitters.ratelimit import RateLimitedLog
 from emitters.wire import NO_SESSION, SESSION_BYTES
 from sinks.records import SpoolRecord
 
@@ -111,6 +112,7 @@ class Spool:
         self._refused_size = 0  # the last record refused for want of room (block)
         self._words = FullSpoolWords()  # what the log says of a full spool
         self._health = WriteHealth()  # whether appends fail now (a full disk)
+        self._full_disk_log = RateLimitedLog(log)  # cursors a full disk keeps in memory
 
     @property
     def bytes_used(self) -> int:
@@ -348,7 +350,19 @@ class Spool:
             log.warning("disk full: segment unlinks still under way after %gs",
                         FULL_DISK_UNLINK_WAIT_S)
         self._delete_passed(keep_marks_on_failure=False, background=False)
-        self._cursors.save(sink, next_offset)
+        try:
+            self._cursors.save(sink, next_offset)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            # Nothing could be freed (what the disk holds is still needed, or lies in the
+            # segment being written). The sink did deliver: failing its delivery would
+            # only send the same events again. The cursor holds in memory and the next
+            # commit saves it; a crash before then resends what it covers.
+            self._full_disk_log.log(
+                logging.WARNING, "cursor", "disk full: the cursor of sink %s is kept in "
+                "memory until the disk has room (a crash before then sends what it has "
+                "delivered since again); free space on the spool's disk", sink)
 
     def register_sinks(self, names: Iterable[str]) -> None:
         """The configured sinks: from now on only their cursors hold segments back."""

@@ -2,7 +2,8 @@
 
 The spool's own numbers (its bytes of a 1 GiB cap) look healthy while every append fails,
 so /readyz, /metrics and `evagg status` must say that the disk is the trouble, and stop
-saying so once space returns and an append succeeds.
+saying so once space returns and an append succeeds. A sink that delivered but whose
+cursor finds no room has not failed.
 """
 
 from __future__ import annotations
@@ -74,6 +75,35 @@ def test_a_full_disk_is_named_by_readyz_metrics_and_status(small_disk: Path) -> 
         wait_until(lambda: readyz(agent)[0] == 200, 60, "/readyz to say ready again")
         assert FAILING not in agent.metrics()
         assert "cannot write" not in status_text(agent)
+    finally:
+        agent.kill()
+        receiver.close()
+
+
+def test_a_cursor_the_full_disk_cannot_take_does_not_fail_the_sink(small_disk: Path) -> None:
+    """The spool filled the disk itself (one segment, everything in it): the sink delivers
+    it all, but its cursor file finds no room. That is no failed delivery: the sink stays
+    `ok` and its cursor waits in memory for room."""
+    receiver = ServerThread().start()
+    receiver.answer_always(503)
+    sinks = (f'[[sinks]]\nname = "collector"\ntype = "http"\nurl = "{receiver.url}"\n'
+             'retry_max_backoff = "1s"\n')
+    agent = AgentProcess(small_disk, sinks_toml=sinks, spool_toml='max_bytes = "1GiB"')
+    agent.start()
+    filler = small_disk / "state" / "other-use"
+    try:
+        fill(filler, leave=3 * 2**20)
+        body = b'{"kind": "op", "name": "while-full", "pad": "' + b"x" * 300 + b'"}\n'
+        wait_until(lambda: post_events(agent, body * 500)[0] == 503
+                   and filesystem_full(small_disk / "state"), 60, "the disk to fill")
+        receiver.answer_always(200)
+        wait_until(lambda: metric_where(agent, "evagg_sink_lag_events", sink="collector") == 0,
+                   60, lambda: f"the sink to deliver:\n{agent.log()[-3000:]}")
+        line = next(line for line in status_text(agent).splitlines()
+                    if line.startswith("sink collector"))
+        assert line.endswith("  ok"), line
+        assert metric_where(agent, "evagg_worker_errors_total", worker="sink:collector") == 0
+        assert "is kept in memory until the disk has room" in agent.log()
     finally:
         agent.kill()
         receiver.close()
