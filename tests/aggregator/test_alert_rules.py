@@ -200,6 +200,10 @@ def firing_cases(scraped: dict[str, list[Labels]]) -> dict[str, Callable[[], Cas
             "EvaggSpoolCannotWrite",
             [("evagg_spool_write_failing_since_timestamp_seconds", disk_full,
               "_x2 1796656638x10")], "8m", [_plain(disk_full)]),
+        "EvaggReloadRefused": lambda: Case(
+            "EvaggReloadRefused",  # present only after a refused reload
+            [("evagg_config_reload_refused_timestamp_seconds", {}, "_x2 1796656638x10")],
+            "9m", [dict(INSTANCE)]),
         "EvaggSinkPermanentError": lambda: Case(
             "EvaggSinkPermanentError",
             [("evagg_sink_permanent_error", one(scraped, "evagg_sink_permanent_error",
