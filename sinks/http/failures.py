@@ -107,8 +107,13 @@ def failure_for_error(exc: TimeoutError | aiohttp.ClientError, timeout_s: float
                     "tls_ca_file = \"<its CA's PEM>\"")
         return "tls_errors", SinkResult.failure(
             f"TLS handshake failed: {reason}{hint}", "tls", permanent=True)
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return "connect_errors", SinkResult.failure(
+            f"cannot reach the endpoint: {_no_answer_reason(exc)}", "connect")
+    # Connected, then the connection broke before an answer: the endpoint (or a balancer
+    # before it) is the one to look at, not the network or DNS.
     return "connect_errors", SinkResult.failure(
-        f"cannot reach the endpoint: {_no_answer_reason(exc)}", "connect")
+        f"the connection broke before an answer: {_no_answer_reason(exc)}", "connect")
 
 
 def _no_answer_reason(exc: aiohttp.ClientError) -> str:

@@ -55,3 +55,24 @@ def test_https_to_a_plain_http_endpoint_says_to_try_http(
     assert counter == "tls_errors" and result.permanent
     assert result.error == ("TLS handshake failed: WRONG_VERSION_NUMBER; the endpoint may "
                             "speak plain HTTP: try http://")
+
+
+def test_a_reset_after_the_request_is_not_called_unreachable(
+        servers: Callable[..., ServerThread]) -> None:
+    # The endpoint took the connection and the body, then dropped it: the network and DNS
+    # are fine, so "cannot reach the endpoint" would send the on-call the wrong way.
+    endpoint = servers()
+    endpoint.do(lambda: endpoint.server.reset_after_store(1))
+    async def reset() -> aiohttp.ClientError:
+        async with aiohttp.ClientSession() as session:
+            try:
+                await session.post(endpoint.url, data=b'{"kind": "op"}\n',
+                                   headers={"Content-Type": "application/x-ndjson"})
+            except aiohttp.ClientError as exc:
+                return exc
+        raise AssertionError("the endpoint answered")
+
+    counter, result = failure_for_error(asyncio.run(reset()), 10.0)
+    assert counter == "connect_errors" and result.error_kind == "connect"
+    assert result.error is not None
+    assert result.error.startswith("the connection broke before an answer: "), result.error
