@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from aggregator.config.disk import spool_disk_warnings
 from aggregator.config.files import WatchedFiles, files_warnings, parse_files
 from aggregator.config.sinks import SinkConfig, default_sink, parse_sinks
 from aggregator.config.values import (
@@ -358,6 +359,7 @@ def config_warnings(config: AgentConfig) -> list[str]:
                         f"at {RAY_EXPORT_DELAY_S:g}s or more, or Ray's own end may come after "
                         "evagg inferred one")
     warnings.extend(files_warnings(config.files, [sink.type for sink in config.sinks]))
+    warnings.extend(spool_disk_warnings(config.state_dir, config.spool_max_bytes))
     warnings.extend(token_file_warnings(config))
     warnings.extend(url_warnings(config))
     host = config.http_listen.rpartition(":")[0].strip("[]")

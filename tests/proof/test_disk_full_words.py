@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.agentproc import AgentProcess
-from tests.commands import evagg
+from tests.commands import check_config, evagg
 from tests.proof import metric_where, wait_until
 from tests.proof.disk import filesystem_full, fill, post_events
 from tests.sinks.server_thread import ServerThread
@@ -107,3 +107,18 @@ def test_a_cursor_the_full_disk_cannot_take_does_not_fail_the_sink(small_disk: P
     finally:
         agent.kill()
         receiver.close()
+
+
+def test_a_spool_cap_larger_than_its_disk_is_a_warning(small_disk: Path) -> None:
+    """The default cap (4GiB) on a 16 MiB disk: check-config and the agent's start say it
+    before the disk fills, with the number to set."""
+    agent = AgentProcess(small_disk, spool_toml='max_bytes = "4GiB"')
+    done = check_config("--config", str(agent.config_path), "--offline")
+    said = "spool.max_bytes: 4GiB is more than the whole filesystem of agent.state_dir"
+    assert done.returncode == 0 and said in done.stderr, done.stderr
+    assert "set spool.max_bytes to at most 12MiB" in done.stderr, done.stderr
+    agent.start()
+    try:
+        assert said in agent.log()
+    finally:
+        agent.stop()

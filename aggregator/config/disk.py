@@ -1,0 +1,32 @@
+"""The spool's cap against the filesystem it lives on.
+
+A cap larger than the whole filesystem of the state directory is never reached: the disk
+fills first, every new event is refused, and when every record lies in the segment being
+written (a disk smaller than a segment), no delivery can free any of it. `check-config`
+and the agent's start say so while it is still a one-line fix.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sinks.units import size_text
+
+
+def spool_disk_warnings(state_dir: Path, max_bytes: int) -> list[str]:
+    existing = state_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        stats = os.statvfs(existing)
+    except OSError:
+        return []  # a state_dir the agent cannot reach is state_dir_problems' to name
+    size = stats.f_blocks * stats.f_frsize
+    if not size or max_bytes <= size:
+        return []
+    room = max(size * 8 // 10 // 2**20, 1) * 2**20  # four fifths, in whole MiB
+    return [f"spool.max_bytes: {size_text(max_bytes)} is more than the whole filesystem of "
+            f"agent.state_dir ({state_dir}: {size_text(size)}): the disk fills before the "
+            "cap, and then every new event is refused; set spool.max_bytes to at most "
+            f"{size_text(room)}, or move state_dir to a larger disk"]
