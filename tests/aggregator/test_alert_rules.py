@@ -190,6 +190,10 @@ def firing_cases(scraped: dict[str, list[Labels]]) -> dict[str, Callable[[], Cas
         "EvaggSinkLagGrowing": lambda: Case(
             "EvaggSinkLagGrowing", [("evagg_sink_lag_events", lake, "0+1000x40")], "35m",
             [_plain(lake)]),
+        "EvaggSinkNotDelivering": lambda: Case(
+            "EvaggSinkNotDelivering",  # a quiet node: 3 events waiting, none delivered
+            [("evagg_sink_last_delivery_timestamp_seconds", lake, "60x40"),
+             ("evagg_sink_lag_events", lake, "3x40")], "30m", [_plain(lake)]),
         "EvaggSpoolNearlyFull": lambda: Case(
             "EvaggSpoolNearlyFull", [("evagg_spool_bytes", one(scraped, "evagg_spool_bytes"),
                                       "900x10"),
@@ -277,7 +281,11 @@ def test_no_rule_fires_on_a_healthy_agent(
     steady: list[tuple[str, Labels, str]] = [("up", {}, "1x40")]
     for name, label_sets in scraped.items():
         steady += [(name, labels, "7x40") for labels in label_sets
-                   if not name.startswith(("evagg_sink_permanent_error", "evagg_spool_"))]
+                   if not name.startswith(("evagg_sink_permanent_error", "evagg_spool_",
+                                           "evagg_sink_last_delivery_"))]
+    # a healthy sink delivers as time goes: its last delivery keeps up with the clock
+    steady += [("evagg_sink_last_delivery_timestamp_seconds", labels, "0+60x40")
+               for labels in scraped["evagg_sink_last_delivery_timestamp_seconds"]]
     steady += [("evagg_sink_permanent_error", one(scraped, "evagg_sink_permanent_error"),
                 "0x40"), ("evagg_spool_bytes", {}, "10x40"),
                ("evagg_spool_max_bytes", {}, "1000x40")]
