@@ -61,12 +61,10 @@ class AgentGauges:
         ]
         out += [("evagg_spool_totals", SPOOL_COUNTER_HELP, {"total": counter}, float(count))
                 for counter, count in self.spool.counters.items()]
-        failure = self.spool.write_failure
-        if failure is not None:  # only while appends fail: alerts fire on its presence
-            out.append(("evagg_spool_write_failing_since_timestamp_seconds",
-                        "While the spool's appends fail (a full disk): since when, by the "
-                        "error's name (ENOSPC, EDQUOT, EROFS, EIO).",
-                        {"reason": failure.reason}, failure.since))
+        failing = self.metrics.spool_write_failing_since
+        failing.clear()
+        if (failure := self.spool.write_failure) is not None:  # alerts fire on its presence
+            failing.set(failure.since, reason=failure.reason)
         return out
 
     def _delivery_samples(self, name: str, consumer: SinkConsumer) -> list[Sample]:

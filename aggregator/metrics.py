@@ -87,13 +87,14 @@ class Registry:
 
     def render(self) -> str:
         lines: list[str] = []
+        sampled = self._sampled()  # first: a source may set a family's value for this render
         for family in self._families.values():
             lines.append(f"# HELP {family.name} {family.help}")
             lines.append(f"# TYPE {family.name} {family.type}")
             for labels, value in sorted(family.values.items()):
                 lines.append(f"{_series(family.name, labels)} {_number(value)}")
         seen: set[str] = set()
-        for name, help, sample_labels, value in self._sampled():
+        for name, help, sample_labels, value in sampled:
             if name not in seen:  # a sampled *_total only ever grows: a counter
                 lines.append(f"# HELP {name} {help}")
                 lines.append(f"# TYPE {name} {'counter' if name.endswith('_total') else 'gauge'}")
@@ -210,6 +211,14 @@ class AgentMetrics:
             "evagg_sink_failing_since_timestamp_seconds",
             "When a failing sink's run of failed attempts began, by sink and the kind of "
             "its last failure.",
+        )
+        # Present only while the spool's appends fail (a full disk); set at each render
+        # from the spool's own fact (aggregator/gauges.py), declared here so that its
+        # name is on /metrics before the first failure.
+        self.spool_write_failing_since = r.gauge(
+            "evagg_spool_write_failing_since_timestamp_seconds",
+            "While the spool's appends fail (a full disk): since when, by the error's name "
+            "(ENOSPC, EDQUOT, EROFS, EIO).",
         )
         self.sink_next_retry = r.gauge(
             "evagg_sink_next_retry_timestamp_seconds",
