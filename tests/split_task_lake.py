@@ -100,3 +100,14 @@ def write_lake(lake: Path, rows: list[dict[str, Any]]) -> None:
 
 def split_lake_rows() -> list[dict[str, Any]]:
     return ray_rows() + evagg_rows()
+
+
+def write_merged_lake(lake: Path) -> Path:
+    """The split lake as the agent's hour merges leave it: compacted files and their task
+    fragments."""
+    from sinks.parquet.compact import run_compact
+
+    write_lake(lake, split_lake_rows())
+    report = run_compact(str(lake), grace_s=0.0)
+    assert not report.errors, report.errors
+    return lake

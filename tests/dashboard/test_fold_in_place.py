@@ -18,23 +18,18 @@ import pytest
 
 from aggregator.decode.normalize import Stamp, rows_to_batch
 from dashboard.lake.store import Store, StoreOptions
-from sinks.parquet.compact import run_compact
 from sinks.parquet.layout import TASKS_ROOT, object_key
 from sinks.parquet.writer import open_writer, written_schema
 from sinks.schema import EVENT_SCHEMA
 from tests.dashboard.fold_checks import assert_same
-from tests.split_task_lake import HOUR_NS, OWNER, T0, split_lake_rows, write_lake
+from tests.split_task_lake import HOUR_NS, OWNER, T0, write_merged_lake
 
 KEY = ["task_id", "attempt", "session"]
 
 
 @pytest.fixture
 def lake(tmp_path: Path) -> Path:
-    root = tmp_path / "lake"
-    write_lake(root, split_lake_rows())
-    report = run_compact(str(root), grace_s=0.0)
-    assert not report.errors, report.errors
-    return root
+    return write_merged_lake(tmp_path / "lake")
 
 
 def fragments(lake: Path) -> list[Path]:

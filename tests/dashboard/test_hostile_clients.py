@@ -10,22 +10,16 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.dashboard.dashproc import running_dashboard
 from tests.dashboard.lakegen import Expected, local_put, write_sample_store
+from tests.limits import descriptor_limits, runs_with_fewer_descriptors, with_fewer_descriptors
 
 HOLDERS = 600
-# Runs the command with at most 400 file descriptors, as the agent's hostile-client test
-# does: a shell's usual 1024, scaled down.
-LOWER_DESCRIPTOR_LIMIT = (
-    "import os, resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (400, 400)); "
-    "os.execv(sys.argv[1], sys.argv[1:])")
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +28,8 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     write_sample_store(local_put(lake))
     # --refresh 0: every request lists the store again and opens its files
     with running_dashboard(lake, lake.parent, "--refresh", "0",
-                           prefix=(sys.executable, "-c", LOWER_DESCRIPTOR_LIMIT)) as started:
-        limits = Path(f"/proc/{started.pid}/limits").read_text()
-        assert any(line.startswith("Max open files") and line.split()[3:5] == ["400", "400"]
-                   for line in limits.splitlines()), limits
+                           prefix=tuple(with_fewer_descriptors())) as started:
+        assert runs_with_fewer_descriptors(started.pid), descriptor_limits(started.pid)
         yield started.port
 
 

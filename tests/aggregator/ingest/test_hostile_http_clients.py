@@ -10,35 +10,27 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from emitters import wire
 from tests.agentproc import AgentProcess
 from tests.aggregator.ingest.socket_client import connect, read_answer
+from tests.limits import descriptor_limits, runs_with_fewer_descriptors, with_fewer_descriptors
 
 HOLDERS = 600
-# Runs the agent's command with at most 400 file descriptors (prlimit's job, where
-# util-linux is not installed): the limit is set, then the command replaces this process.
-LOWER_DESCRIPTOR_LIMIT = (
-    "import os, resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (400, 400)); "
-    "os.execv(sys.argv[1], sys.argv[1:])")
 
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
     started = AgentProcess(tmp_path_factory.mktemp("hostile"),
                            agent_toml='frame_timeout = "1s"\nmax_connections = 50')
-    started.prefix = [sys.executable, "-c", LOWER_DESCRIPTOR_LIMIT]  # a node's, scaled down
+    started.prefix = with_fewer_descriptors()  # a node's, scaled down
     with started:
         assert started.proc is not None
-        limits = Path(f"/proc/{started.proc.pid}/limits").read_text()
-        assert any(line.startswith("Max open files") and line.split()[3:5] == ["400", "400"]
-                   for line in limits.splitlines()), limits
+        assert runs_with_fewer_descriptors(started.proc.pid), descriptor_limits(started.proc.pid)
         yield started
 
 

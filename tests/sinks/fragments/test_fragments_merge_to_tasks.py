@@ -24,7 +24,7 @@ from sinks.fragments.task_fold import attempts_select, merge_select
 from sinks.parquet.compact import run_compact
 from sinks.parquet.layout import TASKS_ROOT
 from tests.agentproc import REPO
-from tests.split_task_lake import split_lake_rows, write_lake
+from tests.split_task_lake import write_merged_lake
 
 
 def reference_tasks(con: duckdb.DuckDBPyConnection, lake: Path) -> list[tuple[Any, ...]]:
@@ -46,11 +46,7 @@ def merged_tasks(con: duckdb.DuckDBPyConnection, lake: Path) -> list[tuple[Any, 
 
 @pytest.fixture
 def lake(tmp_path: Path) -> Path:
-    root = tmp_path / "lake"
-    write_lake(root, split_lake_rows())
-    report = run_compact(str(root), grace_s=0.0)
-    assert not report.errors, report.errors
-    return root
+    return write_merged_lake(tmp_path / "lake")
 
 
 def test_fragments_of_every_node_hour_merge_to_what_tasks_sql_gives(lake: Path) -> None:
