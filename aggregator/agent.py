@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import errno
 import logging
 import signal
 import time
@@ -19,8 +18,6 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-
-from aiohttp import web
 
 from aggregator import systemd
 from aggregator.artifacts.wiring import build_shipper, stop_shipper
@@ -36,6 +33,7 @@ from aggregator.delivery.consumer import SinkConsumer
 from aggregator.delivery.sink_set import SinkSet, build_sinks
 from aggregator.gauges import AgentGauges
 from aggregator.heartbeat import Heartbeat, silent_after_s
+from aggregator.ingest.http_port import HttpPort
 from aggregator.ingest.http_routes import HttpApi
 from aggregator.ingest.ingestor import Ingestor
 from aggregator.ingest.unix_socket import SocketIngest
@@ -62,9 +60,7 @@ from aggregator.shutdown import (
 )
 from aggregator.spool import Spool
 from aggregator.worker_errors import WorkerErrors
-from emitters.ratelimit import RateLimitedLog
 from emitters.thread_names import name_this_thread
-from sinks import listener
 from sinks.base import Sink
 
 log = logging.getLogger("evagg.agent")
@@ -103,6 +99,9 @@ class Agent:
                             token=config.http_token, is_ready=self.is_ready,
                             listen_host=config.http_listen.rpartition(":")[0].strip("[]"),
                             stall_s=config.frame_timeout_s)
+        self.http_port = HttpPort(self.http, self.metrics, listen=config.http_listen,
+                                  stall_s=config.frame_timeout_s,
+                                  max_connections=config.max_connections)
         self.heartbeat = Heartbeat(self.ingestor, self.metrics, self.losses,
                                    node_id=config.node_id, spool_directory=self.spool.directory,
                                    interval_s=config.heartbeat_interval_s,
@@ -117,9 +116,6 @@ class Agent:
         self.sinks: SinkSet | None = None
         self._reload_lock = asyncio.Lock()  # a reload and the drain never overlap
         self._reload_task: asyncio.Task[None] | None = None
-        self._runner: web.AppRunner | None = None
-        self._http_server: asyncio.Server | None = None
-        self._http_log = RateLimitedLog(log)
         self._ready = False
         self._stop_signals = StopSignals()  # a second SIGINT/SIGTERM cuts the drain short
         self._stop = asyncio.Event()
@@ -148,7 +144,7 @@ class Agent:
         self.sinks = SinkSet(self.spool, self.metrics, self._build_sinks(self.config))
         await self.socket.start(systemd.inherited_socket())
         try:
-            await self._start_http()
+            await self.http_port.open()
         except BaseException:  # the port is taken: leave no socket file behind either
             await self.socket.stop_accepting()
             self._remove_socket_file()
@@ -230,30 +226,6 @@ class Agent:
         if recalled.ids:
             log.info("remembered %d Ray eventIds from the spool", len(recalled.ids))
 
-    async def _start_http(self) -> None:
-        if not self.config.http_listen:
-            return
-        host, _, port = self.config.http_listen.rpartition(":")
-        # A short shutdown_timeout: an open `evagg tail` must not hold the exit for minutes.
-        # auto_decompress off: the routes inflate bodies themselves (ingest/bodies.py).
-        # A request's headers take frame_timeout at most, as a frame on the socket does.
-        self._runner = listener.runner(self.http.app(), stall_s=self.config.frame_timeout_s,
-                                       shutdown_timeout=2.0, auto_decompress=False)
-        await self._runner.setup()
-        try:
-            self._http_server = await listener.serve(
-                self._runner, host.strip("[]"), int(port),
-                max_connections=self.config.max_connections,
-                on_refused=self._refuse_http_connection)
-        except OSError as exc:
-            await self._runner.cleanup()
-            raise RuntimeError(http_port_problem(self.config.http_listen, exc)) from None
-
-    def _refuse_http_connection(self) -> None:
-        self.metrics.bad_input.inc(route="http", reason="too_many_connections")
-        self._http_log.log(logging.WARNING, "over_cap", "closing HTTP connections beyond "
-                           "max_connections = %d", self.config.max_connections)
-
     def _announce(self) -> None:
         for warning in config_warnings(self.config):
             log.warning("%s", warning)
@@ -284,10 +256,7 @@ class Agent:
             await cancel_until_done(delivering)
             if self.sinks is not None:
                 await self.sinks.abandon()
-        if self._http_server is not None:
-            self._http_server.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self.http_port.close()
         self.ingestor.close()
         log_stopped(self.sinks, self.spool.directory, self._stop_signals)
         self.spool.close()
@@ -373,36 +342,6 @@ class Agent:
     async def _stop_when_unused(self, users: UsersWatch) -> None:
         await users.wait_until_unused()
         self.request_stop()
-
-
-def http_port_problem(listen: str, exc: OSError) -> str:
-    """Why the HTTP port cannot be opened, in the words of the socket and spool clashes."""
-    port = listen.rpartition(":")[2]
-    if exc.errno == errno.EADDRINUSE:
-        why = (f"something is already listening on {listen} (another agent? `ss -ltnp "
-               f"'sport = :{port}'` shows which)")
-        outgoing = _outgoing_ports()
-        if port.isdigit() and outgoing and outgoing[0] <= int(port) <= outgoing[1]:
-            why += (f", or an outgoing connection holds it: {port} is among the ports "
-                    f"{outgoing[0]}-{outgoing[1]} the kernel gives those (`ss -tnp "
-                    f"'sport = :{port}'`); a port below {outgoing[0]} never clashes so")
-    elif exc.errno == errno.EADDRNOTAVAIL:
-        why = f"{listen.rpartition(':')[0]} is not an address of this machine"
-    elif exc.errno == errno.EACCES:
-        why = f"port {port} needs privileges on this machine; choose one above 1023"
-    else:
-        why = exc.strerror or str(exc)
-    return (f"cannot open the HTTP port {listen}: {why}; set agent.http_listen (or "
-            "--http-listen) to a free host:port, or to \"\" to run without the HTTP port")
-
-
-def _outgoing_ports() -> tuple[int, int] | None:
-    """The kernel's range of local ports for outgoing connections (Linux), if known."""
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return None
 
 
 def run_agent(config: AgentConfig, exit_when_unused: Path | None = None,
