@@ -118,6 +118,10 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
             ids = workload(str(work / "flaky-marker"))
             asks = questions(ids)
             answers = wait_for_ray_answers(head.dashboard_url, asks)
+            # The GCS exports the actor's worker on its own schedule: a shutdown before
+            # that export loses it for good, and the wait below timed out on busy runs.
+            wait_until(lambda: actor_exported(agent.lake_dir, ids["actor"]), 120,
+                       "the GCS's export of the actor's worker in the lake")
         finally:
             ray.shutdown()
     try:  # Ray is gone; its files are still on the node until the agent has stopped
@@ -189,11 +193,18 @@ def shipped_all(lake: Path, ids: dict[str, str]) -> bool:
                                                  "('FINISHED', 'FAILED')")} if any(
         lake.rglob("*.parquet")) else set()
     enough = {(t, a) for t, a, _ in log_infos(lake)} & ended
-    actor = query_lake(lake, "SELECT count(*) FROM events WHERE kind = 'actor' AND "
-                             f"actor_id = '{ids['actor']}' AND worker_id <> ''") if ended else []
-    if not actor or not actor[0][0]:  # the GCS exports the actor's worker on its own
+    if not ended or not actor_exported(lake, ids["actor"]):
         return False
     return {(t, 0) for t in tasks} | {(ids["flaky"], 1)} <= enough
+
+
+def actor_exported(lake: Path, actor_id: str) -> bool:
+    """The GCS's export of the actor with its worker is in the lake."""
+    if not any(lake.rglob("*.parquet")):
+        return False
+    found = query_lake(lake, "SELECT count(*) FROM events WHERE kind = 'actor' AND "
+                             f"actor_id = '{actor_id}' AND worker_id <> ''")
+    return bool(found and found[0][0])
 
 
 def test_ray_s_client_reads_the_same_lines_from_evagg(recorded: Recorded) -> None:
