@@ -15,6 +15,7 @@ Four places learn of losses and each is given the same `LossRecorder`:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -102,6 +103,8 @@ class LossRecorder:
         except (OSError, orjson.JSONDecodeError) as exc:
             log.error("could not read the losses the last run left in %s (%s); its log "
                       "has them", path, exc)
+            with contextlib.suppress(OSError):  # said once, not at every start
+                path.unlink()
             return 0
         events = 0
         for reason, count in found.items() if isinstance(found, dict) else ():

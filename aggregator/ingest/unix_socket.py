@@ -176,8 +176,13 @@ class SocketIngest:
         losses = self.ingestor.losses
         if pid is None or self.producer_alive(pid) or losses is None:
             return
-        lost, frames = unstored_losses(bodies, self.ingestor.spool.has,
-                                       self.ingestor.stamp(pid))
+        try:
+            lost, frames = unstored_losses(bodies, self.ingestor.spool.has,
+                                           self.ingestor.stamp(pid))
+        except Exception as exc:  # the stop goes on; only this count is missing
+            self.metrics.worker_errors.inc(worker="socket", type=type(exc).__name__)
+            log.exception("could not count the unstored frames of pid %d", pid)
+            return
         for reason, events in lost.items():
             losses.record(reason, events)
         if lost:

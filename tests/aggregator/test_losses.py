@@ -54,3 +54,4 @@ def test_losses_a_stop_could_not_report_are_reported_by_the_next_start(
     (tmp_path / "losses-unreported.json").write_text("{not json")
     assert LossRecorder().recall_unreported(tmp_path) == 0
     assert "could not read the losses the last run left" in caplog.text
+    assert not (tmp_path / "losses-unreported.json").exists()  # said once, not every start
