@@ -3,7 +3,11 @@ node's usual 1024, scaled down so that a test can reach it with a few hundred so
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 DESCRIPTOR_LIMIT = 400
@@ -30,3 +34,22 @@ def descriptor_limits(pid: int) -> str:
 
 def runs_with_fewer_descriptors(pid: int) -> bool:
     return descriptor_limits(pid).split()[3:5] == [str(DESCRIPTOR_LIMIT)] * 2
+
+
+@contextlib.contextmanager
+def held_connections(port: int, count: int = 600) -> Iterator[int]:
+    """Up to `count` loopback connections to `port` that send nothing, held open until the
+    block ends (more than a peer under DESCRIPTOR_LIMIT can take: opening stops at the
+    first refusal); yields how many were opened, once the peer has accepted what it can."""
+    holders: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            try:
+                holders.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+            except OSError:
+                break
+        time.sleep(0.5)  # the peer accepts what it can
+        yield len(holders)
+    finally:
+        for held in holders:
+            held.close()

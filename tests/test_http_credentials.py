@@ -20,15 +20,24 @@ def delivered(server: ServerThread, prefix: str) -> set[str]:
             if e.get("kind") == "task" and str(e.get("task_id")).startswith(prefix)}
 
 
-def test_a_rotated_token_file_is_sent_without_a_reload_and_a_401_says_what_to_do(
-        agent_factory: Callable[..., AgentProcess],
-        servers: Callable[..., ServerThread], tmp_path: Path) -> None:
+def agent_with_token_file(agent_factory: Callable[..., AgentProcess],
+                          servers: Callable[..., ServerThread], tmp_path: Path
+                          ) -> tuple[ServerThread, Path, AgentProcess]:
+    """An endpoint that takes "Bearer one", and an agent whose sink reads its
+    Authorization header from a token file holding it."""
     endpoint = servers()
     endpoint.do(lambda: setattr(endpoint.server, "authorization", "Bearer one"))
     token = tmp_path / "collector-token"
     token.write_text("Bearer one\n")
     agent = agent_factory(sinks_toml=http_sink(
         "collector", endpoint.url, f'[sinks.headers]\nAuthorization = "file:{token}"')).start()
+    return endpoint, token, agent
+
+
+def test_a_rotated_token_file_is_sent_without_a_reload_and_a_401_says_what_to_do(
+        agent_factory: Callable[..., AgentProcess],
+        servers: Callable[..., ServerThread], tmp_path: Path) -> None:
+    endpoint, token, agent = agent_with_token_file(agent_factory, servers, tmp_path)
     assert producer_report(start_producer(agent.socket_path, "first", 200))["flushed"]
     wait_until(lambda: len(delivered(endpoint, "first")) == 200, 60, "the first token")
 
@@ -69,12 +78,7 @@ def test_a_deleted_token_file_keeps_its_value_and_says_so(
     """The file goes (a Secret deleted, a vault agent stopped): the token read before
     still works until the endpoint revokes it, so it is sent, but the operator is told,
     in the log once and in `evagg status` while it lasts."""
-    endpoint = servers()
-    endpoint.do(lambda: setattr(endpoint.server, "authorization", "Bearer one"))
-    token = tmp_path / "collector-token"
-    token.write_text("Bearer one\n")
-    agent = agent_factory(sinks_toml=http_sink(
-        "collector", endpoint.url, f'[sinks.headers]\nAuthorization = "file:{token}"')).start()
+    endpoint, token, agent = agent_with_token_file(agent_factory, servers, tmp_path)
     unusable = 'evagg_sink_header_files_unusable{sink="collector"'
     assert agent.metric(unusable) == 0
     token.unlink()

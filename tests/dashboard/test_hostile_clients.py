@@ -17,9 +17,12 @@ import pytest
 
 from tests.dashboard.dashproc import running_dashboard
 from tests.dashboard.lakegen import Expected, local_put, write_sample_store
-from tests.limits import descriptor_limits, runs_with_fewer_descriptors, with_fewer_descriptors
-
-HOLDERS = 600
+from tests.limits import (
+    descriptor_limits,
+    held_connections,
+    runs_with_fewer_descriptors,
+    with_fewer_descriptors,
+)
 
 
 @pytest.fixture(scope="module")
@@ -67,18 +70,10 @@ def tasks_page(connection: http.client.HTTPConnection, offset: int) -> tuple[int
 def test_held_connections_leave_the_operators_page_answering(dashboard: int) -> None:
     operator = http.client.HTTPConnection("127.0.0.1", dashboard, timeout=60)
     assert tasks_page(operator, 0)[0] == 200  # the operator's page, open before the flood
-    holders = []
     try:
-        for _ in range(HOLDERS):  # more than the dashboard's descriptors: each sends nothing
-            try:
-                holders.append(tcp(dashboard))
-            except OSError:
-                break
-        time.sleep(0.5)  # the dashboard accepts what it can
-        status, body = tasks_page(operator, 1)
+        with held_connections(dashboard):  # more than the dashboard's descriptors
+            status, body = tasks_page(operator, 1)
     finally:
-        for held in holders:
-            held.close()
         operator.close()
     assert status == 200, body[:300]
     page = json.loads(body)

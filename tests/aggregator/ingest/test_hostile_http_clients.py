@@ -18,9 +18,12 @@ import pytest
 from emitters import wire
 from tests.agentproc import AgentProcess
 from tests.aggregator.ingest.socket_client import connect, read_answer
-from tests.limits import descriptor_limits, runs_with_fewer_descriptors, with_fewer_descriptors
-
-HOLDERS = 600
+from tests.limits import (
+    descriptor_limits,
+    held_connections,
+    runs_with_fewer_descriptors,
+    with_fewer_descriptors,
+)
 
 
 @pytest.fixture(scope="module")
@@ -86,14 +89,7 @@ def test_a_body_that_stops_half_way_is_refused_and_not_stored(agent: AgentProces
 
 
 def test_held_connections_leave_the_socket_answering(agent: AgentProcess) -> None:
-    holders = []
-    try:
-        for _ in range(HOLDERS):  # more than the agent's descriptors: each sends nothing
-            try:
-                holders.append(tcp(agent))
-            except OSError:
-                break
-        time.sleep(0.5)  # the agent accepts what it can
+    with held_connections(agent.port):  # more than the agent's descriptors
         producer = connect(agent)
         producer.settimeout(5)
         producer.sendall(wire.encode_batch(os.urandom(16), 1, 1,
@@ -101,9 +97,6 @@ def test_held_connections_leave_the_socket_answering(agent: AgentProcess) -> Non
         answer = read_answer(producer)
         producer.close()
         assert isinstance(answer, wire.Ack) and answer.accepted == 1, answer
-    finally:
-        for held in holders:
-            held.close()
     assert refused_http_connections(agent) > 0
 
 
