@@ -1,9 +1,10 @@
 """The spool's cap against the filesystem it lives on.
 
 A cap larger than the whole filesystem of the state directory is never reached: the disk
-fills first, every new event is refused, and when every record lies in the segment being
-written (a disk smaller than a segment), no delivery can free any of it. `check-config`
-and the agent's start say so while it is still a one-line fix.
+fills first and every new event is refused until the sinks' deliveries free space (on a
+disk smaller than a segment, only once they have passed every record: the spool then
+deletes the segment it writes too). `check-config` and the agent's start say so while it
+is still a one-line fix.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from aggregator.spool._segment import (
     open_for_append,
     parse_segment_name,
     record_head,
+    segment_name,
     write_frame,
 )
 from aggregator.spool._state import QUARANTINE_DIR, DedupeMarks, prune_quarantine
@@ -172,7 +173,14 @@ class SegmentLog:
         self._sync_in_background()
 
     def _start_segment(self) -> None:
-        path, fd = create_segment(self.directory, self.next_offset, SCHEMA_VERSION)
+        try:
+            path, fd = create_segment(self.directory, self.next_offset, SCHEMA_VERSION)
+        except OSError:
+            # A full disk: an empty stand-in takes the place, so there is always an active
+            # segment, and the next write() rolls again (must_roll: it has no fd).
+            stand_in = self.directory / segment_name(self.next_offset)
+            self.segments.append(SegmentIndex(stand_in, self.next_offset, FORMAT_VERSION, 0))
+            raise
         index = SegmentIndex(path, self.next_offset, FORMAT_VERSION, HEADER_SIZE)
         index.fd = fd
         self.segments.append(index)
@@ -215,6 +223,30 @@ class SegmentLog:
             self.unlinking_bytes += freed
             self._reaper.submit([Doomed(s.path, s.size) for s in victims], loop, self.settle)
         return victims
+
+    def remove_all(self) -> None:
+        """Delete every segment, the one taking appends too, and start an empty one at
+        next_offset. For a full disk whose every record all sinks have passed: on a disk
+        smaller than one segment, the segment taking appends holds all the space there is
+        to free, and it never fills up to roll. Inline, not in the reaper: the caller
+        needs the space at once. If the new segment's header finds no room either, the
+        next write tries again."""
+        self.remove_oldest(len(self.segments) - 1)
+        active = self.segments.pop()
+        with self._fd_lock:  # a sync thread may be fsyncing it
+            for path, fd in [(p, fd) for p, fd in self._sealed if p == active.path]:
+                self._sealed.remove((path, fd))
+                os.close(fd)
+            if active.fd is not None:
+                os.close(active.fd)
+                active.fd = None
+        self._unlink(active.path)
+        self.bytes_used -= active.size
+        self.counters.segments_deleted += 1
+        self._recent.clear()
+        self.first_offset = self.next_offset
+        self._dir_dirty = True
+        self._start_segment()
 
     def settle(self) -> None:
         """On the loop: count what the reaper has unlinked (or failed to) since last time."""

@@ -43,6 +43,7 @@ log = logging.getLogger("evagg.spool")
 
 SESSION_TTL_NS = 7 * 24 * 3600 * 10**9  # dedupe marks of sessions idle this long are forgotten
 FULL_DISK_UNLINK_WAIT_S = 5.0  # a commit on a full disk waits this long for queued unlinks
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 DROP_UNLINK_WAIT_S = 1.0  # drop_oldest waits this long for queued unlinks before dropping
 
 
@@ -192,7 +193,7 @@ class Spool:
                 await self._log.sync_through(stored)
             return AppendResult(None, True)
         try:  # a full disk (before the cap) or a broken one: the caller gets the OSError
-            offset = self._log.write(payload, count, received_ns, session, seq)
+            offset = self._write(payload, count, received_ns, session, seq)
             if seq > 0 and session != NO_SESSION:
                 self._marks.note(session, seq, offset, received_ns)
             self.counters.appended_records += 1
@@ -204,6 +205,31 @@ class Spool:
             raise
         self._health.succeeded()
         return AppendResult(offset, False)
+
+    def _write(self, payload: bytes, count: int, received_ns: int, session: bytes,
+               seq: int) -> int:
+        try:
+            return self._log.write(payload, count, received_ns, session, seq)
+        except OSError as exc:
+            if exc.errno not in _DISK_FULL or not self._free_disk_of_delivered():
+                raise
+            return self._log.write(payload, count, received_ns, session, seq)
+
+    def _free_disk_of_delivered(self) -> bool:
+        """The disk is full: if every sink has passed every record, delete them all, the
+        segment taking appends too (_log.remove_all). Returns whether anything went."""
+        floor = self._pin_floor()
+        if floor is None or floor < self.next_offset or self.first_offset >= self.next_offset:
+            return False
+        self._save_marks_leaving(self.next_offset, keep_on_failure=False)
+        self._log.remove_all()
+        self._notify_room()
+        self._full_disk_log.log(
+            logging.WARNING, "freed", "disk full: every spooled record was delivered, so the "
+            "spool deleted the segment it was writing too, to make room; free space on the "
+            "spool's disk, or set spool.max_bytes below the disk's size (the agent's start "
+            "names the figure) so that the spool's cap comes first")
+        return True
 
     def has(self, session: bytes, seq: int) -> bool:
         return self._stored_at(session, seq) is not None
@@ -351,7 +377,7 @@ class Spool:
                         FULL_DISK_UNLINK_WAIT_S)
         self._delete_passed(keep_marks_on_failure=False, background=False)
         try:
-            self._cursors.save(sink, next_offset)
+            self._save_cursor_on_full_disk(sink, next_offset)
         except OSError as exc:
             if exc.errno != errno.ENOSPC:
                 raise
@@ -363,6 +389,14 @@ class Spool:
                 logging.WARNING, "cursor", "disk full: the cursor of sink %s is kept in "
                 "memory until the disk has room (a crash before then sends what it has "
                 "delivered since again); free space on the spool's disk", sink)
+
+    def _save_cursor_on_full_disk(self, sink: str, next_offset: int) -> None:
+        try:
+            self._cursors.save(sink, next_offset)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC or not self._free_disk_of_delivered():
+                raise
+            self._cursors.save(sink, next_offset)
 
     def register_sinks(self, names: Iterable[str]) -> None:
         """The configured sinks: from now on only their cursors hold segments back."""
@@ -392,18 +426,20 @@ class Spool:
 
     def _remove_oldest(self, count: int, keep_marks_on_failure: bool = True, *,
                        background: bool = False) -> None:
-        new_first = self._log.first_offset_after(count)
+        self._save_marks_leaving(self._log.first_offset_after(count), keep_marks_on_failure)
+        self._log.remove_oldest(count, background=background)
+        self._notify_room()
+
+    def _save_marks_leaving(self, new_first: int, keep_on_failure: bool) -> None:
         try:
             self._marks.save_leaving(self.first_offset, new_first, self.next_offset)
         except OSError as exc:
             # On a full disk, freeing space wins over remembering (session, seq) marks of
             # frames long acked: losing them risks a duplicate only if such an old frame
             # is resent, while keeping the segments would stop all ingest.
-            if keep_marks_on_failure or exc.errno != errno.ENOSPC:
+            if keep_on_failure or exc.errno != errno.ENOSPC:
                 raise
             log.warning("disk full: dropped dedupe marks of segments being deleted")
-        self._log.remove_oldest(count, background=background)
-        self._notify_room()
 
     async def collected(self, timeout: float = 10.0) -> bool:
         """True once every segment unlink handed to the background thread has happened

@@ -82,11 +82,15 @@ def test_a_full_disk_is_named_by_readyz_metrics_and_status(small_disk: Path) -> 
 
 def test_a_cursor_the_full_disk_cannot_take_does_not_fail_the_sink(small_disk: Path) -> None:
     """The spool filled the disk itself (one segment, everything in it): the sink delivers
-    it all, but its cursor file finds no room. That is no failed delivery: the sink stays
-    `ok` and its cursor waits in memory for room."""
-    receiver = ServerThread().start()
+    it all, but its cursor file finds no room, and a second sink still down holds every
+    record. That is no failed delivery: the sink stays `ok` and its cursor waits in memory
+    for room."""
+    receiver, down = ServerThread().start(), ServerThread().start()
     receiver.answer_always(503)
+    down.answer_always(503)
     sinks = (f'[[sinks]]\nname = "collector"\ntype = "http"\nurl = "{receiver.url}"\n'
+             'retry_max_backoff = "1s"\n'
+             f'[[sinks]]\nname = "down"\ntype = "http"\nurl = "{down.url}"\n'
              'retry_max_backoff = "1s"\n')
     agent = AgentProcess(small_disk, sinks_toml=sinks, spool_toml='max_bytes = "1GiB"')
     agent.start()
@@ -96,6 +100,7 @@ def test_a_cursor_the_full_disk_cannot_take_does_not_fail_the_sink(small_disk: P
         body = b'{"kind": "op", "name": "while-full", "pad": "' + b"x" * 300 + b'"}\n'
         wait_until(lambda: post_events(agent, body * 500)[0] == 503
                    and filesystem_full(small_disk / "state"), 60, "the disk to fill")
+        fill(small_disk / "state" / "the-last-pages", leave=0)  # no cursor file fits
         receiver.answer_always(200)
         wait_until(lambda: metric_where(agent, "evagg_sink_lag_events", sink="collector") == 0,
                    60, lambda: f"the sink to deliver:\n{agent.log()[-3000:]}")
@@ -104,6 +109,46 @@ def test_a_cursor_the_full_disk_cannot_take_does_not_fail_the_sink(small_disk: P
         assert line.endswith("  ok"), line
         assert metric_where(agent, "evagg_worker_errors_total", worker="sink:collector") == 0
         assert "is kept in memory until the disk has room" in agent.log()
+    finally:
+        agent.kill()
+        receiver.close()
+        down.close()
+
+
+def test_a_disk_smaller_than_one_segment_frees_what_was_delivered(small_disk: Path) -> None:
+    """The spool's 64 MiB segment never fills on a 16 MiB disk: the disk fills first with
+    one segment that the sink has delivered whole. Ingest must come back by itself, with
+    nothing the agent answered 200 for lost, rather than refuse every event until someone
+    restarts it."""
+    receiver = ServerThread().start()
+    sinks = (f'[[sinks]]\nname = "collector"\ntype = "http"\nurl = "{receiver.url}"\n'
+             'batch_interval = "100ms"\nretry_max_backoff = "1s"\n')
+    agent = AgentProcess(small_disk, sinks_toml=sinks, spool_toml='max_bytes = "1GiB"')
+    agent.start()
+    accepted = 0
+    line = b'{"kind": "op", "name": "fills-the-disk", "pad": "' + b"x" * 300 + b'"}\n'
+
+    def post(count: int) -> int:
+        nonlocal accepted
+        code = post_events(agent, line * count)[0]
+        accepted += count if code == 200 else 0
+        return code
+
+    try:
+        wait_until(lambda: post(500) == 503 and filesystem_full(small_disk / "state"), 60,
+                   lambda: f"the disk to fill:\n{agent.log()[-3000:]}")
+        wait_until(lambda: post(500) == 200, 60,
+                   lambda: f"ingest to come back once all was delivered:\n"
+                           f"{agent.log()[-3000:]}\n{agent.metrics()}")
+        wait_until(lambda: readyz(agent)[0] == 200, 60, "/readyz to say ready again")
+        wait_until(lambda: len([e for e in receiver.accepted_events()
+                                if e.get("name") == "fills-the-disk"]) >= accepted, 60,
+                   "every accepted event to arrive")
+        delivered = {str(e["event_id"]) for e in receiver.accepted_events()
+                     if e.get("name") == "fills-the-disk"}
+        assert len(delivered) == accepted, (len(delivered), accepted)
+        assert metric_where(agent, "evagg_spool_totals", total="segments_deleted") > 0
+        assert "so the spool deleted the segment it was writing too" in agent.log()
     finally:
         agent.kill()
         receiver.close()
