@@ -1,9 +1,8 @@
-"""The segment files of one spool directory in offset order: append, read, delete, fsync.
+"""The segment files of one spool directory in offset order: append, read, delete.
 
-Appends run on the event loop (one `os.writev` per record). Fsyncs run in a thread: with
-fsync "always" every append waits for one, and appends that arrive while one runs share
-the next (group commit); rolled-away segments are fsynced and closed the same way in
-both modes. Readers see a record once it is written ("os") or fsynced ("always").
+Appends run on the event loop (one `os.writev` per record); their fsyncs run in a thread
+(`_group_commit.py`). Readers see a record once it is written ("os") or fsynced
+("always").
 Segments collected behind every cursor are unlinked in one background thread
 (`_reaper.py`); their bytes count in `bytes_used` until the unlink has happened.
 """
@@ -13,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 
 from aggregator.spool._counters import SpoolCounters
+from aggregator.spool._group_commit import GroupCommit
 from aggregator.spool._reaper import Doomed, SegmentReaper
 from aggregator.spool._recent import RECENT_BYTES, RecentRecords
 from aggregator.spool._recovery import Recovered, recover_segment
@@ -37,7 +35,6 @@ from aggregator.spool._segment import (
     write_frame,
 )
 from aggregator.spool._state import QUARANTINE_DIR, DedupeMarks, prune_quarantine
-from sinks.durable import fsync_directory
 from sinks.records import SpoolRecord
 from sinks.schema import SCHEMA_VERSION
 
@@ -75,13 +72,9 @@ class SegmentLog:
         self.bytes_used = 0  # the segment files' sizes, those being unlinked included
         self.unlinking_bytes = 0  # of segments handed to the reaper and still on disk
         self.visible = 0  # readers see offsets up to here
-        self.synced = 0  # fsynced through here
-        self.closed = False
         self._quarantine = directory / QUARANTINE_DIR
-        self._sealed: list[tuple[Path, int]] = []  # rolled-away segments to fsync and close
-        self._dir_dirty = False
-        self._sync_job: asyncio.Future[int] | None = None
-        self._fd_lock = threading.Lock()  # fds are closed by the sync thread or by close()
+        self._commits = GroupCommit(directory, fsync_always=fsync_always, counters=counters,
+                                    position=self._durable_position, on_synced=self._publish)
         # what readers that keep up read, instead of the files
         self._recent = RecentRecords(recent_bytes, RECORD_OVERHEAD)
 
@@ -112,7 +105,7 @@ class SegmentLog:
         self._open_active()
         self.bytes_used = sum(s.size for s in self.segments)
         self._refresh_first_offset()
-        self.visible = self.synced = self.next_offset - 1
+        self.visible = self._commits.synced = self.next_offset - 1
         prune_quarantine(self._quarantine, QUARANTINE_KEEP)
         return total
 
@@ -149,7 +142,7 @@ class SegmentLog:
         try:
             write_frame(active.fd, head, payload, position)
         except TornWriteError:
-            self._sealed.append((active.path, active.fd))  # the next append starts afresh
+            self._commits.seal(active.path, active.fd)  # the next append starts afresh
             active.fd = None
             raise
         active.add(offset, position, count, position + size)
@@ -163,14 +156,14 @@ class SegmentLog:
     def roll(self) -> None:
         old = self.segments[-1]
         if old.fd is not None:
-            self._sealed.append((old.path, old.fd))
+            self._commits.seal(old.path, old.fd)
             old.fd = None
         if old.records == 0:  # only after a failed first write: nothing in it to keep
             old.path.unlink(missing_ok=True)
             self.segments.pop()
             self.bytes_used -= old.size
         self._start_segment()
-        self._sync_in_background()
+        self._commits.in_background()
 
     def _start_segment(self) -> None:
         try:
@@ -185,7 +178,7 @@ class SegmentLog:
         index.fd = fd
         self.segments.append(index)
         self.bytes_used += HEADER_SIZE
-        self._dir_dirty = True
+        self._commits.directory_changed()
 
     def _publish(self, offset: int) -> None:
         self.visible = offset
@@ -205,10 +198,7 @@ class SegmentLog:
         count = min(count, len(self.segments) - 1)
         victims = self.segments[:count]
         self.first_offset = self.first_offset_after(count)
-        gone = {s.path for s in victims}
-        for path, fd in [(p, fd) for p, fd in self._sealed if p in gone]:
-            self._sealed.remove((path, fd))
-            os.close(fd)  # not fsynced yet and never needed again: skip the fsync
+        self._commits.forget({s.path for s in victims})
         loop = _running_loop() if background and victims else None
         if loop is None:
             for segment in victims:
@@ -233,10 +223,8 @@ class SegmentLog:
         next write tries again."""
         self.remove_oldest(len(self.segments) - 1)
         active = self.segments.pop()
-        with self._fd_lock:  # a sync thread may be fsyncing it
-            for path, fd in [(p, fd) for p, fd in self._sealed if p == active.path]:
-                self._sealed.remove((path, fd))
-                os.close(fd)
+        self._commits.forget({active.path})
+        with self._commits.fd_lock:  # a sync thread may be fsyncing it
             if active.fd is not None:
                 os.close(active.fd)
                 active.fd = None
@@ -245,7 +233,7 @@ class SegmentLog:
         self.counters.segments_deleted += 1
         self._recent.clear()
         self.first_offset = self.next_offset
-        self._dir_dirty = True
+        self._commits.directory_changed()
         self._start_segment()
 
     def settle(self) -> None:
@@ -389,66 +377,10 @@ class SegmentLog:
 
     async def sync_through(self, offset: int) -> None:
         """Return once `offset` is fsynced; appends arriving meanwhile share the next fsync."""
-        while self.synced < offset:
-            if self.closed:
-                raise OSError("spool closed before the record was fsynced")
-            job = self._sync_job or self._start_sync_job()
-            await asyncio.shield(job)
+        await self._commits.through(offset)
 
-    def _sync_in_background(self) -> None:
-        if self._sync_job is not None or not self._sealed:
-            return
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:  # called outside the event loop: do it here
-            with self._fd_lock:
-                self._close_fds(self._take_sealed())
-            return
-        self._start_sync_job()
-
-    def _start_sync_job(self) -> asyncio.Future[int]:
-        loop = asyncio.get_running_loop()
-        sealed = self._take_sealed()
-        active = self.segments[-1].fd if self.fsync_always else None
-        sync_dir, self._dir_dirty = self._dir_dirty, False
-        job = loop.run_in_executor(None, self._sync_files, sealed, active, sync_dir)
-        job.add_done_callback(partial(self._sync_finished, self.next_offset - 1))
-        self._sync_job = job
-        return job
-
-    def _sync_files(self, sealed: list[int], active: int | None, sync_dir: bool) -> int:
-        """Runs in a thread. Owns `sealed` (closes them); `active` is closed only by close()."""
-        done = 0
-        with self._fd_lock:
-            try:
-                for fd in sealed:
-                    os.fsync(fd)
-                    done += 1
-                if active is not None and not self.closed:
-                    os.fsync(active)
-                    done += 1
-                if sync_dir:
-                    fsync_directory(self.directory)
-            finally:
-                for fd in sealed:
-                    os.close(fd)
-        return done
-
-    def _sync_finished(self, target: int, job: asyncio.Future[int]) -> None:
-        self._sync_job = None
-        if job.cancelled():
-            return
-        error = job.exception()
-        if error is not None:
-            self.counters.fsync_errors += 1
-            log.warning("spool: fsync failed: %s", error)
-        else:
-            self.counters.fsyncs += job.result()
-            if self.fsync_always and target > self.synced:
-                self.synced = target
-                self._publish(target)
-        if self._sealed and not self.closed:
-            self._start_sync_job()
+    def _durable_position(self) -> tuple[int | None, int]:
+        return (self.segments[-1].fd if self.fsync_always else None), self.next_offset - 1
 
     def close(self) -> None:
         """Fsync and close every file; waits for a running fsync thread, and up to
@@ -457,36 +389,10 @@ class SegmentLog:
         self.settle()
         if left:
             log.info("spool: %d segment unlinks left for the next start to collect", left)
-        with self._fd_lock:
-            self.closed = True
-            fds = self._take_sealed()
-            if self.segments and self.segments[-1].fd is not None:
-                fds.append(self.segments[-1].fd)
-                self.segments[-1].fd = None
-            if self._close_fds(fds):
-                self.synced = self.next_offset - 1
-
-    def _take_sealed(self) -> list[int]:
-        fds = [fd for _, fd in self._sealed]
-        self._sealed = []
-        return fds
-
-    def _close_fds(self, fds: list[int]) -> bool:
-        ok = True
-        for fd in fds:
-            try:
-                os.fsync(fd)
-                self.counters.fsyncs += 1
-            except OSError as exc:
-                ok = False
-                log.warning("spool: fsync at close failed: %s", exc)
-            finally:
-                os.close(fd)
-        try:
-            fsync_directory(self.directory)
-        except OSError as exc:
-            log.warning("spool: directory fsync failed: %s", exc)
-        return ok
+        active = self.segments[-1].fd if self.segments else None
+        if self.segments:
+            self.segments[-1].fd = None
+        self._commits.close(active, self.next_offset - 1)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
