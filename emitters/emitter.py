@@ -25,8 +25,9 @@ from typing import Any
 from emitters.events import BUILT, DEFERRED, DEFERRED_PLACE, ContextChange
 from emitters.handoff import Handoff, Settings, start_agent
 from emitters.ledger import FlushWaiter
+from emitters.loss_reports import LAST_WORD_S
 from emitters.ops import Op
-from emitters.sender import LAST_WORD_S, Sender
+from emitters.sender import Sender
 from emitters.snapshot import PLAIN, snapshot_fields
 from emitters.stats import EmitterStats
 from emitters.values import text

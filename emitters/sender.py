@@ -14,17 +14,15 @@ import os
 import select
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterable
 from typing import Any
-
-import orjson
 
 from emitters import wire
 from emitters.connection import Connection, ConnectionClosed
 from emitters.events import Context, ContextChange, build_events
 from emitters.handoff import Handoff, Settings, start_agent
 from emitters.ledger import FlushWaiter, Ledger
+from emitters.loss_reports import LossReports
 from emitters.outbox import Outbox
 from emitters.stats import EmitterStats
 from emitters.thread_names import name_this_thread
@@ -34,9 +32,7 @@ log = logging.getLogger("evagg.emitter")
 DRAIN_CHUNK = 4096
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 1.0
-LOSS_REPORT_INTERVAL_S = 1.0
 ERROR_PAUSE_S = 0.1
-LAST_WORD_S = 1.0  # how long the close may spend writing its last loss report
 
 
 class Sender:
@@ -50,13 +46,14 @@ class Sender:
         self.ledger = Ledger(self.outbox, lambda: handoff.caller_drops)
         self.counts = self.ledger.counts
         self._log = self.ledger.log
+        self._losses = LossReports(self.outbox, self.ledger)
         self._context = Context.of(handoff.identity)  # ContextChange items update it in order
         self._ndjson_at: str | None = None  # the socket whose agent refused COLUMNS
         self._conn: Connection | None = None
         self._conn_setting: str | None = None  # the configured socket when it connected
         self._sent_upto = 0
         self._backoff = BACKOFF_MIN_S
-        self._next_connect = self._next_drain = self._next_loss_report = 0.0
+        self._next_connect = self._next_drain = 0.0
         self._stopping = False
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._start_agent_first = agent_first
@@ -242,78 +239,18 @@ class Sender:
             self._made(seq)
 
     def _report_losses(self, force: bool = False) -> None:
-        """`loss` events for the drops not yet reported (one per reason), at most once a
-        second unless `force`.
-
-        Shaped as the agent's own: name and attrs.reason the reason, metrics.events the
-        count and metrics.events_total the session's drops for the reason so far.
-        """
-        now = time.monotonic()
-        if (now < self._next_loss_report and not force) or not self.ledger.has_unreported_losses():
-            return
-        self._next_loss_report = now + LOSS_REPORT_INTERVAL_S
-        unreported = self.ledger.take_unreported()
-        totals = self.ledger.losses()
-        self._made(self._loss_frame({reason: (count, totals[reason])
-                                     for reason, count in sorted(unreported.items())}))
-
-    def _loss_frame(self, losses: dict[str, tuple[int, int]]) -> int | None:
-        """A frame of `loss` events, one per reason: (events, the session's total so far;
-        the agent counts by the total what earlier reports it never read left out)."""
-        time_ns = time.time_ns()
-        items = [(time_ns, "loss", reason, "DROPPED",
-                  {"source": "evagg", "metrics": {"events": events, "events_total": total},
-                   "attrs": {"reason": reason, "session": self.session.hex(),
-                             "component": "emitter"}})
-                 for reason, (events, total) in losses.items()]
-        events = build_events(items, self._context, self.outbox.lost)
-        payload = b"".join(orjson.dumps(event) + b"\n" for event in events)
-        seq = self.outbox.add_payload(payload, len(events), force=True)
-        self.ledger.report_made(seq, Counter({r: n for r, (n, _) in losses.items()}))
-        self.counts["loss_events"] += len(events)
-        return seq
+        self._made(self._losses.report(self._context, force))
 
     def _last_word(self) -> None:
-        """At the end, what was lost and not yet told to the agent, in one frame on a
-        fresh connection, written and not waited on. Frames never sent (the close gave up
-        on them) count as `exit_deadline`; the drops of reports that never went out are
-        told again. The connection in use cannot carry it when the agent holds it back (a
-        spool full under `block` stops reading this producer's frames), and the process
-        may be about to exit (docs/wire-protocol.md, "Losses").
-
-        It goes under a session of its own: the agent takes a session's highest stored
-        seq for "every frame up to here is stored", and this frame, numbered after the
-        frames the agent has not read yet, would be stored before them and make them
-        look like resends of frames it holds. The loss events name the emitter's session
-        in their attrs, which is what the agent counts totals by."""
+        """At the end, what was lost and not yet told to the agent (LossReports.last_word).
+        Frames never sent (the close gave up on them) count as `exit_deadline`; the drops
+        of reports that never went out are told again."""
         self._drain(self._handoff.settings)  # what callers queued last: framed, or dropped
         for seq in [seq for seq in self.outbox.frames if seq > self._sent_upto]:
             frame = self.outbox.settle(seq)
             if not self.ledger.forget_report(seq) and frame is not None:
                 self.outbox.lost["exit_deadline"] += frame.events
-        unacked = self.ledger.unacked_losses()
-        if not unacked:
-            return
-        report = self._loss_frame(unacked)
-        if report is None:
-            return
-        try:
-            conn = Connection(self._handoff.settings.resolved_socket())
-        except OSError:
-            return  # no agent to tell: stats() and the closing words say it
-        made = self.outbox.frames[report]
-        alone = {report: (wire.encode_batch(os.urandom(wire.SESSION_BYTES), 1, made.events,
-                                            wire.payload_of(made.frame)), made.events)}
-        try:
-            conn.queue((report,))
-            deadline = time.monotonic() + LAST_WORD_S
-            while conn.wants_write and time.monotonic() < deadline:
-                if not conn.write(alone):
-                    select.select([], [conn], [], max(0.0, deadline - time.monotonic()))
-        except ConnectionClosed:
-            pass  # the agent went away meanwhile
-        finally:
-            conn.close()
+        self._losses.last_word(self._context, self._handoff.settings.resolved_socket())
 
     # -- connection ---------------------------------------------------------------------
 
