@@ -4,15 +4,16 @@ from aggregator.config.agent_config import (
     DEFAULT_HTTP_LISTEN,
     AgentConfig,
     ConfigError,
-    check_host,
-    config_warnings,
+    load_config,
+    restart_only_settings,
+)
+from aggregator.config.client_view import (
     configured_http_listen,
     configured_lakes,
     configured_socket,
     configured_token_file,
-    load_config,
-    restart_only_settings,
 )
+from aggregator.config.config_warnings import check_host, config_warnings
 
 __all__ = [
     "DEFAULT_HTTP_LISTEN",

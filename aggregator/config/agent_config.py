@@ -8,19 +8,16 @@ a spool under the user's state directory and one Parquet sink in a local directo
 from __future__ import annotations
 
 import dataclasses
-import grp
 import os
 import socket
-import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from aggregator.config.disk import spool_disk_warnings
-from aggregator.config.files import WatchedFiles, files_warnings, parse_files
-from aggregator.config.sinks import SinkConfig, default_sink, parse_sinks
+from aggregator.config.files import WatchedFiles, parse_files
+from aggregator.config.sinks import SinkConfig, parse_sinks
 from aggregator.config.values import (
     check_keys,
     connection_cap,
@@ -36,8 +33,6 @@ from aggregator.config.values import (
 )
 from emitters import paths
 from emitters.handoff import Settings
-from sinks.locations import is_loopback_host
-from sinks.registry import sink_types
 from sinks.units import (
     parse_bool,
     parse_duration,
@@ -112,6 +107,8 @@ _AGENT_KEYS = {
 _SPOOL_KEYS = {"max_bytes", "when_full", "fsync", "segment_bytes"}
 DEFAULT_HTTP_LISTEN = "127.0.0.1:4040"
 RAY_EXPORT_DELAY_S = 10.0  # a grace under this may race Ray's own ends (docs/ray.md)
+
+
 def load_config(
     path: Path | None = None,
     env: Mapping[str, str] | None = None,
@@ -123,46 +120,24 @@ def load_config(
         path = Path(env["EVAGG_CONFIG"])
     raw: dict[str, Any] = {}
     if path is not None:
-        raw = _read_toml(path)
+        raw = read_toml(path)
     problems: list[str] = []
     check_keys(raw, {"agent", "spool", "sinks", "ray", "files"}, "", problems)
-    agent = _table(raw, "agent", problems)
-    spool = _table(raw, "spool", problems)
+    agent = table_of(raw, "agent", problems)
+    spool = table_of(raw, "spool", problems)
     check_keys(agent, _AGENT_KEYS, "agent.", problems)
     check_keys(spool, _SPOOL_KEYS, "spool.", problems)
-    from_env = _apply_env(agent, env)
+    from_env = apply_env(agent, env)
     flags = {k: v for k, v in (overrides or {}).items() if v is not None}
     agent.update(flags)
     config = _build(agent, spool, raw.get("sinks"), problems, path)
     if config is not None:
-        config = _with_ray(config, _table(raw, "ray", problems), problems)
+        config = _with_ray(config, table_of(raw, "ray", problems), problems)
         config = dataclasses.replace(config, files=parse_files(raw.get("files"), problems))
     if problems or config is None:
-        raise ConfigError(_name_variables(problems, {k: v for k, v in from_env.items()
+        raise ConfigError(name_variables(problems, {k: v for k, v in from_env.items()
                                                      if k not in flags}), config)
     return config
-
-
-def configured_http_listen(
-    path: Path | None = None, env: Mapping[str, str] | None = None
-) -> str:
-    """The agent's http_listen ("" when disabled) as `evagg run` resolves it from the same
-    file and variables, for `evagg tail` and `evagg status`. Only that key is checked: a
-    client must not need to read the agent's token or header files."""
-    agent, from_env = _client_agent_table(path, env)
-    try:
-        return listen(agent.get("http_listen", DEFAULT_HTTP_LISTEN))
-    except ValueError as exc:
-        raise ConfigError(_name_variables([f"agent.http_listen: {exc}"], from_env)) from None
-
-
-def configured_socket(path: Path | None = None,
-                      env: Mapping[str, str] | None = None) -> str | None:
-    """The agent's socket as `evagg run` resolves it from the same file and variables, for
-    `evagg emit`; None for the default (the producers' own rule finds it)."""
-    agent, _ = _client_agent_table(path, env)
-    socket = agent.get("socket")
-    return str(Path(socket).expanduser()) if isinstance(socket, str) and socket else None
 
 
 def restart_only_settings(path: Path | None) -> dict[str, Any]:
@@ -171,7 +146,7 @@ def restart_only_settings(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
     try:
-        raw = _read_toml(path)
+        raw = read_toml(path)
     except ConfigError:
         return {}
     found: dict[str, Any] = {}
@@ -185,47 +160,7 @@ def restart_only_settings(path: Path | None) -> dict[str, Any]:
     return found
 
 
-def configured_token_file(path: Path | None = None,
-                          env: Mapping[str, str] | None = None) -> Path | None:
-    """The agent's http_token_file from the same file and variables, for `evagg tail`:
-    the client sends the token the agent wants; None when it wants none."""
-    agent, _ = _client_agent_table(path, env)
-    token = agent.get("http_token_file")
-    return Path(token).expanduser() if isinstance(token, str) and token else None
-
-
-def configured_lakes(path: Path | None = None,
-                     env: Mapping[str, str] | None = None) -> tuple[SinkConfig, ...]:
-    """The Parquet sinks of --config or $EVAGG_CONFIG (no [[sinks]]: the embedded
-    default's), for the commands that read the lake the agent writes. Only [[sinks]] is
-    checked: a reader must not need the agent's token or header files."""
-    env = os.environ if env is None else env
-    if path is None and env.get("EVAGG_CONFIG"):
-        path = Path(env["EVAGG_CONFIG"])
-    if path is None:
-        return (default_sink(),)
-    problems: list[str] = []
-    sinks = parse_sinks(_read_toml(path).get("sinks"), problems)
-    if problems:
-        raise ConfigError([f"{path}: {problem}" for problem in problems])
-    return tuple(sink for sink in sinks if sink.type == "parquet")
-
-
-def _client_agent_table(path: Path | None, env: Mapping[str, str] | None
-                        ) -> tuple[dict[str, Any], dict[str, str]]:
-    """[agent] of --config or $EVAGG_CONFIG (none: empty) with the EVAGG_* variables
-    applied, and which keys the variables set."""
-    env = os.environ if env is None else env
-    if path is None and env.get("EVAGG_CONFIG"):
-        path = Path(env["EVAGG_CONFIG"])
-    problems: list[str] = []
-    agent = _table(_read_toml(path), "agent", problems) if path is not None else {}
-    if problems:
-        raise ConfigError(problems)
-    return agent, _apply_env(agent, env)
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
+def read_toml(path: Path) -> dict[str, Any]:
     try:
         with path.open("rb") as handle:
             return tomllib.load(handle)
@@ -237,7 +172,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError([f"config file {path} is not valid TOML: {exc}"]) from None
 
 
-def _table(raw: dict[str, Any], key: str, problems: list[str]) -> dict[str, Any]:
+def table_of(raw: dict[str, Any], key: str, problems: list[str]) -> dict[str, Any]:
     value = raw.get(key, {})
     if not isinstance(value, dict):
         problems.append(f"{key}: must be a table ([{key}])")
@@ -253,7 +188,7 @@ _ENV_KEYS = {
 }
 
 
-def _apply_env(agent: dict[str, Any], env: Mapping[str, str]) -> dict[str, str]:
+def apply_env(agent: dict[str, Any], env: Mapping[str, str]) -> dict[str, str]:
     """Set the keys the EVAGG_* variables give; returns key -> the variable it came from."""
     applied = {}
     for variable, key in _ENV_KEYS.items():
@@ -263,7 +198,7 @@ def _apply_env(agent: dict[str, Any], env: Mapping[str, str]) -> dict[str, str]:
     return applied
 
 
-def _name_variables(problems: list[str], from_env: Mapping[str, str]) -> list[str]:
+def name_variables(problems: list[str], from_env: Mapping[str, str]) -> list[str]:
     """A problem with a value from the environment says which variable set it."""
     out = []
     for problem in problems:
@@ -346,76 +281,6 @@ def frame_room_problems(config: AgentConfig) -> list[str]:
                 f"({size_text(frame)}): set spool.{key} to at least "
                 f"{size_text(times * frame)}{smaller}")
     return problems
-
-
-def config_warnings(config: AgentConfig) -> list[str]:
-    """What is allowed but likely a mistake; `check-config` prints it, the agent logs it."""
-    warnings = [f"sinks[{index}] ({sink.name}).tls_verify: false: the endpoint's certificate "
-                "is not checked, so whoever is on the path can read and change the events"
-                for index, sink in enumerate(config.sinks) if _unverified(sink.options)]
-    if 0 < config.inferred_end_grace_s < RAY_EXPORT_DELAY_S:
-        warnings.append(f"agent.inferred_end_grace: {config.inferred_end_grace_s:g}s is shorter "
-                        f"than Ray takes to export a dead driver's ends (about 5 s): keep it "
-                        f"at {RAY_EXPORT_DELAY_S:g}s or more, or Ray's own end may come after "
-                        "evagg inferred one")
-    warnings.extend(files_warnings(config.files, [sink.type for sink in config.sinks]))
-    warnings.extend(spool_disk_warnings(config.state_dir, config.spool_max_bytes))
-    warnings.extend(token_file_warnings(config))
-    warnings.extend(url_warnings(config))
-    host = config.http_listen.rpartition(":")[0].strip("[]")
-    if not host or config.http_token is not None or is_loopback_host(host):
-        return warnings
-    return [f"agent.http_listen: {config.http_listen} can be reached from other hosts and "
-            "no http_token_file is set: anyone who reaches it can write events", *warnings]
-
-
-def url_warnings(config: AgentConfig) -> list[str]:
-    """A url its sink type finds likely wrong though it works: an HTTP sink pointed at an
-    ingest API that wants another body (Elasticsearch's _bulk, Loki's push, ...)."""
-    types = sink_types()
-    warnings = []
-    for index, sink in enumerate(config.sinks):
-        kind = types.get(sink.type)
-        said = kind.url_warning(sink.url) if kind is not None else None
-        if said is not None:
-            warnings.append(f"sinks[{index}] ({sink.name}).url: {said}")
-    return warnings
-
-
-def token_file_warnings(config: AgentConfig) -> list[str]:
-    """A token file other users may read (or anyone but its owner may change) protects
-    nothing from them: they send events and read /v1/tail with it."""
-    if config.http_token is None or config.http_token_file is None:
-        return []
-    try:
-        mode = stat.S_IMODE(config.http_token_file.stat().st_mode)
-    except OSError:
-        return []  # read a moment ago; a file gone since is the next start's error
-    if not mode & 0o026:  # other users' read or write, the group's write
-        return []
-    return [f"agent.http_token_file: {config.http_token_file} has mode {mode:04o}: every "
-            "local user can read (or change) the token, and so write events and read "
-            f"them back; chmod 600 {config.http_token_file} (640 to let a group read it)"]
-
-
-def _unverified(options: Mapping[str, Any]) -> bool:
-    try:
-        return not parse_bool(options.get("tls_verify", True))
-    except ValueError:
-        return False  # the sink's build names the bad value
-
-
-def check_host(config: AgentConfig) -> None:
-    """What only the host that runs the agent can answer, for `evagg check-config` and
-    `evagg run` (load_config itself reads another host's config fine)."""
-    group = config.socket_group
-    if group is None:
-        return
-    try:
-        grp.getgrnam(group)
-    except KeyError:
-        raise ConfigError([f"agent.socket_group: no group named {group!r} on this host "
-                           "(create it, or remove the key)"]) from None
 
 
 def _with_ray(config: AgentConfig, ray: dict[str, Any], problems: list[str]) -> AgentConfig:
