@@ -22,12 +22,19 @@ command line prints it.
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
 from typing import Final
 
 import pyarrow as pa
 
+from sinks.fragments.ddl_lake import Lake, lake_has_fragments
+from sinks.fragments.ddl_types import (
+    PARTITION_TYPES,
+    columns_of,
+    fragment_schema,
+    partitions,
+    sql_type,
+    table_engine,
+)
 from sinks.fragments.dialects import (
     DIALECTS,
     SOURCE_FILE_COLUMN,
@@ -41,7 +48,6 @@ from sinks.fragments.task_fold import (
     merge_select,
     partial_select,
 )
-from sinks.locations import is_s3_url
 from sinks.parquet.layout import COMPACTED_PREFIX, FRAGMENT_SUFFIX, TASKS_ROOT
 from sinks.schema import EVENT_SCHEMA
 
@@ -49,139 +55,10 @@ EVENTS_RAW: Final = "events_raw"
 EVENTS: Final = "events"
 FRAGMENTS: Final = "task_fragments"
 TASKS: Final = "tasks"
-# The hive columns of the `date=/hour=/node=` directories, typed as evagg's own reader
-# types them (dashboard's read_parquet hive_types).
-PARTITION_TYPES: Final[dict[str, pa.DataType]] = {
-    "date": pa.date32(), "hour": pa.int32(), "node": pa.string()}
 DEFAULT_SCHEMA: Final = "evagg"  # Trino's and Athena's schema (database) for the tables
 DEFAULT_CATALOG: Final = "hive"  # Trino's catalog: a Hive connector
 EVENT_GLOB: Final = "date=*/hour=*/node=*/*.parquet"
 
-
-@dataclass(frozen=True)
-class Lake:
-    """Where the statements point: `url` is an absolute local directory or an `s3://`
-    prefix, without a trailing slash."""
-
-    url: str
-
-    @staticmethod
-    def parse(location: str) -> Lake:
-        """A lake from what a user typed: a directory (made absolute) or `s3://bucket/prefix`.
-        Raises ValueError for anything else."""
-        text = location.strip()
-        if not text:
-            raise ValueError("the lake is empty: give a directory or s3://bucket/prefix")
-        if "://" in text and not is_s3_url(text):
-            raise ValueError(f"{location!r} is neither a directory nor an s3:// prefix")
-        if is_s3_url(text):
-            if not text[len("s3://"):].strip("/"):
-                raise ValueError(f"{location!r} names no bucket: give s3://bucket/prefix")
-            return Lake(text.rstrip("/"))
-        from pathlib import Path
-
-        return Lake(str(Path(text).expanduser().resolve()))
-
-    @property
-    def is_s3(self) -> bool:
-        return is_s3_url(self.url)
-
-    def location(self, d: Dialect, under: str = "") -> str:
-        """The lake (or a folder under it) as `d`'s engine names it."""
-        url = f"{self.url}/{under}" if under else self.url
-        if d.name == "spark":
-            # Hadoop's S3 file system is s3a:// (EMR's s3:// works too); a local path as a
-            # file: URI, so a cluster whose default file system is HDFS reads it here
-            return ("s3a://" + url[len("s3://"):]) if self.is_s3 else f"file://{url}"
-        if d.name == "athena":
-            return url + "/"  # Athena's LOCATION is a prefix
-        return url
-
-
-def lake_has_fragments(lake: Lake) -> bool | None:
-    """Whether a local lake holds task fragments (None for S3: not looked at here)."""
-    if lake.is_s3:
-        return None
-    from pathlib import Path
-
-    root = Path(lake.url) / TASKS_ROOT
-    return root.is_dir() and next(root.rglob(f"*{FRAGMENT_SUFFIX}"), None) is not None
-
-
-@functools.cache
-def fragment_schema() -> pa.Schema:
-    """The columns of a task fragment: the partial fold's output, as DuckDB writes it."""
-    import duckdb
-
-    con = duckdb.connect()
-    try:
-        empty = ", ".join(f"CAST(NULL AS {kind}) AS {name}"
-                          for name, kind in FOLD_COLUMNS.items())
-        con.execute(f"CREATE TEMP TABLE no_rows AS SELECT {empty} WHERE false")
-        table = con.sql(partial_select(dialect("duckdb"), "no_rows")).to_arrow_table()
-        return table.schema
-    finally:
-        con.close()
-
-
-# ---- types ------------------------------------------------------------------------------
-
-
-def sql_type(engine: str, kind: pa.DataType) -> str:
-    """An Arrow type in `engine`'s DDL: duckdb, spark, trino, or hive (Athena's tables)."""
-    if pa.types.is_struct(kind):
-        fields = [(kind.field(i).name, sql_type(engine, kind.field(i).type))
-                  for i in range(kind.num_fields)]
-        if engine == "spark":
-            return "STRUCT<" + ", ".join(f"{n}: {t}" for n, t in fields) + ">"
-        if engine == "hive":
-            return "struct<" + ",".join(f"{n}:{t}" for n, t in fields) + ">"
-        inner = ", ".join(f"{n} {t}" for n, t in fields)
-        return f"row({inner})" if engine == "trino" else f"STRUCT({inner})"
-    if pa.types.is_map(kind):
-        key, item = sql_type(engine, kind.key_type), sql_type(engine, kind.item_type)
-        if engine in ("spark", "hive"):
-            return f"{'MAP' if engine == 'spark' else 'map'}<{key}, {item}>"
-        return f"map({key}, {item})" if engine == "trino" else f"MAP({key}, {item})"
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        item = sql_type(engine, kind.value_type)
-        if engine in ("spark", "hive"):
-            return f"{'ARRAY' if engine == 'spark' else 'array'}<{item}>"
-        return f"array({item})" if engine == "trino" else f"{item}[]"
-    names = _SCALARS[engine]
-    for test, name in zip(_SCALAR_TESTS, names, strict=True):
-        if test(kind):
-            return name
-    raise ValueError(f"no {engine} type for Arrow type {kind}")
-
-
-_SCALAR_TESTS: Final = (pa.types.is_string, pa.types.is_large_string, pa.types.is_int32,
-                        pa.types.is_int64, pa.types.is_float64, pa.types.is_boolean,
-                        pa.types.is_timestamp, pa.types.is_date32)
-_SCALARS: Final = {
-    "duckdb": ("VARCHAR", "VARCHAR", "INTEGER", "BIGINT", "DOUBLE", "BOOLEAN", "TIMESTAMPTZ",
-               "DATE"),
-    "spark": ("STRING", "STRING", "INT", "BIGINT", "DOUBLE", "BOOLEAN", "TIMESTAMP", "DATE"),
-    # the Hive connector takes `timestamp` alone, at its hive.timestamp-precision
-    "trino": ("varchar", "varchar", "integer", "bigint", "double", "boolean", "timestamp",
-              "date"),
-    "hive": ("string", "string", "int", "bigint", "double", "boolean", "timestamp", "date"),
-}
-
-
-def _table_engine(d: Dialect) -> str:
-    return "hive" if d.name == "athena" else d.name
-
-
-def _columns(schema: pa.Schema) -> list[tuple[str, pa.DataType]]:
-    return [(f.name, f.type) for f in schema]
-
-
-def _partitions() -> list[tuple[str, pa.DataType]]:
-    return list(PARTITION_TYPES.items())
-
-
-# ---- the statements ---------------------------------------------------------------------
 
 
 def literal(d: Dialect, text: str) -> str:
@@ -196,7 +73,7 @@ def _ddl_quote(d: Dialect, name: str) -> str:
 
 
 def _column_list(d: Dialect, columns: list[tuple[str, pa.DataType]]) -> str:
-    engine = _table_engine(d)
+    engine = table_engine(d)
     return ",\n".join(f"    {_ddl_quote(d, n)} {sql_type(engine, t)}" for n, t in columns)
 
 
@@ -301,7 +178,7 @@ def _external(d: Dialect, lake: Lake, names: _Names, table: str,
     """A table (Spark: a temporary view) over Parquet files in hive partitions, and what
     registers its partitions."""
     name = names.fragments if table == FRAGMENTS else names.events_raw
-    column_list = _column_list(d, [*columns, *_partitions()])
+    column_list = _column_list(d, [*columns, *partitions()])
     where = literal(d, lake.location(d, under))
     if d.name == "spark":
         return [f"CREATE OR REPLACE TEMPORARY VIEW {name} (\n{column_list}\n)\n"
@@ -316,7 +193,7 @@ def _external(d: Dialect, lake: Lake, names: _Names, table: str,
                 f"schema_name => '{names.schema}', table_name => '{table}', mode => 'FULL')"]
     if d.name == "athena":
         data = _column_list(d, columns)
-        keys = ", ".join(f"`{n}` {sql_type('hive', t)}" for n, t in _partitions())
+        keys = ", ".join(f"`{n}` {sql_type('hive', t)}" for n, t in partitions())
         return [f"CREATE EXTERNAL TABLE IF NOT EXISTS {name} (\n{data}\n)\n"
                 f"PARTITIONED BY ({keys})\nSTORED AS PARQUET\nLOCATION {where}",
                 f"MSCK REPAIR TABLE {name}"]
@@ -325,7 +202,7 @@ def _external(d: Dialect, lake: Lake, names: _Names, table: str,
 
 def _duckdb_read(lake: Lake, under: str, glob: str, *, with_file: bool = False) -> str:
     d = dialect("duckdb")
-    hive = ", ".join(f"'{n}': {sql_type('duckdb', t)}" for n, t in _partitions())
+    hive = ", ".join(f"'{n}': {sql_type('duckdb', t)}" for n, t in partitions())
     path = f"{lake.url}/{under}/{glob}" if under else f"{lake.url}/{glob}"
     file = f", filename = '{SOURCE_FILE_COLUMN}'" if with_file else ""
     return (f"read_parquet({literal(d, path)}, hive_partitioning = true, "
@@ -337,14 +214,14 @@ def _events_raw(d: Dialect, lake: Lake, names: _Names) -> list[str]:
         # DuckDB 2 reads nanosecond files' times as TIMESTAMPTZ_NS: cut down to
         # microseconds, as DuckDB 1.x reads them and as every file is written now
         cut = ", ".join(f"CAST(date_trunc('microsecond', {c}) AS TIMESTAMPTZ) AS {c}"
-                        for c in _time_columns())
+                        for c in _timecolumns_of())
         return [f"CREATE OR REPLACE VIEW {names.events_raw} AS\n"
                 f"SELECT * REPLACE ({cut})\n"
                 f"FROM {_duckdb_read(lake, '', EVENT_GLOB, with_file=True)}"]
-    return _external(d, lake, names, EVENTS_RAW, _columns(EVENT_SCHEMA), "", ".parquet")
+    return _external(d, lake, names, EVENTS_RAW, columns_of(EVENT_SCHEMA), "", ".parquet")
 
 
-def _time_columns() -> list[str]:
+def _timecolumns_of() -> list[str]:
     return [f.name for f in EVENT_SCHEMA if pa.types.is_timestamp(f.type)]
 
 
@@ -354,7 +231,7 @@ def _events(d: Dialect, names: _Names) -> str:
         return (f"CREATE OR REPLACE VIEW {names.events} AS\n"
                 f"SELECT * EXCLUDE ({SOURCE_FILE_COLUMN}) FROM {names.events_raw}\n"
                 f"QUALIFY row_number() OVER ({order}) = 1")
-    every = [n for n, _ in _columns(EVENT_SCHEMA)] + list(PARTITION_TYPES)
+    every = [n for n, _ in columns_of(EVENT_SCHEMA)] + list(PARTITION_TYPES)
     select = ", ".join(d.quote(c) for c in every)
     view = "TEMPORARY VIEW" if d.name == "spark" else "VIEW"
     return (f"CREATE OR REPLACE {view} {names.events} AS\n"
@@ -367,14 +244,14 @@ def _fragments(d: Dialect, lake: Lake, names: _Names) -> list[str]:
         glob = f"date=*/hour=*/node=*/*{FRAGMENT_SUFFIX}"
         return [f"CREATE OR REPLACE VIEW {names.fragments} AS\n"
                 f"SELECT * FROM {_duckdb_read(lake, TASKS_ROOT, glob)}"]
-    return _external(d, lake, names, FRAGMENTS, _columns(fragment_schema()),
+    return _external(d, lake, names, FRAGMENTS, columns_of(fragment_schema()),
                      TASKS_ROOT, FRAGMENT_SUFFIX)
 
 
 def _no_fragments(d: Dialect, names: _Names) -> str:
     engine = "trino" if d.name == "athena" else d.name  # a view: Trino's types
     nulls = ",\n".join(f"    CAST(NULL AS {sql_type(engine, t)}) AS {d.quote(n)}"
-                       for n, t in [*_columns(fragment_schema()), *_partitions()])
+                       for n, t in [*columns_of(fragment_schema()), *partitions()])
     view = "TEMPORARY VIEW" if d.name == "spark" else "VIEW"
     return (f"-- no {TASKS_ROOT}/ in the lake yet: no fragments, every partition folds raw\n"
             f"CREATE OR REPLACE {view} {names.fragments} AS\nSELECT\n{nulls}\n"
