@@ -416,3 +416,34 @@ def test_a_long_span_name_is_cut_before_its_bar(long_page: Page) -> None:
     expect(label).to_contain_text("handle_request /v1/chat")
     assert (label.text_content() or "").endswith("…")
     assert no_sideways_scroll(long_page)
+
+
+HEADER_PARTS = ("header .brand", "header nav a", "header .status label", "#updated",
+                "#store-facts")
+
+
+@pytest.mark.parametrize("width", (1024, 1280))
+def test_the_header_shows_every_link_and_the_store_it_reads(browser: Any, layout_lake: Path,
+                                                            width: int) -> None:
+    """At 1024 px the store's path used to be squeezed beside the nav to "/t…"."""
+    for page in open_page(browser, layout_lake, width):
+        page.goto("/#/tasks")
+        expect(page.locator("#store-facts")).to_contain_text(" files · ")
+        shot(page, "header")
+        assert no_sideways_scroll(page)
+        for selector in HEADER_PARTS:
+            for part in page.locator(selector).all():
+                found = part.bounding_box()
+                assert found is not None and inside_viewport(page, found), (selector, found)
+        cut = page.evaluate("""(selectors) => [...document.querySelectorAll(selectors)]
+            .filter((e) => e.scrollWidth > e.clientWidth + 1).map((e) => e.textContent)""",
+                            ", ".join(HEADER_PARTS))
+        assert cut == [], cut
+        nav, status = box(page, "header nav"), box(page, "header .status")
+        assert (nav["x"] + nav["width"] <= status["x"]
+                or nav["y"] + nav["height"] <= status["y"]), (nav, status)
+        # the path shows about 15 characters or more, whole in the tooltip
+        where = page.evaluate("""() => { const e = document.getElementById('store-where');
+            return [e.clientWidth, e.scrollWidth]; }""")
+        assert where[0] >= min(where[1], 100), where
+        assert str(layout_lake) in (page.locator("#store-info").get_attribute("title") or "")

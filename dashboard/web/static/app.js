@@ -86,10 +86,8 @@ async function poll() {
     const info = await getJSON("/api/info");
     delay = Math.max(2000, (info.refresh_s || 5) * 1000);
     const files = `${info.files} file${info.files === 1 ? "" : "s"}`;
-    const where = `${info.location} · ${info.engine} · ${files} · ${fmtBytes(info.bytes)}`;
-    const storeInfo = document.getElementById("store-info");
-    storeInfo.textContent = where;
-    storeInfo.title = where;
+    const facts = `· ${info.engine} · ${files} · ${fmtBytes(info.bytes)}`;
+    showStore(info.location, facts);
     // The page itself says when the store is empty: the banner does not repeat it.
     const message = info.files ? info.message : "";
     const banner = document.getElementById("banner");
@@ -99,9 +97,16 @@ async function poll() {
     if (version !== null && info.version !== version && auto) await render({ keepScroll: true });
     version = info.version;
   } catch (err) {
-    document.getElementById("store-info").textContent = err.message;
+    showStore(err.message, "");
   }
   setTimeout(poll, delay);
+}
+
+// The store's location, cut at the header's edge, then its facts, which are never cut.
+function showStore(where, facts) {
+  document.getElementById("store-where").textContent = where;
+  document.getElementById("store-facts").textContent = facts;
+  document.getElementById("store-info").title = facts ? `${where} ${facts}` : where;
 }
 
 window.addEventListener("hashchange", () => render());
