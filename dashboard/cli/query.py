@@ -39,7 +39,9 @@ FINAL_STATES = ("PENDING", "SUBMITTED", "RUNNING", "FINISHED", "FAILED", "DEFINE
 # of the tasks view, read off the view itself, so a column added to it shows up here.
 SHORT_TASK_COLUMNS = ("task_id", "attempt", "name", "final_state", "node_id", "duration_s",
                       "error_type")
-NO_RUN_ID = "(no run_id)"
+# what `steps --run` took for the run of ops without a run_id before it was named as the
+# dashboard names it; scripts that pass it still work
+OLD_NO_RUN_ROW = "(no run_id)"
 # what a summary's row with no value stands for, by dimension
 NO_VALUE = {"job": "(no job id)", "driver": "(no job id)",
             "error_type": "(no error type)"}  # failures sent without an error_type
@@ -145,7 +147,7 @@ def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
     steps = add("steps", "a training run's steps: ops, failures, seconds (wall time, each "
                 "moment once), queue_s, metric spread", _steps)
     steps.add_argument("--run", required=True,
-                       help=f"run id ('' or '{NO_RUN_ID}' for ops sent without one)")
+                       help=f"run id ('' or '{queries.NO_RUN_ROW}' for ops sent without one)")
     add("runs", "training runs", _runs)
     add("jobs", "Ray's driver jobs: started, ended, and how evagg knows of the end", _jobs)
     add("agents", "node agents: last heartbeat, throughput, losses",
@@ -285,12 +287,13 @@ def _runs(store: Store, _args: argparse.Namespace) -> Result:
     if "run_id" in result.columns:
         index = result.columns.index("run_id")
         for row in result.rows:
-            row[index] = row[index] or NO_RUN_ID
+            row[index] = row[index] or queries.NO_RUN_ROW
     return result
 
 
 def _steps(store: Store, args: argparse.Namespace) -> Result:
-    return queries.steps(store, "" if args.run == NO_RUN_ID else args.run)
+    unnamed = args.run in (queries.NO_RUN_ROW, OLD_NO_RUN_ROW)
+    return queries.steps(store, "" if unnamed else args.run)
 
 
 def _ledger(store: Store, args: argparse.Namespace) -> Result:

@@ -139,7 +139,7 @@ class Api:
                                    params.get("session") or None)
 
     def _runs(self, _params: dict[str, str]) -> Any:
-        return json_result(queries.runs(self.store))
+        return {**json_result(queries.runs(self.store)), "no_run": queries.NO_RUN}
 
     def _steps(self, params: dict[str, str]) -> Any:
         if "run" not in params:
@@ -147,7 +147,8 @@ class Api:
         run = params["run"]
         return {"steps": json_result(queries.steps(self.store, run)),
                 "ops": json_result(queries.step_ops(self.store, run)),
-                "metrics": json_result(queries.step_metrics(self.store, run))}
+                "metrics": json_result(queries.step_metrics(self.store, run)),
+                "no_run": queries.NO_RUN}
 
     def _traces(self, params: dict[str, str]) -> Any:
         limit = bounded_int("limit", params.get("limit"), 100, 1, 5000)

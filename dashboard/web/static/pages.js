@@ -266,20 +266,20 @@ export async function runs() {
   return section("Training runs", table([{ key: "run_id", label: "run", cls: "clip name" }, { key: "steps", label: "steps", num: true },
     { key: "ops", label: "ops", num: true }, { key: "failures", label: "failures", num: true },
     { key: "seconds", label: "op time", num: true }, { key: "started_at", label: "started" }, { key: "ended_at", label: "ended" }],
-  data.rows, (row, c) => c.key === "run_id" ? runLink(row.run_id)
+  data.rows, (row, c) => c.key === "run_id" ? runLink(row.run_id, data.no_run)
     : c.key === "seconds" ? fmtDur(row.seconds) : c.key.endsWith("_at") ? fmtTime(row[c.key]) : fmtNum(row[c.key])));
 }
 
 // Ops sent without a run_id (Ray ops from ray_op/traced_remote, emitters.op outside a
 // run) share one row, run_id ''. Its link keeps `run=` (routeHref drops empty values),
-// and it is named for what it holds, not as a training run.
-const NO_RUN = "ops without a run id";
+// and it is named for what it holds, not as a training run: in the words the API sends
+// (`no_run`), which `evagg query runs` prints too.
 const NO_RUN_NOTE = "ops sent without a run_id: Ray ops (ray_op, traced_remote) and emitters.op outside "
   + "a run; emitters.configure(run_id=...) or EVAGG_RUN_ID gives a run its own row";
 
-function runLink(runId) {
+function runLink(runId, noRun) {
   if (runId) return hashLink("run", { run: runId }, runId, { title: runId });
-  return h("span", null, h("a", { href: "#/run?run=", class: "no-run", title: NO_RUN_NOTE }, `(${NO_RUN})`),
+  return h("span", null, h("a", { href: "#/run?run=", class: "no-run", title: NO_RUN_NOTE }, `(${noRun})`),
     h("span", { class: "muted no-run-note" }, " Ray tasks' ops and others sent without a run_id"));
 }
 
@@ -356,7 +356,7 @@ export async function run(params) {
     ["queue time", "time the step's work waited in a queue before it started (emitters.queueing)"], ["metric spread (min … max)"]];
   const grid = h("table", { class: "grid steps" }, h("thead", null, h("tr", null,
     heads.map(([t, title]) => h("th", title ? { title } : null, t)))), body);
-  return h("div", null, h("h1", null, runId ? `Run ${runId}` : `Steps of ${NO_RUN}`),
+  return h("div", null, h("h1", null, runId ? `Run ${runId}` : `Steps of ${data.no_run}`),
     runId ? null : h("p", { class: "muted", id: "no-run-note" }, NO_RUN_NOTE),
     runId ? await requestLedger(runId) : null,
     runId ? await runArtifacts(runId) : null,
