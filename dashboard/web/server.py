@@ -24,6 +24,10 @@ from sinks.locations import is_s3_url
 # seconds (the agent closes a local file 5 s after it opened). On S3 a relist is LISTs.
 LOCAL_REFRESH_S = 2.0
 S3_REFRESH_S = 5.0
+# A browser opens six connections to a host; 256 leaves room for many tabs and the Ray
+# State API's clients, and under the 1024 descriptors a shell's soft limit usually allows.
+MAX_CONNECTIONS = 256
+MOST_CONNECTIONS = 1_000_000  # as the agent's max_connections
 log = logging.getLogger("evagg.dashboard")
 DESCRIPTION = """\
 Serve the web dashboard: tasks, training runs, ops, traces and agents, read from the
@@ -81,6 +85,12 @@ def add_dashboard_parser(subparsers: Any) -> argparse.ArgumentParser:
                              "0 lists the store again for every request")
     parser.add_argument("--query-timeout", type=float, default=60.0, metavar="SECONDS",
                         help="stop a page's query after this long (default 60)")
+    parser.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS, metavar="N",
+                        help="connections served at once; one more is closed at once, so "
+                             "that programs holding connections open cannot take the file "
+                             "descriptors the dashboard reads the store with (default "
+                             "%(default)s: a browser tab opens up to six; raise it for many "
+                             "tabs or Ray State API clients, within `ulimit -n`)")
     parser.set_defaults(command=run_dashboard)
     return parser
 
@@ -125,6 +135,9 @@ def run_dashboard(args: argparse.Namespace) -> int:
             if not 0 <= args.port <= 65535:
                 raise BadInput(f"--port must be 0 to 65535, not {args.port}")
             port = args.port
+        if not 1 <= args.max_connections <= MOST_CONNECTIONS:
+            raise BadInput(f"--max-connections must be 1 to {MOST_CONNECTIONS}, not "
+                           f"{args.max_connections}")
         store = open_store(args)
     except DashboardError as exc:
         print(f"evagg dashboard: {exc.message}", file=sys.stderr)
@@ -146,7 +159,7 @@ def run_dashboard(args: argparse.Namespace) -> int:
 
     try:
         serve_until_stopped(create_app(store, timeout_s=args.query_timeout, listen_host=host),
-                            host, port, announce)
+                            host, port, announce, max_connections=args.max_connections)
     except OSError as exc:
         print(f"evagg dashboard: cannot listen on {host}:{port}: {exc.strerror}; another "
               "dashboard may hold it: choose another with --port", file=sys.stderr)

@@ -15,9 +15,6 @@ from aiohttp import web
 from emitters.ratelimit import RateLimitedLog
 from sinks import listener
 
-# A browser opens six connections to a host; 256 leaves room for many tabs and the Ray
-# State API's clients, and under the 1024 descriptors a shell's soft limit usually allows.
-MAX_CONNECTIONS = 256
 # A browser sends a request's headers at once, and reopens an idle connection it lost.
 HEADER_TIMEOUT_S = 10.0
 log = logging.getLogger("evagg.dashboard")
@@ -25,30 +22,31 @@ _refusals = RateLimitedLog(log)
 
 
 def serve_until_stopped(app: web.Application, host: str, port: int,
-                        announce: Callable[[], None]) -> None:
-    """Serve `app` on host:port; `announce` once the port is open. An OSError (the port
-    in use) is raised before anything is served."""
-    asyncio.run(_serve(app, host, port, announce))
+                        announce: Callable[[], None], *, max_connections: int) -> None:
+    """Serve `app` on host:port, at most `max_connections` connections open at once;
+    `announce` once the port is open. An OSError (the port in use) is raised before
+    anything is served."""
+    asyncio.run(_serve(app, host, port, announce, max_connections))
 
 
 async def _serve(app: web.Application, host: str, port: int,
-                 announce: Callable[[], None]) -> None:
+                 announce: Callable[[], None], max_connections: int) -> None:
     app_runner = listener.runner(app, stall_s=HEADER_TIMEOUT_S)
     await app_runner.setup()
+
+    def refuse_connection() -> None:
+        _refusals.log(logging.WARNING, "over_cap", "closing connections beyond %d open at "
+                      "once: a local program is holding connections to the dashboard open "
+                      "(raise --max-connections if they are yours)", max_connections)
+
     try:
-        server = await listener.serve(app_runner, host, port, max_connections=MAX_CONNECTIONS,
-                                      on_refused=_refuse_connection)
+        server = await listener.serve(app_runner, host, port, max_connections=max_connections,
+                                      on_refused=refuse_connection)
         announce()
         await _stop_signal()
         server.close()
     finally:
         await app_runner.cleanup()
-
-
-def _refuse_connection() -> None:
-    _refusals.log(logging.WARNING, "over_cap", "closing connections beyond %d open at once: "
-                  "a local program is holding connections to the dashboard open",
-                  MAX_CONNECTIONS)
 
 
 async def _stop_signal() -> None:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.commands import evagg
 from tests.dashboard.dashproc import running_dashboard
 from tests.dashboard.lakegen import Expected, local_put, write_sample_store
 from tests.limits import (
@@ -23,6 +24,7 @@ from tests.limits import (
     runs_with_fewer_descriptors,
     with_fewer_descriptors,
 )
+from tests.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +80,56 @@ def test_held_connections_leave_the_operators_page_answering(dashboard: int) -> 
     assert status == 200, body[:300]
     page = json.loads(body)
     assert page["total"] == Expected.tasks and len(page["rows"]) == 5
+
+
+def served(connection: http.client.HTTPConnection) -> bool:
+    """Whether the dashboard answers a request on `connection` (kept open after)."""
+    try:
+        connection.request("GET", "/api/info")
+        answer = connection.getresponse()
+        answer.read()
+    except OSError:
+        return False
+    return answer.status == 200
+
+
+def served_anew(port: int) -> bool:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        return served(connection)
+    finally:
+        connection.close()
+
+
+def test_max_connections_caps_what_a_client_can_hold(tmp_path_factory: pytest.TempPathFactory
+                                                     ) -> None:
+    """`--max-connections 3`: a client holding 3 connections (each served, kept alive)
+    gets no answer on a 4th; once it lets one go, a new one is served."""
+    lake = tmp_path_factory.mktemp("capped")
+    write_sample_store(local_put(lake))
+    with running_dashboard(lake, lake.parent, "--max-connections", "3") as started:
+        held = [http.client.HTTPConnection("127.0.0.1", started.port, timeout=30)
+                for _ in range(3)]
+        try:
+            assert all(served(connection) for connection in held)  # each one counted
+            # a 4th is closed unanswered (under the cap, the same request gets a 200)
+            assert not served_anew(started.port), "a 4th connection was served"
+            assert all(served(connection) for connection in held)  # the 3 still answer
+            held.pop().close()
+            wait_for(lambda: served_anew(started.port), 30,
+                     "a connection under the cap to be served")
+        finally:
+            for connection in held:
+                connection.close()
+        assert "closing connections beyond 3 open at once" in started.log()
+
+
+def test_max_connections_is_explained_and_checked() -> None:
+    shown = evagg("dashboard", "--help")
+    assert shown.returncode == 0
+    flat = " ".join(shown.stdout.split())
+    assert "--max-connections N connections served at once" in flat, flat
+    assert "(default 256:" in flat, flat  # as before the flag
+    refused = evagg("dashboard", "--max-connections", "0", "--data", "/nonexistent")
+    assert refused.returncode == 2
+    assert "--max-connections must be 1 to 1000000, not 0" in refused.stderr
