@@ -23,7 +23,7 @@ from typing import Any
 
 from aggregator.config import AgentConfig
 from aggregator.ingest.ingestor import Ingestor, SpoolUnavailable
-from aggregator.losses import LossRecorder
+from aggregator.losses import LossRecorder, ProducerLoss
 from aggregator.metrics import AgentMetrics
 from aggregator.worker_errors import WorkerErrors
 from emitters.ids import new_event_id
@@ -107,6 +107,7 @@ class Heartbeat:
         await self._write([self._heartbeat_row(final)])
 
     async def _write(self, rows: list[dict[str, Any]]) -> None:
+        await self._write_producers_reports()
         losses = self.losses.take_unreported()
         for reason, events in losses.items():
             total = self.losses.reported_total(reason) + events
@@ -120,6 +121,27 @@ class Heartbeat:
             self.losses.return_unreported(losses)  # reported with the next heartbeat instead
             raise
         self.losses.reported(losses)
+
+    async def _write_producers_reports(self) -> None:
+        """Producers' reports of their drops that reached the agent in frames it could not
+        store (`unstored_at_stop`): written as the producer's own `loss` rows, stamped
+        with its pid, so readers count them as that producer's drops, not the agent's."""
+        by_pid: dict[int | None, list[ProducerLoss]] = {}
+        for pid, report in self.losses.take_unreported_reports():
+            by_pid.setdefault(pid, []).append(report)
+        while by_pid:
+            pid, theirs = next(iter(by_pid.items()))
+            rows = [producer_loss_row(report, self.node_id) for report in theirs]
+            try:  # route "agent": the ingestor counts no loss rows of this route
+                await self.ingestor.ingest_rows(rows, self.ingestor.stamp(pid), route="agent")
+            except BaseException:  # written with the next heartbeat instead
+                self.losses.return_unreported_reports(
+                    [(sender, report) for sender, left in by_pid.items() for report in left])
+                raise
+            del by_pid[pid]
+            # counted once written, as the agent's own losses are; a report the socket
+            # counted already (its frame was being stored) adds nothing: its running total
+            self.losses.count_from_producers(theirs)
 
     def _heartbeat_row(self, final: bool) -> dict[str, Any]:
         return {
@@ -156,6 +178,18 @@ def loss_row(reason: str, events: int, total: int, node_id: str) -> dict[str, An
             "node_id": node_id,
             "metrics": {"events": float(events), "events_total": float(total)},
             "attrs": {"reason": reason}}
+
+
+def producer_loss_row(report: ProducerLoss, node_id: str) -> dict[str, Any]:
+    """A producer's `loss` event as its emitter sent it (docs/wire-protocol.md#losses)."""
+    metrics = {"events": float(report.events)}
+    if report.total is not None:
+        metrics["events_total"] = float(report.total)
+    attrs = {"reason": report.reason, "component": "emitter"}
+    if report.session:
+        attrs["session"] = report.session
+    return {"kind": "loss", "source": "evagg", "name": report.reason, "state": "DROPPED",
+            "node_id": node_id, "metrics": metrics, "attrs": attrs}
 
 
 def _version() -> str:

@@ -11,6 +11,11 @@ Four places learn of losses and each is given the same `LossRecorder`:
 - the ingest routes, for the losses producers report in their own `loss` events
   (`buffer_full`, `nacked`, `too_large`, `unencodable`, `exit_deadline`;
   docs/wire-protocol.md): counted in `evagg_producer_dropped_events_total{reason}`.
+
+A stopping agent may hold such reports in frames of an exited producer that it could not
+store (`unstored_at_stop`): those stay the producer's drops. The heartbeat writes them as
+the producer's `loss` rows (its pid, session and running total) and only then counts them
+as the producer's; a stop that cannot write them keeps them for the next start.
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ class LossRecorder:
         self._found: dict[str, int] = {}
         self._totals: dict[tuple[str, str], int] = {}  # (session, reason) -> last total seen
         self._unreported: dict[str, int] = {}
+        # producers' reports found in frames never stored, with the pid that sent them
+        self._unreported_reports: list[tuple[int | None, ProducerLoss]] = []
         # Called (from any thread) when a loss is found, so that the heartbeat reports it
         # within a second instead of at its next beat: until then `evagg status` says
         # "lost none".
@@ -75,21 +82,43 @@ class LossRecorder:
             if self.on_found is not None:
                 self.on_found()
 
+    def record_unstored_reports(self, pid: int | None, reports: Iterable[ProducerLoss]) -> None:
+        """A producer's own loss reports, in its frames the agent stops before storing:
+        the heartbeat writes them as that producer's `loss` rows soon."""
+        found = [(pid, report) for report in reports]
+        if found:
+            self._unreported_reports += found
+            if self.on_found is not None:
+                self.on_found()
+
+    def take_unreported_reports(self) -> list[tuple[int | None, ProducerLoss]]:
+        """Producers' reports not yet written, each with its pid; resets them."""
+        taken, self._unreported_reports = self._unreported_reports, []
+        return taken
+
+    def return_unreported_reports(self, reports: list[tuple[int | None, ProducerLoss]]) -> None:
+        """Reports taken but not written after all: written again next time."""
+        self._unreported_reports[:0] = reports
+
     def keep_unreported(self, state_dir: Path) -> None:
         """At exit: the losses no `loss` event reported yet (the spool had no room for the
         last one), written for the next start to report. Never raises: the agent is
         stopping, and the log says what the file would have."""
-        if not self._unreported:
+        if not self._unreported and not self._unreported_reports:
             return
         path = state_dir / UNREPORTED_FILE
+        kept = {"agent": self._unreported,
+                "producers": [[pid, *report] for pid, report in self._unreported_reports]}
         try:
             staged = path.with_suffix(".tmp")
-            staged.write_bytes(orjson.dumps(self._unreported))
+            staged.write_bytes(orjson.dumps(kept))
             staged.replace(path)
         except OSError as exc:
+            lost = {**self._unreported}
+            for _, report in self._unreported_reports:
+                lost[report.reason] = lost.get(report.reason, 0) + report.events
             log.error("could not keep the count of %s lost events for the next start (%s): "
-                      "they were lost by %s", sum(self._unreported.values()), exc,
-                      ", ".join(sorted(self._unreported)))
+                      "they were lost by %s", sum(lost.values()), exc, ", ".join(sorted(lost)))
 
     def recall_unreported(self, state_dir: Path) -> int:
         """At start: what the last run found lost and could not report, reported now;
@@ -106,11 +135,21 @@ class LossRecorder:
             with contextlib.suppress(OSError):  # said once, not at every start
                 path.unlink()
             return 0
+        if not isinstance(found, dict):
+            return 0
+        # {"agent": {reason: events}, "producers": [[pid, reason, events, session, total]]};
+        # a file of an older agent is the agent's {reason: events} alone
+        agents = found.get("agent", {}) if "producers" in found else found
         events = 0
-        for reason, count in found.items() if isinstance(found, dict) else ():
+        for reason, count in agents.items() if isinstance(agents, dict) else ():
             if isinstance(count, int) and count > 0:
                 self.record(str(reason), count)
                 events += count
+        producers = found.get("producers")
+        for item in producers if isinstance(producers, list) else ():
+            if (kept := _kept_report(item)) is not None:
+                self.record_unstored_reports(kept[0], [kept[1]])
+                events += kept[1].events
         return events
 
     def totals(self) -> dict[str, int]:
@@ -186,3 +225,17 @@ def reported_losses(batch: pa.RecordBatch) -> list[ProducerLoss]:
                                 str(labels.get("session") or ""),
                                 int(total) if total is not None else None))
     return [loss for loss in out if loss.events > 0 or loss.total is not None]
+
+
+def _kept_report(item: object) -> tuple[int | None, ProducerLoss] | None:
+    """A producer's report as keep_unreported wrote it, [pid, reason, events, session,
+    total]; None for anything else (the file was edited or damaged)."""
+    if not isinstance(item, list) or len(item) != 5:
+        return None
+    pid, reason, events, session, total = item
+    if (not isinstance(pid, int | None) or not isinstance(reason, str)
+            or not isinstance(events, int) or not isinstance(session, str)
+            or not isinstance(total, int | None)):
+        return None
+    return pid, ProducerLoss(reason if reason in EMITTER_REASONS else OTHER_REASON, events,
+                             session, total)

@@ -23,6 +23,7 @@ from aggregator.decode.columns import ColumnsRefused
 from aggregator.ingest.frame_reader import FrameReader, StreamEnd
 from aggregator.ingest.ingestor import Ingestor, SpoolUnavailable
 from aggregator.ingest.unstored import unstored_losses
+from aggregator.losses import UNSTORED_AT_STOP
 from aggregator.metrics import AgentMetrics
 from emitters import paths, wire
 from emitters.ratelimit import RateLimitedLog
@@ -177,20 +178,21 @@ class SocketIngest:
         if pid is None or self.producer_alive(pid) or losses is None:
             return
         try:
-            lost, frames = unstored_losses(bodies, self.ingestor.spool.has,
-                                           self.ingestor.stamp(pid))
+            lost = unstored_losses(bodies, self.ingestor.spool.has, self.ingestor.stamp(pid))
         except Exception as exc:  # the stop goes on; only this count is missing
             self.metrics.worker_errors.inc(worker="socket", type=type(exc).__name__)
             log.exception("could not count the unstored frames of pid %d", pid)
             return
-        for reason, events in lost.items():
-            losses.record(reason, events)
-        if lost:
+        losses.record(UNSTORED_AT_STOP, lost.events)
+        losses.record_unstored_reports(pid, lost.reports)  # the producer's drops, not ours
+        if lost.frames:
+            theirs = ", ".join(f"{report.reason}={report.events}" for report in lost.reports)
             log.warning("stopping before %d frames of pid %d were stored: that producer has "
-                        "exited and cannot send them again, so they are lost and counted (%s);"
-                        " give the sinks room before a stop (`evagg status` shows a full "
-                        "spool)", frames, pid,
-                        ", ".join(f"{reason}={events}" for reason, events in lost.items()))
+                        "exited and cannot send them again, so their %d events are lost and "
+                        "counted (%s)%s; give the sinks room before a stop (`evagg status` "
+                        "shows a full spool)", lost.frames, pid, lost.events, UNSTORED_AT_STOP,
+                        f"; the drops its own reports in them name ({theirs}) are counted as "
+                        "that producer's" if theirs else "")
 
     async def _handle_body(self, body: bytes, pid: int | None, uid: int | None,
                            transport: asyncio.Transport) -> bool:

@@ -2,32 +2,41 @@
 
 A producer that has exited cannot send its frames again, so those still waiting for
 spool room when the agent stops are lost (docs/wire-protocol.md, "A producer that goes
-away"). Their events are counted as `unstored_at_stop`; the `loss` events among them (a
-producer's last report, sent as it exits, is often one) are not counted as lost events
-themselves, but what they report is, under the producer's reasons: otherwise the lake
-would never learn of those losses either.
+away"). Their events are counted as `unstored_at_stop`, the agent's loss; the `loss`
+events among them (a producer's last report, sent as it exits, is often one) are not
+counted as lost events themselves, but are kept as they are, the producer's reports of
+its own drops (its reasons, session and running totals): otherwise the lake would never
+learn of those losses either.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
+from typing import NamedTuple
 
 import pyarrow.compute as pc
 
 from aggregator.decode.columns import ColumnsRefused, decode_columns
 from aggregator.decode.ndjson import decode_ndjson
 from aggregator.decode.normalize import Stamp
-from aggregator.losses import UNSTORED_AT_STOP, reported_losses
+from aggregator.losses import ProducerLoss, reported_losses
 from emitters import wire
 
 
+class Unstored(NamedTuple):
+    """What an exited producer's frames that the spool does not hold lose."""
+
+    frames: int
+    events: int  # the agent's loss, `unstored_at_stop`: every event but the `loss` ones
+    reports: list[ProducerLoss]  # the producer's own reports of its drops, as it sent them
+
+
 def unstored_losses(bodies: list[bytes], stored: Callable[[bytes, int], bool],
-                    stamp: Stamp) -> tuple[Counter[str], int]:
-    """The events lost with `bodies` (frame bodies) by reason, and how many frames the
-    spool does not hold (`stored(session, seq)` says which it does)."""
-    lost: Counter[str] = Counter()
-    frames = 0
+                    stamp: Stamp) -> Unstored:
+    """What `bodies` (frame bodies) lose, of the frames the spool does not hold
+    (`stored(session, seq)` says which it does)."""
+    events = frames = 0
+    reports: list[ProducerLoss] = []
     for body in bodies:
         try:
             frame = wire.decode_body(body)
@@ -43,9 +52,7 @@ def unstored_losses(bodies: list[bytes], stored: Callable[[bytes, int], bool],
                      else decode_ndjson(frame.payload, stamp).batch)
         except ColumnsRefused:
             continue  # refused whole had it been handled
-        reports = reported_losses(batch)
+        reports += reported_losses(batch)
         loss_rows = pc.sum(pc.equal(batch.column("kind"), "loss")).as_py() or 0
-        lost[UNSTORED_AT_STOP] += batch.num_rows - loss_rows
-        for report in reports:
-            lost[report.reason] += report.events
-    return +lost, frames
+        events += batch.num_rows - loss_rows
+    return Unstored(frames, events, reports)

@@ -210,14 +210,19 @@ def test_an_exited_producers_frames_the_agent_stops_before_storing_are_counted_l
     that has exited wait for room: nobody can send them again. They were lost without a
     count; now the stopping agent counts them (`unstored_at_stop`) and, its last `loss`
     event having no room either, the next start reports them. Every emitted event is
-    delivered or counted lost, in the `loss` rows and in `evagg status`."""
+    delivered or counted lost, in the `loss` rows and in `evagg status`. The producer's
+    own reports of its drops among those frames stay its own: `evagg status` shows them
+    as lost by producers, and their `loss` rows carry its pid and session (they were
+    written as the agent's own losses)."""
     emitted = 3000
     endpoint = servers()
     agent = blocking_agent(agent_factory, endpoint, drain_timeout="2s")
     fill_to_the_brim(agent)
-    done = subprocess.run([sys.executable, "-c", EXITING_PRODUCER, str(agent.socket_path),
-                           str(emitted)], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    producer = subprocess.Popen([sys.executable, "-c", EXITING_PRODUCER,
+                                 str(agent.socket_path), str(emitted)], stderr=subprocess.PIPE,
+                                text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    _, stderr = producer.communicate(timeout=120)
+    done = subprocess.CompletedProcess(producer.args, producer.returncode, "", stderr)
     assert done.returncode == 0, done.stderr
     assert agent.stop() == 0
     said = [line for line in agent.log().splitlines() if "unstored_at_stop" in line]
@@ -239,7 +244,16 @@ def test_an_exited_producers_frames_the_agent_stops_before_storing_are_counted_l
     unstored = agent.metric('evagg_dropped_events_total{reason="unstored_at_stop"}')
     assert unstored > 0
     status = evagg("status", "--url", agent.http_url).stdout
-    assert "unstored_at_stop" in status, status
+    by_agent = [line for line in status.splitlines() if line.startswith("  by the agent")]
+    assert by_agent and "unstored_at_stop=" in by_agent[0], status
+    theirs = [e for e in endpoint.accepted_events()
+              if e.get("kind") == "loss" and e.get("name") != "unstored_at_stop"]
+    assert theirs, "the producer reported no drops in its last frames"  # exit_deadline
+    for row in theirs:  # the producer's, as its stored reports are
+        assert row["pid"] == producer.pid and row["attrs"].get("session"), row
+        assert f"{row['name']}=" not in by_agent[0], status
+    by_producers = [line for line in status.splitlines() if line.startswith("  by producers")]
+    assert by_producers and all(f"{row['name']}=" in by_producers[0] for row in theirs), status
 
 
 LIVE_PRODUCER = """

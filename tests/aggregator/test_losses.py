@@ -45,12 +45,18 @@ def test_losses_a_stop_could_not_report_are_reported_by_the_next_start(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     stopping = LossRecorder()
     stopping.record("unstored_at_stop", 40)
-    stopping.record("exit_deadline", 2)
+    exited = ProducerLoss("exit_deadline", 2, "s9", 7)  # in a frame the spool never held
+    stopping.record_unstored_reports(4242, [exited])
     stopping.keep_unreported(tmp_path)  # its final heartbeat found no room
     starting = LossRecorder()
     assert starting.recall_unreported(tmp_path) == 42
-    assert starting.take_unreported() == {"unstored_at_stop": 40, "exit_deadline": 2}
+    assert starting.take_unreported() == {"unstored_at_stop": 40}  # the agent's own
+    assert starting.take_unreported_reports() == [(4242, exited)]  # still the producer's
     assert starting.recall_unreported(tmp_path) == 0  # reported once, not at every start
+    (tmp_path / "losses-unreported.json").write_text('{"unstored_at_stop": 5}')  # older agent
+    older = LossRecorder()
+    assert older.recall_unreported(tmp_path) == 5
+    assert older.take_unreported() == {"unstored_at_stop": 5}
     (tmp_path / "losses-unreported.json").write_text("{not json")
     assert LossRecorder().recall_unreported(tmp_path) == 0
     assert "could not read the losses the last run left" in caplog.text
