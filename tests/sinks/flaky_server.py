@@ -42,6 +42,10 @@ class Seen:
     arrived: float = 0.0  # time.monotonic() when the request came in
     answered: float = 0.0  # ...and when it was answered (or its connection dropped)
     in_flight: int = 0  # requests in the server at its arrival, itself included
+    # time.time() at arrival and answer: what an HTTP date (Retry-After) is compared with
+    arrived_at: float = 0.0
+    answered_at: float = 0.0
+    retry_after: str = ""  # the Retry-After header answered, if any
 
     @property
     def stored(self) -> bool:
@@ -57,7 +61,9 @@ class Reply:
     """One scripted reply: a status (RESET drops the connection after storing the body)."""
 
     status: int
-    retry_after: str | None = None
+    # a Retry-After header; a callable makes it as the answer leaves (an HTTP date that
+    # must lie ahead of that moment, however long the client took to send)
+    retry_after: str | Callable[[], str] | None = None
     text: str = ""
     delay_s: float = 0.0
     hold: asyncio.Event | None = None  # answer only once the test sets it
@@ -107,8 +113,9 @@ class FlakyServer:
             grouped.setdefault(seen.key, []).append(seen)
         return grouped
 
-    def answer(self, status: int, *, times: int | None = 1, retry_after: str | None = None,
-               text: str = "", delay_s: float = 0.0) -> None:
+    def answer(self, status: int, *, times: int | None = 1,
+               retry_after: str | Callable[[], str] | None = None, text: str = "",
+               delay_s: float = 0.0) -> None:
         """Answer the next `times` requests with `status` (every request when times is None),
         each after `delay_s` seconds."""
         answer = Reply(status, retry_after, text or f"status {status}", delay_s)
@@ -162,12 +169,12 @@ class FlakyServer:
             self._runner = None
 
     async def _handle(self, request: web.Request) -> web.Response:
-        arrived = time.monotonic()
+        arrived, arrived_at = time.monotonic(), time.time()
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         concurrent = self.in_flight
         try:
-            return await self._answer(request, arrived, concurrent)
+            return await self._answer(request, (arrived, arrived_at), concurrent)
         finally:
             self.in_flight -= 1
 
@@ -185,8 +192,9 @@ class FlakyServer:
             return self._rotation[(self._turn - 1) % len(self._rotation)]
         return self._default
 
-    async def _answer(self, request: web.Request, arrived: float,
+    async def _answer(self, request: web.Request, arrival: tuple[float, float],
                       concurrent: int) -> web.Response:
+        arrived, arrived_at = arrival  # time.monotonic(), time.time()
         body = await request.read()  # aiohttp has already undone Content-Encoding: gzip
         encoding = request.headers.get("Content-Encoding", "")
         wire_bytes = int(request.headers.get("Content-Length", "0"))
@@ -206,9 +214,11 @@ class FlakyServer:
                 await answer.hold.wait()
             finally:
                 self.held -= 1
+        retry_after = answer.retry_after() if callable(answer.retry_after) else answer.retry_after
         seen = Seen(request.headers.get("Idempotency-Key", ""), answer.status,
                     request.content_type, encoding, dict(request.headers), body, wire_bytes,
-                    events, arrived, time.monotonic(), concurrent)
+                    events, arrived, time.monotonic(), concurrent, arrived_at, time.time(),
+                    retry_after or "")
         self.requests.append(seen)
         if seen.stored:
             self.accepted_events += len(events)
@@ -217,7 +227,7 @@ class FlakyServer:
             assert request.transport is not None
             request.transport.abort()  # the body is stored; the answer never leaves
             return web.Response(status=200)
-        headers = {"Retry-After": answer.retry_after} if answer.retry_after else {}
+        headers = {"Retry-After": retry_after} if retry_after else {}
         return web.Response(status=answer.status, text=answer.text, headers=headers)
 
 

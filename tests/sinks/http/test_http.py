@@ -14,7 +14,7 @@ import os
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from email.utils import formatdate
+from email.utils import formatdate, parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from sinks.filters import EventFilter
 from sinks.http import HttpOptions, HttpSink
 from sinks.http.deadletter import list_dead_letters
 from sinks.http.failures import failure_for_status, parse_retry_after
-from sinks.http.retries import DOWN_AFTER, retried_here
+from sinks.http.retries import BATCH_BACKOFF_BASE_S, DOWN_AFTER, retried_here
 from sinks.options import SinkOptionError
 from sinks.records import SpoolRecord
 from tests.sinks.flaky_server import FlakyServer
@@ -370,15 +370,22 @@ def test_an_endpoint_answering_only_failures_is_down_after_a_few_requests(status
 
 @run
 async def test_retry_after_as_an_http_date_holds_the_batch_back(server: FlakyServer) -> None:
-    # Whole seconds: 3 s past the current second is at least 2 s from now, whatever its
-    # fraction, and the sink's set-up is part of it.
-    server.answer(429, retry_after=formatdate(math.floor(time.time()) + 3, usegmt=True))
+    # An HTTP date names a whole second. Made as the 429 leaves, 2 s past the current
+    # second is 1 to 2 s ahead, whatever the fraction of a second it is and however long
+    # the sink took to send (made before, the date could pass before it was answered).
+    server.answer(429, retry_after=lambda: formatdate(math.floor(time.time()) + 2,
+                                                      usegmt=True))
     sink = sink_for(server)
     assert await deliver(sink, make_records(1, 5)) == []
     await sink.close()
     throttled, accepted = server.requests
     assert (throttled.status, accepted.status) == (429, 200)
-    assert accepted.arrived - throttled.answered >= 0.9  # the date, to the second
+    held_until = parsedate_to_datetime(throttled.retry_after).timestamp()
+    # ahead by more than the sink's own first backoff (under BATCH_BACKOFF_BASE_S): a sink
+    # that ignored the date came back before it
+    assert held_until - throttled.answered_at > BATCH_BACKOFF_BASE_S, throttled
+    # and no sooner than that second, on the date's own clock (the server's time.time())
+    assert accepted.arrived_at >= held_until, (accepted.arrived_at, held_until)
 
 
 @run
