@@ -45,3 +45,32 @@ def test_demo_writes_parquet_whose_task_durations_agree_with_their_states(
         between = (ended - running).total_seconds()
         # both times are the demo's own, so they agree to the file's microsecond
         assert 0.01 <= reported <= 0.2 and abs(between - reported) <= 2e-6
+
+
+def test_demo_and_the_sql_it_prints_read_the_events_beside_a_shipped_parquet_file(
+    tmp_path: Path,
+) -> None:
+    """A lake that holds a shipped file which is itself Parquet (a profile exported as
+    Parquet, shipped from a [[files]] directory into `_artifacts/`): the demo's query, and
+    the same SQL copied from its output, read the event files alone. With `**` in the glob
+    the demo ended in a traceback ("Hive partition mismatch ... key "v" not found")."""
+    lake = tmp_path / ".local" / "share" / "evagg" / "parquet"
+    shipped = lake / "_artifacts" / "node=gpu-1" / "profile.parquet" / "v=0001"
+    shipped.mkdir(parents=True)
+    con = duckdb.connect()
+    con.execute(f"COPY (SELECT 'matmul' AS op, 12.5 AS self_cuda_us) "
+                f"TO '{shipped / 'profile.parquet'}' (FORMAT parquet)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EVAGG_", "XDG_"))}
+    env.update(HOME=str(tmp_path), XDG_RUNTIME_DIR=str(short_socket_dir()),
+               EVAGG_HTTP_LISTEN=f"127.0.0.1:{free_port()}", PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-m", "aggregator", "run", "--demo", "80"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    # the table it printed counts the demo's ten steps of ops
+    assert re.search(r"│ op +│ forward +│ FINISHED │ +10 │", done.stdout), done.stdout
+    # and the SQL it printed, run by hand, gives the same rows
+    sql = done.stdout.split("Query it with DuckDB:\n\n", 1)[1].split(";\n", 1)[0]
+    rows = con.execute(sql).fetchall()
+    assert ("op", "forward", "FINISHED", 10) in [row[:4] for row in rows]
+    assert sum(row[3] for row in rows) == 80
