@@ -121,7 +121,10 @@ def _nothing(data: str, trace_id: str | None, since: datetime | None) -> str:
 
 
 def _glob(data: str) -> str:
-    return data.rstrip("/") + "/**/*.parquet"
+    # The layout's glob, not `**`: DuckDB's `**` descends into _artifacts/ as well, where a
+    # shipped file that is itself Parquet stopped the export with a Hive partition mismatch
+    # (docs/parquet-layout.md).
+    return data.rstrip("/") + "/date=*/hour=*/node=*/*.parquet"
 
 
 def _connect(data: str) -> Any:

@@ -4,8 +4,10 @@
 <lake>/_artifacts/node=<node id>/<name>/v=<version>/<file name>
 ```
 
-The `_artifacts` root starts with `_`, so no `**/*.parquet` glob, Hive listing or `evagg
-compact` walk reads it as events. `<name>` is the file's path below its watched
+The `_artifacts` root starts with `_`, so no Hive listing or `evagg compact` walk reads it
+as events; DuckDB's `**/*.parquet` glob does descend into it (a shipped file that is itself
+Parquet is then read as events, or stops the query), so readers use the layout's glob,
+`date=*/hour=*/node=*/*.parquet`. `<name>` is the file's path below its watched
 directory, escaped into one key level; `<version>` counts the times the agent shipped a
 different content under that name (0001 first); `<file name>` is the file's own last
 path part, so a downloaded object keeps its name. An object is never rewritten with

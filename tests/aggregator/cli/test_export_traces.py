@@ -3,6 +3,7 @@ a trace id that is unknown or not an id said as such, with no file written."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,28 @@ def test_an_unknown_trace_id_is_exit_1_and_writes_nothing(
     found = evagg("export-traces", "--data", str(lake_dir), "--trace-id", trace_id.upper(),
                   "--out", str(out))
     assert found.returncode == 0 and "wrote 2 spans" in found.stdout, found.stderr
+
+
+def test_a_shipped_parquet_file_in_the_lake_is_not_read_as_spans(
+        lake: tuple[Path, str], tmp_path: Path) -> None:
+    """A profile shipped from a [[files]] directory that is itself Parquet lies under
+    `_artifacts/` (docs/parquet-layout.md): the export reads the event files alone. It
+    stopped with "Hive partition mismatch ... key "v" not found" before."""
+    import duckdb
+
+    lake_dir, trace_id = lake
+    copy = tmp_path / "lake"
+    shutil.copytree(lake_dir, copy)
+    shipped = copy / "_artifacts" / "node=gpu-1" / "profile.parquet" / "v=0001"
+    shipped.mkdir(parents=True)
+    duckdb.connect().execute(f"COPY (SELECT 'matmul' AS op, 12.5 AS self_cuda_us) "
+                             f"TO '{shipped / 'profile.parquet'}' (FORMAT parquet)")
+    out = tmp_path / "trace.json"
+    done = evagg("export-traces", "--data", str(copy), "--trace-id", trace_id,
+                 "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"wrote 2 spans to {out}"
+    assert sorted(span["name"] for span in spans_of(out)) == ["epoch", "step"]
 
 
 @pytest.mark.parametrize(("flag", "value", "words"), [
