@@ -114,6 +114,17 @@ def box(page: Page, selector: str) -> dict[str, float]:
     return dict(found)
 
 
+def box_of(locator: Any) -> dict[str, float]:
+    found = locator.bounding_box()
+    assert found is not None
+    return dict(found)
+
+
+def overlap(a: dict[str, float], b: dict[str, float]) -> bool:
+    return (a["x"] < b["x"] + b["width"] and b["x"] < a["x"] + a["width"]
+            and a["y"] < b["y"] + b["height"] and b["y"] < a["y"] + a["height"])
+
+
 def inside_viewport(page: Page, rect: dict[str, float]) -> bool:
     """Wholly within the viewport's width (the page may scroll down, never sideways)."""
     width = page.evaluate("window.innerWidth")
@@ -281,6 +292,47 @@ def test_nan_steps_are_marked_on_the_run_page(page: Page) -> None:
     loss = page.locator("svg.metric", has=page.locator("text.chart-title", has_text="loss"))
     expect(loss.locator("g.nan-mark[data-step='1']")).to_have_count(1)
     shot(page, "run-nan-step")
+
+
+@pytest.fixture(scope="module")
+def diverged_lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run whose loss was NaN from its first step (the tracker's rows: the loss in
+    `nonfinite`, never in `metrics`), its grad_norm finite throughout."""
+    root = tmp_path_factory.mktemp("diverged") / "lake"
+    rows = []
+    for step in range(3):
+        common = {"kind": "op", "source": "torch", "run_id": "diverged", "step": step}
+        rows += [event(**common, name="forward", span_id=f"f{step}", state="FINISHED",
+                       time=at(600 + step), duration_s=0.1),
+                 event(**common, name="train_step", span_id=f"t{step}", state="FINISHED",
+                       time=at(600 + step), duration_s=0.2,
+                       metrics={"grad_norm": 1.0 + step}, nonfinite=["loss"])]
+    write_rows(local_put(root), rows, "part-00001.parquet")
+    return root
+
+
+def test_a_metric_nan_at_every_step_shows_no_made_up_value(browser: Any,
+                                                           diverged_lake: Path) -> None:
+    """Its chart marks each step NaN and says it has no finite value; it put "0" on the
+    axis before, and "loss was 0 at every step" in the tooltip: a loss it never had."""
+    for page in open_page(browser, diverged_lake, 1280):
+        page.goto("/#/run?run=diverged")
+        loss = page.locator("svg.metric", has=page.locator("text.chart-title", has_text="loss"))
+        expect(loss.locator("g.nan-mark")).to_have_count(3)
+        expect(loss.locator("text.no-finite")).to_have_text("no finite value at any step")
+        expect(loss.locator("text.y-label")).to_have_count(0)
+        expect(loss.locator("title", has_text="at every step")).to_have_count(0)
+        grad = page.locator("svg.metric",
+                            has=page.locator("text.chart-title", has_text="grad_norm"))
+        expect(grad.locator("text.y-label")).to_have_text(["3", "1"])  # finite: as before
+        # each "NaN" is legible: inside its chart, clear of the chart's title
+        chart, title = box_of(loss), box_of(loss.locator("text.chart-title"))
+        for label in loss.locator("g.nan-mark text").all():
+            mark = box_of(label)
+            right = chart["x"] + chart["width"]
+            assert chart["x"] <= mark["x"] and mark["x"] + mark["width"] <= right
+            assert not overlap(mark, title), (mark, title)
+        shot(page, "run-nan-every-step")
 
 
 @pytest.mark.parametrize("width", WIDTHS)

@@ -183,7 +183,12 @@ export function metricChart(metric, points, nanSteps = [], format = null) {
   const svg = s("svg", { viewBox: `0 0 ${width} ${height}`, class: "chart metric", role: "img",
     "aria-label": `${metric} over steps` });
   svg.append(s("text", { x: left, y: 14, class: "chart-title" }, metric));
-  if (hi === lo) {
+  if (!points.length) {
+    // NaN or infinite at every step (a loss that diverged from the start): there is no
+    // value to put on the axis; a "0" there read as a loss of 0 at every step
+    svg.append(s("text", { x: (left + width - right) / 2, y: (top + height - bottom) / 2 + 4,
+      "text-anchor": "middle", class: "axis no-finite" }, "no finite value at any step"));
+  } else if (hi === lo) {
     svg.append(s("g", { class: "constant" }, s("title", null, `${metric} was ${hiText} at every step`),
       s("text", { x: left - 6, y: ys(lo) + 3, "text-anchor": "end", class: "axis y-label" }, hiText)));
   } else {
@@ -204,7 +209,10 @@ export function metricChart(metric, points, nanSteps = [], format = null) {
     const x = xs(step);
     svg.append(s("g", { class: "nan-mark", "data-step": step },
       s("line", { x1: x, x2: x, y1: top, y2: height - bottom, stroke: "#d14b4b", "stroke-dasharray": "3 2" }),
-      s("text", { x, y: top - 2, "text-anchor": "middle", "font-size": 10, fill: "#d14b4b" }, "NaN"),
+      // beside its line, under the title (above the plot it lay on the title at the first
+      // step, and half outside the chart at the last)
+      s("text", { x: x > width - right - 30 ? x - 3 : x + 3, y: top + 10,
+        "text-anchor": x > width - right - 30 ? "end" : "start", "font-size": 10, fill: "#d14b4b" }, "NaN"),
       s("title", null, `step ${step}: ${metric} was NaN or infinite`)));
   }
   return svg;
