@@ -195,7 +195,8 @@ class SinkConsumer:
         # once per change of kind (a sink that stays down does not flood), and flaps of an
         # endpoint that fails some requests once a minute at most (flaps.py)
         extra = self._flaps.say_failure(now, first_of_kind=first_of_kind,
-                                        attempts=state.failures_in_a_row)
+                                        attempts=state.failures_in_a_row,
+                                        permanent=result.permanent)
         if extra is not None:
             log.warning("sink %s failed (%s) delivering to %s: %s; next retry %s%s%s",
                         self.name, kind, self.sink.describe(), result.error,

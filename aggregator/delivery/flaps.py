@@ -26,13 +26,17 @@ class FlapWords:
     held: int = 0  # runs of failures not said since `said_at`
     run_said: bool = True  # whether the log said the current run of failures
 
-    def say_failure(self, now: float, *, first_of_kind: bool, attempts: int) -> str | None:
+    def say_failure(self, now: float, *, first_of_kind: bool, attempts: int,
+                    permanent: bool = False) -> str | None:
         """None to say nothing of this failed attempt; else what to add to its line (the
         flaps held back since the last one said, or nothing). `attempts`: the failed
-        attempts of this run so far, this one included."""
+        attempts of this run so far, this one included. A `permanent` failure (refused
+        credentials, a missing bucket) is no flap: it waits for someone to fix the sink,
+        and is retried once a minute, so holding it back until the run is LONG_RUN long
+        kept it out of the log for two minutes, or for good when it was fixed sooner."""
         if not first_of_kind and self.run_said:
             return None  # said already: once per change of kind
-        flapping = now - self.recovered_at < FLAP_WINDOW_S
+        flapping = now - self.recovered_at < FLAP_WINDOW_S and not permanent
         if flapping and now - self.said_at < FLAP_WINDOW_S and attempts < LONG_RUN:
             if attempts == 1:
                 self.held += 1

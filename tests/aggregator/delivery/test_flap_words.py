@@ -41,3 +41,11 @@ def test_a_sink_that_recovered_long_ago_is_said_at_once() -> None:
     words = FlapWords()
     flap(words, 0.0)
     assert flap(words, FLAP_WINDOW_S + 1) == ("", True)
+
+
+def test_a_permanent_failure_soon_after_a_flap_is_said_at_once() -> None:
+    words = FlapWords()
+    flap(words, 0.0)
+    said = words.say_failure(5.0, first_of_kind=True, attempts=1, permanent=True)
+    assert said == ""  # said, though a transient failure here would be held as a flap
+    assert words.say_failure(65.0, first_of_kind=False, attempts=2, permanent=True) is None
