@@ -335,6 +335,23 @@ def test_a_metric_nan_at_every_step_shows_no_made_up_value(browser: Any,
         shot(page, "run-nan-every-step")
 
 
+def test_the_runs_table_names_its_time_as_the_run_page_and_the_cli_do(
+        browser: Any, diverged_lake: Path) -> None:
+    """Each step's train_step (200 ms) spans its forward (100 ms): the run's time is its
+    steps' wall times summed, 600 ms, as `evagg query runs` gives in `seconds` and the Run
+    page in "wall time". The column said "op time", which read as the ops' durations
+    summed (900 ms here)."""
+    for page in open_page(browser, diverged_lake, 1280):
+        page.goto("/#/runs")
+        header = page.locator("table.grid th[data-col='seconds']")
+        expect(header).to_have_text("wall time")
+        expect(header.locator("span")).to_have_attribute("title", re.compile("wall times summed"))
+        row = page.locator("table.grid tbody tr", has=page.locator("a", has_text="diverged"))
+        expect(row.locator("td[data-col='seconds']")).to_have_text("600.0 ms")
+        page.goto("/#/run?run=diverged")
+        expect(page.locator("table.steps thead")).to_contain_text("wall time")
+
+
 @pytest.mark.parametrize("width", WIDTHS)
 def test_an_empty_store_says_once_how_to_send_data(browser: Any, empty_lake: Path,
                                                    width: int) -> None:

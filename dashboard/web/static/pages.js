@@ -265,7 +265,11 @@ export async function runs() {
   if (!data.rows.length) return noRuns();
   return section("Training runs", table([{ key: "run_id", label: "run", cls: "clip name" }, { key: "steps", label: "steps", num: true },
     { key: "ops", label: "ops", num: true }, { key: "failures", label: "failures", num: true },
-    { key: "seconds", label: "op time", num: true }, { key: "started_at", label: "started" }, { key: "ended_at", label: "ended" }],
+    // the runs view's `seconds`: its steps' wall times summed (each moment of a step once),
+    // not the ops' durations summed, which "op time" read as
+    { key: "seconds", label: "wall time", num: true,
+      head: h("span", { title: "the steps' wall times summed: the time each step's ops cover, each moment once" }, "wall time") },
+    { key: "started_at", label: "started" }, { key: "ended_at", label: "ended" }],
   data.rows, (row, c) => c.key === "run_id" ? runLink(row.run_id, data.no_run)
     : c.key === "seconds" ? fmtDur(row.seconds) : c.key.endsWith("_at") ? fmtTime(row[c.key]) : fmtNum(row[c.key])));
 }
