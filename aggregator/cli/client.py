@@ -136,10 +136,21 @@ def _short(event: dict[str, Any]) -> str:
     parts = [when, event.get("kind", "?"), event.get("name", ""), event.get("state", "")]
     if "duration_s" in event:
         parts.append(f"{event['duration_s']:.3f}s")
-    if "error_type" in event:
-        parts.append(f"{event['error_type']}: {event.get('error_message', '')}")
+    error = _error_text(event.get("error_type"), event.get("error_message"))
+    if error:
+        parts.append(error)
     parts.append(f"pid={event.get('pid', '-')}")
     return "  ".join(str(p) for p in parts if p != "")
+
+
+def _error_text(error_type: Any, message: Any) -> str:
+    """The type once, as the dashboard prints it: OpenTelemetry's and Ray's messages often
+    start with it already (`ValueError: bad batch`), which read `ValueError: ValueError:
+    bad batch`; a message sent without a type is shown too."""
+    text = str(message or "")
+    if not error_type or text == error_type or text.startswith(f"{error_type}:"):
+        return text or str(error_type or "")
+    return f"{error_type}: {text}" if text else str(error_type)
 
 
 # -- status ----------------------------------------------------------------------------------

@@ -76,6 +76,29 @@ def test_tail_follows_new_events_filtered_by_kind(agent: AgentProcess) -> None:
     assert all(e["kind"] == "task" and e["pid"] > 0 for e in lines)
 
 
+def test_tail_prints_an_error_s_type_once(agent: AgentProcess) -> None:
+    """An OpenTelemetry span's message starts with its type (`ValueError: bad batch`), which
+    tail printed as `ValueError: ValueError: bad batch`; a message without a type was not
+    printed at all."""
+    tail = subprocess.Popen([sys.executable, "-m", "aggregator", "tail", "--url", agent.http_url,
+                             "--kind", "task", "--limit", "3"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    wait_tail_connected(tail)
+    for name, fields in (
+            ("typed", ("error_type=ValueError", "error_message=ValueError: bad batch")),
+            ("plain", ("error_type=KeyError", "error_message=shard 7")),
+            ("untyped", ("error_message=disk full",))):
+        args = [arg for field in fields for arg in ("--field", field)]
+        assert evagg("emit", "--socket", str(agent.socket_path), "--kind", "task", "--name", name,
+                     "--state", "FAILED", *args).returncode == 0
+    out, _ = tail.communicate(timeout=30)
+    lines = {line.split("  ")[2]: line for line in out.splitlines()}
+    assert "  ValueError: bad batch  " in lines["typed"] and "ValueError: Value" not in out
+    assert "  KeyError: shard 7  " in lines["plain"]
+    assert "  disk full  " in lines["untyped"]
+
+
 def test_status_shows_rates_lag_and_spool(agent: AgentProcess) -> None:
     assert evagg("emit", "--socket", str(agent.socket_path), "--name", "s").returncode == 0
     text = evagg("status", "--url", agent.http_url, "--interval", "0.2")
