@@ -22,6 +22,7 @@ from dashboard.cli.lake_flags import add_config_flag
 from sinks.locations import is_s3_url
 
 if TYPE_CHECKING:
+    from aggregator.config import AgentConfig
     from aggregator.config.sinks import SinkConfig
     from sinks.http.deadletter import DeadLetter
 
@@ -157,6 +158,17 @@ def _add_dlq(commands: Parsers) -> None:
     dlq.set_defaults(command=_dlq)
 
 
+def _no_such_sink(name: str, config: AgentConfig, action: str) -> str:
+    """Why `--sink NAME` names nothing, and what to pass instead."""
+    http = [s.name for s in config.sinks if s.type == "http"]
+    if config.source_path is None:
+        return (f"no http sink named {name!r}: no config was given (--config or "
+                "$EVAGG_CONFIG), and the embedded default has no http sink; pass the config "
+                f"the agent runs with: evagg dlq {action} --sink {name} --config FILE")
+    named = f"its http sinks: {', '.join(http)}" if http else "it has no http sink"
+    return f"no http sink named {name!r} in {config.source_path} ({named})"
+
+
 def _dlq(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -172,10 +184,15 @@ def _dlq(args: argparse.Namespace) -> int:
         print(f"evagg dlq: config error: {exc}", file=sys.stderr)
         return 2
     sink = next((s for s in config.sinks if s.name == args.sink and s.type == "http"), None)
-    if sink is None:
-        print(f"evagg dlq: no http sink named {args.sink!r} in the config", file=sys.stderr)
+    directory = dead_letter_dir(config.state_dir, args.sink)
+    # `evagg status` and the agent's log name `evagg dlq list --sink NAME` without the
+    # agent's config: with no config the letters are still found in the default state_dir
+    # (the agent's too, unless its config moves it), and anything else says what to pass.
+    listed_without_sink = (sink is None and config.source_path is None
+                           and args.action == "list" and directory.is_dir())
+    if sink is None and not listed_without_sink:
+        print(f"evagg dlq: {_no_such_sink(args.sink, config, args.action)}", file=sys.stderr)
         return 2
-    directory = dead_letter_dir(config.state_dir, sink.name)
     if args.action == "list":  # needs none of the sending options (keys, proxy, headers)
         letters = list_dead_letters(directory)
         for letter in letters:
@@ -183,9 +200,11 @@ def _dlq(args: argparse.Namespace) -> int:
         events = sum(letter.events for letter in letters)
         print(f"{len(letters)} dead-lettered batches ({events} events) in {directory}")
         if letters:
-            print(f"`evagg dlq replay --sink {sink.name}` sends them again (--url to send "
-                  "them elsewhere)")
+            config_flag = " --config <the agent's config>" if sink is None else ""
+            print(f"`evagg dlq replay --sink {args.sink}{config_flag}` sends them again "
+                  "(--url to send them elsewhere)")
         return 0
+    assert sink is not None
     url = args.url or sink.url
     try:
         sending = _replay_options(sink, url)

@@ -16,6 +16,7 @@ import pytest
 from tests.agentproc import REPO, AgentProcess, short_socket_dir
 from tests.aggregator.cli.newcomer import evagg, evagg_command
 from tests.ports import free_port
+from tests.waiting import wait_until
 
 NAN_PRODUCER = """
 import sys
@@ -231,3 +232,48 @@ def test_a_second_demo_shows_only_its_own_run(tmp_path: Path) -> None:
     assert "heartbeat" not in table and "avg_ms" not in table
     assert re.search(r"task\s+│\s+preprocess\s+│\s+FINISHED\s+│\s+5\s+│", table), table
     assert " µs " in table or " ms " in table
+
+
+def test_the_dead_letter_command_status_names_works_as_typed(tmp_path: Path) -> None:
+    """An agent run with a config of its own (an HTTP sink beside the lake, state in the
+    default place): `evagg status` says `(evagg dlq list --sink collector)`, and that
+    command, typed as shown, lists the letters. It answered `no http sink named
+    'collector' in the config`, exit 2, since it read no config; a replay, which needs the
+    sink's url and headers, says which flag to add."""
+    from tests.sinks.server_thread import ServerThread
+
+    endpoint = ServerThread().start()
+    endpoint.answer_always(400)
+    config = tmp_path / "evagg.toml"
+    config.write_text(f'[[sinks]]\nname = "lake"\ntype = "parquet"\nurl = "{tmp_path / "lake"}"\n'
+                      f'[[sinks]]\nname = "collector"\ntype = "http"\nurl = "{endpoint.url}"\n'
+                      'batch_interval = "50ms"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EVAGG_", "XDG_"))}
+    env.update(HOME=str(tmp_path), XDG_RUNTIME_DIR=str(short_socket_dir()),
+               EVAGG_HTTP_LISTEN=f"127.0.0.1:{free_port()}", PYTHONPATH=str(REPO))
+    agent = subprocess.Popen([*evagg_command(), "run", "--config", str(config)], cwd=REPO,
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: evagg("status", env=env, inherit=False).returncode == 0, 60,
+                   "the agent to answer")
+        assert evagg("emit", "--kind", "task", "--name", "refused", env=env,
+                     inherit=False).returncode == 0
+
+        def status() -> str:
+            return evagg("status", env=env, inherit=False).stdout
+        wait_until(lambda: "dead letters:" in status(), 60, lambda: status())
+        named = re.search(r"\((evagg dlq list --sink collector)\)", status())
+        assert named is not None, status()
+        listed = evagg(*named.group(1).split()[1:], env=env, inherit=False)
+        assert listed.returncode == 0, listed.stderr
+        assert "HTTP 400" in listed.stdout and "dead-lettered batches" in listed.stdout
+        assert ("`evagg dlq replay --sink collector --config <the agent's config>` sends "
+                "them again") in listed.stdout
+        replay = evagg("dlq", "replay", "--sink", "collector", env=env, inherit=False)
+        assert replay.returncode == 2
+        assert ("pass the config the agent runs with: evagg dlq replay --sink collector "
+                "--config FILE") in replay.stderr
+    finally:
+        agent.terminate()
+        agent.wait(60)
+        endpoint.close()
