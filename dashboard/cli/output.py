@@ -73,6 +73,10 @@ def table_cell(value: Any) -> str:
         return float_cell(value)
     if isinstance(value, dict):
         text = ", ".join(f"{k}={spread(v)}" for k, v in value.items())
+        if all(_is_metric(v) for v in value.values()):
+            # a step's metrics whole: they are what `steps` is read for, and a cut one
+            # reads as another number (`lr=0.…`); each takes a few characters
+            return text.replace("\r", "").replace("\n", " ⏎ ")
     elif isinstance(value, list):
         text = ", ".join(table_cell(v) for v in value)
     else:
@@ -82,6 +86,13 @@ def table_cell(value: Any) -> str:
             text = f"{iso.group(1)} {iso.group(2)}{iso.group(3) or ''}"
     text = text.replace("\r", "").replace("\n", " ⏎ ")
     return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+
+
+def _is_metric(value: Any) -> bool:
+    """A number, or a metric's spread {min, max, mean}: not text, which may be long."""
+    if isinstance(value, dict):
+        return all(_is_metric(v) for v in value.values())
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
 def float_cell(value: float) -> str:

@@ -28,6 +28,10 @@ for step, loss in ((0, 0.5), (1, float("nan"))):
     emitter.emit(kind="op", name="forward", state="FINISHED", run_id="r1", step=step,
                  duration_s=0.01, metrics={"loss": loss})
 emitter.emit(kind="op", name="save", state="FINISHED", duration_s=0.2)  # no run_id
+# the torch tracker's train_step: its metrics, the loader's wait among them
+emitter.emit(kind="op", name="train_step", state="FINISHED", run_id="r2", step=0,
+             duration_s=0.01, metrics={"data_wait_s": 0.0001619, "grad_norm": 0.4661,
+                                       "loss": 0.4592, "lr": 0.0010000000000000002})
 assert emitter.flush(30.0)
 """
 
@@ -42,7 +46,7 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
                               cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                               capture_output=True, text=True, timeout=60)
         assert sent.returncode == 0, sent.stderr
-        agent.wait_delivered(4)
+        agent.wait_delivered(5)
     finally:
         assert agent.stop() == 0
     return agent.lake_dir
@@ -216,6 +220,16 @@ def test_query_steps_shows_a_nan_loss(lake: Path) -> None:
     assert rows[1]["nonfinite"] == ["loss"] and rows[0]["nonfinite"] is None
     table = query(lake, "steps", "--run", "r1").stdout.splitlines()
     assert "nonfinite" in table[0] and "loss" in table[3], table
+
+
+def test_query_steps_shows_every_metric_whole(lake: Path) -> None:
+    """Four metrics run past the table's 60-character cut: the learning rate read
+    `lr=0.…`, a number cut in two, where the Run page shows it whole."""
+    steps = query(lake, "steps", "--run", "r2")
+    assert steps.returncode == 0, steps.stderr
+    assert ("data_wait_s=0.0001619, grad_norm=0.4661, loss=0.4592, lr=0.001"
+            in steps.stdout), steps.stdout
+    assert "…" not in steps.stdout
 
 
 # -- the demo ----------------------------------------------------------------------------
