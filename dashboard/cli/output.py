@@ -14,6 +14,7 @@ from dashboard.lake.results import Result
 
 MAX_CELL = 60
 SMALL_FLOAT = 0.01  # below this, a float keeps significant digits, not three decimals
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")  # a sha256, as `sha256sum` prints it
 _ISO = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)(\.\d{3})?\d*Z$")
 
 
@@ -85,7 +86,9 @@ def table_cell(value: Any) -> str:
         if iso:
             text = f"{iso.group(1)} {iso.group(2)}{iso.group(3) or ''}"
     text = text.replace("\r", "").replace("\n", " ⏎ ")
-    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+    if len(text) <= MAX_CELL or _DIGEST.match(text):
+        return text  # a digest whole: cut, it can be checked against nothing
+    return text[: MAX_CELL - 1] + "…"
 
 
 def _is_metric(value: Any) -> bool:

@@ -196,3 +196,24 @@ def test_an_unreadable_state_ships_nothing_and_says_what_to_do(
     assert agent.running and agent.metric("evagg_artifacts_shipped_total") == 0
     state.unlink()  # as the message says
     wait_listed(agent, 1, "the file once the state is moved away")
+
+
+def test_the_listing_shows_each_sha256_whole_to_check_a_copy_against(
+        agent_factory: Callable[..., AgentProcess], tmp_path: Path) -> None:
+    """`evagg query artifacts` and `evagg query artifact` as tables, as a user reads them
+    beside `sha256sum`: the digest is 64 characters, and the table's 60-character cut
+    left `a9b9...681d…`, which matches nothing."""
+    dumps = tmp_path / "fr"
+    (dumps / "run-7").mkdir(parents=True)
+    dump = dumps / "run-7" / "nccl_trace_rank_0"
+    dump.write_bytes(b"flight recorder " * 64)
+    agent = watching(agent_factory, dumps, kind="nccl_flight_recorder").start()
+    wait_listed(agent, 1, "the dump in the listing")
+    table = evagg("query", "artifacts", "--data", str(agent.lake_dir), "--no-cache",
+                  "--run", "run-7")
+    assert table.returncode == 0, table.stderr
+    assert f"  {sha256(dump)}  " in table.stdout, table.stdout
+    fetched = evagg("query", "artifact", dump.name, "--data", str(agent.lake_dir),
+                    "--no-cache", "--out", str(tmp_path / "copy"))
+    assert fetched.returncode == 0, fetched.stderr
+    assert f"  {sha256(tmp_path / 'copy')}  " in fetched.stdout, fetched.stdout
