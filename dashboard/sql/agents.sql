@@ -70,7 +70,10 @@ marked AS (
 ordered AS (
     SELECT *,
            count(*) FILTER (WHERE restart) OVER n AS restarts,
-           max(time) FILTER (WHERE restart) OVER n AS restarted_at,
+           -- when the new process started, as its heartbeats say (its first beat comes an
+           -- interval later: 30 s by default); the beat's time where one does not say
+           max(coalesce(TRY_CAST(started_at AS TIMESTAMPTZ), time)) FILTER (WHERE restart)
+               OVER n AS restarted_at,
            max(gap_s) OVER n AS longest_gap_s,
            count(*) FILTER (WHERE gap_s > 1.5 * coalesce(interval_s, 30)) OVER n AS missed_gaps
     FROM marked
