@@ -190,13 +190,14 @@ def run_query(args: argparse.Namespace) -> int:
         options = StoreOptions(location=args.data or default_data(),
                                endpoint_url=args.endpoint_url, region=args.region,
                                engine=args.engine or "auto", cache_dir=cache_dir(args),
-                               on_long_fold=_tell)
+                               on_long_fold=_tell, persist_after_exit=True)
         store = Store(options)
         try:
             _write(func(store, args), args)
         finally:
-            # after the answer is out: closing may copy task fragments the fold read in
-            # place into its cache (seconds, once per location; docs/queries.md)
+            # after the answer is out: task fragments the fold read in place are copied
+            # into its cache, by a process of its own once this one exits when that
+            # takes long (seconds, once per location; docs/queries.md)
             store.close()
     except DashboardError as exc:
         print(f"evagg query: {exc.message}", file=sys.stderr)

@@ -69,9 +69,11 @@ CoversOf = Callable[[duckdb.DuckDBPyConnection, FileEntry], set[Cover]]
 class TaskFold:
     def __init__(self, con: duckdb.DuckDBPyConnection, key: str, cache_dir: str | None,
                  on_long_fold: Callable[[str], None] | None = None,
-                 placed_source: fold_place.PlacedSource | None = None) -> None:
+                 placed_source: fold_place.PlacedSource | None = None,
+                 only_file: Path | None = None) -> None:
         """placed_source: how to read fragments where they are (a local lake); None
-        copies them into the cache."""
+        copies them into the cache. only_file: that cache file alone (the copy of
+        fold_copy.py), not the first free one of cache_dir."""
         self.key = key
         self.placed_source = placed_source
         self.placed = 0  # fragments read in place now, not copied yet
@@ -83,7 +85,7 @@ class TaskFold:
         self.version = hashlib.blake2b(
             (FORMAT + "".join(self.sql.values()) + self.ends_sql["macros"]
              + self.keys_sql).encode(), digest_size=8).hexdigest()
-        self.path, self.note = attach_cache(con, key, cache_dir)
+        self.path, self.note = attach_cache(con, key, cache_dir, only=only_file)
         # shared by every cursor: the views use them too
         con.execute(self.keys_sql + self.ends_sql["macros"] + self.sql["shared"])
         self.generation = 0
@@ -369,6 +371,11 @@ class TaskFold:
         self.placed = fold_place.bind(cur, self.placed_source)
         log.debug("copied the tasks of %d fragments of %s into its cache", placed, self.key)
         return placed
+
+    def placed_bytes(self, cur: duckdb.DuckDBPyConnection) -> int:
+        """The size of the fragments read in place, not copied yet."""
+        found = cur.execute("SELECT coalesce(sum(size), 0) FROM fold.placed").fetchone()
+        return int(found[0]) if found else 0
 
     def _bump(self, cur: duckdb.DuckDBPyConnection) -> None:
         self.generation += 1

@@ -2,8 +2,9 @@
 
 One DuckDB file per data location under the cache directory, in up to SLOTS copies:
 DuckDB lets one process write a file, so a query beside a running dashboard opens the
-next slot. A file that is not a DuckDB database of this version is only a cache: it is
-removed and started again; one another process holds is never touched.
+next slot; one that the copy of fragments read in place holds (fold_copy.py) is asked
+for and taken over instead. A file that is not a DuckDB database of this version is only
+a cache: it is removed and started again; one another process holds is never touched.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import duckdb
 
+from dashboard.lake import fold_copy
 from dashboard.lake.s3 import sql_literal
 
 log = logging.getLogger("evagg.dashboard.fold")  # fold.py's too: one name for the fold
@@ -63,12 +65,29 @@ def attach_file(con: duckdb.DuckDBPyConnection, path: Path) -> None:
         con.execute(f"ATTACH {sql_literal(str(path))} AS fold")
 
 
-def attach_cache(con: duckdb.DuckDBPyConnection, key: str, cache_dir: str | None
-                 ) -> tuple[Path | None, str]:
+def attach_free(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """attach_file; when a copy of fragments read in place holds the file, it is asked
+    to give it up (fold_copy.py: it exits, its copy undone) and the file is attached."""
+    try:
+        attach_file(con, path)
+    except duckdb.Error as exc:
+        with fold_copy.yielded(path) as free:
+            if not free:
+                raise exc from None
+            attach_file(con, path)
+
+
+def attach_cache(con: duckdb.DuckDBPyConnection, key: str, cache_dir: str | None,
+                 only: Path | None = None) -> tuple[Path | None, str]:
     """Attach as `fold` the first cache file no other process holds (DuckDB lets one
     process write a file), so a query beside a running dashboard keeps a cache of its
     own; memory when there is no cache directory or none is usable. Returns the file
-    (None for memory) and a note for the user when the cache could not be used."""
+    (None for memory) and a note for the user when the cache could not be used.
+    only: that cache file or none (raises duckdb.Error when it is held)."""
+    if only is not None:
+        attach_file(con, only)
+        con.execute("PRAGMA disable_checkpoint_on_shutdown")
+        return only, ""
     if cache_dir is None:
         con.execute("ATTACH ':memory:' AS fold")
         return None, ""
@@ -77,7 +96,7 @@ def attach_cache(con: duckdb.DuckDBPyConnection, key: str, cache_dir: str | None
         path = cache_file(cache_dir, key, slot)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            attach_file(con, path)
+            attach_free(con, path)
             # A fold's commit stays in the WAL until it reaches DuckDB's
             # checkpoint_threshold, or a process at rest checkpoints it (close()):
             # a checkpoint on every close cost the command after a new file

@@ -22,7 +22,7 @@ from typing import Any
 
 import duckdb
 
-from dashboard.lake import views
+from dashboard.lake import fold_copy, views
 from dashboard.lake.cancel import current_token
 from dashboard.lake.errors import BadInput, NoData, QueryFailed, StoreUnavailable
 from dashboard.lake.fold import Cover, TaskFold, parse_covers
@@ -53,6 +53,9 @@ class StoreOptions:
     # copies them into its cache, for later queries: in a thread right after (a
     # dashboard), else when the store closes (a command, once its answer is out).
     persist_in_background: bool = False
+    # A command: the copy at close goes to a process of its own (dashboard/lake/
+    # fold_copy.py), so the command exits once its answer is out; small copies stay inline.
+    persist_after_exit: bool = False
 
 
 class Store:
@@ -297,21 +300,40 @@ class Store:
 
     def close(self) -> None:
         """Closes the connection; first copies fragments read in place into a cache
-        file, for the next process (memory goes with this one)."""
+        file, for the next process (memory goes with this one), or, with
+        persist_after_exit, has a process of its own copy them once the file is closed."""
         if self._closed:
             return
         if self._persister is not None:
             self._persister.join()
+        detach = False
         if self.fold is not None and self.fold.path is not None and self.fold.placed:
-            self.persist_fold()
+            detach = self.options.persist_after_exit and self._placed_bytes() >= \
+                fold_copy.COPY_AFTER_EXIT_BYTES
+            if not detach:
+                self.persist_fold()
         with self._lock:
             self._closed = True
-            if self.fold is not None:
+            if self.fold is not None and not detach:  # the copy checkpoints after it
                 try:
                     self.fold.close(self._con)
                 except duckdb.Error as exc:  # the WAL stays; the next open replays it
                     log.warning("task cache checkpoint failed: %s", exc)
             self._con.close()
+        if (detach and self.fold is not None and self.fold.path is not None
+                and not fold_copy.spawn(self.fold.path, self.fold.key)):
+                log.warning("could not start the copy of task fragments into %s; the "
+                            "next query reads them in place", self.fold.path)
+
+    def _placed_bytes(self) -> int:
+        assert self.fold is not None
+        cursor = self._con.cursor()
+        try:
+            return self.fold.placed_bytes(cursor)
+        except duckdb.Error:
+            return 0
+        finally:
+            cursor.close()
 
 
 __all__ = ["ENGINES", "Store", "StoreOptions"]
