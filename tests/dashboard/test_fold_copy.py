@@ -1,0 +1,192 @@
+"""A first `evagg query` of a local lake answers from the task fragments read in place and
+leaves their copy into its cache to a process of its own (dashboard/lake/fold_copy.py),
+which gives the cache file up to a query that wants it; a copy interrupted or killed
+leaves the cache as the command left it. What the user runs is the real command; what is
+checked is what it printed and, through `evagg query sql`, what its cache holds.
+
+The split lake's fragments are small enough to be copied inline: the tests lower
+COPY_AFTER_EXIT_BYTES to 0 for the command run in process.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from dashboard.lake import fold_copy
+from tests.commands import evagg, in_process
+from tests.split_task_lake import write_merged_lake
+
+FRAGMENTS = 4  # the split lake's: one per node-hour
+HELD = ("SELECT (SELECT count(*) FROM fold.task_fold) AS stored, "
+        "(SELECT count(*) FROM fold.placed) AS placed, "
+        "(SELECT count(*) FROM fold_tasks) AS visible")
+LIVENESS_S = 120.0  # a bound against a hang, not a speed: the copy takes a second
+
+
+@pytest.fixture
+def merged(tmp_path: Path) -> Path:
+    return write_merged_lake(tmp_path / "lake")
+
+
+@pytest.fixture
+def detached(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Path, str]]:
+    """Every copy is handed to a process; the (cache file, key) of each is recorded."""
+    monkeypatch.setattr(fold_copy, "COPY_AFTER_EXIT_BYTES", 0)
+    spawned: list[tuple[Path, str]] = []
+    real = fold_copy.spawn
+
+    def spawn(path: Path, key: str) -> bool:
+        spawned.append((path, key))
+        return real(path, key)
+
+    monkeypatch.setattr(fold_copy, "spawn", spawn)
+    return spawned
+
+
+def query(capsys: pytest.CaptureFixture[str], lake: Path, cache: Path, *args: str) -> str:
+    code, out, err = in_process(capsys, "--data", str(lake), "--cache", str(cache), *args)
+    assert code == 0, err
+    return out
+
+
+def held(lake: Path, cache: Path) -> dict[str, int]:
+    """What the cache holds, as `evagg query sql` shows it (a process of its own: it
+    copies inline at its close, after answering)."""
+    done = evagg("query", "sql", "--data", str(lake), "--cache", str(cache), "--json", HELD)
+    assert done.returncode == 0, done.stderr
+    found: dict[str, int] = json.loads(done.stdout)[0]
+    return found
+
+
+def wait_until(check: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + LIVENESS_S
+    while not check():
+        assert time.monotonic() < deadline, "the copy never got there"
+        time.sleep(0.01)
+
+
+def settled(path: Path) -> str:
+    """What the copy of `path` did, once it has exited."""
+    wait_until(lambda: fold_copy.state(path).split(" ")[0] in ("copied", "yielded", "gave")
+               and not fold_copy.copying(path))
+    return fold_copy.state(path)
+
+
+def cache_files(cache: Path) -> list[Path]:
+    return sorted(cache.glob("*.duckdb"))
+
+
+def start_copy(path: Path, key: str) -> subprocess.Popen[bytes]:
+    """The copy as the command starts it, but with its pid known to the test."""
+    return subprocess.Popen([sys.executable, "-m", "dashboard.lake.fold_copy", str(path), key],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+
+
+def test_a_first_query_answers_then_a_process_of_its_own_copies(
+        capsys: pytest.CaptureFixture[str], merged: Path, tmp_path: Path,
+        detached: list[tuple[Path, str]]) -> None:
+    cache = tmp_path / "cache"
+    scratch = query(capsys, merged, cache, "--no-cache", "summary")
+    first = query(capsys, merged, cache, "summary")
+    assert first == scratch
+    assert [p for p, _ in detached] == cache_files(cache)  # handed on, the file closed
+    assert settled(cache_files(cache)[0]) == f"copied {FRAGMENTS}"
+    assert not Path(f"{cache_files(cache)[0]}.wal").exists()  # checkpointed
+    after = held(merged, cache)
+    assert after["placed"] == 0 and after["stored"] == after["visible"]
+    # the next command answers the same from the table, and had nothing to hand on
+    assert query(capsys, merged, cache, "summary") == first
+    assert len(detached) == 1 and len(cache_files(cache)) == 1
+
+
+def test_a_query_while_the_copy_runs_takes_the_cache_from_it(
+        capsys: pytest.CaptureFixture[str], merged: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, detached: list[tuple[Path, str]]) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(fold_copy, "spawn", lambda path, key: detached.append((path, key))
+                        or True)
+    first = query(capsys, merged, cache, "summary")
+    [(path, key)] = detached
+    copy = start_copy(path, key)
+    wait_until(lambda: fold_copy.state(path).startswith("copying") or copy.poll() is not None)
+    os.kill(copy.pid, signal.SIGSTOP)  # it holds the cache file (or has finished)
+    try:
+        second = subprocess.Popen(
+            [sys.executable, "-m", "aggregator", "query", "--data", str(merged), "--cache",
+             str(cache), "summary"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # the second command asks for the file and waits for the copy to give it up
+        wait_until(lambda: fold_copy._wanted(path) or second.poll() is not None)
+    finally:
+        os.kill(copy.pid, signal.SIGCONT)
+    out, err = second.communicate(timeout=LIVENESS_S)
+    assert second.returncode == 0, err
+    assert out == first
+    copy.wait(timeout=LIVENESS_S)
+    assert fold_copy.state(path) in ("yielded", f"copied {FRAGMENTS}")
+    # one cache file: the second command did not fold the lake again beside it
+    assert cache_files(cache) == [path]
+    after = held(merged, cache)  # the second command copied at its close (inline)
+    assert after["placed"] == 0 and after["stored"] == after["visible"]
+
+
+def test_a_copy_started_while_a_query_wants_the_cache_leaves_it_alone(
+        capsys: pytest.CaptureFixture[str], merged: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, detached: list[tuple[Path, str]]) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(fold_copy, "spawn", lambda path, key: detached.append((path, key))
+                        or True)
+    first = query(capsys, merged, cache, "summary")
+    [(path, key)] = detached
+    fold_copy.marker(path, "copy").touch()
+    with fold_copy.yielded(path):  # no copy runs: it does not wait, and holds nothing
+        pass
+    # a process that wants the file (as fold_cache.attach_free does while it waits)
+    with open(fold_copy.marker(path, "yield"), "w") as want:
+        fcntl.flock(want, fcntl.LOCK_SH)
+        assert fold_copy.copy(path, key) == "yielded"
+    assert held(merged, cache)["placed"] == FRAGMENTS  # untouched; copied at that close
+    assert held(merged, cache)["placed"] == 0
+    assert query(capsys, merged, cache, "summary") == first
+
+
+@pytest.mark.parametrize("when", ["at once", "copying"])
+def test_a_killed_copy_leaves_a_cache_the_next_query_uses(
+        when: str, capsys: pytest.CaptureFixture[str], merged: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, detached: list[tuple[Path, str]]) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(fold_copy, "spawn", lambda path, key: detached.append((path, key))
+                        or True)
+    first = query(capsys, merged, cache, "summary")
+    [(path, key)] = detached
+    with duckdb.connect(str(path), read_only=True) as con:
+        generation = con.execute("SELECT value FROM meta WHERE key = 'generation'").fetchall()
+    copy = start_copy(path, key)
+    if when == "copying":
+        wait_until(lambda: fold_copy.state(path).startswith("copying")
+                   or copy.poll() is not None)
+    copy.kill()
+    copy.wait(timeout=LIVENESS_S)
+    # the next command opens the same file (not a new one beside it, not rebuilt): the
+    # rows the copy did not commit are still read in place, the answers the same
+    assert query(capsys, merged, cache, "summary") == first
+    seen = held(merged, cache)  # copied at the close of the query before, or of this one
+    assert seen["placed"] in (0, FRAGMENTS)
+    after = held(merged, cache)
+    assert after == {"stored": seen["visible"], "placed": 0, "visible": seen["visible"]}
+    assert cache_files(cache) == [path]
+    rows = json.loads(evagg("query", "sql", "--data", str(merged), "--cache", str(cache),
+                            "--json", "SELECT value FROM fold.meta WHERE key = 'generation'"
+                            ).stdout)
+    assert [[r["value"]] for r in rows] == [list(g) for g in generation]
