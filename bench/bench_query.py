@@ -368,10 +368,56 @@ def rounded(rows: list[Any]) -> list[Any]:
     return [[float(f"{v:.9g}") if isinstance(v, float) else v for v in row] for row in rows]
 
 
-def cli_first_open(root: Path, cache: Path) -> float:
-    """One whole `evagg query summary` command on a new cache: the first open."""
+def cli_first_open(root: Path, cache: Path) -> tuple[float, float, float]:
+    """One whole `evagg query summary` command on a new cache, the first open: when the
+    first byte of its answer arrived, when it exited, its CPU seconds."""
     shutil.rmtree(cache, ignore_errors=True)
-    return cli_summary(root, cache, 1)[0]
+    before = os.times()
+    started = time.perf_counter()
+    command = subprocess.Popen([sys.executable, "-m", "aggregator", "query", "--data",
+                                str(root), "--cache", str(cache), "summary"],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               cwd=Path(__file__).resolve().parents[1])
+    assert command.stdout is not None
+    command.stdout.read(1)
+    answered = time.perf_counter() - started
+    command.stdout.read()
+    if command.wait():
+        raise SystemExit(f"evagg query summary failed over {root}")
+    after = os.times()
+    cpu = (after.children_user - before.children_user
+           + after.children_system - before.children_system)
+    return answered, time.perf_counter() - started, cpu
+
+
+def wait_for_copy(cache: Path) -> float:
+    """Wait until the copy the first command left to a process of its own (dashboard/lake/
+    fold_copy.py) is done; returns how long that took (0: none ran, as before it)."""
+    try:
+        from dashboard.lake import fold_copy
+    except ImportError:  # a tree that copies at close
+        return 0.0
+    started = time.perf_counter()
+
+    def pending(path: Path) -> bool:  # running, or started and not ended by a copy yet
+        said = fold_copy.state(path).split(" ")[0]
+        return (fold_copy.copying(path) or (said == "yielded" and Path(f"{path}.wal").exists())
+                or (said == "" and time.perf_counter() - started < 5))
+
+    for path in cache.glob("*.duckdb"):
+        while pending(path):
+            if time.perf_counter() - started > 600:
+                raise SystemExit(f"the copy into {path} did not end")
+            time.sleep(0.05)
+    return time.perf_counter() - started
+
+
+def cli_tasks(root: Path, cache: Path) -> float:
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "aggregator", "query", "--data", str(root),
+                    "--cache", str(cache), "tasks", "--limit", "20"], check=True,
+                   capture_output=True, cwd=Path(__file__).resolve().parents[1])
+    return time.perf_counter() - started
 
 
 def first_open(root: Path, label: str, cache: Path) -> dict[str, Any]:
@@ -391,20 +437,29 @@ def first_open(root: Path, label: str, cache: Path) -> dict[str, Any]:
     # a local lake's fragments read in place are copied into the cache here, after the
     # answer (dashboard/lake/fold_place.py)
     close_s = timed(store.close)
-    command = cli_first_open(root, cache)
+    answered, command, command_cpu = cli_first_open(root, cache)
+    # a command started at once (it takes the cache from the copy, if one runs), then the
+    # later commands once the copy is done
+    right_after = cli_summary(root, cache, 1)[0]
+    copy_s = wait_for_copy(cache)
     later = cli_summary(root, cache, 2)
+    tasks = min(cli_tasks(root, cache) for _ in range(2))
     return {"layout": label, "files": files, "first open: list+fold": open_s,
             "first open: summary": summary_s, "first open: total": open_s + summary_s,
             "first open: CPU": cpu, "first open: close (copy)": close_s,
-            "first open: whole command": command, "later command (min)": min(later),
+            "first command: answer": answered, "first open: whole command": command,
+            "first command: CPU (children)": command_cpu,
+            "a command right after": right_after, "then the copy ended after": copy_s,
+            "later command (min)": min(later), "later tasks --limit 20 (min)": tasks,
             "fold": "/".join(str(fold.get(k, "-")) for k in
                              ("folded_files", "adopted_files", "fragment_files")),
             "answers": answers}
 
 
-def fragments_side_by_side(day: Path, merged: Path, cache: Path) -> list[dict[str, Any]]:
+def fragments_side_by_side(day: Path, merged: Path, cache: Path,
+                           merged_only: bool = False) -> list[dict[str, Any]]:
     """The day over its raw files against a merged copy with fragments and without."""
-    rows = [first_open(day, "raw files (today)", cache / "raw")]
+    rows = [] if merged_only else [first_open(day, "raw files (today)", cache / "raw")]
     if not (merged / TASKS_ROOT).is_dir():
         shutil.rmtree(merged, ignore_errors=True)
         shutil.copytree(day, merged)
@@ -413,6 +468,8 @@ def fragments_side_by_side(day: Path, merged: Path, cache: Path) -> list[dict[st
         print(f"hour merges over the day's copy: {report} in "
               f"{time.perf_counter() - started:.1f} s")
     rows.append(first_open(merged, "merged + fragments", cache / "fragments"))
+    if merged_only:
+        return rows
     hidden = merged.parent / f"{merged.name}-tasks-aside"
     (merged / TASKS_ROOT).rename(hidden)
     try:
@@ -436,6 +493,9 @@ def compact_with_fragments(root: Path) -> str:
 def print_fragments(rows: list[dict[str, Any]]) -> None:
     print("first open, task fragments side by side (fold: read/adopted/from fragments):")
     print_rows([{k: v for k, v in r.items() if k != "answers"} for r in rows])
+    if len(rows) < 3:
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        return
     raw, fragments, merged = (r["first open: total"] for r in rows)
     command = [r["first open: whole command"] for r in rows]
     print(f"raw / fragments: {raw / fragments:.1f}x in process, "
@@ -474,6 +534,8 @@ def main() -> int:
                         help="skip the slow from-scratch (fold=False) measurements")
     parser.add_argument("--fragments-only", action="store_true",
                         help="only the first open with task fragments against without")
+    parser.add_argument("--merged-only", action="store_true",
+                        help="with --fragments-only: only the merged lake with its fragments")
     args = parser.parse_args()
     base_dir = args.reuse or args.keep or Path(tempfile.mkdtemp(prefix="evagg-bench-query-"))
     cache = Path(tempfile.mkdtemp(prefix="evagg-bench-cache-"))
@@ -487,7 +549,8 @@ def main() -> int:
                   f"{time.perf_counter() - started:.1f} s")
             if not args.fragments_only:
                 generate(small, args.events, per_partition)
-        fragment_rows = fragments_side_by_side(big, base_dir / "day-merged", cache / "first")
+        fragment_rows = fragments_side_by_side(big, base_dir / "day-merged", cache / "first",
+                                               args.merged_only and args.fragments_only)
         if args.fragments_only:
             print_fragments(fragment_rows)
             return 0
