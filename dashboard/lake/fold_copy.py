@@ -172,10 +172,9 @@ def _copy_unless_wanted(con: duckdb.DuckDBPyConnection, fold: TaskFold, path: Pa
 
     def watch() -> None:
         while not done.wait(POLL_S):
-            if _wanted(path):
+            if wanted.is_set() or _wanted(path):
                 wanted.set()
-                con.interrupt()
-                return
+                con.interrupt()  # again each time: one between two statements is lost
 
     watcher = threading.Thread(target=watch, name="evagg-fold-copy-watch", daemon=True)
     watcher.start()
