@@ -51,7 +51,8 @@ class StoreOptions:
     on_long_fold: Callable[[str], None] | None = None
     # A first open answers from task fragments read in place (a local lake); the fold then
     # copies them into its cache, for later queries: in a thread right after (a
-    # dashboard), else when the store closes (a command, once its answer is out).
+    # dashboard), else when the store closes (once a command's answer is out), or, with
+    # persist_after_exit, in a process of its own after that.
     persist_in_background: bool = False
     # A command: the copy at close goes to a process of its own (dashboard/lake/
     # fold_copy.py), so the command exits once its answer is out; small copies stay inline.
