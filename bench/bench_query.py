@@ -412,6 +412,15 @@ def wait_for_copy(cache: Path) -> float:
     return time.perf_counter() - started
 
 
+def cpu_of(func: Callable[[], float]) -> tuple[float, float]:
+    """func's result and the CPU seconds of the commands it ran (children waited for)."""
+    before = os.times()
+    found = func()
+    after = os.times()
+    return found, (after.children_user - before.children_user
+                   + after.children_system - before.children_system)
+
+
 def cli_tasks(root: Path, cache: Path) -> float:
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "aggregator", "query", "--data", str(root),
@@ -436,21 +445,27 @@ def first_open(root: Path, label: str, cache: Path) -> dict[str, Any]:
     files = store.describe()["files"]
     # a local lake's fragments read in place are copied into the cache here, after the
     # answer (dashboard/lake/fold_place.py)
+    close_cpu = time.process_time()
     close_s = timed(store.close)
+    close_cpu = time.process_time() - close_cpu
     answered, command, command_cpu = cli_first_open(root, cache)
     # a command started at once (it takes the cache from the copy, if one runs), then the
-    # later commands once the copy is done
-    right_after = cli_summary(root, cache, 1)[0]
+    # later commands once the copy is done; CPU of the commands alone (an orphaned copy
+    # is not a child of this process)
+    right_after, right_after_cpu = cpu_of(lambda: cli_summary(root, cache, 1)[0])
     copy_s = wait_for_copy(cache)
-    later = cli_summary(root, cache, 2)
-    tasks = min(cli_tasks(root, cache) for _ in range(2))
+    later, later_cpu = cpu_of(lambda: min(cli_summary(root, cache, 2)))
+    tasks, tasks_cpu = cpu_of(lambda: min(cli_tasks(root, cache) for _ in range(2)))
     return {"layout": label, "files": files, "first open: list+fold": open_s,
             "first open: summary": summary_s, "first open: total": open_s + summary_s,
             "first open: CPU": cpu, "first open: close (copy)": close_s,
+            "first open: close CPU": close_cpu,
             "first command: answer": answered, "first open: whole command": command,
-            "first command: CPU (children)": command_cpu,
-            "a command right after": right_after, "then the copy ended after": copy_s,
-            "later command (min)": min(later), "later tasks --limit 20 (min)": tasks,
+            "first command: CPU": command_cpu,
+            "a command right after": right_after, "  its CPU": right_after_cpu,
+            "then the copy ended after": copy_s,
+            "later command (min)": later, "  CPU of two": later_cpu,
+            "later tasks --limit 20 (min)": tasks, "  CPU of two ": tasks_cpu,
             "fold": "/".join(str(fold.get(k, "-")) for k in
                              ("folded_files", "adopted_files", "fragment_files")),
             "answers": answers}
