@@ -394,14 +394,14 @@ def wait_for_copy(cache: Path) -> float:
     """Wait until the copy the first command left to a process of its own (dashboard/lake/
     fold_copy.py) is done; returns how long that took (0: none ran, as before it)."""
     try:
-        from dashboard.lake import fold_copy
+        from dashboard.lake import fold_handover
     except ImportError:  # a tree that copies at close
         return 0.0
     started = time.perf_counter()
 
     def pending(path: Path) -> bool:  # running, or started and not ended by a copy yet
-        said = fold_copy.state(path).split(" ")[0]
-        return (fold_copy.copying(path) or (said == "yielded" and Path(f"{path}.wal").exists())
+        said = fold_handover.state(path).split(" ")[0]
+        return (fold_handover.copying(path) or (said == "yielded" and Path(f"{path}.wal").exists())
                 or (said == "" and time.perf_counter() - started < 5))
 
     for path in cache.glob("*.duckdb"):

@@ -2,7 +2,7 @@
 
 One DuckDB file per data location under the cache directory, in up to SLOTS copies:
 DuckDB lets one process write a file, so a query beside a running dashboard opens the
-next slot; one that the copy of fragments read in place holds (fold_copy.py) is asked
+next slot; one that the copy of fragments read in place holds (fold_handover.py) is asked
 for and taken over instead. A file that is not a DuckDB database of this version is only
 a cache: it is removed and started again; one another process holds is never touched.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import duckdb
 
-from dashboard.lake import fold_copy
+from dashboard.lake import fold_handover
 from dashboard.lake.s3 import sql_literal
 
 log = logging.getLogger("evagg.dashboard.fold")  # fold.py's too: one name for the fold
@@ -67,11 +67,11 @@ def attach_file(con: duckdb.DuckDBPyConnection, path: Path) -> None:
 
 def attach_free(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     """attach_file; when a copy of fragments read in place holds the file, it is asked
-    to give it up (fold_copy.py: it exits, its copy undone) and the file is attached."""
+    to give it up (fold_handover.py: it exits, its copy undone) and the file is attached."""
     try:
         attach_file(con, path)
     except duckdb.Error as exc:
-        with fold_copy.yielded(path) as free:
+        with fold_handover.yielded(path) as free:
             if not free:
                 raise exc from None
             attach_file(con, path)

@@ -22,7 +22,7 @@ from typing import Any
 
 import duckdb
 
-from dashboard.lake import fold_copy, views
+from dashboard.lake import fold_handover, views
 from dashboard.lake.cancel import current_token
 from dashboard.lake.errors import BadInput, NoData, QueryFailed, StoreUnavailable
 from dashboard.lake.fold import Cover, TaskFold, parse_covers
@@ -310,7 +310,7 @@ class Store:
         detach = False
         if self.fold is not None and self.fold.path is not None and self.fold.placed:
             detach = self.options.persist_after_exit and self._placed_bytes() >= \
-                fold_copy.COPY_AFTER_EXIT_BYTES
+                fold_handover.COPY_AFTER_EXIT_BYTES
             if not detach:
                 self.persist_fold()
         with self._lock:
@@ -322,7 +322,7 @@ class Store:
                     log.warning("task cache checkpoint failed: %s", exc)
             self._con.close()
         if (detach and self.fold is not None and self.fold.path is not None
-                and not fold_copy.spawn(self.fold.path, self.fold.key)):
+                and not fold_handover.spawn(self.fold.path, self.fold.key)):
                 log.warning("could not start the copy of task fragments into %s; the "
                             "next query reads them in place", self.fold.path)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from dashboard.lake import fold_copy
+from dashboard.lake import fold_copy, fold_handover
 from tests.commands import evagg, in_process
 from tests.split_task_lake import write_merged_lake
 
@@ -42,15 +42,15 @@ def merged(tmp_path: Path) -> Path:
 @pytest.fixture
 def detached(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Path, str]]:
     """Every copy is handed to a process; the (cache file, key) of each is recorded."""
-    monkeypatch.setattr(fold_copy, "COPY_AFTER_EXIT_BYTES", 0)
+    monkeypatch.setattr(fold_handover, "COPY_AFTER_EXIT_BYTES", 0)
     spawned: list[tuple[Path, str]] = []
-    real = fold_copy.spawn
+    real = fold_handover.spawn
 
     def spawn(path: Path, key: str) -> bool:
         spawned.append((path, key))
         return real(path, key)
 
-    monkeypatch.setattr(fold_copy, "spawn", spawn)
+    monkeypatch.setattr(fold_handover, "spawn", spawn)
     return spawned
 
 
@@ -78,9 +78,9 @@ def wait_until(check: Callable[[], bool]) -> None:
 
 def settled(path: Path) -> str:
     """What the copy of `path` did, once it has exited."""
-    wait_until(lambda: fold_copy.state(path).split(" ")[0] in ("copied", "yielded", "gave")
-               and not fold_copy.copying(path))
-    return fold_copy.state(path)
+    wait_until(lambda: fold_handover.state(path).split(" ")[0] in ("copied", "yielded", "gave")
+               and not fold_handover.copying(path))
+    return fold_handover.state(path)
 
 
 def cache_files(cache: Path) -> list[Path]:
@@ -115,26 +115,26 @@ def test_a_query_while_the_copy_runs_takes_the_cache_from_it(
         capsys: pytest.CaptureFixture[str], merged: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, detached: list[tuple[Path, str]]) -> None:
     cache = tmp_path / "cache"
-    monkeypatch.setattr(fold_copy, "spawn", lambda path, key: detached.append((path, key))
+    monkeypatch.setattr(fold_handover, "spawn", lambda path, key: detached.append((path, key))
                         or True)
     first = query(capsys, merged, cache, "summary")
     [(path, key)] = detached
     copy = start_copy(path, key)
-    wait_until(lambda: fold_copy.state(path).startswith("copying") or copy.poll() is not None)
+    wait_until(lambda: fold_handover.state(path).startswith("copying") or copy.poll() is not None)
     os.kill(copy.pid, signal.SIGSTOP)  # it holds the cache file (or has finished)
     try:
         second = subprocess.Popen(
             [sys.executable, "-m", "aggregator", "query", "--data", str(merged), "--cache",
              str(cache), "summary"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         # the second command asks for the file and waits for the copy to give it up
-        wait_until(lambda: fold_copy._wanted(path) or second.poll() is not None)
+        wait_until(lambda: fold_handover.wanted(path) or second.poll() is not None)
     finally:
         os.kill(copy.pid, signal.SIGCONT)
     out, err = second.communicate(timeout=LIVENESS_S)
     assert second.returncode == 0, err
     assert out == first
     copy.wait(timeout=LIVENESS_S)
-    assert fold_copy.state(path) in ("yielded", f"copied {FRAGMENTS}")
+    assert fold_handover.state(path) in ("yielded", f"copied {FRAGMENTS}")
     # one cache file: the second command did not fold the lake again beside it
     assert cache_files(cache) == [path]
     after = held(merged, cache)  # the second command copied at its close (inline)
@@ -145,15 +145,15 @@ def test_a_copy_started_while_a_query_wants_the_cache_leaves_it_alone(
         capsys: pytest.CaptureFixture[str], merged: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, detached: list[tuple[Path, str]]) -> None:
     cache = tmp_path / "cache"
-    monkeypatch.setattr(fold_copy, "spawn", lambda path, key: detached.append((path, key))
+    monkeypatch.setattr(fold_handover, "spawn", lambda path, key: detached.append((path, key))
                         or True)
     first = query(capsys, merged, cache, "summary")
     [(path, key)] = detached
-    fold_copy.marker(path, "copy").touch()
-    with fold_copy.yielded(path):  # no copy runs: it does not wait, and holds nothing
+    fold_handover.marker(path, "copy").touch()
+    with fold_handover.yielded(path):  # no copy runs: it does not wait, and holds nothing
         pass
     # a process that wants the file (as fold_cache.attach_free does while it waits)
-    with open(fold_copy.marker(path, "yield"), "w") as want:
+    with open(fold_handover.marker(path, "yield"), "w") as want:
         fcntl.flock(want, fcntl.LOCK_SH)
         assert fold_copy.copy(path, key) == "yielded"
     assert held(merged, cache)["placed"] == FRAGMENTS  # untouched; copied at that close
@@ -166,7 +166,7 @@ def test_a_killed_copy_leaves_a_cache_the_next_query_uses(
         when: str, capsys: pytest.CaptureFixture[str], merged: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, detached: list[tuple[Path, str]]) -> None:
     cache = tmp_path / "cache"
-    monkeypatch.setattr(fold_copy, "spawn", lambda path, key: detached.append((path, key))
+    monkeypatch.setattr(fold_handover, "spawn", lambda path, key: detached.append((path, key))
                         or True)
     first = query(capsys, merged, cache, "summary")
     [(path, key)] = detached
@@ -174,7 +174,7 @@ def test_a_killed_copy_leaves_a_cache_the_next_query_uses(
         generation = con.execute("SELECT value FROM meta WHERE key = 'generation'").fetchall()
     copy = start_copy(path, key)
     if when == "copying":
-        wait_until(lambda: fold_copy.state(path).startswith("copying")
+        wait_until(lambda: fold_handover.state(path).startswith("copying")
                    or copy.poll() is not None)
     copy.kill()
     copy.wait(timeout=LIVENESS_S)
