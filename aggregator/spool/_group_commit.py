@@ -3,8 +3,9 @@
 With fsync "always" every append waits for an fsync of the segment it went to, and the
 appends that arrive while one runs share the next (group commit). In both modes, segments
 rolled away are fsynced and closed in the same thread, with the directory when a file was
-created in it. An fd is closed by that thread or by close(), under `fd_lock`, so neither
-closes one the other is fsyncing.
+created in it. An fd is closed by that thread, by close() or by discard_active() (a
+segment deleted while written to), always under `fd_lock`, so none closes one another is
+fsyncing.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ class GroupCommit:
         self._sealed: list[tuple[Path, int]] = []  # rolled-away segments to fsync and close
         self._dir_dirty = False
         self._job: asyncio.Future[int] | None = None
+        # bumped when the active fd is closed outside close(): a job queued before that
+        # must not fsync the number, which may be another file's by then
+        self._active_epoch = 0
 
     def seal(self, path: Path, fd: int) -> None:
         """A segment no longer appended to: fsync and close it with the next job."""
@@ -53,6 +57,15 @@ class GroupCommit:
         never need (no job holds them: a job takes its fds when it starts)."""
         for path, fd in [(p, fd) for p, fd in self._sealed if p in paths]:
             self._sealed.remove((path, fd))
+            with self.fd_lock:
+                os.close(fd)
+
+    def discard_active(self, fd: int) -> None:
+        """Close the active segment's fd without an fsync: its segment is being deleted.
+        A job queued with it will skip it (the epoch moved); one running has finished
+        with it once the lock is ours."""
+        with self.fd_lock:
+            self._active_epoch += 1
             os.close(fd)
 
     async def through(self, offset: int) -> None:
@@ -80,20 +93,23 @@ class GroupCommit:
         sealed = self._take_sealed()
         active, target = self._position()
         sync_dir, self._dir_dirty = self._dir_dirty, False
-        job = loop.run_in_executor(None, self._sync_files, sealed, active, sync_dir)
+        job = loop.run_in_executor(None, self._sync_files, sealed, active, sync_dir,
+                                   self._active_epoch)
         job.add_done_callback(partial(self._finished, target))
         self._job = job
         return job
 
-    def _sync_files(self, sealed: list[int], active: int | None, sync_dir: bool) -> int:
-        """Runs in a thread. Owns `sealed` (closes them); `active` is closed only by close()."""
+    def _sync_files(self, sealed: list[int], active: int | None, sync_dir: bool,
+                    epoch: int) -> int:
+        """Runs in a thread. Owns `sealed` (closes them); `active` is closed by close() or
+        discard_active(), under the lock, which also moves the epoch."""
         done = 0
         with self.fd_lock:
             try:
                 for fd in sealed:
                     os.fsync(fd)
                     done += 1
-                if active is not None and not self.closed:
+                if active is not None and not self.closed and epoch == self._active_epoch:
                     os.fsync(active)
                     done += 1
                 if sync_dir:

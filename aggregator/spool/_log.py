@@ -10,8 +10,8 @@ Segments collected behind every cursor are unlinked in one background thread
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -219,22 +219,23 @@ class SegmentLog:
         next_offset. For a full disk whose every record all sinks have passed: on a disk
         smaller than one segment, the segment taking appends holds all the space there is
         to free, and it never fills up to roll. Inline, not in the reaper: the caller
-        needs the space at once. If the new segment's header finds no room either, the
-        next write tries again."""
+        needs the space at once. If the new segment's header finds no room either, an
+        empty stand-in takes its place and the next write tries again."""
         self.remove_oldest(len(self.segments) - 1)
         active = self.segments.pop()
         self._commits.forget({active.path})
-        with self._commits.fd_lock:  # a sync thread may be fsyncing it
-            if active.fd is not None:
-                os.close(active.fd)
-                active.fd = None
+        if active.fd is not None:
+            self._commits.discard_active(active.fd)
+            active.fd = None
         self._unlink(active.path)
         self.bytes_used -= active.size
-        self.counters.segments_deleted += 1
+        if active.size:  # a stand-in (size 0) was never a file
+            self.counters.segments_deleted += 1
         self._recent.clear()
         self.first_offset = self.next_offset
         self._commits.directory_changed()
-        self._start_segment()
+        with contextlib.suppress(OSError):  # the stand-in is in place: the next write rolls
+            self._start_segment()
 
     def settle(self) -> None:
         """On the loop: count what the reaper has unlinked (or failed to) since last time."""

@@ -359,7 +359,7 @@ class Spool:
         try:
             self._cursors.save(sink, next_offset)
         except OSError as exc:
-            if exc.errno != errno.ENOSPC:
+            if exc.errno not in _DISK_FULL:
                 raise
             self._commit_on_full_disk(sink, next_offset)
             return
@@ -379,7 +379,7 @@ class Spool:
         try:
             self._save_cursor_on_full_disk(sink, next_offset)
         except OSError as exc:
-            if exc.errno != errno.ENOSPC:
+            if exc.errno not in _DISK_FULL:
                 raise
             # Nothing could be freed (what the disk holds is still needed, or lies in the
             # segment being written). The sink did deliver: failing its delivery would
@@ -394,7 +394,7 @@ class Spool:
         try:
             self._cursors.save(sink, next_offset)
         except OSError as exc:
-            if exc.errno != errno.ENOSPC or not self._free_disk_of_delivered():
+            if exc.errno not in _DISK_FULL or not self._free_disk_of_delivered():
                 raise
             self._cursors.save(sink, next_offset)
 
@@ -437,7 +437,7 @@ class Spool:
             # On a full disk, freeing space wins over remembering (session, seq) marks of
             # frames long acked: losing them risks a duplicate only if such an old frame
             # is resent, while keeping the segments would stop all ingest.
-            if keep_on_failure or exc.errno != errno.ENOSPC:
+            if keep_on_failure or exc.errno not in _DISK_FULL:
                 raise
             log.warning("disk full: dropped dedupe marks of segments being deleted")
 

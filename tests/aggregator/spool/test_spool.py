@@ -705,3 +705,95 @@ def test_commit_on_a_full_disk_frees_delivered_segments_first(
     assert again.cursor("lake") == 10
     assert [r.offset for r in again.read(again.cursor("lake"))] == [10, 11, 12]
     again.close()
+
+
+# -- a full disk whose every record is delivered ----------------------------------------
+
+
+def disk_full_while(monkeypatch: pytest.MonkeyPatch, holds: Path,
+                    module: str = "write_frame") -> None:
+    """Writes fail with ENOSPC while the file `holds` is on disk (what fills the disk)."""
+    import errno
+
+    import aggregator.spool._log as log_module
+
+    real = getattr(log_module, module)
+
+    def full(*args: Any) -> Any:
+        if holds.exists():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args)
+
+    monkeypatch.setattr(log_module, module, full)
+
+
+@pytest.mark.parametrize("fsync", ["os", "always"])
+def test_a_full_disk_frees_the_segment_being_written_once_all_is_delivered(
+        spool_dir: Path, monkeypatch: pytest.MonkeyPatch, fsync: str) -> None:
+    """A disk smaller than one segment: the segment being written never rolls, so only
+    deleting it too frees the space its delivered records hold."""
+    async def scenario() -> None:
+        spool = opened(spool_dir, max_bytes=1 << 24, segment_bytes=1 << 22, fsync=fsync)
+        spool.register_sinks(["lake"])
+        await fill(spool, 3, seq=True)
+        (only,) = segments(spool_dir)
+        spool.commit("lake", 4)
+        disk_full_while(monkeypatch, only)
+        result = await spool.append(payload(9), 1, received_ns=9, session=SESSION, seq=9)
+        assert result.offset == 4 and not only.exists()
+        assert [p.name for p in segments(spool_dir)] == [f"{4:020d}.seg"]
+        assert (await spool.append(payload(0), 1, received_ns=0, session=SESSION,
+                                   seq=1)).duplicate  # a resend of a deleted record
+        assert [r.offset for r in spool.read(spool.cursor("lake"))] == [4]
+        assert spool.counters.segments_deleted == 1 and spool.counters.fsync_errors == 0
+        spool.close()
+        again = opened(spool_dir, max_bytes=1 << 24, segment_bytes=1 << 22)
+        assert [r.payload for r in again.read(again.cursor("lake"))] == [payload(9)]
+        again.close()
+
+    run(scenario())
+
+
+def test_a_full_disk_keeps_records_a_sink_still_needs(
+        spool_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def scenario() -> None:
+        spool = opened(spool_dir, max_bytes=1 << 24, segment_bytes=1 << 22)
+        spool.register_sinks(["lake", "slow"])
+        await fill(spool, 3)
+        (only,) = segments(spool_dir)
+        spool.commit("lake", 4)
+        disk_full_while(monkeypatch, only)
+        with pytest.raises(OSError):
+            await spool.append(payload(9), 1, received_ns=9)
+        assert only.exists()
+        assert [r.offset for r in spool.read(spool.cursor("slow"))] == [1, 2, 3]
+        spool.close()
+
+    run(scenario())
+
+
+def test_no_room_even_for_a_new_segment_header_is_tried_again(
+        spool_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+        ) -> None:
+    async def scenario() -> None:
+        spool = opened(spool_dir, max_bytes=1 << 24, segment_bytes=1 << 22)
+        spool.register_sinks(["lake"])
+        await fill(spool, 3)
+        (only,) = segments(spool_dir)
+        spool.commit("lake", 4)
+        disk_full_while(monkeypatch, only)
+        filler = spool_dir / "something-else"
+        filler.touch()
+        disk_full_while(monkeypatch, filler, "create_segment")
+        with pytest.raises(OSError):
+            await spool.append(payload(9), 1, received_ns=9)
+        assert segments(spool_dir) == [] and spool.bytes_used == 0
+        assert "deleted the segment it was writing too" in caplog.text
+        filler.unlink()  # room again
+        assert (await spool.append(payload(9), 1, received_ns=9)).offset == 4
+        spool.close()
+        again = opened(spool_dir, max_bytes=1 << 24, segment_bytes=1 << 22)
+        assert [r.offset for r in again.read(again.cursor("lake"))] == [4]
+        again.close()
+
+    run(scenario())
