@@ -72,9 +72,12 @@ def attach_free(con: duckdb.DuckDBPyConnection, path: Path) -> None:
         attach_file(con, path)
     except duckdb.Error as exc:
         with fold_handover.yielded(path) as free:
-            if not free:
+            try:  # a copy that gave the file up, or one that ended meanwhile on its own
+                attach_file(con, path)
+            except duckdb.Error:
+                if free:
+                    raise
                 raise exc from None
-            attach_file(con, path)
 
 
 def attach_cache(con: duckdb.DuckDBPyConnection, key: str, cache_dir: str | None,

@@ -48,7 +48,7 @@ def copy(path: Path, key: str) -> str:
             try:
                 fold = TaskFold(con, key, str(path.parent), placed_source=fragments_sql,
                                 only_file=path)
-            except duckdb.Error as exc:  # held by a process that came first
+            except duckdb.Error as exc:  # held by a process that came first, or damaged
                 said = f"gave up: {str(exc).splitlines()[0]}"
                 fold_handover.say(fd, said)
                 return said
@@ -77,18 +77,20 @@ def _copy_unless_wanted(con: duckdb.DuckDBPyConnection, fold: TaskFold, path: Pa
 
     watcher = threading.Thread(target=watch, name="evagg-fold-copy-watch", daemon=True)
     watcher.start()
+    placed: int | None = None
     try:
-        placed = fold.persist(con)
+        placed = fold.persist(con)  # committed: from here on the copy is done
         if not wanted.is_set():
             fold.close(con)  # the checkpoint: this process folded nothing
     except duckdb.InterruptException:
-        return "yielded"
+        pass
     except duckdb.Error as exc:  # a fragment gone: the next open rebuilds
-        return f"gave up: {str(exc).splitlines()[0]}"
+        if placed is None:
+            return f"gave up: {str(exc).splitlines()[0]}"
     finally:
         done.set()
         watcher.join()
-    return "yielded" if wanted.is_set() else f"copied {placed}"
+    return "yielded" if placed is None else f"copied {placed}"
 
 
 def main(argv: list[str]) -> int:

@@ -59,6 +59,10 @@ def state(path: Path) -> str:
         return ""
 
 
+_COPY_MAIN = ("import sys; sys.path.append(sys.argv[1]); "
+              "from dashboard.lake.fold_copy import main; sys.exit(main(sys.argv[2:]))")
+
+
 def copying(path: Path) -> bool:
     """Whether a copy process holds `path`'s copy lock now."""
     return held(marker(path, "copy"))
@@ -67,14 +71,14 @@ def copying(path: Path) -> bool:
 def spawn(path: Path, key: str) -> bool:
     """Start the copy of the cache file `path` (attached under `key`) in a process that
     outlives this one; returns whether it started. The caller has closed the file."""
+    # evagg's own root goes last on the child's path, where an install finds its modules
+    # anyway: first (as PYTHONPATH would put it) it could shadow the standard library
     package_root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     try:
         subprocess.Popen(
-            [sys.executable, "-m", "dashboard.lake.fold_copy", str(path), key],
+            [sys.executable, "-c", _COPY_MAIN, package_root, str(path), key],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True, env=env)
+            start_new_session=True, close_fds=True)
     except OSError:
         return False
     return True
