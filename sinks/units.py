@@ -1,8 +1,10 @@
-"""Human-friendly sizes and durations in configuration ("4GiB", "5m")."""
+"""Human-friendly sizes and durations in configuration ("4GiB", "5m"), and the bounds of
+the numbers both HTTP ports take."""
 
 from __future__ import annotations
 
 import re
+from typing import Final
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {
@@ -14,6 +16,7 @@ _SIZE_UNITS = {
 }
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+MOST_CONNECTIONS: Final = 1_000_000  # the highest connection cap either HTTP port takes
 
 
 def parse_size(value: object) -> int:

@@ -18,7 +18,14 @@ import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
-from aggregator.config import AgentConfig, ConfigError, check_host, config_warnings, load_config
+from aggregator.config import (
+    AgentConfig,
+    ConfigError,
+    check_host,
+    config_path,
+    config_warnings,
+    load_config,
+)
 from aggregator.config.sinks import SinkConfig, parse_sinks
 from aggregator.delivery.build import build_sink, sink_problem
 from sinks.locations import is_s3_url
@@ -142,8 +149,7 @@ def sink_option_problems(configs: Sequence[SinkConfig], state_dir: Path) -> list
 
 def _sinks_of(path: Path | None) -> tuple[SinkConfig, ...]:
     """The sinks of a config whose other parts are wrong: their problems are known."""
-    if path is None and os.environ.get("EVAGG_CONFIG"):
-        path = Path(os.environ["EVAGG_CONFIG"])
+    path = config_path(path)
     try:
         raw = tomllib.loads(path.read_text()) if path is not None else {}
     except (OSError, ValueError):

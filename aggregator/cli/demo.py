@@ -13,6 +13,7 @@ import time
 
 from aggregator.agent import Agent
 from aggregator.config import AgentConfig
+from sinks.parquet.layout import EVENT_GLOB
 
 
 def demo_run_id() -> str:
@@ -80,14 +81,13 @@ def _show(lake: str, run_id: str) -> None:
 
     # Only this demo's run: the agent's own heartbeats and earlier demos are in the same
     # files. Ops take microseconds and tasks tenths of a second: one unit would not do.
-    # The layout's glob, not `**`: `**` descends into _artifacts/ too, where a shipped file
-    # that is itself Parquet stopped this query with a Hive partition mismatch
-    # (docs/parquet-layout.md), and the printed SQL is what a newcomer copies.
+    # The layout's glob, not `**` (sinks/parquet/layout.py): the printed SQL is what a
+    # newcomer copies.
     sql = ("SELECT kind, name, state, count(*) AS events,\n"
            "       CASE WHEN avg(duration_s) < 0.001 "
            "THEN printf('%.1f µs', avg(duration_s) * 1e6)\n"
            "            ELSE printf('%.1f ms', avg(duration_s) * 1e3) END AS avg_duration\n"
-           f"FROM read_parquet('{lake}/date=*/hour=*/node=*/*.parquet', "
+           f"FROM read_parquet('{lake}/{EVENT_GLOB}', "
            "hive_partitioning = true)\n"
            f"WHERE run_id = '{run_id}'\n"
            "GROUP BY ALL ORDER BY kind, name, state")

@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from sinks.locations import is_s3_url
+from sinks.parquet.layout import EVENT_GLOB
 
 _COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "state", "kind", "source",
             "duration_s", "error_type", "error_message", "stack_trace", "attrs",
@@ -121,10 +122,7 @@ def _nothing(data: str, trace_id: str | None, since: datetime | None) -> str:
 
 
 def _glob(data: str) -> str:
-    # The layout's glob, not `**`: DuckDB's `**` descends into _artifacts/ as well, where a
-    # shipped file that is itself Parquet stopped the export with a Hive partition mismatch
-    # (docs/parquet-layout.md).
-    return data.rstrip("/") + "/date=*/hour=*/node=*/*.parquet"
+    return f"{data.rstrip('/')}/{EVENT_GLOB}"  # the layout's, not `**`
 
 
 def _connect(data: str) -> Any:

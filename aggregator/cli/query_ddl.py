@@ -55,7 +55,8 @@ def add_ddl_parser(query: argparse.ArgumentParser, default_data: Callable[[], st
 
 
 def run_ddl(args: argparse.Namespace) -> int:
-    from sinks.fragments.ddl import Lake, check_names, lake_has_fragments, script
+    from sinks.fragments.ddl import check_names, script
+    from sinks.fragments.ddl_lake import Lake, lake_has_fragments
 
     location = args.lake or getattr(args, "data", None) or args.default_data()
     try:

@@ -173,6 +173,7 @@ def _dlq(args: argparse.Namespace) -> int:
     import asyncio
 
     from aggregator.config import ConfigError, load_config
+    from aggregator.config.sinks import sink_name_problem
     from aggregator.delivery.build import sink_problem
     from sinks.http.deadletter import dead_letter_dir, list_dead_letters
     from sinks.http.endpoint import url_for_display
@@ -182,6 +183,10 @@ def _dlq(args: argparse.Namespace) -> int:
         config = load_config(args.config)
     except ConfigError as exc:
         print(f"evagg dlq: config error: {exc}", file=sys.stderr)
+        return 2
+    named = sink_name_problem(args.sink)
+    if named:
+        print(f"evagg dlq: --sink {named}", file=sys.stderr)
         return 2
     sink = next((s for s in config.sinks if s.name == args.sink and s.type == "http"), None)
     directory = dead_letter_dir(config.state_dir, args.sink)

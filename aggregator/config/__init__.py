@@ -4,6 +4,7 @@ from aggregator.config.agent_config import (
     DEFAULT_HTTP_LISTEN,
     AgentConfig,
     ConfigError,
+    config_path,
     load_config,
     restart_only_settings,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "AgentConfig",
     "ConfigError",
     "check_host",
+    "config_path",
     "config_warnings",
     "configured_http_listen",
     "configured_lakes",

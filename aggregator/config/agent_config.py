@@ -116,8 +116,7 @@ def load_config(
 ) -> AgentConfig:
     """Read the file (if any), apply EVAGG_* variables and flag overrides, validate."""
     env = os.environ if env is None else env
-    if path is None and env.get("EVAGG_CONFIG"):
-        path = Path(env["EVAGG_CONFIG"])
+    path = config_path(path, env)
     raw: dict[str, Any] = {}
     if path is not None:
         raw = read_toml(path)
@@ -138,6 +137,14 @@ def load_config(
         raise ConfigError(name_variables(problems, {k: v for k, v in from_env.items()
                                                      if k not in flags}), config)
     return config
+
+
+def config_path(path: Path | None, env: Mapping[str, str] | None = None) -> Path | None:
+    """The config file: --config, else $EVAGG_CONFIG; None for the embedded default."""
+    env = os.environ if env is None else env
+    if path is None and env.get("EVAGG_CONFIG"):
+        return Path(env["EVAGG_CONFIG"])
+    return path
 
 
 def restart_only_settings(path: Path | None) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from aggregator.config.agent_config import (
     DEFAULT_HTTP_LISTEN,
     ConfigError,
     apply_env,
+    config_path,
     name_variables,
     read_toml,
     table_of,
@@ -60,9 +61,7 @@ def configured_lakes(path: Path | None = None,
     """The Parquet sinks of --config or $EVAGG_CONFIG (no [[sinks]]: the embedded
     default's), for the commands that read the lake the agent writes. Only [[sinks]] is
     checked: a reader must not need the agent's token or header files."""
-    env = os.environ if env is None else env
-    if path is None and env.get("EVAGG_CONFIG"):
-        path = Path(env["EVAGG_CONFIG"])
+    path = config_path(path, env)
     if path is None:
         return (default_sink(),)
     problems: list[str] = []
@@ -77,8 +76,7 @@ def _client_agent_table(path: Path | None, env: Mapping[str, str] | None
     """[agent] of --config or $EVAGG_CONFIG (none: empty) with the EVAGG_* variables
     applied, and which keys the variables set."""
     env = os.environ if env is None else env
-    if path is None and env.get("EVAGG_CONFIG"):
-        path = Path(env["EVAGG_CONFIG"])
+    path = config_path(path, env)
     problems: list[str] = []
     agent = table_of(read_toml(path), "agent", problems) if path is not None else {}
     if problems:

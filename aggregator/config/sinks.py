@@ -31,6 +31,14 @@ COMMON_SINK_KEYS = {"name", "type", "url", "kinds", "sources", "names", "retry_m
 _SINK_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
+def sink_name_problem(name: str) -> str:
+    """Why `name` cannot name a sink ("" when it can): it names the sink's folders too
+    (its dead letters), so no path separators and not "." or ".."."""
+    if not _SINK_NAME.match(name) or not name.strip("."):
+        return f"{name!r} must be 1-64 letters, digits, '.', '_' or '-', not only dots"
+    return ""
+
+
 def default_sink() -> SinkConfig:
     """The embedded default: Parquet in the user's data directory."""
     return SinkConfig(name="lake", type="parquet", url=str(paths.user_data_dir()))
@@ -80,8 +88,9 @@ def _sink(table: Any, index: int, problems: list[str]) -> SinkConfig | None:
         return None
     check_keys(table, COMMON_SINK_KEYS | types[kind].options.KEYS, f"{label}.", problems)
     name = str(table.get("name", f"{kind}-{index}"))
-    if not _SINK_NAME.match(name):
-        problems.append(f"{label}.name: {name!r} must be 1-64 letters, digits, '.', '_' or '-'")
+    named = sink_name_problem(name)
+    if named:
+        problems.append(f"{label}.name: {named}")
     url = table.get("url")
     if not isinstance(url, str) or not url:
         problems.append(f"{label}.url: required")

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sinks.units import parse_duration, parse_int
+from sinks.units import MOST_CONNECTIONS, parse_duration, parse_int
 
 
 def check_keys(
@@ -71,8 +71,8 @@ def read_token(value: Any) -> str:
 
 
 def connection_cap(value: Any) -> int:
-    if not 1 <= parse_int(value) <= 1_000_000:
-        raise ValueError(f"{value!r} is not a whole number from 1 to 1000000")
+    if not 1 <= parse_int(value) <= MOST_CONNECTIONS:
+        raise ValueError(f"{value!r} is not a whole number from 1 to {MOST_CONNECTIONS}")
     return int(value)
 
 

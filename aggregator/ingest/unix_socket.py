@@ -191,8 +191,8 @@ class SocketIngest:
                         "exited and cannot send them again, so their %d events are lost and "
                         "counted (%s)%s; give the sinks room before a stop (`evagg status` "
                         "shows a full spool)", lost.frames, pid, lost.events, UNSTORED_AT_STOP,
-                        f"; the drops its own reports in them name ({theirs}) are counted as "
-                        "that producer's" if theirs else "")
+                        f"; its own loss reports among them ({theirs}) are counted as that "
+                        "producer's drops" if theirs else "")
 
     async def _handle_body(self, body: bytes, pid: int | None, uid: int | None,
                            transport: asyncio.Transport) -> bool:

@@ -26,6 +26,7 @@ import duckdb
 
 from dashboard.lake import fold_handover
 from dashboard.lake.fold import TaskFold
+from dashboard.lake.fold_sql import lake_connection
 from dashboard.lake.sources import fragments_sql
 
 
@@ -41,10 +42,8 @@ def copy(path: Path, key: str) -> str:
         if fold_handover.wanted(path):
             fold_handover.say(fd, "yielded")
             return "yielded"
-        con = duckdb.connect(":memory:")
+        con = lake_connection()
         try:
-            con.execute("SET TimeZone = 'UTC'")
-            con.execute("SET parquet_metadata_cache = true")
             try:
                 fold = TaskFold(con, key, str(path.parent), placed_source=fragments_sql,
                                 only_file=path)

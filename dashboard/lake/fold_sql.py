@@ -16,6 +16,15 @@ from sinks.fragments.dialects import dialect
 from sinks.fragments.task_fold import merge_select, merge_select_split, partial_select
 
 
+def lake_connection() -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB set up as every reader of a lake has it: times shown in UTC,
+    Parquet footers read once."""
+    con = duckdb.connect(":memory:")
+    con.execute("SET TimeZone = 'UTC'")
+    con.execute("SET parquet_metadata_cache = true")
+    return con
+
+
 def task_fold_macros() -> str:
     """fold_partial_of, fold_merge_of and fold_merge_split_of, from the one owner of the
     task fold (the agent writes its task fragments with the same SQL)."""

@@ -26,6 +26,7 @@ from dashboard.lake import fold_handover, views
 from dashboard.lake.cancel import current_token
 from dashboard.lake.errors import BadInput, NoData, QueryFailed, StoreUnavailable
 from dashboard.lake.fold import Cover, TaskFold, parse_covers
+from dashboard.lake.fold_sql import lake_connection
 from dashboard.lake.listing import FileEntry, Listing
 from dashboard.lake.results import Result, from_cursor
 from dashboard.lake.sources import ENGINES, Relation, fragments_sql, open_source
@@ -77,9 +78,7 @@ class Store:
         self._synced_for: str | None = None
         self._relation = Relation("")  # what the views read; registered on every cursor
         self._columns: dict[str, list[str]] = {}
-        self._con = duckdb.connect(":memory:")
-        self._con.execute("SET TimeZone = 'UTC'")
-        self._con.execute("SET parquet_metadata_cache = true")
+        self._con = lake_connection()
         self._source = open_source(options.location, options.endpoint_url, options.region,
                                    options.engine, self._con)
         self.engine = self._source.engine
@@ -323,8 +322,8 @@ class Store:
             self._con.close()
         if (detach and self.fold is not None and self.fold.path is not None
                 and not fold_handover.spawn(self.fold.path, self.fold.key)):
-                log.warning("could not start the copy of task fragments into %s; the "
-                            "next query reads them in place", self.fold.path)
+            log.warning("could not start the copy of task fragments into %s; the next "
+                        "query reads them in place", self.fold.path)
 
     def _placed_bytes(self) -> int:
         assert self.fold is not None

@@ -19,6 +19,7 @@ from dashboard.cli.lake_flags import add_config_flag
 from dashboard.lake.errors import BadInput, DashboardError, NoData
 from dashboard.lake.store import ENGINES, Store, StoreOptions
 from sinks.locations import is_s3_url
+from sinks.units import MOST_CONNECTIONS
 
 # A local relist is one os.walk: every 2 s keeps a new file's events on the page within
 # seconds (the agent closes a local file 5 s after it opened). On S3 a relist is LISTs.
@@ -27,7 +28,6 @@ S3_REFRESH_S = 5.0
 # A browser opens six connections to a host; 256 leaves room for many tabs and the Ray
 # State API's clients, and under the 1024 descriptors a shell's soft limit usually allows.
 MAX_CONNECTIONS = 256
-MOST_CONNECTIONS = 1_000_000  # as the agent's max_connections
 log = logging.getLogger("evagg.dashboard")
 DESCRIPTION = """\
 Serve the web dashboard: tasks, training runs, ops, traces and agents, read from the

@@ -14,10 +14,8 @@ Four relations, the same names in every engine:
   and the part files written into an hour after its merge): tasks.sql's `tasks`, before
   the ends evagg infers for attempts a dead process left open.
 
-Column types are read off their owners: the event columns off `sinks.schema.EVENT_SCHEMA`,
-the fragments' off the fold itself (its partial SELECT run in DuckDB over no rows gives
-the Parquet schema DuckDB writes a fragment with). Everything here returns text; the
-command line prints it.
+Where the statements point is `ddl_lake.py`'s, their column types `ddl_types.py`'s.
+Everything here returns text; the command line prints it.
 """
 
 from __future__ import annotations
@@ -48,7 +46,7 @@ from sinks.fragments.task_fold import (
     merge_select,
     partial_select,
 )
-from sinks.parquet.layout import COMPACTED_PREFIX, FRAGMENT_SUFFIX, TASKS_ROOT
+from sinks.parquet.layout import COMPACTED_PREFIX, EVENT_GLOB, FRAGMENT_SUFFIX, TASKS_ROOT
 from sinks.schema import EVENT_SCHEMA
 
 EVENTS_RAW: Final = "events_raw"
@@ -57,7 +55,6 @@ FRAGMENTS: Final = "task_fragments"
 TASKS: Final = "tasks"
 DEFAULT_SCHEMA: Final = "evagg"  # Trino's and Athena's schema (database) for the tables
 DEFAULT_CATALOG: Final = "hive"  # Trino's catalog: a Hive connector
-EVENT_GLOB: Final = "date=*/hour=*/node=*/*.parquet"
 
 
 

@@ -29,6 +29,10 @@ _NS_PER_SECOND: Final = 1_000_000_000
 # events.
 TASKS_ROOT: Final = "_tasks"
 FRAGMENT_SUFFIX: Final = ".pq"
+# The event files below a lake's root, as a DuckDB or Spark glob: never `**/*.parquet`,
+# which descends into _artifacts/ too, where a shipped file that is itself Parquet stops a
+# read with a Hive partition mismatch (docs/parquet-layout.md).
+EVENT_GLOB: Final = "date=*/hour=*/node=*/*.parquet"
 
 
 def partition_for(received_ns: int) -> str:

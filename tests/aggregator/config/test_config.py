@@ -93,6 +93,10 @@ BAD = {
                                "agent.state_dir: [1] is not a string"),
     "socket_group not a string": ("[agent]\nsocket_group = 0\n",
                                   "agent.socket_group: 0 is not a string"),
+    # a sink's name names its dead-letter folder: '..' would be the state dir itself
+    "sink named only dots": ("[[sinks]]\nname='..'\ntype='http'\nurl='http://x'\n",
+                             "sinks[0].name: '..' must be 1-64 letters, digits, '.', '_' or "
+                             "'-', not only dots"),
 }
 
 
@@ -133,6 +137,16 @@ def test_each_error_names_the_key(tmp_path: Path, case: str) -> None:
         load_config(write(tmp_path, text), env={})
     assert expected in str(caught.value)
 
+
+@pytest.mark.parametrize("name", ["..", "../elsewhere", "a/b"])
+def test_dlq_refuses_a_sink_name_that_is_a_path(tmp_path: Path, name: str) -> None:
+    """`evagg dlq list --sink NAME` lists the folder of that name: a name that is a path
+    would list (or replay and delete) files elsewhere."""
+    done = subprocess.run([sys.executable, "-m", "aggregator", "dlq", "list", "--sink", name],
+                          capture_output=True, text=True, check=False,
+                          env={**os.environ, "HOME": str(tmp_path), "EVAGG_CONFIG": ""})
+    assert done.returncode == 2, done
+    assert f"evagg dlq: --sink {name!r} must be 1-64 letters" in done.stderr
 
 
 def test_check_config_exits_non_zero_with_every_problem(tmp_path: Path) -> None:
