@@ -150,9 +150,13 @@ class Agent:
             self._remove_socket_file()
             raise
         self._install_signals()
+        resumes = self._resumes()  # taken before this start spools anything of its own
+        # once nothing can fail the start any more, before it says it is ready (so ready
+        # means spooled): readers see this agent at once, not an interval from now
+        await self.heartbeat.write_start()
         self._ready = True
         systemd.notify("READY=1\nSTATUS=accepting events")
-        self._announce()
+        self._announce(resumes)
         heartbeat = asyncio.create_task(self.heartbeat.run(), name="heartbeat")
         liveness = (asyncio.create_task(self.liveness.run(), name="liveness")
                     if self.liveness.enabled else None)
@@ -226,14 +230,17 @@ class Agent:
         if recalled.ids:
             log.info("remembered %d Ray eventIds from the spool", len(recalled.ids))
 
-    def _announce(self) -> None:
+    def _resumes(self) -> dict[str, int]:
+        """Per sink, the events the spool held for it from before this start."""
+        return {name: self.spool.lag(name)[1] for name in self._consumers()}
+
+    def _announce(self, waiting: dict[str, int]) -> None:
         for warning in config_warnings(self.config):
             log.warning("%s", warning)
         sinks = self.sinks.describe() if self.sinks else ""
         log.info("evagg agent ready: node %s, socket %s, http %s, spool %s, sinks: %s, "
                  "arrow memory pool %s", self.config.node_id, self.config.socket,
                  self.config.http_listen or "off", self.spool.directory, sinks, self._arrow_pool)
-        waiting = {name: self.spool.lag(name)[1] for name in self._consumers()}
         if any(waiting.values()):  # after a crash or a stop cut short: say what resumes
             log.info("resuming: the spool holds events from before this start, which each "
                      "sink delivers first: %s", ", ".join(

@@ -1,6 +1,6 @@
-"""The agent's heartbeat: an `agent` event with the agent's counters every
-`heartbeat_interval`, with a `loss` event for each reason the agent lost events since the
-last one (aggregator/losses.py).
+"""The agent's heartbeat: an `agent` event with the agent's counters as the agent starts
+and then every `heartbeat_interval`, with a `loss` event for each reason the agent lost
+events since the last one (aggregator/losses.py).
 
 Heartbeats go through the ingestor like any producer's events (route "agent"), so every
 sink gets them and the dashboard's node view works after the cluster is gone. Each says
@@ -9,6 +9,13 @@ how long readers may go without one before they take the node for dead (attrs
 time a heartbeat may wait before a reader can see it); readers then end the attempts
 left open on it (dashboard/sql/ends.sql). Each also says when its agent process started
 (attrs `started_at`), so readers count a restart whatever the counters did.
+
+The first, the start heartbeat, is written once the spool is open, the sinks started and
+the socket and port open (a start that fails leaves none), before the agent says it is
+ready: readers see a new node, or an agent back after a restart, within a roll of its
+sinks instead of an interval later.
+It is an ordinary RUNNING heartbeat: nothing else marks it, since its new `started_at`
+already tells readers that another agent process began (docs/queries.md, Agents).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ log = logging.getLogger("evagg.agent")
 SILENT_BEATS = 3  # heartbeats a reader may miss before it takes the node for dead
 LOSS_REPORT_AFTER_S = 1.0  # a loss found is reported this long after, with the rest of its burst
 FINAL_TIMEOUT_S = 2.0  # the last heartbeat must not hold the exit (a full spool, `block`)
+START_TIMEOUT_S = 2.0  # nor the first one the start
 
 
 class Heartbeat:
@@ -83,6 +91,20 @@ class Heartbeat:
                 await self.write(final=False)
         except Exception as exc:  # a heartbeat must never end the agent
             self._errors.failed("heartbeat", exc, "the heartbeat was not written; the "
+                                "next one is due in %gs", self.interval_s)
+
+    async def write_start(self) -> None:
+        """The start heartbeat: best effort, within START_TIMEOUT_S (a spool left full,
+        `block`); a failure is counted and logged, and the agent starts all the same."""
+        try:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                await self.write(final=False)
+        except TimeoutError:
+            log.warning("start heartbeat not written: the spool had no room for it within "
+                        "%.1fs; readers see this agent with its next heartbeat, due in %gs",
+                        START_TIMEOUT_S, self.interval_s)
+        except Exception as exc:  # a heartbeat must never end the agent
+            self._errors.failed("heartbeat", exc, "the start heartbeat was not written; the "
                                 "next one is due in %gs", self.interval_s)
 
     async def write_final(self, limit_s: float = FINAL_TIMEOUT_S) -> None:

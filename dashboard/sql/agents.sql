@@ -70,8 +70,8 @@ marked AS (
 ordered AS (
     SELECT *,
            count(*) FILTER (WHERE restart) OVER n AS restarts,
-           -- when the new process started, as its heartbeats say (its first beat comes an
-           -- interval later: 30 s by default); the beat's time where one does not say
+           -- when the new process started, as its heartbeats say (its first beat, written
+           -- as it starts, comes a little later); the beat's time where one does not say
            max(coalesce(TRY_CAST(started_at AS TIMESTAMPTZ), time)) FILTER (WHERE restart)
                OVER n AS restarted_at,
            max(gap_s) OVER n AS longest_gap_s,
