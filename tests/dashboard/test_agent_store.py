@@ -169,7 +169,7 @@ def feed_and_stop(agent: AgentProcess) -> int:
     finally:
         emitter.close()
     feed_ray(agent)
-    wait_for_heartbeat(agent)  # one written while running, besides the final one
+    wait_for_heartbeat(agent)  # one written while running (the start's), besides the final one
     agent.wait_delivered(int(agent.metric("evagg_received_events_total")))
     return agent.stop()
 

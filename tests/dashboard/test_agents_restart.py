@@ -72,8 +72,8 @@ def test_a_restarted_agent_is_counted_and_its_counts_are_integers(agent: AgentPr
     # each process names its start in its heartbeats: a restart counts whatever the counters
     starts = agent.query("SELECT DISTINCT attrs['started_at'] FROM events WHERE kind = 'agent'")
     assert len(starts) == 2 and all(s for s, in starts), starts
-    # dated by when the new agent started, which its heartbeats name, not by its first
-    # heartbeat, an interval later (30 s by default)
+    # dated by when the new agent started, which its heartbeats name, not by the time of
+    # its first heartbeat (written as it starts, a moment after that)
     newest = max(datetime.fromisoformat(s) for s, in starts)
     assert after["restarted_at"] == newest.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), (after, starts)
     assert isinstance(after["received_total"], int) and after["received_total"] < EVENTS
