@@ -102,6 +102,27 @@ def test_a_stop_with_the_spool_full_says_why_its_last_heartbeat_is_missing(
     assert "silence" in said[0]
 
 
+def test_a_start_on_a_full_spool_is_not_held_by_its_start_heartbeat(
+        agent_factory: Callable[..., AgentProcess],
+        servers: Callable[..., ServerThread]) -> None:
+    """The next agent on a spool left full: the heartbeat it writes as it starts finds no
+    room, so it starts without it, says so, and its next heartbeat comes on time."""
+    endpoint = servers()
+    agent = blocking_agent(agent_factory, endpoint, drain_timeout="2s")
+    fill_to_the_brim(agent)
+    assert agent.stop() == 0
+    agent.start()  # ready, not held: the wait for room is bounded
+    said = [line for line in agent.log().splitlines() if "start heartbeat not written" in line]
+    assert said and "the spool had no room for it within" in said[0], said
+    assert agent.metric('evagg_received_events_total{route="agent"}') == 0
+    assert agent.proc is not None
+    pid = agent.proc.pid
+    endpoint.answer_always(200)  # room again: the periodic heartbeats go on (2 s here)
+    wait_until(lambda: any(e.get("kind") == "agent" and e.get("pid") == pid
+                           for e in endpoint.accepted_events()),
+               60, "a heartbeat of the new agent at the endpoint")
+
+
 PRODUCER = """
 import json, sys, emitters
 emitter = emitters.Emitter(socket=sys.argv[1], max_buffer_bytes=256 * 1024, exit_timeout=2.0)
