@@ -112,6 +112,17 @@ def test_a_first_query_answers_then_a_process_of_its_own_copies(
     assert len(detached) == 1 and len(cache_files(cache)) == 1
 
 
+def answered_with_copy_held_back(capsys: pytest.CaptureFixture[str], merged: Path,
+                                 cache: Path, monkeypatch: pytest.MonkeyPatch,
+                                 detached: list[tuple[Path, str]]) -> tuple[str, Path, str]:
+    """A first query's answer, its copy recorded but not started: (answer, cache file, key)."""
+    monkeypatch.setattr(fold_handover, "spawn", lambda path, key: detached.append((path, key))
+                        or True)
+    first = query(capsys, merged, cache, "summary")
+    [(path, key)] = detached
+    return first, path, key
+
+
 def stopped_while_copying(capsys: pytest.CaptureFixture[str], merged: Path, cache: Path,
                           detached: list[tuple[Path, str]]
                           ) -> tuple[str, Path, subprocess.Popen[bytes]]:
@@ -166,10 +177,8 @@ def test_a_copy_started_while_a_query_wants_the_cache_leaves_it_alone(
         capsys: pytest.CaptureFixture[str], merged: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, detached: list[tuple[Path, str]]) -> None:
     cache = tmp_path / "cache"
-    monkeypatch.setattr(fold_handover, "spawn", lambda path, key: detached.append((path, key))
-                        or True)
-    first = query(capsys, merged, cache, "summary")
-    [(path, key)] = detached
+    first, path, key = answered_with_copy_held_back(capsys, merged, cache, monkeypatch,
+                                                    detached)
     fold_handover.marker(path, "copy").touch()
     with fold_handover.yielded(path):  # no copy runs: it does not wait, and holds nothing
         pass
@@ -187,10 +196,8 @@ def test_a_killed_copy_leaves_a_cache_the_next_query_uses(
         when: str, capsys: pytest.CaptureFixture[str], merged: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, detached: list[tuple[Path, str]]) -> None:
     cache = tmp_path / "cache"
-    monkeypatch.setattr(fold_handover, "spawn", lambda path, key: detached.append((path, key))
-                        or True)
-    first = query(capsys, merged, cache, "summary")
-    [(path, key)] = detached
+    first, path, key = answered_with_copy_held_back(capsys, merged, cache, monkeypatch,
+                                                    detached)
     with duckdb.connect(str(path), read_only=True) as con:
         generation = con.execute("SELECT value FROM meta WHERE key = 'generation'").fetchall()
     copy = start_copy(path, key)

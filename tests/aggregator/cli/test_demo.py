@@ -14,14 +14,18 @@ from tests.agentproc import REPO, short_socket_dir
 from tests.ports import free_port
 
 
+def run_demo(home: Path) -> subprocess.CompletedProcess[str]:
+    """`evagg run --demo 80` as a newcomer runs it: an empty HOME, no EVAGG_ settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EVAGG_", "XDG_"))}
+    env.update(HOME=str(home), XDG_RUNTIME_DIR=str(short_socket_dir()),
+               EVAGG_HTTP_LISTEN=f"127.0.0.1:{free_port()}", PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "aggregator", "run", "--demo", "80"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
 def test_demo_writes_parquet_whose_task_durations_agree_with_their_states(
     tmp_path: Path,
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("EVAGG_", "XDG_"))}
-    env.update(HOME=str(tmp_path), XDG_RUNTIME_DIR=str(short_socket_dir()),
-               EVAGG_HTTP_LISTEN=f"127.0.0.1:{free_port()}", PYTHONPATH=str(REPO))
-    done = subprocess.run([sys.executable, "-m", "aggregator", "run", "--demo", "80"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    done = run_demo(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     lake = tmp_path / ".local" / "share" / "evagg" / "parquet"
     assert f"Parquet written under {lake}" in done.stdout
@@ -60,11 +64,7 @@ def test_demo_and_the_sql_it_prints_read_the_events_beside_a_shipped_parquet_fil
     con = duckdb.connect()
     con.execute(f"COPY (SELECT 'matmul' AS op, 12.5 AS self_cuda_us) "
                 f"TO '{shipped / 'profile.parquet'}' (FORMAT parquet)")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("EVAGG_", "XDG_"))}
-    env.update(HOME=str(tmp_path), XDG_RUNTIME_DIR=str(short_socket_dir()),
-               EVAGG_HTTP_LISTEN=f"127.0.0.1:{free_port()}", PYTHONPATH=str(REPO))
-    done = subprocess.run([sys.executable, "-m", "aggregator", "run", "--demo", "80"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    done = run_demo(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
     # the table it printed counts the demo's ten steps of ops
