@@ -3,9 +3,9 @@
 With fsync "always" every append waits for an fsync of the segment it went to, and the
 appends that arrive while one runs share the next (group commit). In both modes, segments
 rolled away are fsynced and closed in the same thread, with the directory when a file was
-created in it. An fd is closed by that thread, by close() or by discard_active() (a
-segment deleted while written to), always under `fd_lock`, so none closes one another is
-fsyncing.
+created in it. An fd a job may hold is closed by that job, by close() or by
+discard_active() (a segment deleted while written to), under `fd_lock`, so none closes
+one another is fsyncing; sealed fds no job has taken yet are closed by forget().
 """
 
 from __future__ import annotations
@@ -54,11 +54,11 @@ class GroupCommit:
 
     def forget(self, paths: set[Path]) -> None:
         """Close the sealed fds of segments being deleted, without the fsync they will
-        never need (no job holds them: a job takes its fds when it starts)."""
+        never need. No job holds them (a job takes its fds when it starts), so no lock:
+        waiting here for a running fsync of other files would stall the event loop."""
         for path, fd in [(p, fd) for p, fd in self._sealed if p in paths]:
             self._sealed.remove((path, fd))
-            with self.fd_lock:
-                os.close(fd)
+            os.close(fd)
 
     def discard_active(self, fd: int) -> None:
         """Close the active segment's fd without an fsync: its segment is being deleted.
