@@ -17,6 +17,13 @@ def is_s3_url(location: str) -> bool:
     return location.startswith(S3_SCHEME)
 
 
+def no_such_lake(location: str) -> str:
+    """What every reading command says of a local lake that is not there."""
+    return (f"data directory {location} does not exist: give the agent's config with "
+            "--config FILE (its Parquet sink's url is read), or the lake with --data DIR or "
+            "s3://bucket/prefix (or $EVAGG_DATA)")
+
+
 def bucket_and_key(url: str) -> str:
     """`s3://bucket/some/key` -> `bucket/some/key`: the path pyarrow's S3FileSystem opens.
 

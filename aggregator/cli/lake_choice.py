@@ -1,4 +1,5 @@
-"""Which lake `evagg query`, `evagg dashboard` and `evagg export-traces` read when no
+"""Which lake `evagg query`, `evagg dashboard`, `evagg export-traces` and `evagg compact`
+read when no
 `--data` names one: the one the agent writes, read off its config.
 
 On a node the agent runs from /etc/evagg/evagg.toml and writes to its Parquet sink's url
@@ -6,7 +7,9 @@ On a node the agent runs from /etc/evagg/evagg.toml and writes to its Parquet si
 instead, and answer about nothing. So the commands take the agent's `--config` (else
 `$EVAGG_CONFIG`) as `evagg status` and `evagg emit` do. The order, explicit before
 ambient: `--data`, `--config`, `$EVAGG_DATA`, `$EVAGG_CONFIG`, the user's data directory.
-The sink's `endpoint_url` and `region` come along unless their flags are given.
+The sink's `endpoint_url` and `region` come along unless their flags are given, and for
+`evagg compact` its upload options (`sse`, `storage_class`), so a merge run by hand
+uploads as the agent's own hour merge does.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ class LakeChoiceError(ValueError):
     """The config names no one lake: the message says what to give instead."""
 
 
-def apply_config_lake(args: argparse.Namespace) -> None:
-    """Fill args.data (and endpoint_url, region where unset) from the agent's config when
-    the command line names no lake; raises LakeChoiceError (or ConfigError) otherwise."""
+def apply_config_lake(args: argparse.Namespace, options: tuple[str, ...] = ()) -> None:
+    """Fill args.data (and endpoint_url, region and the sink's `options` where their flags
+    are unset) from the agent's config when the command line names no lake; raises
+    LakeChoiceError (or ConfigError) otherwise."""
     if getattr(args, "data", None):
         return
     path: Path | None = getattr(args, "config", None)
@@ -42,7 +46,7 @@ def apply_config_lake(args: argparse.Namespace) -> None:
                               "--data with the one to read")
     lake = lakes[0]
     args.data = lake.url
-    for option in ("endpoint_url", "region"):
+    for option in ("endpoint_url", "region", *options):
         value = lake.options.get(option)
         if isinstance(value, str) and value and not getattr(args, option, None):
             setattr(args, option, value)

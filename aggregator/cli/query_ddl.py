@@ -11,6 +11,7 @@ from typing import Any
 
 from dashboard.cli.lake_flags import add_config_flag
 from sinks.fragments.dialects import DIALECTS
+from sinks.locations import is_s3_url, no_such_lake
 
 DESCRIPTION = """\
 Print the SQL that creates evagg's `events` and `tasks` over a lake in another engine:
@@ -62,11 +63,10 @@ def run_ddl(args: argparse.Namespace) -> int:
     try:
         lake = Lake.parse(location)
         check_names(args.schema, args.catalog)
-        if not lake.url.startswith("s3://") and not Path(lake.url).is_dir():
-            print(f"evagg query ddl: data directory {location} does not exist (give the "
-                  f"lake's directory or s3:// prefix)", file=sys.stderr)
+        if not is_s3_url(lake.url) and not Path(lake.url).is_dir():
+            print(f"evagg query ddl: {no_such_lake(location)}", file=sys.stderr)
             return 1
-        if args.dialect in ("trino", "athena") and not lake.url.startswith("s3://"):
+        if args.dialect in ("trino", "athena") and not is_s3_url(lake.url):
             print(f"evagg query ddl: {args.dialect} reads tables on S3 (or HDFS): the "
                   f"statements name the local path {lake.url}; give the s3:// prefix the "
                   f"lake is copied to", file=sys.stderr)

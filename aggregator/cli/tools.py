@@ -62,14 +62,16 @@ def run_deferred(name: str, rest: list[str]) -> int:
     return code
 
 
-def _lake_from_config(command: str, args: argparse.Namespace) -> bool:
-    """args.data from the agent's config where no --data names a lake; False (having
-    said why) when the config names no one lake."""
+def _lake_from_config(command: str, args: argparse.Namespace,
+                      options: tuple[str, ...] = ()) -> bool:
+    """args.data from the agent's config where no --data names a lake (with the sink's
+    `options` where their flags are unset); False (having said why) when the config names
+    no one lake."""
     from aggregator.cli.lake_choice import LakeChoiceError, apply_config_lake
     from aggregator.config import ConfigError
 
     try:
-        apply_config_lake(args)
+        apply_config_lake(args, options)
     except (LakeChoiceError, ConfigError) as exc:
         print(f"{command}: {exc}", file=sys.stderr)
         return False
@@ -83,7 +85,12 @@ def _add_compact(commands: Parsers) -> None:
                     "(one row per event_id) and write its task fragment under _tasks/, as "
                     "the agent's hour merge does; build the fragment of a merged file that "
                     "lacks one.")
-    compact.add_argument("target", help="local directory or s3://bucket/prefix/")
+    compact.add_argument("target", nargs="?",
+                         help="local directory or s3://bucket/prefix/ (default: --data, else "
+                              "the lake of --config, else $EVAGG_DATA, else the user's data "
+                              "directory, as `evagg query`)")
+    compact.add_argument("--data", help="the lake, as the positional target")
+    add_config_flag(compact)
     compact.add_argument("--partition", help="only this partition, e.g. date=2026-11-29/hour=13")
     compact.add_argument("--min-files", type=_at_least_two, default=2,
                          help="merge a partition only when it has at least this many files "
@@ -123,10 +130,21 @@ def _at_least_two(text: str) -> int:
 
 
 def _compact(args: argparse.Namespace) -> int:
+    from dashboard.cli.query import default_data
     from sinks.parquet.compact import run_compact
+    from sinks.parquet.options import UPLOAD_KEYS
     from sinks.parquet.s3_uploads import upload_args
     from sinks.parquet.stores import StoreError
 
+    if args.target and args.data and args.target != args.data:
+        print("evagg compact: give the lake once, as the target or as --data",
+              file=sys.stderr)
+        return 2
+    args.data = args.target or args.data
+    # merged files are uploaded as the agent's hour merge uploads them
+    if not _lake_from_config("evagg compact", args, UPLOAD_KEYS):
+        return 2
+    args.target = args.data or default_data()
     try:
         uploads = upload_args(args.sse, args.sse_kms_key_id, args.storage_class)
     except ValueError as exc:  # name the flag, not the sink's option

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sinks.durable import publish_file
+from sinks.locations import no_such_lake
 from sinks.parquet.s3 import S3Store
 from sinks.parquet.stores import staging_name
 
@@ -52,6 +53,8 @@ class Target(Protocol):
 
 class LocalTarget:
     def __init__(self, root: Path) -> None:
+        if not root.exists():
+            raise ValueError(no_such_lake(str(root)))
         if not root.is_dir():
             raise ValueError(f"{root} is not a directory")
         self.root = root

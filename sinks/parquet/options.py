@@ -39,7 +39,7 @@ _S3_KEYS: Final[dict[str, tuple[str, Callable[[Any], Any]]]] = {
     "path_style": ("path_style", parse_bool),
     "multipart_threshold": ("multipart_threshold", parse_positive_size),
 }
-_UPLOAD_KEYS: Final = ("sse", "sse_kms_key_id", "storage_class")  # -> S3Options.upload_args
+UPLOAD_KEYS: Final = ("sse", "sse_kms_key_id", "storage_class")  # -> S3Options.upload_args
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class S3Options:
     # every upload's extra arguments, from sse, sse_kms_key_id, storage_class
     upload_args: Mapping[str, str] = field(default_factory=dict)
 
-    KEYS: ClassVar[frozenset[str]] = frozenset({*_S3_KEYS, *_UPLOAD_KEYS})
+    KEYS: ClassVar[frozenset[str]] = frozenset({*_S3_KEYS, *UPLOAD_KEYS})
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any]) -> S3Options:
@@ -95,7 +95,7 @@ class ParquetOptions:
 
 
 def _upload_args(table: Mapping[str, Any]) -> dict[str, str]:
-    texts = [option(table, key, None, optional_text) for key in _UPLOAD_KEYS]
+    texts = [option(table, key, None, optional_text) for key in UPLOAD_KEYS]
     try:
         return upload_args(*texts)
     except ValueError as exc:  # the message starts with the option's key

@@ -8,6 +8,7 @@ from typing import Any
 from dashboard.lake.errors import BadInput, NotFound, StoreUnavailable
 from dashboard.lake.listing import Listing, list_local
 from dashboard.lake.sources._base import Relation, Source, duckdb_relation
+from sinks.locations import no_such_lake
 
 
 class LocalDir:
@@ -16,9 +17,7 @@ class LocalDir:
     def __init__(self, location: str) -> None:
         root = Path(location).expanduser()
         if not root.exists():
-            raise NotFound(f"data directory {location} does not exist: give the agent's "
-                           "config with --config FILE (its Parquet sink's url is read), or "
-                           "the lake with --data DIR (or $EVAGG_DATA)")
+            raise NotFound(no_such_lake(location))
         if not root.is_dir():
             raise BadInput(f"{location} is not a directory")
         self.location = location
@@ -36,7 +35,7 @@ class LocalDir:
         try:
             return list_local(self.root)
         except FileNotFoundError:
-            raise NotFound(f"data directory {self.location} does not exist") from None
+            raise NotFound(no_such_lake(self.location)) from None
         except OSError as exc:
             raise StoreUnavailable(f"cannot list {self.location}: {exc.strerror}") from None
 

@@ -283,6 +283,41 @@ def test_evagg_compact_command(tmp_path: Path) -> None:
     assert lake.counts() == (200, 200) and len(lake.names()) == 1
 
 
+def _user_compact(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`evagg compact` in an operator's shell: an empty HOME, no evagg variable but `env`."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("EVAGG_")}
+    return subprocess.run([sys.executable, "-m", "aggregator", "compact", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**clean, "PYTHONPATH": str(REPO), "HOME": str(home),
+                               "XDG_DATA_HOME": str(home / ".local/share"), **env})
+
+
+def test_evagg_compact_takes_the_lake_evagg_query_reads(tmp_path: Path) -> None:
+    """No target: the agent's lake by --config or $EVAGG_CONFIG, else $EVAGG_DATA, as the
+    other reading commands choose it; a lake that is not there says what to give."""
+    home = tmp_path / "home"
+    missing = _user_compact(home)
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == (
+        f"evagg compact: data directory {home}/.local/share/evagg/parquet does not exist: "
+        "give the agent's config with --config FILE (its Parquet sink's url is read), or the "
+        "lake with --data DIR or s3://bucket/prefix (or $EVAGG_DATA)")
+    lake = Lake("local", tmp_path / "lake")
+    fill(lake, files=4)
+    config = tmp_path / "evagg.toml"
+    config.write_text(f'[[sinks]]\nname = "lake"\ntype = "parquet"\nurl = "{lake.root}"\n')
+    by_config = _user_compact(home, "--dry-run", EVAGG_CONFIG=str(config))
+    assert by_config.returncode == 0, by_config.stderr
+    assert by_config.stdout.startswith(f"{lake.root}: ") and "would merge 4 files" in (
+        by_config.stdout)
+    done = _user_compact(home, EVAGG_DATA=str(lake.root))
+    assert done.returncode == 0, done.stderr
+    assert "merged 4 files into 1" in done.stdout and len(lake.names()) == 1
+    twice = _user_compact(home, str(lake.root), "--data", str(tmp_path))
+    assert (twice.returncode, twice.stderr.strip()) == (
+        2, "evagg compact: give the lake once, as the target or as --data")
+
+
 def column_layout(path: Path) -> dict[str, tuple[tuple[str, ...], bool]]:
     """Per leaf column of the first row group: its encodings and whether it has statistics."""
     group = pq.ParquetFile(path).metadata.row_group(0)

@@ -66,8 +66,7 @@ def test_a_multipart_upload_asks_for_the_same_encryption(
     assert encryption_of(moto, bucket, f"lake/{KEY}") == ("AES256", None)
 
 
-def test_compact_writes_its_merged_files_as_asked(
-        moto: MotoS3, bucket: str, tmp_path: Path) -> None:
+def _two_small_files(moto: MotoS3, bucket: str, tmp_path: Path) -> None:
     store = make_store(moto, bucket, tmp_path, upload_args=KMS)
     partition = KEY.rpartition("/")[0]
     for first in (1, 101):
@@ -76,14 +75,50 @@ def test_compact_writes_its_merged_files_as_asked(
         staged = store.staging_path(key)
         pq.write_table(pa.Table.from_pylist(rows, schema=EVENT_SCHEMA), staged)
         publish(store, staged, key)
-    command = [sys.executable, "-m", "aggregator", "compact", f"s3://{bucket}/lake/",
-               "--endpoint-url", moto.endpoint_url, "--grace", "0"]
+
+
+def _evagg_compact(*args: str) -> subprocess.CompletedProcess[str]:
     environment = {**os.environ, **aws_env(), "PYTHONPATH": str(REPO)}
-    done = subprocess.run([*command, "--sse", "aws:kms", "--sse-kms-key-id", KMS_KEY,
-                           "--storage-class", "STANDARD_IA"],
+    environment.pop("EVAGG_CONFIG", None)
+    environment.pop("EVAGG_DATA", None)
+    return subprocess.run([sys.executable, "-m", "aggregator", "compact", *args],
                           capture_output=True, text=True, timeout=120, env=environment)
+
+
+def test_compact_writes_its_merged_files_as_asked(
+        moto: MotoS3, bucket: str, tmp_path: Path) -> None:
+    _two_small_files(moto, bucket, tmp_path)
+    done = _evagg_compact(f"s3://{bucket}/lake/", "--endpoint-url", moto.endpoint_url,
+                          "--grace", "0", "--sse", "aws:kms", "--sse-kms-key-id", KMS_KEY,
+                          "--storage-class", "STANDARD_IA")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "botocore" not in done.stderr, done.stderr  # its INFO lines say nothing to act on
+    assert_merged_as_asked(moto, bucket)
+
+
+def test_compact_of_the_agents_config_uploads_as_its_hour_merge_does(
+        moto: MotoS3, bucket: str, tmp_path: Path) -> None:
+    """An operator runs `evagg compact --config /etc/evagg/evagg.toml`: the lake, its
+    endpoint and the sink's encryption and storage class all come from the config, so a
+    compliance bucket gets no unencrypted merged file."""
+    _two_small_files(moto, bucket, tmp_path)
+    config = tmp_path / "evagg.toml"
+    config.write_text(f"""[[sinks]]
+name = "lake"
+type = "parquet"
+url = "s3://{bucket}/lake/"
+endpoint_url = "{moto.endpoint_url}"
+sse = "aws:kms"
+sse_kms_key_id = "{KMS_KEY}"
+storage_class = "STANDARD_IA"
+""")
+    done = _evagg_compact("--config", str(config), "--grace", "0")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"s3://{bucket}/lake/" in done.stdout
+    assert_merged_as_asked(moto, bucket)
+
+
+def assert_merged_as_asked(moto: MotoS3, bucket: str) -> None:
     merged = [k for k in moto.keys(bucket) if "/compacted-" in k]
     # the merged file and its task fragment (lake/_tasks/...), both uploaded as asked
     assert len(merged) == 2 and sum(k.startswith("lake/_tasks/") for k in merged) == 1
