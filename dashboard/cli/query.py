@@ -42,9 +42,6 @@ SHORT_TASK_COLUMNS = ("task_id", "attempt", "name", "final_state", "node_id", "d
 # what `steps --run` took for the run of ops without a run_id before it was named as the
 # dashboard names it; scripts that pass it still work
 OLD_NO_RUN_ROW = "(no run_id)"
-# what a summary's row with no value stands for, by dimension
-NO_VALUE = {"job": "(no job id)", "driver": "(no job id)",
-            "error_type": "(no error type)"}  # failures sent without an error_type
 SUMMARY_NOTE = ("tasks counts task attempts, as Ray's own summary does: a task Ray ran "
                 "twice (a retry) counts 2")
 DRIVERS_NOTE = ("; Ray's driver tasks ({n}) are counted only in the driver rows, as Ray "
@@ -226,8 +223,8 @@ def _summary(store: Store, _args: argparse.Namespace) -> Result:
     dimension, value = result.columns.index("dimension"), result.columns.index("value")
     drivers = 0
     for row in result.rows:
-        if row[dimension] in NO_VALUE and not row[value]:
-            row[value] = NO_VALUE[row[dimension]]
+        if row[dimension] in queries.NO_VALUE_LABELS and not row[value]:
+            row[value] = queries.NO_VALUE_LABELS[row[dimension]]
         if row[dimension] == "driver":
             drivers += int(row[result.columns.index("tasks")])
     result.extra["note"] = SUMMARY_NOTE + (DRIVERS_NOTE.format(n=drivers) if drivers else "")

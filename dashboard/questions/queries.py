@@ -24,6 +24,11 @@ MAX_PAGE = 1000
 # The run of ops sent without a run_id (Ray's ray_op/traced_remote, emitters.op outside a
 # run), whose run_id is '': both doors, `evagg query runs` and the dashboard's Training
 # runs page, name it with these words and no others.
+# what a summary's row without a value holds, by dimension (failures sent without an
+# error type count under the error dimension, so that its groups add up to the failures)
+NO_VALUE_LABELS = {"job": "(no job id)", "driver": "(no job id)",
+                   "error_type": "(no error type)"}
+NO_VALUE_LABEL = "(none)"  # any other dimension's
 NO_RUN = "ops without a run id"
 NO_RUN_ROW = f"({NO_RUN})"
 

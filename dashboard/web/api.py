@@ -116,7 +116,9 @@ class Api:
 
     def _aggregate(self, params: dict[str, str]) -> Any:
         limit = bounded_int("limit", params.get("limit"), 200, 1, 5000)
-        return json_result(queries.aggregate(self.store, params.get("by", "name"), limit))
+        by = params.get("by", "name")
+        return {**json_result(queries.aggregate(self.store, by, limit)),
+                "no_value": queries.NO_VALUE_LABELS.get(by, queries.NO_VALUE_LABEL)}
 
     def _tasks(self, params: dict[str, str]) -> Any:
         limit, offset = queries.page_args(params)

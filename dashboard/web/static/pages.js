@@ -12,9 +12,6 @@ const STATES = ["PENDING", "SUBMITTED", "RUNNING", "FINISHED", "FAILED"];
 // the error type (docs/dashboard.md); the dimension keeps its name for old links.
 const DIMENSIONS = { name: "Function name", error_type: "Error", job: "Job", node: "Node", state: "State" };
 const FILTER_OF = { name: "name", error_type: "error_type", job: "job", node: "node", state: "state" };
-// What a group without a value holds (failures sent without an error type count under the
-// error dimension, so that its groups add up to the failures).
-const NONE_OF = { error_type: "(no error type)", job: "(no job id)" };
 const NO_VALUE = "(none)";  // a filter's value for "without this field" (dashboard/questions/filters.py)
 
 function countLink(filters, n, label) {
@@ -54,7 +51,7 @@ export async function overview() {
   return h("div", null, cards,
     section("Tasks by state", states),
     section(`Events over time (${fmtDur(data.bucket_s)} buckets, log scale)`, timelineChart(data.timeline, data.bucket_s), kinds),
-    section("Failures by error", errors.rows.length ? groupTable("error_type", errors.rows)
+    section("Failures by error", errors.rows.length ? groupTable("error_type", errors.rows, errors.no_value)
       : h("p", { class: "muted" }, data.tasks ? "No failed tasks." : "No tasks yet.")));
 }
 
@@ -78,10 +75,11 @@ export async function groups(params) {
   const tabs = h("div", { class: "tabs" }, Object.entries(DIMENSIONS).map(([key, label]) =>
     hashLink("groups", { by: key }, label, { class: key === by ? "active" : null })));
   return h("div", null, tabs, section(`Tasks by ${DIMENSIONS[by] || by}`,
-    data.rows.length ? groupTable(by, data.rows) : noTasks()));
+    data.rows.length ? groupTable(by, data.rows, data.no_value) : noTasks()));
 }
 
-function groupTable(by, rows) {
+// noValue: what the group without a value holds, as the API names it
+function groupTable(by, rows, noValue) {
   const key = FILTER_OF[by];
   const range = histRange(rows);
   // Tasks in no state of STATES (a producer's own state, shown UNKNOWN) get a column of
@@ -106,7 +104,7 @@ function groupTable(by, rows) {
     const none = row.value === null;
     const base = none ? { [key]: NO_VALUE, ...(by === "error_type" ? { state: "FAILED" } : {}) }
       : { [key]: row.value };
-    if (c.key === "value") return none ? h("span", { class: "muted" }, NONE_OF[by] || "(none)") : groupLabel(row.value);
+    if (c.key === "value") return none ? h("span", { class: "muted" }, noValue) : groupLabel(row.value);
     if (c.key === "tasks") return countLink(base, row.tasks);
     if (c.key === "other") return plainCount(otherOf(row));
     if (c.state) return countLink({ ...base, state: c.state }, row[c.key], `${c.state} tasks`);
