@@ -491,10 +491,11 @@ HEADER_PARTS = ("header .brand", "header nav a", "header .status label", "#updat
                 "#store-facts")
 
 
-@pytest.mark.parametrize("width", (1024, 1280))
+@pytest.mark.parametrize("width", (480, 1024, 1280))
 def test_the_header_shows_every_link_and_the_store_it_reads(browser: Any, layout_lake: Path,
                                                             width: int) -> None:
-    """At 1024 px the store's path used to be squeezed beside the nav to "/t…"."""
+    """At 1024 px the store's path used to be squeezed beside the nav to "/t…"; at 640 px
+    (a window beside another on a laptop) the links ran past the page's right edge."""
     for page in open_page(browser, layout_lake, width):
         page.goto("/#/tasks")
         expect(page.locator("#store-facts")).to_contain_text(" files · ")
