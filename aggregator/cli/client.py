@@ -139,6 +139,10 @@ def _short(event: dict[str, Any]) -> str:
     error = _error_text(event.get("error_type"), event.get("error_message"))
     if error:
         parts.append(error)
+    # a training loop's op says which run and step it was: the first thing asked of it
+    for field, label in (("run_id", "run"), ("step", "step")):
+        if event.get(field) not in (None, ""):
+            parts.append(f"{label}={event[field]}")
     parts.append(f"pid={event.get('pid', '-')}")
     return "  ".join(str(p) for p in parts if p != "")
 

@@ -76,6 +76,22 @@ def test_tail_follows_new_events_filtered_by_kind(agent: AgentProcess) -> None:
     assert all(e["kind"] == "task" and e["pid"] > 0 for e in lines)
 
 
+def test_tail_names_a_training_op_s_run_and_step(agent: AgentProcess) -> None:
+    tail = subprocess.Popen([sys.executable, "-m", "aggregator", "tail", "--url", agent.http_url,
+                             "--kind", "op", "--limit", "2"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    wait_tail_connected(tail)
+    for fields in (("run_id=lr-sweep-3", "step=1200"), ()):
+        args = [arg for field in fields for arg in ("--field", field)]
+        assert evagg("emit", "--socket", str(agent.socket_path), "--kind", "op",
+                     "--name", "forward", *args).returncode == 0
+    out, _ = tail.communicate(timeout=30)
+    with_run, without = out.splitlines()
+    assert "  forward  " in with_run and "  run=lr-sweep-3  step=1200  pid=" in with_run
+    assert "run=" not in without and "step=" not in without
+
+
 def test_tail_prints_an_error_s_type_once(agent: AgentProcess) -> None:
     """An OpenTelemetry span's message starts with its type (`ValueError: bad batch`), which
     tail printed as `ValueError: ValueError: bad batch`; a message without a type was not
