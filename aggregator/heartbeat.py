@@ -210,8 +210,10 @@ def producer_loss_row(report: ProducerLoss, node_id: str) -> dict[str, Any]:
     attrs = {"reason": report.reason, "component": "emitter"}
     if report.session:
         attrs["session"] = report.session
+    ids = {"job_id": report.job_id, "run_id": report.run_id}
     return {"kind": "loss", "source": "evagg", "name": report.reason, "state": "DROPPED",
-            "node_id": node_id, "metrics": metrics, "attrs": attrs}
+            "node_id": node_id, "metrics": metrics, "attrs": attrs,
+            **{field: value for field, value in ids.items() if value}}
 
 
 def _version() -> str:

@@ -137,7 +137,8 @@ class LossRecorder:
             return 0
         if not isinstance(found, dict):
             return 0
-        # {"agent": {reason: events}, "producers": [[pid, reason, events, session, total]]};
+        # {"agent": {reason: events},
+        #  "producers": [[pid, reason, events, session, total, job_id, run_id]]};
         # a file of an older agent is the agent's {reason: events} alone
         agents = found.get("agent", {}) if "producers" in found else found
         events = 0
@@ -205,6 +206,9 @@ class ProducerLoss(NamedTuple):
     events: int
     session: str  # attrs.session, the emitter's; "" where a producer sends none
     total: int | None  # metrics.events_total: the session's drops for the reason so far
+    # whose work was lost, as the producer's emitter stamps its events ("": none)
+    job_id: str = ""
+    run_id: str = ""
 
 
 def reported_losses(batch: pa.RecordBatch) -> list[ProducerLoss]:
@@ -215,27 +219,30 @@ def reported_losses(batch: pa.RecordBatch) -> list[ProducerLoss]:
         return []
     losses = batch.filter(is_loss)
     out: list[ProducerLoss] = []
-    for name, metrics, attrs in zip(losses.column("name").to_pylist(),
-                                    losses.column("metrics").to_pylist(),
-                                    losses.column("attrs").to_pylist(), strict=True):
+    columns = (losses.column(name).to_pylist()
+               for name in ("name", "metrics", "attrs", "job_id", "run_id"))
+    for name, metrics, attrs, job_id, run_id in zip(*columns, strict=True):
         values, labels = dict(metrics or []), dict(attrs or [])
         events = int(values.get("events") or 0)
         total = values.get("events_total")
         out.append(ProducerLoss(name if name in EMITTER_REASONS else OTHER_REASON, events,
                                 str(labels.get("session") or ""),
-                                int(total) if total is not None else None))
+                                int(total) if total is not None else None,
+                                job_id or "", run_id or ""))
     return [loss for loss in out if loss.events > 0 or loss.total is not None]
 
 
 def _kept_report(item: object) -> tuple[int | None, ProducerLoss] | None:
     """A producer's report as keep_unreported wrote it, [pid, reason, events, session,
-    total]; None for anything else (the file was edited or damaged)."""
-    if not isinstance(item, list) or len(item) != 5:
+    total, job_id, run_id] (an older agent's without the ids); None for anything else
+    (the file was edited or damaged)."""
+    if not isinstance(item, list) or len(item) not in (5, 7):
         return None
-    pid, reason, events, session, total = item
+    pid, reason, events, session, total, *ids = item
     if (not isinstance(pid, int | None) or not isinstance(reason, str)
             or not isinstance(events, int) or not isinstance(session, str)
-            or not isinstance(total, int | None)):
+            or not isinstance(total, int | None)
+            or not all(isinstance(one, str) for one in ids)):
         return None
     return pid, ProducerLoss(reason if reason in EMITTER_REASONS else OTHER_REASON, events,
-                             session, total)
+                             session, total, *ids)

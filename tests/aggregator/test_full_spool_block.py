@@ -166,7 +166,8 @@ def test_a_producer_that_exits_while_the_spool_is_full_has_its_losses_counted(
 # is constant.
 EXITING_PRODUCER = """
 import sys, emitters
-emitters.configure(socket=sys.argv[1], max_frame_bytes=16 * 1024, exit_timeout=1.0)
+emitters.configure(socket=sys.argv[1], max_frame_bytes=16 * 1024, exit_timeout=1.0,
+                   job_id="train-7", run_id="lr-sweep-3")
 for i in range(int(sys.argv[2])):
     emitters.emit(kind="task", name="gone", task_id=f"g{i}", attrs={"pad": str(i) * 40})
 """
@@ -233,8 +234,8 @@ def test_an_exited_producers_frames_the_agent_stops_before_storing_are_counted_l
     event having no room either, the next start reports them. Every emitted event is
     delivered or counted lost, in the `loss` rows and in `evagg status`. The producer's
     own reports of its drops among those frames stay its own: `evagg status` shows them
-    as lost by producers, and their `loss` rows carry its pid and session (they were
-    written as the agent's own losses)."""
+    as lost by producers, and their `loss` rows carry its pid, session, job and run (they
+    were written as the agent's own losses, then without the job and run)."""
     emitted = 3000
     endpoint = servers()
     agent = blocking_agent(agent_factory, endpoint, drain_timeout="2s")
@@ -272,6 +273,7 @@ def test_an_exited_producers_frames_the_agent_stops_before_storing_are_counted_l
     assert theirs, "the producer reported no drops in its last frames"  # exit_deadline
     for row in theirs:  # the producer's, as its stored reports are
         assert row["pid"] == producer.pid and row["attrs"].get("session"), row
+        assert (row.get("job_id"), row.get("run_id")) == ("train-7", "lr-sweep-3"), row
         assert f"{row['name']}=" not in by_agent[0], status
     by_producers = [line for line in status.splitlines() if line.startswith("  by producers")]
     assert by_producers and all(f"{row['name']}=" in by_producers[0] for row in theirs), status

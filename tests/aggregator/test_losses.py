@@ -45,7 +45,8 @@ def test_losses_a_stop_could_not_report_are_reported_by_the_next_start(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     stopping = LossRecorder()
     stopping.record("unstored_at_stop", 40)
-    exited = ProducerLoss("exit_deadline", 2, "s9", 7)  # in a frame the spool never held
+    # in a frame the spool never held
+    exited = ProducerLoss("exit_deadline", 2, "s9", 7, "train-7", "lr-sweep-3")
     stopping.record_unstored_reports(4242, [exited])
     stopping.keep_unreported(tmp_path)  # its final heartbeat found no room
     starting = LossRecorder()
