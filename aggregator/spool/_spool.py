@@ -12,7 +12,6 @@ import asyncio
 import errno
 import logging
 import os
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,9 @@ from aggregator.spool._full_words import FullSpoolWords
 from aggregator.spool._log import SegmentLog
 from aggregator.spool._recent import RECENT_BYTES
 from aggregator.spool._recovery import Recovered
+from aggregator.spool._room_queue import RoomQueue
 from aggregator.spool._segment import HEADER_SIZE, RECORD_OVERHEAD
+from aggregator.spool._signal import Signal
 from aggregator.spool._state import (
     CURSOR_DIR,
     MARKS_FILE,
@@ -60,10 +61,6 @@ class RecoveryReport:
 class AppendResult:
     offset: int | None
     duplicate: bool
-
-
-class SpoolFull(RuntimeError):
-    """No room came for an append within its wait (when_full = "block"): nothing written."""
 
 
 class SpoolClosed(RuntimeError):
@@ -105,12 +102,10 @@ class Spool:
                                recent_bytes=recent_bytes)
         self._marks = DedupeMarks(self.directory / MARKS_FILE, SESSION_TTL_NS)
         self._cursors = Cursors(self.directory)
-        self._room_queue: deque[object] = deque()
-        self._room_changed: asyncio.Future[None] | None = None
-        self._data_arrived: asyncio.Future[None] | None = None
+        self._room_queue = RoomQueue(self._has_room)
+        self._data_arrived = Signal()
         self._lock_fd: int | None = None
         self._state = "new"
-        self._refused_size = 0  # the last record refused for want of room (block)
         self._words = FullSpoolWords()  # what the log says of a full spool
         self._health = WriteHealth()  # whether appends fail now (a full disk)
         self._full_disk_log = RateLimitedLog(log)  # cursors a full disk keeps in memory
@@ -165,8 +160,8 @@ class Spool:
         self._state = "closed"
         self._words.say_dropped()  # drops the minute's limit held back: said before exit
         self._log.close()
-        _wake(self._room_changed)
-        _wake(self._data_arrived)
+        self._room_queue.changed.fire()
+        self._data_arrived.fire()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -184,7 +179,7 @@ class Spool:
         stored = self._stored_at(session, seq)
         if stored is None:
             size = RECORD_OVERHEAD + len(payload)
-            if self._room_queue or not self._has_room(size):
+            if self._room_queue.anyone_waiting or not self._has_room(size):
                 await self._make_room(size, room_wait_s)
                 stored = self._stored_at(session, seq)  # its twin may have landed meanwhile
         if stored is not None:
@@ -257,8 +252,7 @@ class Spool:
     def blocked(self) -> bool:
         """Appends wait for room now (when_full = "block"), or the last that had to wait
         gave up and its record would still not fit."""
-        return bool(self._room_queue) or (self._refused_size > 0
-                                          and not self._has_room(self._refused_size))
+        return self._room_queue.blocked
 
     async def _make_room(self, size: int, wait_s: float | None = None) -> None:
         self._log.settle()
@@ -269,33 +263,14 @@ class Spool:
                 self._check_open()
             self._drop_oldest(size)
             return
-        token = object()  # wait in arrival order, so a session's frames keep their order
-        if not self._room_queue:  # the sinks holding the oldest segment hold the room
-            oldest = self._log.segments[0]
+        if not self._room_queue.anyone_waiting:  # the sinks holding the oldest segment
+            oldest = self._log.segments[0]       # hold the room
             self._words.waiting(self._cursors.behind(oldest.last_offset + 1))
-        self._room_queue.append(token)
         self.counters.full_waits += 1
-        loop = asyncio.get_running_loop()
-        deadline = None if wait_s is None else loop.time() + wait_s
-        try:
-            while self._room_queue[0] is not token or not self._has_room(size):
-                if self._room_changed is None or self._room_changed.get_loop() is not loop:
-                    self._room_changed = loop.create_future()
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        await asyncio.shield(self._room_changed)
-                except TimeoutError:
-                    self._refused_size = size
-                    raise SpoolFull(f"the spool is full (when_full=block) and no room came "
-                                    f"within {wait_s:g}s: the sinks are behind") from None
-                self._check_open()
-        finally:
-            self._room_queue.remove(token)
-            self._notify_room()
+        await self._room_queue.wait(size, wait_s, self._check_open)
 
     def _notify_room(self) -> None:
-        waiting, self._room_changed = self._room_changed, None
-        _wake(waiting)
+        self._room_queue.changed.fire()
 
     def _drop_oldest(self, size: int) -> None:
         """Unlinks on the loop: each freed segment must count before the next is chosen."""
@@ -323,24 +298,14 @@ class Spool:
 
     async def wait_for(self, offset: int, timeout: float) -> bool:
         """True once a record with an offset >= `offset` is readable (or was, before a drop)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = asyncio.get_running_loop().time() + timeout
         while self._log.visible < offset and self._state == "open":
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                break
-            if self._data_arrived is None or self._data_arrived.get_loop() is not loop:
-                self._data_arrived = loop.create_future()
-            try:
-                async with asyncio.timeout(remaining):
-                    await asyncio.shield(self._data_arrived)
-            except TimeoutError:
+            if not await self._data_arrived.wait(deadline):
                 break
         return self._log.visible >= offset
 
     def _wake_readers(self, offset: int) -> None:
-        arrived, self._data_arrived = self._data_arrived, None
-        _wake(arrived)
+        self._data_arrived.fire()
 
     # -- cursors and deletion --------------------------------------------------------------
 
@@ -466,12 +431,3 @@ class Spool:
     def _check_open(self) -> None:
         if self._state != "open":
             raise SpoolClosed(f"spool {self.directory} is {self._state}, not open")
-
-
-def _wake(future: asyncio.Future[None] | None) -> None:
-    if future is None or future.done():
-        return
-    try:
-        future.set_result(None)
-    except RuntimeError:  # its event loop is closed already; nobody is waiting
-        return
