@@ -92,7 +92,9 @@ def test_a_cursor_the_full_disk_cannot_take_does_not_fail_the_sink(small_disk: P
              'retry_max_backoff = "1s"\n'
              f'[[sinks]]\nname = "down"\ntype = "http"\nurl = "{down.url}"\n'
              'retry_max_backoff = "1s"\n')
-    agent = AgentProcess(small_disk, sinks_toml=sinks, spool_toml='max_bytes = "1GiB"')
+    # no heartbeat after the start's: the sink's lag must stay at 0 once it is there
+    agent = AgentProcess(small_disk, sinks_toml=sinks, spool_toml='max_bytes = "1GiB"',
+                         heartbeat_interval="1h")
     agent.start()
     filler = small_disk / "state" / "other-use"
     try:
