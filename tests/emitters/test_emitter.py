@@ -11,6 +11,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Mapping
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -183,20 +184,27 @@ def test_overflow_is_counted_and_reported_as_a_loss_event(sock_path: Path,
     for i in range(emitted):
         emitter.emit(kind="task", name="flood", task_id=str(i), payload="x" * 40)
     assert not emitter.flush(0.3)
-    dropped = emitter.stats().dropped["buffer_full"]
-    assert dropped > 0
+    assert emitter.stats().dropped["buffer_full"] > 0
     with FakeAgent(sock_path) as agent:
         agent.wait_for(lambda: any(e["kind"] == "loss" for e in agent.events()))
         assert emitter.flush(20)
         events = agent.events()
         session = agent.received[0].session  # one emitter, one session
-    (loss,) = [e for e in events if e["kind"] == "loss"]
+    # A busy machine's sender thread may still drop what waited in its queue after the
+    # first report: those drops go in a later one.
+    dropped = emitter.stats().dropped["buffer_full"]
+    losses = [e for e in events if e["kind"] == "loss"]
     delivered = [e for e in events if e["kind"] == "task"]
-    assert (loss["source"], loss["name"], loss["state"]) == ("evagg", "buffer_full", "DROPPED")
-    # the count, and the session's total so far (the agent counts by it what it missed)
-    assert loss["metrics"] == {"events": float(dropped), "events_total": float(dropped)}
-    assert loss["attrs"] == {"reason": "buffer_full", "session": session.hex(),
-                             "component": "emitter"}
+    for loss in losses:
+        assert (loss["source"], loss["name"], loss["state"]) == ("evagg", "buffer_full",
+                                                                 "DROPPED")
+        assert loss["attrs"] == {"reason": "buffer_full", "session": session.hex(),
+                                 "component": "emitter"}
+    # each report's count, and the session's total so far (the agent counts by it what
+    # it missed)
+    assert sum(loss["metrics"]["events"] for loss in losses) == dropped
+    assert [loss["metrics"]["events_total"] for loss in losses] == list(
+        accumulate(loss["metrics"]["events"] for loss in losses))
     assert len(delivered) + dropped == emitted
     assert len({e["task_id"] for e in delivered}) == len(delivered)
 
