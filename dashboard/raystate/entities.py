@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dashboard.lake.store import Store
-from dashboard.raystate.inferred import add_inferred_ends
+from dashboard.raystate.inferred import JOB_END, add_inferred_ends
 from dashboard.raystate.options import ListOptions, list_response, matches
 from dashboard.raystate.rows import b64_to_hex, camel_to_snake, json_or, ms_floor, to_int
 from dashboard.raystate.schema import shape
@@ -168,27 +168,36 @@ def worker(rows: list[Row], node_ips: dict[str, str]) -> Row:
 def job(rows: list[Row], node_ips: dict[str, str]) -> Row:
     definition, attrs, moves = _parts(rows)
     created = next((r for r in moves if r["state"] == "CREATED"), None)
-    finished = _real_first(moves, "FINISHED")
+    end = next((r for r in moves if r["event_id"] == JOB_END), None)
     return {
         "type": "DRIVER", "job_id": definition["job_id"], "submission_id": None,
         "driver_info": {"id": definition["job_id"],
                         "node_ip_address": node_ips.get(definition["node_id"] or "", ""),
                         "pid": attrs.get("ray_driver_pid", "")},
-        # A driver job's end is exported by `ray start` clusters only: without it the
-        # job still reads RUNNING, as Ray said last.
-        "status": "SUCCEEDED" if finished else "RUNNING",
+        # The `jobs` view's end (inferred.JOB_END): without one the job still reads
+        # RUNNING, as Ray said last.
+        "status": "SUCCEEDED" if end else "RUNNING",
         "entrypoint": definition["name"] or "",
-        "message": _inferred_text(finished) if finished else None, "error_type": None,
+        "message": _end_message(end, moves), "error_type": None,
         # Ray's job table stamps its start a moment before the GCS exports the job, and
         # the export carries no start time of its own: the earliest exported stamp is
         # the closest (the same millisecond, or one or two after).
         "start_time": ms_floor(min(created["us"], definition["us"]) if created
                                else definition["us"]),
-        "end_time": ms_floor(finished["us"]) if finished else 0,
+        "end_time": ms_floor(end["us"]) if end else 0,
         "metadata": json_or(attrs.get("ray_job_metadata"), {}),
         "runtime_env": json_or(attrs.get("ray_runtime_env"), {}),
         "driver_agent_http_address": None, "driver_node_id": None, "driver_exit_code": None,
     }
+
+
+def _end_message(end: Row | None, moves: list[Row]) -> str | None:
+    """None where Ray exported the job's own end, as Ray says; else how evagg knows."""
+    if end is None:
+        return None
+    exported = any(r["state"] == "FINISHED" and r["event_id"] != JOB_END
+                   and not _inferred_text(r) and r["us"] == end["us"] for r in moves)
+    return None if exported else end["error_message"]
 
 
 def placement_group(rows: list[Row]) -> Row:

@@ -1,13 +1,16 @@
 """Ends of actors and driver jobs that nobody exported, put on as Ray's GCS would.
 
-dashboard/sql/ends.sql does this for task attempts. For the few actors and jobs of a
-session it is done here, on the rows `entities.entity_rows` grouped, by adding the
-transition Ray would have exported, marked with attrs `evagg_inferred` (the mark an
-agent's own inferred rows carry, so `entities` prefers any real end over it):
+dashboard/sql/ends.sql does this for task attempts, and its `jobs` view owns when each
+driver job ended and how evagg knows (`evagg query jobs` prints it). For the few actors
+and jobs of a session it is put on here, on the rows `entities.entity_rows` grouped:
+  * each job the `jobs` view reads ended gets one row with that end (JOB_END), which
+    `entities.job` reads, so Ray's `ray list jobs` says what `evagg query jobs` says;
   * an actor that is not detached dies with its job's driver (Ray: OWNER_DIED);
   * in a session that no live agent reports any more (every agent that received its
-    tasks has been silent too long), every job still running ends when the session was
-    last heard of, and every actor still alive dies with its node (NODE_DIED).
+    tasks has been silent too long), every actor still alive dies with its node
+    (NODE_DIED).
+An actor's inferred death is marked with attrs `evagg_inferred` (the mark an agent's own
+inferred rows carry, so `entities` prefers any real end over it).
 """
 
 from __future__ import annotations
@@ -22,21 +25,21 @@ Grouped = dict[str, dict[str, list[Row]]]
 SESSION_SILENCE = """
 SELECT ended, epoch_us(last_heard_at) AS last_us FROM session_liveness WHERE session = $session
 """
+JOB_ENDS = """
+SELECT job_id, epoch_us(ended_at) AS end_us, how_known FROM jobs
+WHERE coalesce(ray_session, '') = $session AND ended_at IS NOT NULL
+"""
+JOB_END = "evagg-job-end"  # the event_id of the row that carries a job's end
 
 
 def add_inferred_ends(store: Store, session: str, grouped: Grouped) -> None:
     """Append the inferred end rows to `grouped` (kind -> id -> rows in time order)."""
     found = store.execute(SESSION_SILENCE, {"session": session}).records()
     silent_since = found[0]["last_us"] if found and found[0]["ended"] else None
-    job_ends: dict[str, tuple[int, str]] = {}
+    job_ends = _job_ends(store, session)
     for job_id, rows in grouped["job"].items():
-        end = _end(rows, "FINISHED")
-        if end is None and silent_since is not None:
-            text = _silence_text(silent_since)
-            rows.append(_row("job", rows[0], "FINISHED", silent_since, text, None))
-            end = (silent_since, text)
-        if end is not None:
-            job_ends[job_id] = end
+        if job_id in job_ends:
+            rows.append(_job_end_row(rows[0], *job_ends[job_id]))
     for rows in grouped["actor"].values():
         if _end(rows, "DEAD") is not None:
             continue
@@ -48,6 +51,18 @@ def add_inferred_ends(store: Store, session: str, grouped: Grouped) -> None:
         elif silent_since is not None:
             rows.append(_row("actor", rows[0], "DEAD", silent_since,
                              _silence_text(silent_since), "NODE_DIED"))
+
+
+def _job_ends(store: Store, session: str) -> dict[str, tuple[int, str]]:
+    """job id -> (when it ended, how evagg knows), as the `jobs` view reads them."""
+    found = store.execute(JOB_ENDS, {"session": session}).records()
+    return {r["job_id"]: (r["end_us"], r["how_known"]) for r in found}
+
+
+def _job_end_row(like: Row, us: int, how_known: str) -> Row:
+    return {"event_id": JOB_END, "kind": "job", "name": None, "state": "FINISHED",
+            "us": us, "job_id": like["job_id"], "node_id": None, "worker_id": None,
+            "actor_id": None, "error_type": None, "error_message": how_known, "attrs": {}}
 
 
 def _end(rows: list[Row], state: str) -> tuple[int, str] | None:

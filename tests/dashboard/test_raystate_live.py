@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +172,27 @@ def test_actors_jobs_and_nodes_are_ray_s(live: Live) -> None:
             assert workers[worker_id][key] == ray_worker[key], (worker_id, key)
         if not ray_worker["is_alive"]:
             assert workers[worker_id]["exit_type"] == ray_worker["exit_type"], worker_id
+
+
+def test_ray_list_jobs_says_when_a_job_ended_as_evagg_query_jobs_does(live: Live) -> None:
+    """One answer for a job's end: a local cluster exports its driver task's end at
+    shutdown more often than the job's own, and `ray list jobs` against the dashboard
+    reads the end `evagg query jobs` reads (not RUNNING, not a later inferred end)."""
+    done = subprocess.run([EVAGG, "query", "--data", str(live.lake), "--no-cache", "--json",
+                           "jobs"], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    for recorded in (live.first, live.second):
+        (view,) = [j for j in json.loads(done.stdout) if j["ray_session"] == recorded.session]
+        assert view["status"] == "SUCCEEDED", view  # its driver task's end, at least
+        listed = ray_cli("list", "jobs", "--address", f"{live.url}/ray/{recorded.session}",
+                         "--detail", "--format", "json")
+        assert listed.returncode == 0, listed.stderr
+        (job,) = json.loads(listed.stdout)
+        ended = datetime.fromisoformat(view["ended_at"].replace("Z", "+00:00"))
+        assert (job["status"], job["end_time"]) == (
+            "SUCCEEDED", int(ended.timestamp() * 1e6) // 1000), recorded.session
+        exported = view["how_known"] == "exported by Ray"
+        assert job["message"] == (None if exported else view["how_known"])
 
 
 def test_filters_and_limits_behave_as_ray_s(live: Live) -> None:
