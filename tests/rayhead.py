@@ -17,10 +17,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.agentproc import REPO
+from tests.agentproc import REPO, AgentProcess
 from tests.ports import free_port
 from tests.raycli import RAY
 from tests.waiting import wait_until
+
+EXPORT_ENV = {"RAY_enable_core_worker_ray_event_to_aggregator": "1",
+              "RAY_enable_ray_event": "1"}
 
 
 @dataclass(frozen=True)
@@ -88,3 +91,19 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
+
+
+@contextlib.contextmanager
+def ray_head_and_agent(agent_dir: Path) -> Iterator[tuple[AgentProcess, RayHead]]:
+    """An agent whose [ray] log_dir is the Ray head's --temp-dir, and that head."""
+    temp_dir = make_temp_dir()
+    agent = AgentProcess(agent_dir, extra_toml=f'[ray]\nlog_dir = "{temp_dir}"\n').start()
+    env = {**EXPORT_ENV, "RAY_DASHBOARD_AGGREGATOR_AGENT_EVENTS_EXPORT_ADDR":
+           f"{agent.http_url}/ray/events"}
+    try:
+        with ray_head(env, temp_dir) as head:
+            yield agent, head
+    except BaseException:
+        agent.kill()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        raise

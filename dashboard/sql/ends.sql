@@ -204,17 +204,17 @@ LEFT JOIN task_ends AS e
 
 -- Ray's driver jobs: when each started and ended, and how evagg knows of the end (Ray
 -- exported it; an agent inferred it; or no agent of its session reports any more).
+-- The job's own exported end is the one Ray's job table holds; its driver task's end,
+-- a moment earlier, stands in only where the job's was not exported.
 -- `evagg query jobs` prints it; Ray's `ray list jobs` against the dashboard says the same.
 CREATE OR REPLACE VIEW jobs AS
 SELECT f.id AS job_id, nullif(f.session, '') AS ray_session, f.first_at AS started_at,
-       coalesce(least(f.real_end_at, d.ended_at), f.inferred_end_at,
+       coalesce(f.real_end_at, d.ended_at, f.inferred_end_at,
                 CASE WHEN s.ended THEN s.last_heard_at END) AS ended_at,
        CASE WHEN coalesce(f.real_end_at, d.ended_at, f.inferred_end_at) IS NOT NULL
                  OR s.ended
             THEN 'SUCCEEDED' ELSE 'RUNNING' END AS status,
-       CASE WHEN f.real_end_at IS NOT NULL AND (d.ended_at IS NULL
-                                                 OR f.real_end_at <= d.ended_at)
-                THEN 'exported by Ray'
+       CASE WHEN f.real_end_at IS NOT NULL THEN 'exported by Ray'
             WHEN d.ended_at IS NOT NULL THEN 'its driver task''s end, exported by Ray'
             WHEN f.inferred_end_at IS NOT NULL THEN f.inferred
             WHEN s.ended THEN 'evagg inferred this end: no agent of this Ray session has '

@@ -17,14 +17,11 @@ from typing import Any
 import pytest
 
 from dashboard.lake.store import Store, StoreOptions
-from tests.agentproc import REPO, AgentProcess, query_lake
+from tests.agentproc import REPO, query_lake
 from tests.dashboard.raylogclient import get_logs
 from tests.dashboard.serve import serving
-from tests.rayhead import RayHead, make_temp_dir, ray_head
+from tests.rayhead import EXPORT_ENV, ray_head_and_agent
 from tests.waiting import wait_until
-
-EXPORT_ENV = {"RAY_enable_core_worker_ray_event_to_aggregator": "1",
-              "RAY_enable_ray_event": "1"}
 
 
 @dataclass
@@ -147,22 +144,6 @@ def driver_env(env: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-@contextlib.contextmanager
-def ray_head_and_agent(agent_dir: Path) -> Iterator[tuple[AgentProcess, RayHead]]:
-    """An agent whose [ray] log_dir is the Ray head's --temp-dir, and that head."""
-    temp_dir = make_temp_dir()
-    agent = AgentProcess(agent_dir, extra_toml=f'[ray]\nlog_dir = "{temp_dir}"\n').start()
-    env = {**EXPORT_ENV, "RAY_DASHBOARD_AGGREGATOR_AGENT_EVENTS_EXPORT_ADDR":
-           f"{agent.http_url}/ray/events"}
-    try:
-        with ray_head(env, temp_dir) as head:
-            yield agent, head
-    except BaseException:
-        agent.kill()
-        shutil.rmtree(temp_dir, ignore_errors=True)
-        raise
 
 
 def wait_for_ray_answers(url: str, asks: list[dict[str, Any]]) -> list[Any]:
