@@ -248,7 +248,9 @@ def _details(row: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, Any
         "is_debugger_paused": None,
         "call_site": attrs.get("ray_call_site"),
         "label_selector": json_or(attrs.get("ray_label_selector"), {}),
-        "fallback_strategy": json_or(attrs.get("ray_fallback_strategy"), None),
+        # Ray's task table prints this message's default as {"options": []}; the
+        # export leaves a default out.
+        "fallback_strategy": json_or(attrs.get("ray_fallback_strategy"), {"options": []}),
     }
     if transitions:
         out["state"] = transitions[-1]["state"]

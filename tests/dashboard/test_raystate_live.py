@@ -33,7 +33,7 @@ from tests.raycli import RAY
 pytestmark = pytest.mark.slow
 EVAGG = str(Path(sys.executable).with_name("evagg"))
 TASK_KEYS = ("name", "state", "type", "func_or_class_name", "job_id", "actor_id",
-             "parent_task_id", "error_type", "worker_pid")
+             "parent_task_id", "error_type", "worker_pid", "fallback_strategy")
 
 
 @dataclass
