@@ -15,6 +15,11 @@ from aggregator.ingest.ingestor import IngestResult
 NOT_TAKEN = {"/v1/metrics": ("metrics", "OTEL_METRICS_EXPORTER"),
              "/v1/logs": ("logs", "OTEL_LOGS_EXPORTER")}
 OTLP_PATHS = frozenset({"/v1/traces", *NOT_TAKEN})
+# Ray's State API routes (/api/v0/...), asked of this port by `ray list ... --address`.
+STATE_API_ELSEWHERE = ("this is the evagg agent's ingest port, which serves no Ray State API: "
+                       "run `evagg dashboard` (it serves one on http://127.0.0.1:8050 by "
+                       "default) and give Ray's tools its URL, e.g. `ray list tasks "
+                       "--address http://127.0.0.1:8050` (docs/ray.md)")
 
 
 def ingest_answer(result: IngestResult, all_rejected_status: int = 400,

@@ -22,6 +22,7 @@ from aggregator.ingest.bodies import BodyRefused, encoding_name, inflate
 from aggregator.ingest.http_answers import (
     NOT_TAKEN,
     OTLP_PATHS,
+    STATE_API_ELSEWHERE,
     error_answer,
     ingest_answer,
     refusal,
@@ -76,6 +77,7 @@ class HttpApi:
         app.router.add_get("/healthz", self.get_healthz)
         app.router.add_get("/readyz", self.get_readyz)
         app.router.add_get("/v1/tail", self.get_tail)
+        app.router.add_get("/api/{rest:.*}", self.get_state_api_elsewhere)
         return app
 
     @web.middleware
@@ -251,6 +253,12 @@ class HttpApi:
                          f"this agent takes OTLP traces only (POST /v1/traces), not {signal}: "
                          f"send {signal} to an OpenTelemetry Collector, or turn that "
                          f"exporter off ({variable}=none)", status=404)
+
+    async def get_state_api_elsewhere(self, request: web.Request) -> web.Response:
+        """Ray's tools (`ray list tasks --address`) pointed at this port: a 404 in Ray's
+        envelope, whose `msg` Ray's client prints, saying where the State API is."""
+        return web.json_response({"result": False, "msg": STATE_API_ELSEWHERE,
+                                  "data": {"result": None}}, status=404)
 
     def _bad(self, request: web.Request, reason: str, text: str,
              status: int = 400) -> web.Response:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import resource
+import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -20,6 +22,7 @@ from aggregator.ray.events import ray_events_to_rows
 from aggregator.spool import Spool
 from dashboard.lake.store import Store, StoreOptions
 from tests.agentproc import AgentProcess
+from tests.raycli import RAY
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "ray"
 
@@ -229,3 +232,15 @@ def test_events_without_an_event_id_are_deduplicated_by_their_content(
     assert (status, answer["accepted"], answer["duplicates"]) == (200, 0, len(items))
     stored = agent.wait_rows("SELECT event_id FROM events WHERE source = 'ray'", len(rows))
     assert sorted(e for e, in stored) == sorted(r["event_id"] for r in rows)
+
+
+def test_ray_s_cli_pointed_at_the_agent_is_told_where_the_state_api_is(
+        agent: AgentProcess) -> None:
+    """The agent takes Ray's events; `evagg dashboard` answers Ray's tools. A user who
+    gives `ray list tasks` the agent's URL is told so, not a bare 404."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    done = subprocess.run([RAY, "list", "tasks", "--address", agent.http_url], env={
+        **env, "RAY_USAGE_STATS_ENABLED": "0"}, capture_output=True, text=True, timeout=120,
+        check=False)
+    assert done.returncode != 0
+    assert "run `evagg dashboard`" in done.stdout + done.stderr, done.stderr
