@@ -8,6 +8,7 @@ from aiohttp import web
 
 from aggregator.decode import otlp
 from aggregator.ingest.ingestor import IngestResult
+from dashboard.web import DEFAULT_LISTEN
 
 # OTLP/HTTP's other signals, which the agent does not store: an exporter pointed at the
 # agent's base address (OTEL_EXPORTER_OTLP_ENDPOINT) posts them beside its traces, and
@@ -17,9 +18,9 @@ NOT_TAKEN = {"/v1/metrics": ("metrics", "OTEL_METRICS_EXPORTER"),
 OTLP_PATHS = frozenset({"/v1/traces", *NOT_TAKEN})
 # Ray's State API routes (/api/v0/...), asked of this port by `ray list ... --address`.
 STATE_API_ELSEWHERE = ("this is the evagg agent's ingest port, which serves no Ray State API: "
-                       "run `evagg dashboard` (it serves one on http://127.0.0.1:8050 by "
+                       f"run `evagg dashboard` (it serves one on http://{DEFAULT_LISTEN} by "
                        "default) and give Ray's tools its URL, e.g. `ray list tasks "
-                       "--address http://127.0.0.1:8050` (docs/ray.md)")
+                       f"--address http://{DEFAULT_LISTEN}` (docs/ray.md)")
 
 
 def ingest_answer(result: IngestResult, all_rejected_status: int = 400,

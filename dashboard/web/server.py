@@ -18,6 +18,7 @@ from typing import Any
 from dashboard.cli.lake_flags import add_config_flag
 from dashboard.lake.errors import BadInput, DashboardError, NoData
 from dashboard.lake.store import ENGINES, Store, StoreOptions
+from dashboard.web import DEFAULT_LISTEN
 from sinks.locations import is_s3_url
 from sinks.units import MOST_CONNECTIONS
 
@@ -66,7 +67,7 @@ def add_dashboard_parser(subparsers: Any) -> argparse.ArgumentParser:
                                        "lake of --config, else $EVAGG_DATA, else the user's "
                                        "data directory)")
     add_config_flag(parser)
-    parser.add_argument("--listen", default="127.0.0.1:8050",
+    parser.add_argument("--listen", default=DEFAULT_LISTEN,
                         help="HOST:PORT to serve on (default: %(default)s, this machine only; "
                              "0.0.0.0:8050 for every interface)")
     parser.add_argument("--port", type=int, metavar="PORT",
