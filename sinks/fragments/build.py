@@ -54,7 +54,10 @@ def write_fragment(events_file: Path, fragment: Path, events_name: str) -> int:
     fragment's key-value metadata."""
     import duckdb
 
-    con = duckdb.connect(config={"threads": 1, "memory_limit": MEMORY_LIMIT})
+    # No insertion order to keep: a fragment's rows are merged in any order, and COPY
+    # then streams them out instead of buffering its batches to write them in order.
+    con = duckdb.connect(config={"threads": 1, "memory_limit": MEMORY_LIMIT,
+                                 "preserve_insertion_order": False})
     try:
         return _write(con, events_file, fragment, events_name,
                       nanos_types=int(duckdb.__version__.split(".")[0]) >= 2)
