@@ -139,14 +139,16 @@ def run_compact(target: str, *, partition: str | None = None, min_files: int = 2
                 grace_s: float = GRACE_S, region: str | None = None,
                 path_style: bool | None = None, now: float | None = None,
                 upload_args: dict[str, str] | None = None,
-                rewrite_types: bool = False) -> CompactReport:
+                rewrite_types: bool = False, scratch_dir: Path | None = None) -> CompactReport:
     """Compact every partition under `target` (or under `partition` within it).
 
     Raises ValueError for bad arguments and StoreError/OSError when the target cannot be
     listed; a partition that fails is reported in `CompactReport.errors`. `upload_args`:
     what S3 uploads ask for, as the sink's (`sinks.parquet.s3_uploads.upload_args`).
     `rewrite_types`: also merge a partition of fewer files (one, too) when a file in it
-    has nanosecond timestamps (`has_nanosecond_times`).
+    has nanosecond timestamps (`has_nanosecond_times`). `scratch_dir`: where an S3
+    partition's inputs are downloaded and its merged file is written before upload (the
+    system's temporary directory unless given; the agent gives its state directory).
     """
     if min_files < 2:
         raise ValueError("min_files must be at least 2")
@@ -156,7 +158,8 @@ def run_compact(target: str, *, partition: str | None = None, min_files: int = 2
         s3 = S3Options(endpoint_url=endpoint_url, region=region,
                        path_style=bool(endpoint_url) if path_style is None else path_style,
                        upload_args=upload_args or {})
-        store = S3Target(S3Store(target, s3, staging_dir=Path(tempfile.gettempdir())))
+        scratch = scratch_dir or Path(tempfile.gettempdir())
+        store = S3Target(S3Store(target, s3, staging_dir=scratch))
     else:
         store = LocalTarget(Path(target).expanduser())
     report = CompactReport(store.describe(), dry_run)
@@ -221,7 +224,7 @@ def _mend_fragments(store: Target, directory: str, kept: list[FileEntry],
              if is_fragment_name(e.name)}
     have = {compacted_of_fragment(name) for name in found}
     built = 0
-    with tempfile.TemporaryDirectory(prefix="evagg-fragment-") as scratch:
+    with store.scratch("evagg-fragment-") as scratch:
         for entry in kept:
             if entry.name not in have:
                 _publish_fragment(store, store.local_copy(entry.key, Path(scratch)),
@@ -288,7 +291,7 @@ def _merge_and_publish(store: Target, inputs: list[FileEntry], covers: dict[str,
         covered |= covers.get(entry.name) or {(entry.name, entry.size)}
     metadata = encode_covers([e.name for e in inputs], covered)
     key = f"{_directory(inputs[0])}/{output}"
-    with tempfile.TemporaryDirectory(prefix="evagg-compact-") as scratch:
+    with store.scratch("evagg-compact-") as scratch:
         files = [store.local_copy(e.key, Path(scratch)) for e in inputs]
         merged = store.scratch_path(key, Path(scratch))
         try:

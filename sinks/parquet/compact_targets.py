@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ class Target(Protocol):
     def files(self, prefix: str) -> Iterator[FileEntry]: ...
     def kv_metadata(self, key: str) -> dict[bytes, bytes]: ...
     def arrow_schema(self, key: str) -> pa.Schema: ...
+    def scratch(self, prefix: str) -> tempfile.TemporaryDirectory[str]: ...
     def local_copy(self, key: str, scratch: Path) -> Path: ...
     def scratch_path(self, key: str, scratch: Path) -> Path: ...
     def publish(self, local: Path, key: str) -> None: ...
@@ -74,6 +76,10 @@ class LocalTarget:
 
     def arrow_schema(self, key: str) -> pa.Schema:
         return pq.read_schema(self.root / key)
+
+    def scratch(self, prefix: str) -> tempfile.TemporaryDirectory[str]:
+        """Unused: inputs are read in place and outputs written beside their files."""
+        return tempfile.TemporaryDirectory(prefix=prefix)
 
     def local_copy(self, key: str, scratch: Path) -> Path:
         return self.root / key
@@ -127,6 +133,13 @@ class S3Target:
             answer = self.store.client.get_object(Bucket=self.store.bucket, Key=full,
                                                   Range=f"bytes=-{length}")
             return bytes(answer["Body"].read())
+
+    def scratch(self, prefix: str) -> tempfile.TemporaryDirectory[str]:
+        """A folder in the store's staging directory for a partition's downloaded inputs
+        and its merged file: as large as the partition, so on the disk the caller chose
+        (the agent's state directory), not in a small /tmp."""
+        self.store.staging_dir.mkdir(parents=True, exist_ok=True)
+        return tempfile.TemporaryDirectory(prefix=prefix, dir=self.store.staging_dir)
 
     def local_copy(self, key: str, scratch: Path) -> Path:
         local = scratch / f"input-{hashlib.sha256(key.encode()).hexdigest()[:16]}.parquet"

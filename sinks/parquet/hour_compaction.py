@@ -41,8 +41,10 @@ class HourCompaction:
     """One per Parquet sink: which closed hours are due, and the thread that merges them."""
 
     def __init__(self, location: str, node_id: str, *, s3: S3Options, after_s: float,
+                 scratch_dir: Path | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.location = location
+        self.scratch_dir = scratch_dir  # an S3 hour's inputs and merged file, before upload
         self.node_id = node_id
         self.s3 = s3
         self.after_s = after_s
@@ -127,7 +129,8 @@ class HourCompaction:
             report = run_compact(
                 self.location, partition=f"{partition}/{node_directory(self.node_id)}",
                 grace_s=self.after_s, endpoint_url=self.s3.endpoint_url, region=self.s3.region,
-                path_style=self.s3.path_style, upload_args=dict(self.s3.upload_args))
+                path_style=self.s3.path_style, upload_args=dict(self.s3.upload_args),
+                scratch_dir=self.scratch_dir)
             self.runs += 1
             self.merged_files += report.merged_files
             if report.errors:

@@ -18,17 +18,18 @@ from sinks.sink_type import SinkPlace, SinkType
 
 def _build(name: str, url: str, table: Mapping[str, Any], place: SinkPlace) -> Sink:
     options = ParquetOptions.from_table(table, url)
+    staging = place.state_dir / "staging" / name  # files before upload, hour merges' too
     store: ObjectStore
     if is_s3_url(url):
         from sinks.parquet.s3 import S3Store  # boto3 loads only for a sink on S3
 
-        store = S3Store(url, options.s3, staging_dir=place.state_dir / "staging" / name)
+        store = S3Store(url, options.s3, staging_dir=staging)
     else:
         store = LocalStore(Path(url).expanduser())
     compaction = None
     if options.compact:
         compaction = HourCompaction(url, place.node_id, s3=options.s3,
-                                    after_s=options.compact_after_s)
+                                    after_s=options.compact_after_s, scratch_dir=staging)
         compaction.look_back()  # the hours written before this start
     return ParquetSink(name, store, options, node_id=place.node_id, spool_id=place.spool_id,
                        event_filter=place.event_filter, compaction=compaction)

@@ -1,0 +1,125 @@
+"""The agent's hour merge on S3 stages an hour on the state directory's disk, not in /tmp.
+
+A merge downloads every file of a closed node-hour and writes the merged file beside
+them before uploading it: as much disk as the hour, twice. The DaemonSet's /tmp is an
+emptyDir of 256 MiB (past it the kubelet evicts the pod), and many hosts' /tmp is a
+tmpfs in memory; the state directory is the disk the operator sized for a backlog. Here
+the agent's TMPDIR is a tmpfs with 256 KiB free while the hour it merges is larger: the
+merge must still succeed, with no failure counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from sinks.parquet import ParquetSink
+from sinks.parquet.layout import node_directory, partition_for
+from sinks.parquet.options import ParquetOptions, S3Options
+from sinks.parquet.s3 import S3Store
+from sinks.records import SpoolRecord
+from sinks.schema import EVENT_SCHEMA, batch_to_bytes
+from tests.agentproc import AgentProcess
+from tests.proof.disk import fill
+from tests.sinks.moto_server import REGION, MotoS3, aws_env
+from tests.waiting import wait_until
+
+NODE = "test-node"  # AgentProcess's node_id: the earlier run's files are its own
+HOUR_NS = 3600 * 10**9
+FILES = 4
+ROWS_PER_FILE = 2000  # each row carries 200 random hex characters: ~0.5 MiB a file
+ROOM = 256 * 1024  # what the agent's TMPDIR has free
+
+
+@pytest.fixture
+def small_tmp(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs with ROOM bytes free, as the agent's TMPDIR."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(tmp)], check=True)
+    fill(tmp / "taken", leave=ROOM)
+    yield tmp
+    if subprocess.run(["umount", str(tmp)], check=False).returncode != 0:
+        subprocess.run(["umount", "-l", str(tmp)], check=True)
+
+
+def rows(file: int, received_ns: int) -> list[dict[str, Any]]:
+    return [{"event_id": f"e-{file}-{i}", "time": received_ns - 1000, "kind": "task",
+             "source": "python", "name": "work", "state": "FINISHED",
+             "task_id": f"t-{file}-{i}", "node_id": NODE, "duration_s": 0.5,
+             "error_message": secrets.token_hex(100), "received": received_ns}
+            for i in range(ROWS_PER_FILE)]
+
+
+def leave_a_large_hour(store: S3Store, hour_start_ns: int) -> None:
+    """What an earlier run of this agent left in a closed hour: FILES files."""
+    earlier = ParquetSink("lake", store, ParquetOptions(), node_id=NODE, spool_id="earlier")
+
+    async def write() -> None:
+        for f in range(FILES):
+            received = hour_start_ns + (f + 1) * 300 * 10**9
+            batch = pa.RecordBatch.from_pylist(rows(f, received), schema=EVENT_SCHEMA)
+            record = SpoolRecord(f + 1, bytes(16), f + 1, received, batch.num_rows,
+                                 batch_to_bytes(batch))
+            assert (await earlier.write([record])).ok
+            assert (await earlier.flush(final=True)).ok
+
+    asyncio.run(write())
+
+
+def names(moto: MotoS3, bucket: str, directory: str) -> list[str]:
+    prefix = f"lake/{directory}/"
+    return sorted(k.removeprefix(prefix) for k in moto.keys(bucket, prefix)
+                  if "/" not in k.removeprefix(prefix))
+
+
+def test_an_hour_larger_than_tmp_is_merged_on_the_state_disk(
+        small_tmp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    moto = MotoS3().start()
+    try:
+        for key, value in aws_env().items():
+            monkeypatch.setenv(key, value)
+        bucket = moto.create_bucket()
+        s3 = S3Options(endpoint_url=moto.endpoint_url, region=REGION, path_style=True)
+        store = S3Store(f"s3://{bucket}/lake/", s3, staging_dir=tmp_path / "writer")
+        hour_ns = (time.time_ns() // HOUR_NS - 2) * HOUR_NS  # closed, not the live hour
+        directory = f"{partition_for(hour_ns)}/{node_directory(NODE)}"
+        leave_a_large_hour(store, hour_ns)
+        inputs = moto.client().list_objects_v2(Bucket=bucket, Prefix=f"lake/{directory}/")
+        assert sum(o["Size"] for o in inputs["Contents"]) > ROOM  # the hour outgrows /tmp
+        time.sleep(2.0)  # older than compact_after
+
+        sinks = (f'[[sinks]]\nname = "lake"\ntype = "parquet"\nurl = "s3://{bucket}/lake/"\n'
+                 f'endpoint_url = "{moto.endpoint_url}"\npath_style = true\n'
+                 'compact_after = "1s"\nretry_max_backoff = "2s"\n')
+        (tmp_path / "agent").mkdir()
+        agent = AgentProcess(tmp_path / "agent", sinks_toml=sinks,
+                             env={**aws_env(), "TMPDIR": str(small_tmp)})
+        agent.start(timeout=120)
+        try:
+            def merged_or_failed() -> bool:
+                return (agent.metric('evagg_sink_compaction_failures_total{') > 0
+                        or agent.metric('evagg_sink_compacted_files_total{sink="lake"')
+                        >= FILES)
+
+            wait_until(merged_or_failed, 180, lambda: f"a merge of {directory}:\n{agent.log()}",
+                       interval=0.5)
+            assert agent.metric('evagg_sink_compaction_failures_total{') == 0, \
+                agent.log()
+            wait_until(lambda: len(names(moto, bucket, directory)) == 1, 60,
+                       lambda: f"one file in {directory}: {names(moto, bucket, directory)}")
+            assert names(moto, bucket, directory)[0].startswith("compacted-")
+            assert agent.stop(timeout=120) == 0, agent.log()
+        finally:
+            if agent.running:
+                agent.kill()
+    finally:
+        moto.stop()
