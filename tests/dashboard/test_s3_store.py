@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,11 @@ import dashboard.lake.s3
 from dashboard.cli.query import add_query_parser, run_query
 from dashboard.lake.errors import NoData, NotFound
 from dashboard.lake.store import Store, StoreOptions
+from tests.agentproc import REPO
+from tests.commands import evagg
 from tests.dashboard.httpfs import NO_HTTPFS, needs_httpfs
 from tests.dashboard.lakegen import Expected, task_events, write_rows, write_sample_store
+from tests.ports import free_port
 from tests.sinks.moto_server import MotoS3, aws_env
 
 BUCKET = "evagg-lake"
@@ -185,3 +189,27 @@ def test_rotated_credentials_reach_the_reader(endpoint: str, s3_lake: type[Expec
                                "WHERE name = 'evagg_s3'").rows[0][0]
         assert "rotated-key" in secret
     store.close()
+
+
+def test_query_without_credentials_or_endpoint_says_what_to_do(endpoint: str,
+                                                               tmp_path: Path) -> None:
+    """`evagg query` over S3 as a user runs it where boto3 finds no credentials, then
+    with a wrong --endpoint-url: exit 1, and each error names what to fix."""
+    home = tmp_path / "home"
+    home.mkdir()
+    bare = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    bare.update(HOME=str(home), AWS_EC2_METADATA_DISABLED="true", PYTHONPATH=str(REPO),
+                AWS_REGION="us-east-1")
+    lake = f"s3://{BUCKET}/{PREFIX}"
+    no_keys = evagg("query", "--data", lake, "--endpoint-url", endpoint, "--no-cache",
+                    "sql", "SELECT 1", env=bare)
+    assert no_keys.returncode == 1, no_keys.stderr
+    assert "Unable to locate credentials" in no_keys.stderr
+    assert "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in no_keys.stderr
+
+    nobody = f"http://127.0.0.1:{free_port()}"
+    wrong = evagg("query", "--data", lake, "--endpoint-url", nobody, "--no-cache",
+                  "sql", "SELECT 1", env={**bare, **aws_env()})
+    assert wrong.returncode == 1, wrong.stderr
+    assert f"cannot list {lake}/" in wrong.stderr
+    assert "check --endpoint-url" in wrong.stderr

@@ -72,6 +72,18 @@ class S3Prefix:
         return bucket_and_key(path)
 
 
+# what a reader can do about each listing failure boto3 raises without an S3 answer
+_READER_ADVICE = {
+    "NoCredentialsError": "give this command S3 credentials as boto3 finds them "
+                          "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, an "
+                          "instance or pod role)",
+    "PartialCredentialsError": "complete the credentials (an access key needs its secret)",
+    "EndpointConnectionError": "check --endpoint-url (or AWS_ENDPOINT_URL_S3, or the "
+                               "config's endpoint_url) and that the store is up",
+    "ConnectTimeoutError": "check --endpoint-url and the network to the store",
+}
+
+
 def _s3_error(exc: Exception, where: S3Location) -> Exception:
     code = ""
     response = getattr(exc, "response", None)
@@ -80,5 +92,9 @@ def _s3_error(exc: Exception, where: S3Location) -> Exception:
     if code in ("NoSuchBucket", "404"):
         return NotFound(f"bucket {where.bucket} does not exist")
     if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-        return StoreUnavailable(f"access to {where.url} denied ({code})")
-    return StoreUnavailable(f"cannot list {where.url}: {type(exc).__name__}: {exc}")
+        return StoreUnavailable(f"access to {where.url} denied ({code}); reading needs "
+                                "s3:ListBucket and s3:GetObject on the prefix, with "
+                                "credentials the store accepts")
+    said = f"cannot list {where.url}: {type(exc).__name__}: {exc}"
+    advice = _READER_ADVICE.get(type(exc).__name__)
+    return StoreUnavailable(f"{said}; {advice}" if advice else said)
