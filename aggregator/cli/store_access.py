@@ -9,12 +9,15 @@ the look (a config checked where the node's credentials are not).
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from aggregator.config.sinks import SinkConfig
 from sinks.locations import is_s3_url
+
+# The look only lists, so its store stages nothing and this folder is never made: the
+# DaemonSet's init container, with a read-only root and no /tmp, has none to give.
+_STAGES_NOTHING = Path("/nonexistent/evagg-check-config-stages-nothing")
 
 # what each kind of refusal asks of the operator
 _ADVICE = {
@@ -44,8 +47,7 @@ def _listing_problem(sink: SinkConfig) -> str | None:
 
     try:
         options = ParquetOptions.from_table(sink.options, sink.url)
-        with tempfile.TemporaryDirectory(prefix="evagg-check-") as scratch:
-            S3Store(sink.url, options.s3, staging_dir=Path(scratch)).check_access()
+        S3Store(sink.url, options.s3, staging_dir=_STAGES_NOTHING).check_access()
     except StoreError as exc:
         advice = _ADVICE.get(exc.kind, "check the sink's endpoint_url and the network")
         return (f"cannot list {sink.url} ({exc.kind}): {exc}; {advice}. The agent starts "
