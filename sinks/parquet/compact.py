@@ -224,7 +224,7 @@ def _mend_fragments(store: Target, directory: str, kept: list[FileEntry],
              if is_fragment_name(e.name)}
     have = {compacted_of_fragment(name) for name in found}
     built = 0
-    with store.scratch("evagg-fragment-") as scratch:
+    with store.scratch("fragment-") as scratch:
         for entry in kept:
             if entry.name not in have:
                 _publish_fragment(store, store.local_copy(entry.key, Path(scratch)),
@@ -291,7 +291,7 @@ def _merge_and_publish(store: Target, inputs: list[FileEntry], covers: dict[str,
         covered |= covers.get(entry.name) or {(entry.name, entry.size)}
     metadata = encode_covers([e.name for e in inputs], covered)
     key = f"{_directory(inputs[0])}/{output}"
-    with store.scratch("evagg-compact-") as scratch:
+    with store.scratch("compact-") as scratch:
         files = [store.local_copy(e.key, Path(scratch)) for e in inputs]
         merged = store.scratch_path(key, Path(scratch))
         try:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,24 @@ from sinks.durable import publish_file
 from sinks.locations import no_such_lake
 from sinks.parquet.s3 import S3Store
 from sinks.parquet.stores import staging_name
+
+SCRATCH_PREFIX = "evagg-merge-"
+# in this process's scratch folders' names: one without it in a staging directory was
+# left by an earlier process (killed mid-merge), since one agent at a time owns a state_dir
+_THIS_PROCESS = uuid.uuid4().hex[:12]
+
+
+def remove_leftover_scratch(staging_dir: Path) -> int:
+    """Delete the merge scratch folders earlier processes left in `staging_dir` (each
+    as large as the hour it merged); this process's own are kept. Returns how many."""
+    if not staging_dir.is_dir():
+        return 0
+    mine = f"{SCRATCH_PREFIX}{_THIS_PROCESS}-"
+    left = [p for p in staging_dir.iterdir()
+            if p.name.startswith(SCRATCH_PREFIX) and not p.name.startswith(mine) and p.is_dir()]
+    for folder in left:
+        shutil.rmtree(folder, ignore_errors=True)
+    return len(left)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +99,7 @@ class LocalTarget:
 
     def scratch(self, prefix: str) -> tempfile.TemporaryDirectory[str]:
         """Unused: inputs are read in place and outputs written beside their files."""
-        return tempfile.TemporaryDirectory(prefix=prefix)
+        return tempfile.TemporaryDirectory(prefix=f"evagg-{prefix}")
 
     def local_copy(self, key: str, scratch: Path) -> Path:
         return self.root / key
@@ -139,7 +159,8 @@ class S3Target:
         and its merged file: as large as the partition, so on the disk the caller chose
         (the agent's state directory), not in a small /tmp."""
         self.store.staging_dir.mkdir(parents=True, exist_ok=True)
-        return tempfile.TemporaryDirectory(prefix=prefix, dir=self.store.staging_dir)
+        return tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{_THIS_PROCESS}-{prefix}",
+                                           dir=self.store.staging_dir)
 
     def local_copy(self, key: str, scratch: Path) -> Path:
         local = scratch / f"input-{hashlib.sha256(key.encode()).hexdigest()[:16]}.parquet"

@@ -27,6 +27,7 @@ from emitters.thread_names import name_this_thread
 from sinks.base import SinkCounter
 from sinks.locations import is_s3_url
 from sinks.parquet.compact import run_compact
+from sinks.parquet.compact_targets import remove_leftover_scratch
 from sinks.parquet.layout import node_directory, partition_for
 from sinks.parquet.options import S3Options
 
@@ -45,6 +46,7 @@ class HourCompaction:
                  clock: Callable[[], float] = time.time) -> None:
         self.location = location
         self.scratch_dir = scratch_dir  # an S3 hour's inputs and merged file, before upload
+        self._swept = scratch_dir is None  # its leftovers from earlier runs, once
         self.node_id = node_id
         self.s3 = s3
         self.after_s = after_s
@@ -98,11 +100,28 @@ class HourCompaction:
         # looked at again are mostly one listing each, and need not wait for a flush
         # apiece. A failed hour is due again later, at a poke of its own.
         name_this_thread()  # "evagg-hour-com" in `top -H`: the merge and its fragment
+        self._remove_leftovers()
         for partition in partitions:
             with self._lock:
                 if self._stopped:
                     return
             self._merge(partition)
+
+    def _remove_leftovers(self) -> None:
+        """Once, before this process's first merge: what a merge cut short by a kill left
+        in the scratch directory (each an hour's files), which nothing else deletes."""
+        if self._swept or self.scratch_dir is None:
+            return
+        self._swept = True
+        try:
+            removed = remove_leftover_scratch(self.scratch_dir)
+        except OSError as exc:
+            log.warning("could not remove the hour merges' leftovers in %s: %s",
+                        self.scratch_dir, exc)
+            return
+        if removed:
+            log.info("deleted %d folders an earlier run's hour merges left in %s",
+                     removed, self.scratch_dir)
 
     def stop(self) -> None:
         """No new merges; one already running finishes on its own."""

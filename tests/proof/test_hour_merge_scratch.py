@@ -5,7 +5,8 @@ them before uploading it: as much disk as the hour, twice. The DaemonSet's /tmp 
 emptyDir of 256 MiB (past it the kubelet evicts the pod), and many hosts' /tmp is a
 tmpfs in memory; the state directory is the disk the operator sized for a backlog. Here
 the agent's TMPDIR is a tmpfs with 256 KiB free while the hour it merges is larger: the
-merge must still succeed, with no failure counted.
+merge must still succeed, with no failure counted. What a merge killed midway left there
+is deleted by the next run, since nothing else would.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import secrets
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,14 +77,36 @@ def leave_a_large_hour(store: S3Store, hour_start_ns: int) -> None:
     asyncio.run(write())
 
 
-def names(moto: MotoS3, bucket: str, directory: str) -> list[str]:
-    prefix = f"lake/{directory}/"
-    return sorted(k.removeprefix(prefix) for k in moto.keys(bucket, prefix)
-                  if "/" not in k.removeprefix(prefix))
+@dataclass
+class LakeHour:
+    """A bucket on moto's server holding a closed hour of FILES files an earlier run of
+    this node's agent left."""
+
+    moto: MotoS3
+    bucket: str
+    directory: str  # the hour's folder of this node, relative to the lake
+
+    def names(self) -> list[str]:
+        prefix = f"lake/{self.directory}/"
+        return sorted(k.removeprefix(prefix) for k in self.moto.keys(self.bucket, prefix)
+                      if "/" not in k.removeprefix(prefix))
+
+    def bytes(self) -> int:
+        listed = self.moto.client().list_objects_v2(Bucket=self.bucket,
+                                                     Prefix=f"lake/{self.directory}/")
+        return sum(int(o["Size"]) for o in listed["Contents"])
+
+    def agent(self, workdir: Path, env: dict[str, str]) -> AgentProcess:
+        """An agent of this node whose Parquet sink is the lake, merging after 1 s."""
+        sinks = (f'[[sinks]]\nname = "lake"\ntype = "parquet"\n'
+                 f'url = "s3://{self.bucket}/lake/"\nendpoint_url = "{self.moto.endpoint_url}"\n'
+                 'path_style = true\ncompact_after = "1s"\nretry_max_backoff = "2s"\n')
+        workdir.mkdir()
+        return AgentProcess(workdir, sinks_toml=sinks, env={**aws_env(), **env})
 
 
-def test_an_hour_larger_than_tmp_is_merged_on_the_state_disk(
-        small_tmp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def lake_hour(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LakeHour]:
     moto = MotoS3().start()
     try:
         for key, value in aws_env().items():
@@ -91,35 +115,49 @@ def test_an_hour_larger_than_tmp_is_merged_on_the_state_disk(
         s3 = S3Options(endpoint_url=moto.endpoint_url, region=REGION, path_style=True)
         store = S3Store(f"s3://{bucket}/lake/", s3, staging_dir=tmp_path / "writer")
         hour_ns = (time.time_ns() // HOUR_NS - 2) * HOUR_NS  # closed, not the live hour
-        directory = f"{partition_for(hour_ns)}/{node_directory(NODE)}"
         leave_a_large_hour(store, hour_ns)
-        inputs = moto.client().list_objects_v2(Bucket=bucket, Prefix=f"lake/{directory}/")
-        assert sum(o["Size"] for o in inputs["Contents"]) > ROOM  # the hour outgrows /tmp
         time.sleep(2.0)  # older than compact_after
-
-        sinks = (f'[[sinks]]\nname = "lake"\ntype = "parquet"\nurl = "s3://{bucket}/lake/"\n'
-                 f'endpoint_url = "{moto.endpoint_url}"\npath_style = true\n'
-                 'compact_after = "1s"\nretry_max_backoff = "2s"\n')
-        (tmp_path / "agent").mkdir()
-        agent = AgentProcess(tmp_path / "agent", sinks_toml=sinks,
-                             env={**aws_env(), "TMPDIR": str(small_tmp)})
-        agent.start(timeout=120)
-        try:
-            def merged_or_failed() -> bool:
-                return (agent.metric('evagg_sink_compaction_failures_total{') > 0
-                        or agent.metric('evagg_sink_compacted_files_total{sink="lake"')
-                        >= FILES)
-
-            wait_until(merged_or_failed, 180, lambda: f"a merge of {directory}:\n{agent.log()}",
-                       interval=0.5)
-            assert agent.metric('evagg_sink_compaction_failures_total{') == 0, \
-                agent.log()
-            wait_until(lambda: len(names(moto, bucket, directory)) == 1, 60,
-                       lambda: f"one file in {directory}: {names(moto, bucket, directory)}")
-            assert names(moto, bucket, directory)[0].startswith("compacted-")
-            assert agent.stop(timeout=120) == 0, agent.log()
-        finally:
-            if agent.running:
-                agent.kill()
+        yield LakeHour(moto, bucket, f"{partition_for(hour_ns)}/{node_directory(NODE)}")
     finally:
         moto.stop()
+
+
+def merge_and_stop(agent: AgentProcess, hour: LakeHour) -> None:
+    """Start the agent, wait until it merged the hour (or failed to), stop it with 0."""
+    agent.start(timeout=120)
+    try:
+        def merged_or_failed() -> bool:
+            return (agent.metric("evagg_sink_compaction_failures_total{") > 0
+                    or agent.metric('evagg_sink_compacted_files_total{sink="lake"') >= FILES)
+
+        wait_until(merged_or_failed, 180, lambda: f"a merge of {hour.directory}:\n{agent.log()}",
+                   interval=0.5)
+        assert agent.metric("evagg_sink_compaction_failures_total{") == 0, agent.log()
+        wait_until(lambda: len(hour.names()) == 1, 60,
+                   lambda: f"one file in {hour.directory}: {hour.names()}")
+        assert hour.names()[0].startswith("compacted-")
+        assert agent.stop(timeout=120) == 0, agent.log()
+    finally:
+        if agent.running:
+            agent.kill()
+
+
+def test_an_hour_larger_than_tmp_is_merged_on_the_state_disk(
+        small_tmp: Path, lake_hour: LakeHour, tmp_path: Path) -> None:
+    assert lake_hour.bytes() > ROOM  # the hour outgrows the agent's /tmp
+    agent = lake_hour.agent(tmp_path / "agent", {"TMPDIR": str(small_tmp)})
+    merge_and_stop(agent, lake_hour)
+
+
+def test_what_a_merge_killed_midway_left_is_deleted_by_the_next_run(
+        lake_hour: LakeHour, tmp_path: Path) -> None:
+    """A kill -9 during a merge leaves its downloads in the state directory; the next
+    agent deletes them before its first merge, and keeps its own merge's folder working."""
+    agent = lake_hour.agent(tmp_path / "agent", {})
+    staging = agent.state_dir / "staging" / "lake"
+    left = staging / "evagg-merge-0123456789ab-compact-x1y2z3"  # an earlier process's
+    left.mkdir(parents=True)
+    (left / "input-0.parquet").write_bytes(bytes(1 << 20))
+    merge_and_stop(agent, lake_hour)
+    assert not left.exists(), sorted(p.name for p in staging.iterdir())
+    assert [p.name for p in staging.iterdir() if p.is_dir()] == []
