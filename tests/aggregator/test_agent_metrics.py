@@ -100,6 +100,29 @@ def test_every_sink_reports_its_counts_and_the_documented_names_stay(
     assert agent.stop() == 0
 
 
+def test_each_sink_family_says_what_it_measures(agent_factory: Callable[..., AgentProcess],
+                                                servers: Callable[..., ServerThread]) -> None:
+    """A dashboard builder reads HELP in the metric browser: every family of the sinks'
+    own counts and values says what it measures (and the unit where it has one), not one
+    sentence shared by all of them."""
+    web = servers()
+    sinks = ('[[sinks]]\nname = "lake"\ntype = "parquet"\nurl = "{lake}"\n'
+             'roll_interval = "1s"\n\n' + http_sink("web", web.server.url))
+    agent = agent_factory(sinks_toml=sinks).start()
+    post_events(agent, [{"kind": "task", "name": "fit", "task_id": "t1"}])
+    agent.wait_delivered(1, sink="web")
+    helps = {family.name: family.documentation
+             for family in text_string_to_metric_families(agent.metrics())
+             if family.name.startswith("evagg_sink_")}
+    assert len(helps) > 20
+    shared = {name: text for name, text in helps.items()
+              if list(helps.values()).count(text) > 1}
+    assert shared == {}
+    assert "moving average" in helps["evagg_sink_answer_latency_seconds"].lower()
+    assert "seconds until" in helps["evagg_sink_file_closes_in_seconds"].lower()
+    assert agent.stop() == 0
+
+
 @pytest.fixture(scope="module")
 def moto() -> Iterator[MotoS3]:
     server = MotoS3().start()
