@@ -75,7 +75,7 @@ def run_ddl(args: argparse.Namespace) -> int:
             fragments = _s3_has_fragments(lake.url, getattr(args, "endpoint_url", None),
                                           getattr(args, "region", None))
         text = script(args.dialect, lake.url, fragments=fragments, schema=args.schema,
-                      catalog=args.catalog)
+                      catalog=args.catalog, endpoint_url=getattr(args, "endpoint_url", None))
     except ValueError as exc:
         print(f"evagg query ddl: {exc}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ Everything here returns text; the command line prints it.
 from __future__ import annotations
 
 from typing import Final
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 
@@ -87,10 +88,13 @@ class _Names:
 
 
 def statements(dialect_name: str, location: str, *, fragments: bool = True,
-               schema: str = DEFAULT_SCHEMA, catalog: str = DEFAULT_CATALOG) -> list[str]:
+               schema: str = DEFAULT_SCHEMA, catalog: str = DEFAULT_CATALOG,
+               endpoint_url: str | None = None) -> list[str]:
     """The statements, in the order they run, each without its `;`. The first carries
     the header comment. `fragments=False` declares `task_fragments` as an empty view
-    (for a lake without `_tasks/`, which Spark, Trino and DuckDB refuse to read)."""
+    (for a lake without `_tasks/`, which Spark, Trino and DuckDB refuse to read).
+    `endpoint_url`: the S3-compatible store the lake is on, which the header's DuckDB
+    secret then names."""
     d = dialect(dialect_name)
     lake = Lake.parse(location)
     check_names(schema, catalog)
@@ -98,16 +102,17 @@ def statements(dialect_name: str, location: str, *, fragments: bool = True,
     out = [*_setup(d, schema, catalog), *_events_raw(d, lake, names), _events(d, names)]
     out += _fragments(d, lake, names) if fragments else [_no_fragments(d, names)]
     out.append(_tasks(d, names))
-    out[0] = _header(d, lake, fragments, schema, catalog) + out[0]
+    out[0] = _header(d, lake, fragments, schema, catalog, endpoint_url) + out[0]
     return out
 
 
 def script(dialect_name: str, location: str, *, fragments: bool = True,
-           schema: str = DEFAULT_SCHEMA, catalog: str = DEFAULT_CATALOG) -> str:
+           schema: str = DEFAULT_SCHEMA, catalog: str = DEFAULT_CATALOG,
+           endpoint_url: str | None = None) -> str:
     """The statements as one text: each ends with `;` and a blank line, and no other line
     ends with `;`, so that splitting at a line's last `;` gives the statements."""
     parts = statements(dialect_name, location, fragments=fragments, schema=schema,
-                       catalog=catalog)
+                       catalog=catalog, endpoint_url=endpoint_url)
     assert not any(line.rstrip().endswith(";") for s in parts for line in s.splitlines())
     return "".join(f"{s.strip()};\n\n" for s in parts).rstrip("\n") + "\n"
 
@@ -124,7 +129,22 @@ def _check_identifier(name: str, what: str) -> None:
         raise ValueError(f"the {what} name {name!r} must be letters, digits and _ only")
 
 
-def _header(d: Dialect, lake: Lake, fragments: bool, schema: str, catalog: str) -> str:
+def _duckdb_s3_setup(endpoint_url: str | None) -> list[str]:
+    """What a plain DuckDB runs before the views to read the lake on S3: on an
+    S3-compatible store, a secret without its endpoint would ask AWS instead."""
+    if not endpoint_url:
+        return ["For s3://: LOAD httpfs and CREATE SECRET (TYPE s3, KEY_ID '...', "
+                "SECRET '...', REGION '...') first."]
+    parts = urlsplit(endpoint_url)
+    host = parts.netloc.rpartition("@")[2]
+    use_ssl = "false" if parts.scheme == "http" else "true"
+    return [f"For s3:// on the store at {endpoint_url}, first: LOAD httpfs, then",
+            "  CREATE SECRET (TYPE s3, KEY_ID '...', SECRET '...', REGION '...',",
+            f"  ENDPOINT '{host}', URL_STYLE 'path', USE_SSL {use_ssl})"]
+
+
+def _header(d: Dialect, lake: Lake, fragments: bool, schema: str, catalog: str,
+            endpoint_url: str | None = None) -> str:
     where = {"spark": ["Spark SQL: temporary views, gone with the session. Paste them into",
                        "  spark-sql, or run each with spark.sql(), in order."],
              "duckdb": ["DuckDB: views in the current database. Run them in order."],
@@ -151,7 +171,7 @@ def _header(d: Dialect, lake: Lake, fragments: bool, schema: str, catalog: str) 
                   "nanosecond", "  files agents wrote before that (evagg compact "
                   "--rewrite-types rewrites them)."]
     if d.name == "duckdb" and lake.is_s3:
-        lines += ["For s3://: LOAD httpfs and CREATE SECRET (TYPE s3, ...) first."]
+        lines += _duckdb_s3_setup(endpoint_url)
     if d.name == "trino":
         lines += ["Times read at the catalog's hive.timestamp-precision (MILLISECONDS "
                   "unless set to", "  MICROSECONDS). New partitions appear after the "

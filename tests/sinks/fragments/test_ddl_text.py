@@ -17,6 +17,7 @@ import pytest
 from sinks.fragments.ddl import fragment_schema, script, statements
 from sinks.schema import EVENT_SCHEMA
 from tests.agentproc import REPO
+from tests.dashboard.httpfs import needs_httpfs
 
 LAKE = "s3://bucket/evagg/"
 
@@ -145,3 +146,51 @@ def test_compact_refuses_fewer_than_two_files_with_exit_2_and_says_why_it_merged
                                         schema=EVENT_SCHEMA), partition / "part-a-0.parquet")
     done = evagg("compact", "--grace", "0", str(tmp_path))
     assert "1 partition with too few files to merge (--min-files)" in done.stdout
+
+
+@needs_httpfs
+def test_duckdb_statements_for_an_s3_compatible_store_run_with_the_secret_they_name(
+        tmp_path: Path) -> None:
+    """`evagg query ddl --dialect duckdb s3://... --endpoint-url URL`: the header's
+    CREATE SECRET, keys filled in as a user would, reads the lake in a plain DuckDB."""
+    import os
+
+    import duckdb
+
+    from tests.sinks.moto_server import (
+        ACCESS_KEY,
+        REGION,
+        SECRET_KEY,
+        MotoS3,
+        aws_env,
+        httpfs_extension,
+    )
+
+    moto = MotoS3().start()
+    try:
+        bucket = moto.create_bucket()
+        one = tmp_path / "one.parquet"
+        pq.write_table(pa.Table.from_pylist(
+            [{"event_id": "e1", "kind": "task", "name": "fit", "time": 10**18,
+              "received": 10**18}], schema=EVENT_SCHEMA), one)
+        moto.client().upload_file(str(one), bucket,
+                                  "evagg/date=2026-01-01/hour=00/node=n/part-x.parquet")
+        done = subprocess.run([sys.executable, "-m", "aggregator", "query", "ddl", "--dialect",
+                               "duckdb", f"s3://{bucket}/evagg", "--endpoint-url",
+                               moto.endpoint_url], cwd=REPO, capture_output=True, text=True,
+                              timeout=60, env={**os.environ, **aws_env()})
+        assert done.returncode == 0, done.stderr
+        header = " ".join(line.removeprefix("--").strip() for line in done.stdout.splitlines()
+                          if line.startswith("--"))
+        secret = re.search(r"CREATE SECRET \(.*?\)", header)
+        assert secret, header
+        assert "URL_STYLE 'path'" in secret.group(0) and "USE_SSL false" in secret.group(0)
+        con = duckdb.connect()
+        con.execute(f"LOAD '{httpfs_extension()}'")
+        con.execute(secret.group(0).replace("KEY_ID '...'", f"KEY_ID '{ACCESS_KEY}'")
+                    .replace("SECRET '...'", f"SECRET '{SECRET_KEY}'")
+                    .replace("REGION '...'", f"REGION '{REGION}'"))
+        con.execute(done.stdout)
+        assert con.execute("SELECT event_id, name FROM events").fetchall() == [("e1", "fit")]
+    finally:
+        moto.stop()
