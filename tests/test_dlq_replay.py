@@ -82,3 +82,23 @@ def test_the_pieces_still_refused_stay_as_letters_of_their_own(
     code, output = replay(agent, smaller.server.url)  # the piece alone, this time taken
     assert code == 0, output
     assert delivered(smaller) == sorted(f"dl-{i}" for i in range(EVENTS))
+
+
+def test_a_replay_the_endpoint_refuses_again_says_so_on_stderr_and_what_to_do(
+        agent_factory: Callable[..., AgentProcess],
+        servers: Callable[..., ServerThread]) -> None:
+    """Every letter refused again: exit 1, no 'sent 0 batches ...; their files are
+    deleted' on stdout, and stderr names the letters kept and the next step."""
+    agent = dead_letters(agent_factory, servers)
+    still = servers()
+    still.do(lambda: still.server.answer(400, times=None, text="schema mismatch"))
+    done = evagg("dlq", "replay", "--sink", "collector", "--config", str(agent.config_path),
+                 "--url", still.server.url)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "deleted" not in done.stdout, done.stdout
+    assert re.search(r"^evagg dlq replay: \d+ batches failed and stay in \S+ ", done.stderr,
+                     re.M), done.stderr
+    assert re.search(r"^  \w+: HTTP 400", done.stderr, re.M), done.stderr
+    assert "evagg dlq list --sink collector" in done.stderr
+    assert "--url" in done.stderr and "replay again" in done.stderr
+    assert "0 dead-lettered batches" not in letters(agent)  # all kept

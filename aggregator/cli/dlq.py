@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from aggregator.config import AgentConfig
     from aggregator.config.sinks import SinkConfig
     from sinks.http.deadletter import DeadLetter
+    from sinks.http.replay import ReplayReport
 
 
 def add_dlq_parser(commands: Parsers) -> None:
@@ -85,16 +86,27 @@ def _dlq(args: argparse.Namespace) -> int:
         print(f"evagg dlq: config error: {sink_problem(index, sink, exc)}", file=sys.stderr)
         return 2
     report = asyncio.run(replay_dead_letters(directory, url, **sending))
-    print(f"sent {report.sent} batches ({report.events_sent} events) to "
-          f"{url_for_display(url)}; their files are deleted")
+    if report.sent or not report.failed:
+        print(f"sent {report.sent} batches ({report.events_sent} events) to "
+              f"{url_for_display(url)}; their files are deleted")
     if report.split:
         print(f"{report.split} requests refused as too large (HTTP 413) were sent again in "
               "halves")
     if report.failed:
-        print(f"{report.failed} batches failed and stay in {directory}:")
-        for error in report.errors:
-            print(f"  {error}")
+        _say_replay_failures(report, directory, args.sink, url_for_display(url))
     return 0 if not report.failed else 1
+
+
+def _say_replay_failures(report: ReplayReport, directory: Path, sink: str,
+                         endpoint: str) -> None:
+    """On stderr: which letters stay, as the endpoint answered, and what to do next."""
+    print(f"evagg dlq replay: {report.failed} batches failed and stay in {directory} "
+          f"({endpoint} answered):", file=sys.stderr)
+    for error in report.errors:
+        print(f"  {error}", file=sys.stderr)
+    print(f"fix what the endpoint refuses (each letter's first answer: `evagg dlq list "
+          f"--sink {sink}`), or send them elsewhere with --url; then replay again",
+          file=sys.stderr)
 
 
 def dead_letter_line(letter: DeadLetter) -> str:
