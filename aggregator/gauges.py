@@ -26,63 +26,15 @@ SPOOL_COUNTER_HELP: Final = ("Spool counters since start (records, duplicates, c
                              "quarantined segments, fsyncs).")
 SINK_COUNT_HELP: Final = "A sink's own count since it was built, by sink and type."
 SINK_GAUGE_HELP: Final = "A sink's own value now, by sink and type."
-# What each of the sinks' own counts and values is, for /metrics' HELP: what a dashboard
-# builder reads in the metric browser (the long form, with what to do: docs/metrics.md).
-# A name not here gets the generic words above.
-SINK_METRIC_HELP: Final = {
-    "files_written": "Parquet files published under their final key (on S3: uploaded)",
-    "bytes_written": "Bytes of the Parquet files published",
-    "events_written": "Rows in the Parquet files published",
-    "write_failures": "Parquet files that could not be built, by reason",
-    "publish_failures": "Finished Parquet files that could not be uploaded or renamed into "
-                        "the lake, by reason; the spool keeps their events",
-    "compaction_runs": "Merges of closed hours the agent ran",
-    "compacted_files": "Files the agent merged into one file per closed hour",
-    "compaction_failures": "Closed hours that could not be merged, by reason; tried again "
-                           "compact_after later",
-    "s3_puts": "Files uploaded to S3 in one PutObject",
-    "s3_multipart_uploads": "Files uploaded to S3 in parts",
-    "s3_aborted_uploads": "Multipart uploads aborted after a failure",
-    "s3_abort_failures": "Aborts of multipart uploads that failed (tried again before the "
-                         "next upload)",
-    "s3_swept_uploads": "Multipart uploads a crashed agent left, aborted at the first upload",
-    "s3_retries": "botocore's own retries of S3 calls that got an answer",
-    "requests_2xx": "HTTP requests answered 2xx",
-    "requests_3xx": "HTTP requests answered 3xx",
-    "requests_4xx": "HTTP requests answered 4xx",
-    "requests_5xx": "HTTP requests answered 5xx",
-    "requests_failed": "HTTP requests without an answer, whatever the cause",
-    "timeouts": "HTTP requests that timed out",
-    "connect_errors": "HTTP requests that could not connect",
-    "tls_errors": "HTTP requests that failed in TLS",
-    "internal_errors": "HTTP requests that failed inside the sink",
-    "retries": "HTTP batches sent again",
-    "dead_lettered_batches": "HTTP batches refused for good (4xx), kept for evagg dlq replay",
-    "dead_lettered_events": "Events refused for good (4xx), kept for evagg dlq replay",
-    "split_batches": "HTTP batches refused as too large (413), sent again in halves",
-    "bytes_sent": "Request body bytes the endpoint accepted (after gzip)",
-    "events_sent": "Events the endpoint accepted",
-    "open_file_events": "Events in the Parquet file being written: spooled, not yet in the "
-                        "lake",
-    "file_closes_in_seconds": "Seconds until the open Parquet file closes and its events "
-                              "can be queried (0 with none open)",
-    "concurrency_limit": "Requests the HTTP sink may have in flight now (adaptive: follows "
-                         "the endpoint up to max_in_flight)",
-    "requests_in_flight": "HTTP requests open now",
-    "answer_latency_seconds": "Moving average of the endpoint's answer time in seconds, "
-                              "request start to last byte (0 before the first answer)",
-    "requests_failing_since_timestamp_seconds": "When the HTTP sink's requests began to fail "
-                                                "in a row, Unix time (0 while answered)",
-    "dead_letters_waiting_events": "Events in the HTTP sink's dead letters on disk, waiting "
-                                   "for evagg dlq replay",
-    "header_files_unusable": "file: headers whose file is gone, unreadable or empty now",
-}
 
 
-def sink_help(name: str, generic: str) -> str:
-    """The HELP of the sinks' own count or value `name` (without `_total`)."""
-    said = SINK_METRIC_HELP.get(name)
+def sink_help(sink: Sink, name: str, generic: str) -> str:
+    """The HELP of a sink's own count or value `name` (without `_total`): the sink's own
+    words for it (`Sink.metric_help`), else the generic ones."""
+    said = sink.metric_help.get(name)
     return f"{said}; by sink and type." if said else generic
+
+
 # Before sinks reported through `Sink.counters()`, the HTTP sink's counts were exported
 # under this prefix. Dashboards and alerts use them, so they stay beside the new names.
 LEGACY_HTTP_PREFIX: Final = "evagg_http_sink_"
@@ -149,8 +101,8 @@ class AgentGauges:
             labels = {"sink": name, "type": sink.sink_type}
             if count.reason is not None:
                 labels["reason"] = count.reason
-            out.append((f"evagg_sink_{count.name}_total", sink_help(count.name, SINK_COUNT_HELP),
-                        labels,
+            help_text = sink_help(sink, count.name, SINK_COUNT_HELP)
+            out.append((f"evagg_sink_{count.name}_total", help_text, labels,
                         float(count.value)))
         if sink.sink_type == "http":
             out += _legacy_http_samples(name, [(c.name, c.value) for c in counts
@@ -164,7 +116,7 @@ class AgentGauges:
         except Exception as exc:  # a sink bug must not break /metrics or the heartbeat
             self._count_failure(name, exc)
             return []
-        return [(f"evagg_sink_{gauge}", sink_help(gauge, SINK_GAUGE_HELP),
+        return [(f"evagg_sink_{gauge}", sink_help(sink, gauge, SINK_GAUGE_HELP),
                  {"sink": name, "type": sink.sink_type}, float(value))
                 for gauge, value in values.items()]
 

@@ -86,6 +86,9 @@ class Sink(abc.ABC):
 
     # The `type` label of this sink's counters: the config's `type` of the sink.
     sink_type: ClassVar[str] = "custom"
+    # What each name of counters() and gauges() measures, in a few words: /metrics'
+    # HELP (the long form, with what to do, is docs/metrics.md).
+    metric_help: ClassVar[Mapping[str, str]] = {}
     # Spool bytes handed to one write(): bounds the sink's decode/encode working set.
     read_max_bytes: int = 4 * 2**20
 

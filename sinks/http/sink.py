@@ -34,6 +34,7 @@ from sinks.http.batches import Batch, Batcher, record_groups
 from sinks.http.body import encode_rows
 from sinks.http.deadletter import WaitingEvents
 from sinks.http.endpoint import url_for_display
+from sinks.http.metric_help import METRIC_HELP
 from sinks.http.options import HttpOptions, check_url
 from sinks.http.proxy import proxy_route
 from sinks.http.sender import Halt, Sender
@@ -69,6 +70,7 @@ class HttpSink(Sink):
     # peak anonymous memory 110-135 MiB with 4 MiB reads, 68-70 MiB with 1 MiB, same drain).
     read_max_bytes = 1 * MIB
     sink_type = "http"
+    metric_help = METRIC_HELP
 
     def __init__(
         self,

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from sinks.base import Sink, SinkCounter, SinkResult
 from sinks.filters import EventFilter
-from sinks.parquet.counts import ParquetCounts
+from sinks.parquet.counts import METRIC_HELP, ParquetCounts
 from sinks.parquet.hour_compaction import HourCompaction
 from sinks.parquet.layout import object_key
 from sinks.parquet.open_file import NS_PER_HOUR, ClosedFile, OpenFile, Progress
@@ -43,6 +43,7 @@ class _DecodeError(Exception):
 
 class ParquetSink(Sink):
     sink_type = "parquet"
+    metric_help = METRIC_HELP
 
     def __init__(
         self,
