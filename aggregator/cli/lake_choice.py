@@ -1,15 +1,13 @@
 """Which lake `evagg query`, `evagg dashboard`, `evagg export-traces` and `evagg compact`
-read when no
-`--data` names one: the one the agent writes, read off its config.
+take when no `--data` names one: the one the agent writes, read off its config.
 
 On a node the agent runs from /etc/evagg/evagg.toml and writes to its Parquet sink's url
 (often `s3://...`); `evagg query` without `--data` would read the user's data directory
 instead, and answer about nothing. So the commands take the agent's `--config` (else
 `$EVAGG_CONFIG`) as `evagg status` and `evagg emit` do. The order, explicit before
 ambient: `--data`, `--config`, `$EVAGG_DATA`, `$EVAGG_CONFIG`, the user's data directory.
-The sink's `endpoint_url` and `region` come along unless their flags are given, and for
-`evagg compact` its upload options (`sse`, `storage_class`), so a merge run by hand
-uploads as the agent's own hour merge does.
+The sink's `endpoint_url` and `region` come along unless their flags are given (`evagg
+compact` takes the rest of its S3 options too: aggregator/cli/compact.py).
 """
 
 from __future__ import annotations
@@ -17,22 +15,27 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aggregator.config.sinks import SinkConfig
 
 
 class LakeChoiceError(ValueError):
     """The config names no one lake: the message says what to give instead."""
 
 
-def apply_config_lake(args: argparse.Namespace, options: tuple[str, ...] = ()) -> None:
-    """Fill args.data (and endpoint_url, region and the sink's `options` where their flags
-    are unset) from the agent's config when the command line names no lake; raises
-    LakeChoiceError (or ConfigError) otherwise."""
+def apply_config_lake(args: argparse.Namespace) -> SinkConfig | None:
+    """Fill args.data (and endpoint_url, region where unset) from the agent's config when
+    the command line names no lake, and return the Parquet sink it came from (None when
+    the lake is not the config's); raises LakeChoiceError (or ConfigError) when the config
+    names no one lake."""
     if getattr(args, "data", None):
-        return
+        return None
     path: Path | None = getattr(args, "config", None)
     if path is None:
         if os.environ.get("EVAGG_DATA") or not os.environ.get("EVAGG_CONFIG"):
-            return
+            return None
         path = Path(os.environ["EVAGG_CONFIG"])
     from aggregator.config import configured_lakes
 
@@ -46,7 +49,8 @@ def apply_config_lake(args: argparse.Namespace, options: tuple[str, ...] = ()) -
                               "--data with the one to read")
     lake = lakes[0]
     args.data = lake.url
-    for option in ("endpoint_url", "region", *options):
+    for option in ("endpoint_url", "region"):
         value = lake.options.get(option)
         if isinstance(value, str) and value and not getattr(args, option, None):
             setattr(args, option, value)
+    return lake

@@ -77,9 +77,10 @@ def _two_small_files(moto: MotoS3, bucket: str, tmp_path: Path) -> None:
         publish(store, staged, key)
 
 
-def _evagg_compact(*args: str) -> subprocess.CompletedProcess[str]:
+def _evagg_compact(*args: str, keep_config: bool = False) -> subprocess.CompletedProcess[str]:
     environment = {**os.environ, **aws_env(), "PYTHONPATH": str(REPO)}
-    environment.pop("EVAGG_CONFIG", None)
+    if not keep_config:
+        environment.pop("EVAGG_CONFIG", None)
     environment.pop("EVAGG_DATA", None)
     return subprocess.run([sys.executable, "-m", "aggregator", "compact", *args],
                           capture_output=True, text=True, timeout=120, env=environment)
@@ -102,6 +103,38 @@ def test_compact_of_the_agents_config_uploads_as_its_hour_merge_does(
     endpoint and the sink's encryption and storage class all come from the config, so a
     compliance bucket gets no unencrypted merged file."""
     _two_small_files(moto, bucket, tmp_path)
+    config = _encrypting_config(moto, bucket, tmp_path)
+    done = _evagg_compact("--config", str(config), "--grace", "0")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"s3://{bucket}/lake/" in done.stdout
+    assert_merged_as_asked(moto, bucket)
+
+
+def test_an_upload_flag_replaces_every_upload_option_of_the_config(
+        moto: MotoS3, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--sse AES256` over a config that asks for KMS: the flags are taken as a whole,
+    not mixed with the config's KMS key (which would be refused as a flag never given)."""
+    _two_small_files(moto, bucket, tmp_path)
+    monkeypatch.setenv("EVAGG_CONFIG", str(_encrypting_config(moto, bucket, tmp_path)))
+    done = _evagg_compact("--grace", "0", "--sse", "AES256", keep_config=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    merged = [k for k in moto.keys(bucket) if "/compacted-" in k]
+    assert merged and all(encryption_of(moto, bucket, k) == ("AES256", None)
+                          and storage_of(moto, bucket, k) == "STANDARD" for k in merged)
+
+
+def test_a_target_and_the_agents_config_together_are_refused(
+        moto: MotoS3, bucket: str, tmp_path: Path) -> None:
+    """Which one names the lake, and whether the config's encryption applies to it, would
+    be a guess: a merge of a compliance bucket must not go out unencrypted by it."""
+    config = _encrypting_config(moto, bucket, tmp_path)
+    done = _evagg_compact(f"s3://{bucket}/lake/", "--config", str(config))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("evagg compact: give the lake once: --config names its "
+                                  "Parquet sink's lake and upload options"), done.stderr
+
+
+def _encrypting_config(moto: MotoS3, bucket: str, tmp_path: Path) -> Path:
     config = tmp_path / "evagg.toml"
     config.write_text(f"""[[sinks]]
 name = "lake"
@@ -112,10 +145,7 @@ sse = "aws:kms"
 sse_kms_key_id = "{KMS_KEY}"
 storage_class = "STANDARD_IA"
 """)
-    done = _evagg_compact("--config", str(config), "--grace", "0")
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert f"s3://{bucket}/lake/" in done.stdout
-    assert_merged_as_asked(moto, bucket)
+    return config
 
 
 def assert_merged_as_asked(moto: MotoS3, bucket: str) -> None:
