@@ -63,7 +63,8 @@ FACT_COLUMNS = frozenset({"kind", "time", "state", "job_id", "worker_id", "node_
 __all__ = ["Cover", "TaskFold", "cache_file", "default_cache_dir", "parse_covers"]
 SourceFor = Callable[[duckdb.DuckDBPyConnection, Listing], str]
 FragmentSourceFor = Callable[[duckdb.DuckDBPyConnection, list[FileEntry]], str]
-CoversOf = Callable[[duckdb.DuckDBPyConnection, FileEntry], set[Cover]]
+# What compacted files say they cover, by path (every file asked for is answered).
+CoversOf = Callable[[duckdb.DuckDBPyConnection, list[FileEntry]], dict[str, set[Cover]]]
 
 
 class TaskFold:
@@ -169,10 +170,11 @@ class TaskFold:
         known = self._known_covers(cur)
         listed = {f.path: f for f in listing.files}
         new_covers: list[tuple[object, ...]] = []
-        for entry in listing.files:  # read what each new compacted file covers, once
-            if is_compacted(entry) and entry.path not in known:
-                known[entry.path] = covers_of(cur, entry)
-                new_covers += [(entry.path, n, s) for n, s in known[entry.path]]
+        # read what each new compacted file covers, once (their footers in one go)
+        unread = [e for e in listing.files if is_compacted(e) and e.path not in known]
+        for path, covers in covers_of(cur, unread).items():
+            known[path] = covers
+            new_covers += [(path, n, s) for n, s in covers]
         insert(cur, "fold.covers", new_covers)
         gone = [p for p, size in folded.items() if p not in listed or listed[p].size != size]
         held = held_by_folder(known, listed)

@@ -157,8 +157,17 @@ class Store:
         relation.register(cursor)
         return relation.sql
 
-    def _covers_of(self, cursor: duckdb.DuckDBPyConnection, entry: FileEntry) -> set[Cover]:
-        """What a compacted file says it covers, from its Parquet footer."""
+    def _covers_of(self, cursor: duckdb.DuckDBPyConnection, entries: list[FileEntry]
+                   ) -> dict[str, set[Cover]]:
+        """What compacted files say they cover, from their Parquet footers: all in one
+        read, else (one cannot be read) file by file."""
+        try:
+            found = self._source.kv_metadata_of(cursor, entries, COMPACTION_META_KEY)
+            return {path: parse_covers(value) for path, value in found.items()}
+        except (OSError, duckdb.Error):
+            return {entry.path: self._covers_of_one(cursor, entry) for entry in entries}
+
+    def _covers_of_one(self, cursor: duckdb.DuckDBPyConnection, entry: FileEntry) -> set[Cover]:
         try:
             return parse_covers(self._source.kv_metadata(cursor, entry, COMPACTION_META_KEY))
         except (OSError, duckdb.Error) as exc:  # unreadable: it explains nothing

@@ -87,6 +87,22 @@ class Source(ABC):
             {"path": self.path(entry), "key": key}).fetchone()
         return bytes(found[0]) if found else None
 
+    def kv_metadata_of(self, cursor: duckdb.DuckDBPyConnection, entries: Sequence[FileEntry],
+                       key: str) -> dict[str, bytes | None]:
+        """kv_metadata of many files, by path: DuckDB reads the footers in one statement
+        (192 statements, one per compacted file of a day, cost 0.1 s of a first open).
+        Raises OSError or duckdb.Error when one cannot be read."""
+        paths = {self.path(e): e.path for e in entries}
+        found: dict[str, bytes | None] = dict.fromkeys(paths.values())
+        if not paths:
+            return found
+        for name, value in cursor.execute(
+                "SELECT file_name, value FROM parquet_kv_metadata($paths) "
+                "WHERE key = CAST($key AS BLOB)", {"paths": list(paths), "key": key}).fetchall():
+            if name in paths:
+                found[paths[name]] = bytes(value)
+        return found
+
 
 def fragments_sql(paths: Sequence[str]) -> str:
     """DuckDB's read of task fragment files, by the paths it opens."""

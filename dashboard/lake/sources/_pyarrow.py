@@ -74,6 +74,10 @@ class PyarrowSource(Source):
         found = meta.get(key.encode())
         return bytes(found) if found is not None else None
 
+    def kv_metadata_of(self, cursor: duckdb.DuckDBPyConnection, entries: Sequence[FileEntry],
+                       key: str) -> dict[str, bytes | None]:
+        return {e.path: self.kv_metadata(cursor, e, key) for e in entries}
+
     def _dataset(self, listing: Listing) -> Any:
         """A pyarrow dataset over the listed files, with the event schema (missing
         columns null)."""
