@@ -39,6 +39,7 @@ def copy(path: Path, key: str) -> str:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return "another copy runs"
+        fold_handover.say(fd, f"started {os.getpid()}")  # whose lock: fold_handover.stopped
         if fold_handover.wanted(path):
             fold_handover.say(fd, "yielded")
             return "yielded"

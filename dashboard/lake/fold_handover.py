@@ -7,10 +7,15 @@ wants it. Two lock files beside the cache file (flock, released by the kernel wh
 holder exits, however it exits):
 
 - `CACHE_FILE.copy`: held by the copy for its whole life; it also says what the copy
-  did (`copying PID`, then `copied N`, `yielded` or `gave up: WHY`).
+  did (`started PID` once it holds the lock, `copying PID`, then `copied N`, `yielded`
+  or `gave up: WHY`).
 - `CACHE_FILE.yield`: held (shared) by a process that found the cache file held by a
   copy (`yielded`). The copy looks every POLL_S seconds and, when it is held, interrupts
   its statement and exits; that process then attaches the file (fold_cache.py).
+
+A copy that is stopped (SIGSTOP, a job suspended with ^Z) cannot give the file up: the
+process that wants it sees the copy's state in /proc and takes another cache file at
+once (reading the fragments in place) rather than wait YIELD_WAIT_S for nothing.
 """
 
 from __future__ import annotations
@@ -84,11 +89,33 @@ def spawn(path: Path, key: str) -> bool:
     return True
 
 
+def copy_pid(path: Path) -> int | None:
+    """The pid the copy of `path` wrote of itself (`started PID` or `copying PID`)."""
+    words = state(path).split(" ")
+    if len(words) == 2 and words[0] in ("started", "copying") and words[1].isdigit():
+        return int(words[1])
+    return None
+
+
+def stopped(pid: int | None) -> bool:
+    """Whether process `pid` is stopped (by a signal, or under a tracer): it can give
+    nothing up until it is continued. False where /proc cannot tell."""
+    if pid is None:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text("utf-8")
+    except OSError:
+        return False
+    fields = stat.rpartition(")")[2].split()  # the name in (...) may hold spaces
+    return bool(fields) and fields[0] in ("T", "t")
+
+
 @contextmanager
 def yielded(path: Path) -> Iterator[bool]:
     """When a copy holds the cache file `path`, ask it to give the file up and wait until
-    it has exited (at most YIELD_WAIT_S); yields whether it did. The request stands for
-    the whole block, so no new copy starts meanwhile."""
+    it has exited (at most YIELD_WAIT_S, and not at all while it is stopped); yields
+    whether it did. The request stands for the whole block, so no new copy starts
+    meanwhile."""
     if not copying(path):
         yield False
         return
@@ -97,7 +124,7 @@ def yielded(path: Path) -> Iterator[bool]:
         fcntl.flock(fd, fcntl.LOCK_SH)
         deadline = time.monotonic() + YIELD_WAIT_S
         while copying(path):
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or stopped(copy_pid(path)):
                 yield False
                 return
             time.sleep(POLL_S)

@@ -123,18 +123,47 @@ def answered_with_copy_held_back(capsys: pytest.CaptureFixture[str], merged: Pat
     return first, path, key
 
 
-def stopped_while_copying(capsys: pytest.CaptureFixture[str], merged: Path, cache: Path,
-                          detached: list[tuple[Path, str]]
+# The copy as the command starts it, but slow: its statement runs, then its transaction
+# stays open (a query at a time, each one a point where it can be interrupted) until a
+# process that wants the file interrupts it, as a long copy would be.
+SLOW_COPY = """
+import sys, time
+from dashboard.lake import fold_copy
+from dashboard.lake.fold import TaskFold
+
+def persist(self, cur):
+    cur.execute("BEGIN TRANSACTION")
+    cur.execute(self.sql["persist"])
+    deadline = time.monotonic() + float(sys.argv[3])
+    while time.monotonic() < deadline:
+        cur.execute("SELECT count(*) FROM range(100000)")
+    raise SystemExit("never asked for the file")
+
+TaskFold.persist = persist
+sys.exit(fold_copy.main(sys.argv[1:3]))
+"""
+
+
+def copy_holding_the_file(capsys: pytest.CaptureFixture[str], merged: Path, cache: Path,
+                          detached: list[tuple[Path, str]], *, slow: bool = False
                           ) -> tuple[str, Path, subprocess.Popen[bytes]]:
-    """A first query's answer, and its copy stopped (SIGSTOP) while it holds the cache
-    file; a copy too quick to be caught is let finish and the round starts again with a
-    new cache, so what follows always meets a copy that holds the file."""
+    """A first query's answer, and its copy caught while it holds the cache file: stopped
+    (SIGSTOP), or with `slow` running until a process wants the file. A copy too quick
+    to be stopped is let finish and the round starts again with a new cache, so what
+    follows always meets a copy that holds the file."""
     for attempt in range(ROUNDS):
         first = query(capsys, merged, cache / str(attempt), "summary")
         path, key = detached.pop()
-        copy = start_copy(path, key)
+        if slow:
+            copy = subprocess.Popen([sys.executable, "-c", SLOW_COPY, str(path), key,
+                                     str(LIVENESS_S)], stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        else:
+            copy = start_copy(path, key)
         wait_until(lambda p=path, c=copy: fold_handover.state(p).startswith("copying")
                    or c.poll() is not None)
+        if copy.poll() is None and slow:
+            return first, path, copy
         if copy.poll() is None:
             os.kill(copy.pid, signal.SIGSTOP)
             if fold_handover.state(path).startswith("copying"):
@@ -149,28 +178,54 @@ def test_a_query_while_the_copy_runs_takes_the_cache_from_it(
         monkeypatch: pytest.MonkeyPatch, detached: list[tuple[Path, str]]) -> None:
     monkeypatch.setattr(fold_handover, "spawn", lambda path, key: detached.append((path, key))
                         or True)
-    first, path, copy = stopped_while_copying(capsys, merged, tmp_path / "cache", detached)
+    first, path, copy = copy_holding_the_file(capsys, merged, tmp_path / "cache", detached,
+                                              slow=True)
+    second = subprocess.Popen(
+        [sys.executable, "-m", "aggregator", "query", "--data", str(merged), "--cache",
+         str(path.parent), "summary"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
     try:
-        second = subprocess.Popen(
-            [sys.executable, "-m", "aggregator", "query", "--data", str(merged), "--cache",
-             str(path.parent), "summary"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True)
         # the second command asks for the file and waits for the copy to give it up
         wait_until(lambda: fold_handover.wanted(path) or second.poll() is not None)
         asked = fold_handover.wanted(path)
+        out, err = second.communicate(timeout=LIVENESS_S)
     finally:
-        os.kill(copy.pid, signal.SIGCONT)
-    out, err = second.communicate(timeout=LIVENESS_S)
+        for process in (second, copy):
+            if process.poll() is None:
+                process.kill()
     assert asked, f"the second command never asked the copy for the file: {err}"
     assert second.returncode == 0, err
     assert out == first
     copy.wait(timeout=LIVENESS_S)
-    # stopped before its commit, the copy yields; stopped in its checkpoint, it had copied
-    assert fold_handover.state(path) in ("yielded", f"copied {FRAGMENTS}")
+    assert fold_handover.state(path) == "yielded"  # interrupted before any commit
     # one cache file: the second command did not fold the lake again beside it
     assert cache_files(path.parent) == [path]
     after = held(merged, path.parent)  # the second command copied at its close (inline)
     assert after["placed"] == 0 and after["stored"] == after["visible"]
+
+
+def test_a_stopped_copy_does_not_hold_the_next_query_up(
+        capsys: pytest.CaptureFixture[str], merged: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, detached: list[tuple[Path, str]]) -> None:
+    """A copy the user suspended (^Z on a job that ran the first query, SIGSTOP) cannot
+    give the file up: the next command answers at once from a cache file of its own,
+    reading the fragments in place, instead of waiting YIELD_WAIT_S for it."""
+    monkeypatch.setattr(fold_handover, "spawn", lambda path, key: detached.append((path, key))
+                        or True)
+    first, path, copy = copy_holding_the_file(capsys, merged, tmp_path / "cache", detached)
+    try:
+        started = time.monotonic()
+        done = evagg("query", "--data", str(merged), "--cache", str(path.parent), "summary")
+        took = time.monotonic() - started
+    finally:
+        os.kill(copy.pid, signal.SIGCONT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == first
+    # a first query of this lake takes a second or two here: far from the 30 s it waited
+    assert took < fold_handover.YIELD_WAIT_S / 3, f"the command waited {took:.1f} s"
+    assert len(cache_files(path.parent)) == 2  # its own, beside the stopped copy's
+    copy.wait(timeout=LIVENESS_S)  # continued, the copy ends as it would have
+    assert fold_handover.state(path) in ("yielded", f"copied {FRAGMENTS}")
 
 
 def test_a_copy_started_while_a_query_wants_the_cache_leaves_it_alone(
