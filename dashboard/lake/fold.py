@@ -58,6 +58,11 @@ COLUMNS = FOLD_COLUMNS
 # and the columns its facts macros read of them: the others are not read at all (each
 # column costs a decode of every row group, where these rows are scattered).
 FACT_KINDS = "'job', 'worker', 'node', 'agent'"
+# DuckDB checks `kind IN (...)` only after decoding every projected column of every row;
+# `kind <> x` it checks in the scan, before the other columns: so the kinds that are
+# most of a lake's rows are left out that way first (10 million events, 80% tasks:
+# the facts' read 0.48 -> 0.27 CPU s). The IN still decides.
+BULK_KINDS = " AND ".join(f"kind <> '{kind}'" for kind in ("task", "op", "span"))
 FACT_COLUMNS = frozenset({"kind", "time", "state", "job_id", "worker_id", "node_id", "host",
                           "attrs"})
 __all__ = ["Cover", "TaskFold", "cache_file", "default_cache_dir", "parse_covers"]
@@ -281,7 +286,7 @@ class TaskFold:
         projection = ", ".join(project(c, t, c in present & FACT_COLUMNS)
                                for c, t in COLUMNS.items())
         cur.execute(f"CREATE OR REPLACE TEMP VIEW fold_rows AS SELECT {projection} "
-                    f"FROM {source} WHERE kind IN ({FACT_KINDS})")
+                    f"FROM {source} WHERE {BULK_KINDS} AND kind IN ({FACT_KINDS})")
         cur.execute(f"CREATE OR REPLACE TEMP VIEW fold_kinds AS SELECT kind, "
                     f"{micros('time')} AS time FROM {source}")
         assert fragment_source_for is not None  # by_fragment is empty without it
