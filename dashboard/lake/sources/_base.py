@@ -99,8 +99,9 @@ class Source(ABC):
         for name, value in cursor.execute(
                 "SELECT file_name, value FROM parquet_kv_metadata($paths) "
                 "WHERE key = CAST($key AS BLOB)", {"paths": list(paths), "key": key}).fetchall():
-            if name in paths:
-                found[paths[name]] = bytes(value)
+            if name not in paths:  # named otherwise than asked: ask file by file
+                return {e.path: self.kv_metadata(cursor, e, key) for e in entries}
+            found[paths[name]] = bytes(value)
         return found
 
 
