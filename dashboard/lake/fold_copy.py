@@ -26,7 +26,7 @@ import duckdb
 
 from dashboard.lake import fold_handover
 from dashboard.lake.fold import TaskFold
-from dashboard.lake.fold_sql import lake_connection
+from dashboard.lake.fold_sql import lake_connection, read_local
 from dashboard.lake.sources import fragments_sql
 
 
@@ -44,6 +44,7 @@ def copy(path: Path, key: str) -> str:
             fold_handover.say(fd, "yielded")
             return "yielded"
         con = lake_connection()
+        read_local(con)  # only a local lake's fragments are read in place, then copied
         try:
             try:
                 fold = TaskFold(con, key, str(path.parent), placed_source=fragments_sql,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from importlib import resources
 
 import duckdb
@@ -23,6 +23,15 @@ def lake_connection() -> duckdb.DuckDBPyConnection:
     con.execute("SET TimeZone = 'UTC'")
     con.execute("SET parquet_metadata_cache = true")
     return con
+
+
+def read_local(con: duckdb.DuckDBPyConnection) -> None:
+    """Set up `con` for a lake on a local disk: DuckDB keeps no copy of the files' bytes
+    (its external file cache), which the kernel's page cache holds anyway. Copying them
+    cost 0.3 of the 3.7 CPU s of a first open of 10 million events, which reads the
+    fragments four times. (S3 keeps the cache: there it saves downloads.)"""
+    with suppress(duckdb.Error):  # a DuckDB without it
+        con.execute("SET enable_external_file_cache = false")
 
 
 def task_fold_macros() -> str:

@@ -26,7 +26,7 @@ from dashboard.lake import fold_handover, views
 from dashboard.lake.cancel import current_token
 from dashboard.lake.errors import BadInput, NoData, QueryFailed, StoreUnavailable
 from dashboard.lake.fold import Cover, TaskFold, parse_covers
-from dashboard.lake.fold_sql import lake_connection
+from dashboard.lake.fold_sql import lake_connection, read_local
 from dashboard.lake.listing import FileEntry, Listing
 from dashboard.lake.results import Result, from_cursor
 from dashboard.lake.sources import ENGINES, Relation, fragments_sql, open_source
@@ -82,6 +82,8 @@ class Store:
         self._source = open_source(options.location, options.endpoint_url, options.region,
                                    options.engine, self._con)
         self.engine = self._source.engine
+        if self.engine == "local":
+            read_local(self._con)
         self.note = self._source.note
         self.fold: TaskFold | None = None
         if options.fold:
