@@ -38,7 +38,13 @@ import pyarrow.parquet as pq
 
 from sinks.fragments.build import write_fragment
 from sinks.locations import is_s3_url
-from sinks.parquet.compact_targets import FileEntry, LocalTarget, S3Target, Target
+from sinks.parquet.compact_targets import (
+    FileEntry,
+    LocalTarget,
+    NoRoomForMerge,
+    S3Target,
+    Target,
+)
 from sinks.parquet.layout import (
     COMPACTION_META_KEY,
     Cover,
@@ -73,6 +79,7 @@ class PartitionReport:
     fragments: int = 0  # task fragments built for compacted files that lacked one
     too_few: bool = False  # files to merge, but fewer than min_files
     error: str | None = None
+    error_kind: str = "partition"  # what compaction_failures{reason} counts it under
     dry_run: bool = False  # what would be done: nothing was merged, written or deleted
 
     def __str__(self) -> str:
@@ -176,6 +183,7 @@ def run_compact(target: str, *, partition: str | None = None, min_files: int = 2
                                rewrite_types)
         except Exception as exc:  # one bad partition must not stop the others
             result.error = f"{type(exc).__name__}: {exc}"
+            result.error_kind = "no_room" if isinstance(exc, NoRoomForMerge) else "partition"
         report.partitions.append(result)
     return report
 
@@ -227,6 +235,7 @@ def _mend_fragments(store: Target, directory: str, kept: list[FileEntry],
     with store.scratch("fragment-") as scratch:
         for entry in kept:
             if entry.name not in have:
+                store.make_room_for(entry.size)  # a download, and a fragment of less
                 _publish_fragment(store, store.local_copy(entry.key, Path(scratch)),
                                   directory, entry.name, Path(scratch))
                 built += 1
@@ -291,6 +300,7 @@ def _merge_and_publish(store: Target, inputs: list[FileEntry], covers: dict[str,
         covered |= covers.get(entry.name) or {(entry.name, entry.size)}
     metadata = encode_covers([e.name for e in inputs], covered)
     key = f"{_directory(inputs[0])}/{output}"
+    store.make_room_for(sum(e.size for e in inputs))
     with store.scratch("compact-") as scratch:
         files = [store.local_copy(e.key, Path(scratch)) for e in inputs]
         merged = store.scratch_path(key, Path(scratch))

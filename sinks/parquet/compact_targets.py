@@ -13,15 +13,17 @@ PutObject (multipart when large) and deletes in batches of 1000.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Final, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -32,6 +34,9 @@ from sinks.parquet.s3 import S3Store
 from sinks.parquet.stores import staging_name
 
 SCRATCH_PREFIX = "evagg-merge-"
+# left free beside a merge: the spool shares the state directory's disk, and an agent
+# whose spool finds the disk full refuses events (one spool segment's worth)
+ROOM_MARGIN: Final = 64 * 2**20
 # in this process's scratch folders' names: one without it in a staging directory was
 # left by an earlier process (killed mid-merge), since one agent at a time owns a state_dir
 _THIS_PROCESS = uuid.uuid4().hex[:12]
@@ -66,11 +71,32 @@ class Target(Protocol):
     def files(self, prefix: str) -> Iterator[FileEntry]: ...
     def kv_metadata(self, key: str) -> dict[bytes, bytes]: ...
     def arrow_schema(self, key: str) -> pa.Schema: ...
-    def scratch(self, prefix: str) -> tempfile.TemporaryDirectory[str]: ...
+    def scratch(self, prefix: str) -> AbstractContextManager[str]: ...
+    def make_room_for(self, inputs: int) -> None: ...
     def local_copy(self, key: str, scratch: Path) -> Path: ...
     def scratch_path(self, key: str, scratch: Path) -> Path: ...
     def publish(self, local: Path, key: str) -> None: ...
     def delete(self, keys: list[str]) -> None: ...
+
+
+class NoRoomForMerge(OSError):
+    """A merge would leave its disk with less than ROOM_MARGIN free: not started."""
+
+    kind = "no_room"
+
+
+def check_room(directory: Path, needed: int) -> None:
+    """Raise NoRoomForMerge unless the disk of `directory` has `needed` bytes free and
+    ROOM_MARGIN more: a merge must not fill the disk the spool writes to."""
+    free = shutil.disk_usage(directory).free
+    if free < needed + ROOM_MARGIN:
+        raise NoRoomForMerge(f"not merged: it needs {_mib(needed)} MiB in {directory}, "
+                             f"and {_mib(ROOM_MARGIN)} MiB more left for the spool; the disk "
+                             f"has {_mib(free)} MiB free: give it room")
+
+
+def _mib(size: int) -> int:
+    return -(-size // 2**20)
 
 
 class LocalTarget:
@@ -97,9 +123,13 @@ class LocalTarget:
     def arrow_schema(self, key: str) -> pa.Schema:
         return pq.read_schema(self.root / key)
 
-    def scratch(self, prefix: str) -> tempfile.TemporaryDirectory[str]:
-        """Unused: inputs are read in place and outputs written beside their files."""
-        return tempfile.TemporaryDirectory(prefix=f"evagg-{prefix}")
+    def scratch(self, prefix: str) -> AbstractContextManager[str]:
+        """None needed: inputs are read in place and outputs written beside their files."""
+        return contextlib.nullcontext(str(self.root))
+
+    def make_room_for(self, inputs: int) -> None:
+        """The merged file is written beside its inputs: about as large again."""
+        check_room(self.root, inputs)
 
     def local_copy(self, key: str, scratch: Path) -> Path:
         return self.root / key
@@ -154,7 +184,12 @@ class S3Target:
                                                   Range=f"bytes=-{length}")
             return bytes(answer["Body"].read())
 
-    def scratch(self, prefix: str) -> tempfile.TemporaryDirectory[str]:
+    def make_room_for(self, inputs: int) -> None:
+        """The inputs are downloaded and the merged file written beside them: twice."""
+        self.store.staging_dir.mkdir(parents=True, exist_ok=True)
+        check_room(self.store.staging_dir, 2 * inputs)
+
+    def scratch(self, prefix: str) -> AbstractContextManager[str]:
         """A folder in the store's staging directory for a partition's downloaded inputs
         and its merged file: as large as the partition, so on the disk the caller chose
         (the agent's state directory), not in a small /tmp."""

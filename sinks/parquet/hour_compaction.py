@@ -153,7 +153,8 @@ class HourCompaction:
             self.runs += 1
             self.merged_files += report.merged_files
             if report.errors:
-                self._failed("partition", "; ".join(report.errors), partition)
+                kind = next(p.error_kind for p in report.partitions if p.error)
+                self._failed(kind, "; ".join(report.errors), partition)
             elif any(p.young for p in report.partitions):
                 # files younger than the grace (a replayed backlog written into this old
                 # hour just now) wait for a later merge of the hour, not for a restart

@@ -6,7 +6,8 @@ emptyDir of 256 MiB (past it the kubelet evicts the pod), and many hosts' /tmp i
 tmpfs in memory; the state directory is the disk the operator sized for a backlog. Here
 the agent's TMPDIR is a tmpfs with 256 KiB free while the hour it merges is larger: the
 merge must still succeed, with no failure counted. What a merge killed midway left there
-is deleted by the next run, since nothing else would.
+is deleted by the next run, since nothing else would. A merge the state directory's disk
+has no room for waits, counted, rather than fill the disk the spool writes to.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from sinks.parquet.s3 import S3Store
 from sinks.records import SpoolRecord
 from sinks.schema import EVENT_SCHEMA, batch_to_bytes
 from tests.agentproc import AgentProcess
+from tests.producers import producer_report, start_producer
 from tests.proof.disk import fill
 from tests.sinks.moto_server import REGION, MotoS3, aws_env
 from tests.waiting import wait_until
@@ -51,6 +53,18 @@ def small_tmp(tmp_path: Path) -> Iterator[Path]:
     yield tmp
     if subprocess.run(["umount", str(tmp)], check=False).returncode != 0:
         subprocess.run(["umount", "-l", str(tmp)], check=True)
+
+
+@pytest.fixture
+def small_state_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 48 MiB tmpfs for the agent's work directory: room for its spool, not for a
+    merge and the margin it leaves the spool."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(disk)], check=True)
+    yield disk
+    if subprocess.run(["umount", str(disk)], check=False).returncode != 0:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
 
 
 def rows(file: int, received_ns: int) -> list[dict[str, Any]]:
@@ -161,3 +175,27 @@ def test_what_a_merge_killed_midway_left_is_deleted_by_the_next_run(
     merge_and_stop(agent, lake_hour)
     assert not left.exists(), sorted(p.name for p in staging.iterdir())
     assert [p.name for p in staging.iterdir() if p.is_dir()] == []
+
+
+def test_a_merge_the_state_disk_has_no_room_for_waits_and_ingest_goes_on(
+        small_state_disk: Path, lake_hour: LakeHour) -> None:
+    """Before, the merge downloaded the hour onto the spool's disk whatever it had free:
+    a busy hour filled it, and the spool refused every event until the merge ended."""
+    agent = lake_hour.agent(small_state_disk / "agent", {})
+    agent.start(timeout=120)
+    try:
+        no_room = 'evagg_sink_compaction_failures_total{reason="no_room"'
+        wait_until(lambda: agent.metric(no_room) > 0, 180,
+                   lambda: f"the merge to wait for room:\n{agent.log()[-3000:]}", interval=0.5)
+        assert len(hour_files := lake_hour.names()) == FILES, hour_files  # left as they are
+        said = next(line for line in agent.log().splitlines() if "(no_room)" in line)
+        assert "not merged: it needs " in said and "MiB more left for the spool; the disk " \
+            "has " in said and "free: give it room; it is tried again in 1s" in said, said
+        staging = agent.state_dir / "staging" / "lake"
+        assert not any(p.is_dir() for p in staging.iterdir()), list(staging.iterdir())
+        # and the spool takes events meanwhile (acked: stored)
+        assert producer_report(start_producer(agent.socket_path, "after", 5))["flushed"]
+        assert agent.stop(timeout=120) == 0, agent.log()
+    finally:
+        if agent.running:
+            agent.kill()

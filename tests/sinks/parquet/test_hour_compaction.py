@@ -223,7 +223,7 @@ def test_a_real_agent_merges_the_hours_it_wrote_before_its_restart(
     assert query_lake(agent.lake_dir, "SELECT count(*), count(DISTINCT event_id) FROM events "
                       "WHERE source = 'test'") == [(150, 150)]  # the agent's heartbeats aside
     assert agent.metric('evagg_sink_compaction_runs_total{sink="lake"') >= 1
-    assert agent.metric('evagg_sink_compaction_failures_total{sink="lake"') == 0
+    assert agent.metric('evagg_sink_compaction_failures_total{') == 0
     assert agent.stop() == 0
 
 
