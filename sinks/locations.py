@@ -24,6 +24,13 @@ def no_such_lake(location: str) -> str:
             "s3://bucket/prefix (or $EVAGG_DATA)")
 
 
+def redacted_endpoint(endpoint_url: str) -> str:
+    """The endpoint without any user:password part, for logs and printed text."""
+    parts = urlsplit(endpoint_url)
+    host = parts.hostname or ""
+    return parts._replace(netloc=f"{host}:{parts.port}" if parts.port else host).geturl()
+
+
 def bucket_and_key(url: str) -> str:
     """`s3://bucket/some/key` -> `bucket/some/key`: the path pyarrow's S3FileSystem opens.
 

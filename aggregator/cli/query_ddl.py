@@ -49,7 +49,8 @@ def add_ddl_parser(query: argparse.ArgumentParser, default_data: Callable[[], st
     # as every query takes them, before or after its name (SUPPRESS keeps a value given
     # before `ddl`)
     ddl.add_argument("--endpoint-url", default=argparse.SUPPRESS,
-                     help="S3-compatible endpoint URL, to look for the lake's task fragments")
+                     help="S3-compatible endpoint URL: where the lake's task fragments "
+                          "are looked for, and what DuckDB's printed secret names")
     ddl.add_argument("--region", default=argparse.SUPPRESS, help="S3 region")
     add_config_flag(ddl, argparse.SUPPRESS)
     ddl.set_defaults(command=run_ddl, default_data=default_data)

@@ -47,6 +47,7 @@ from sinks.fragments.task_fold import (
     merge_select,
     partial_select,
 )
+from sinks.locations import redacted_endpoint
 from sinks.parquet.layout import COMPACTED_PREFIX, EVENT_GLOB, FRAGMENT_SUFFIX, TASKS_ROOT
 from sinks.schema import EVENT_SCHEMA
 
@@ -136,9 +137,13 @@ def _duckdb_s3_setup(endpoint_url: str | None) -> list[str]:
         return ["For s3://: LOAD httpfs and CREATE SECRET (TYPE s3, KEY_ID '...', "
                 "SECRET '...', REGION '...') first."]
     parts = urlsplit(endpoint_url)
-    host = parts.netloc.rpartition("@")[2]
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"the endpoint URL {redacted_endpoint(endpoint_url)!r} needs its "
+                         "scheme and host, e.g. http://minio.internal:9000")
+    shown = redacted_endpoint(endpoint_url)  # printed text is pasted and shared
+    host = urlsplit(shown).netloc
     use_ssl = "false" if parts.scheme == "http" else "true"
-    return [f"For s3:// on the store at {endpoint_url}, first: LOAD httpfs, then",
+    return [f"For s3:// on the store at {shown}, first: LOAD httpfs, then",
             "  CREATE SECRET (TYPE s3, KEY_ID '...', SECRET '...', REGION '...',",
             f"  ENDPOINT '{host}', URL_STYLE 'path', USE_SSL {use_ssl})"]
 

@@ -23,10 +23,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 from sinks.base import SinkCounter
-from sinks.locations import S3Location
+from sinks.locations import S3Location, redacted_endpoint
 from sinks.parquet.layout import node_of, spool_prefix_of
 from sinks.parquet.options import S3Options
 from sinks.parquet.s3_errors import classify
@@ -64,13 +63,6 @@ def make_client(*, endpoint_url: str | None, region: str | None, path_style: boo
         user_agent_extra="evagg",
     )
     return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
-
-
-def redacted_endpoint(endpoint_url: str) -> str:
-    """The endpoint without any user:password part, for logs."""
-    parts = urlsplit(endpoint_url)
-    host = parts.hostname or ""
-    return parts._replace(netloc=f"{host}:{parts.port}" if parts.port else host).geturl()
 
 
 class S3Store(ObjectStore):

@@ -194,3 +194,21 @@ def test_duckdb_statements_for_an_s3_compatible_store_run_with_the_secret_they_n
         assert con.execute("SELECT event_id, name FROM events").fetchall() == [("e1", "fit")]
     finally:
         moto.stop()
+
+
+def test_the_printed_secret_names_the_endpoint_without_its_credentials() -> None:
+    """The statements are pasted into notebooks and tickets: a key in the endpoint URL
+    must not be printed with them. An endpoint without its scheme is refused, not turned
+    into ENDPOINT ''."""
+    from sinks.fragments.ddl import script
+
+    text = script("duckdb", "s3://b/evagg", endpoint_url="http://key:secret@minio.internal:9000")
+    assert "secret@" not in text and "key:" not in text
+    assert "on the store at http://minio.internal:9000, first" in text
+    assert "ENDPOINT 'minio.internal:9000', URL_STYLE 'path', USE_SSL false" in text
+    done = subprocess.run([sys.executable, "-m", "aggregator", "query", "ddl", "--dialect",
+                           "duckdb", "s3://b/evagg", "--endpoint-url", "minio:9000"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert ("evagg query ddl: the endpoint URL 'minio:9000' needs its scheme and host, e.g. "
+            "http://minio.internal:9000") in done.stderr
