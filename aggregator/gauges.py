@@ -31,8 +31,11 @@ SINK_GAUGE_HELP: Final = "A sink's own value now, by sink and type."
 def sink_help(sink: Sink, name: str, generic: str) -> str:
     """The HELP of a sink's own count or value `name` (without `_total`): the sink's own
     words for it (`Sink.metric_help`), else the generic ones."""
-    said = sink.metric_help.get(name)
-    return f"{said}; by sink and type." if said else generic
+    try:
+        said = sink.metric_help.get(name)
+    except Exception:  # a sink's bad table must not break /metrics or the heartbeat
+        return generic
+    return f"{said}; by sink and type." if isinstance(said, str) and said else generic
 
 
 # Before sinks reported through `Sink.counters()`, the HTTP sink's counts were exported

@@ -15,7 +15,8 @@ from typing import Final
 
 from sinks.base import SinkCounter
 
-# what each of the sink's counts and values measures (Sink.metric_help)
+# what each of the sink's own counts and values measures (Sink.metric_help; its S3
+# store's and its hour merge's are beside their counts)
 METRIC_HELP: Final[Mapping[str, str]] = {
     "files_written": "Parquet files published under their final key (on S3: uploaded)",
     "bytes_written": "Bytes of the Parquet files published",
@@ -23,17 +24,6 @@ METRIC_HELP: Final[Mapping[str, str]] = {
     "write_failures": "Parquet files that could not be built, by reason",
     "publish_failures": "Finished Parquet files that could not be uploaded or renamed into the "
                         "lake, by reason; the spool keeps their events",
-    "compaction_runs": "Merges of closed hours the agent ran",
-    "compacted_files": "Files the agent merged into one file per closed hour",
-    "compaction_failures": "Closed hours that could not be merged, by reason; tried again "
-                           "compact_after later",
-    "s3_puts": "Files uploaded to S3 in one PutObject",
-    "s3_multipart_uploads": "Files uploaded to S3 in parts",
-    "s3_aborted_uploads": "Multipart uploads aborted after a failure",
-    "s3_abort_failures": "Aborts of multipart uploads that failed (tried again before the next "
-                         "upload)",
-    "s3_swept_uploads": "Multipart uploads a crashed agent left, aborted at the first upload",
-    "s3_retries": "botocore's own retries of S3 calls that got an answer",
     "open_file_events": "Events in the Parquet file being written: spooled, not yet in the "
                         "lake",
     "file_closes_in_seconds": "Seconds until the open Parquet file closes and its events can "

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final
 
@@ -35,6 +35,13 @@ log = logging.getLogger("evagg.sinks.parquet.merge")
 
 _HOUR_S: Final = 3600
 RECENT_HOURS: Final = 24  # after a restart, the hours looked at again
+# what each of the counts below measures (Sink.metric_help)
+METRIC_HELP: Final[Mapping[str, str]] = {
+    "compaction_runs": "Merges of closed hours the agent ran",
+    "compacted_files": "Files the agent merged into one file per closed hour",
+    "compaction_failures": "Closed hours that could not be merged, by reason; tried again "
+                           "compact_after later",
+}
 QUIET_S: Final = 60.0  # at least this long without a file before the latest hour is merged
 
 

@@ -43,6 +43,16 @@ _EXPORTED_STATS: Final = {
     "puts": "s3_puts", "multipart": "s3_multipart_uploads", "aborted": "s3_aborted_uploads",
     "abort_failed": "s3_abort_failures", "swept": "s3_swept_uploads", "retries": "s3_retries",
 }
+# what each of them measures (Sink.metric_help)
+METRIC_HELP: Final[Mapping[str, str]] = {
+    "s3_puts": "Files uploaded to S3 in one PutObject",
+    "s3_multipart_uploads": "Files uploaded to S3 in parts",
+    "s3_aborted_uploads": "Multipart uploads aborted after a failure",
+    "s3_abort_failures": "Aborts of multipart uploads that failed (tried again before the next "
+                         "upload)",
+    "s3_swept_uploads": "Multipart uploads a crashed agent left, aborted at the first upload",
+    "s3_retries": "botocore's own retries of S3 calls that got an answer",
+}
 
 
 CHECK_TIMEOUT_S: Final = 5.0  # check_access's one read, after a connect of at most 5 s

@@ -18,17 +18,20 @@ import errno
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import ClassVar
 
 import pyarrow as pa
 
 from sinks.base import Sink, SinkCounter, SinkResult
 from sinks.filters import EventFilter
 from sinks.parquet.counts import METRIC_HELP, ParquetCounts
+from sinks.parquet.hour_compaction import METRIC_HELP as COMPACTION_METRIC_HELP
 from sinks.parquet.hour_compaction import HourCompaction
 from sinks.parquet.layout import object_key
 from sinks.parquet.open_file import NS_PER_HOUR, ClosedFile, OpenFile, Progress
 from sinks.parquet.options import ParquetOptions
+from sinks.parquet.s3 import METRIC_HELP as S3_METRIC_HELP
 from sinks.parquet.stores import ObjectStore, StoreError
 from sinks.records import SpoolRecord
 from sinks.schema import batch_from_bytes
@@ -43,7 +46,8 @@ class _DecodeError(Exception):
 
 class ParquetSink(Sink):
     sink_type = "parquet"
-    metric_help = METRIC_HELP
+    metric_help: ClassVar[Mapping[str, str]] = {**METRIC_HELP, **S3_METRIC_HELP,
+                                                 **COMPACTION_METRIC_HELP}
 
     def __init__(
         self,

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from aggregator.gauges import SINK_COUNT_HELP, SINK_GAUGE_HELP
 from tests.agentproc import REPO, AgentProcess, http_sink
 from tests.sinks.moto_server import MotoS3, aws_env
 from tests.sinks.server_thread import ServerThread
@@ -118,6 +119,9 @@ def test_each_sink_family_says_what_it_measures(agent_factory: Callable[..., Age
     shared = {name: text for name, text in helps.items()
               if list(helps.values()).count(text) > 1}
     assert shared == {}
+    generic = [name for name, text in helps.items()
+               if text in (SINK_COUNT_HELP, SINK_GAUGE_HELP)]
+    assert generic == []  # each family its own words, none the fallback
     assert "moving average" in helps["evagg_sink_answer_latency_seconds"].lower()
     assert "seconds until" in helps["evagg_sink_file_closes_in_seconds"].lower()
     assert agent.stop() == 0
