@@ -96,9 +96,10 @@ def test_a_replay_the_endpoint_refuses_again_says_so_on_stderr_and_what_to_do(
                  "--url", still.server.url)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "deleted" not in done.stdout, done.stdout
-    assert re.search(r"^evagg dlq replay: \d+ batches failed and stay in \S+ ", done.stderr,
+    assert re.search(r"^evagg dlq replay: \d+ batches failed and stay in \S+:$", done.stderr,
                      re.M), done.stderr
     assert re.search(r"^  \w+: HTTP 400", done.stderr, re.M), done.stderr
-    assert "evagg dlq list --sink collector" in done.stderr
+    # the list command as the user can paste it: with the config it was given
+    assert f"evagg dlq list --sink collector --config {agent.config_path}`" in done.stderr
     assert "--url" in done.stderr and "replay again" in done.stderr
     assert "0 dead-lettered batches" not in letters(agent)  # all kept

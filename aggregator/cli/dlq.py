@@ -86,26 +86,27 @@ def _dlq(args: argparse.Namespace) -> int:
         print(f"evagg dlq: config error: {sink_problem(index, sink, exc)}", file=sys.stderr)
         return 2
     report = asyncio.run(replay_dead_letters(directory, url, **sending))
-    if report.sent or not report.failed:
+    if report.events_sent or not report.failed:  # pieces of a split letter count too
         print(f"sent {report.sent} batches ({report.events_sent} events) to "
               f"{url_for_display(url)}; their files are deleted")
     if report.split:
         print(f"{report.split} requests refused as too large (HTTP 413) were sent again in "
               "halves")
     if report.failed:
-        _say_replay_failures(report, directory, args.sink, url_for_display(url))
+        config_flag = f" --config {args.config}" if args.config else ""
+        _say_replay_failures(report, directory, f"--sink {args.sink}{config_flag}")
     return 0 if not report.failed else 1
 
 
-def _say_replay_failures(report: ReplayReport, directory: Path, sink: str,
-                         endpoint: str) -> None:
-    """On stderr: which letters stay, as the endpoint answered, and what to do next."""
-    print(f"evagg dlq replay: {report.failed} batches failed and stay in {directory} "
-          f"({endpoint} answered):", file=sys.stderr)
+def _say_replay_failures(report: ReplayReport, directory: Path, sink_flags: str) -> None:
+    """On stderr: which letters stay, why each (the endpoint's answer, or what failed
+    here), and what to do next."""
+    print(f"evagg dlq replay: {report.failed} batches failed and stay in {directory}:",
+          file=sys.stderr)
     for error in report.errors:
         print(f"  {error}", file=sys.stderr)
     print(f"fix what the endpoint refuses (each letter's first answer: `evagg dlq list "
-          f"--sink {sink}`), or send them elsewhere with --url; then replay again",
+          f"{sink_flags}`), or send them elsewhere with --url; then replay again",
           file=sys.stderr)
 
 
