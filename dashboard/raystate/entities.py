@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dashboard.lake.store import Store
-from dashboard.raystate.inferred import JOB_END, add_inferred_ends
+from dashboard.raystate.inferred import EXPORTED_END, JOB_END, add_inferred_ends
 from dashboard.raystate.options import ListOptions, list_response, matches
 from dashboard.raystate.rows import b64_to_hex, camel_to_snake, json_or, ms_floor, to_int
 from dashboard.raystate.schema import shape
@@ -178,7 +178,7 @@ def job(rows: list[Row], node_ips: dict[str, str]) -> Row:
         # RUNNING, as Ray said last.
         "status": "SUCCEEDED" if end else "RUNNING",
         "entrypoint": definition["name"] or "",
-        "message": _end_message(end, moves), "error_type": None,
+        "message": _end_message(end), "error_type": None,
         # Ray's job table stamps its start a moment before the GCS exports the job, and
         # the export carries no start time of its own: the earliest exported stamp is
         # the closest (the same millisecond, or one or two after).
@@ -191,13 +191,12 @@ def job(rows: list[Row], node_ips: dict[str, str]) -> Row:
     }
 
 
-def _end_message(end: Row | None, moves: list[Row]) -> str | None:
-    """None where Ray exported the job's own end, as Ray says; else how evagg knows."""
-    if end is None:
+def _end_message(end: Row | None) -> str | None:
+    """None where Ray exported the job's own end, as Ray says; else how evagg knows (the
+    `jobs` view's how_known, which the end row carries)."""
+    if end is None or end["error_message"] == EXPORTED_END:
         return None
-    exported = any(r["state"] == "FINISHED" and r["event_id"] != JOB_END
-                   and not _inferred_text(r) and r["us"] == end["us"] for r in moves)
-    return None if exported else end["error_message"]
+    return str(end["error_message"])
 
 
 def placement_group(rows: list[Row]) -> Row:

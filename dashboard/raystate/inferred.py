@@ -30,6 +30,7 @@ SELECT job_id, epoch_us(ended_at) AS end_us, how_known FROM jobs
 WHERE coalesce(ray_session, '') = $session AND ended_at IS NOT NULL
 """
 JOB_END = "evagg-job-end"  # the event_id of the row that carries a job's end
+EXPORTED_END = "exported by Ray"  # the jobs view's how_known of a job's own end (ends.sql)
 
 
 def add_inferred_ends(store: Store, session: str, grouped: Grouped) -> None:

@@ -87,7 +87,9 @@ FROM ends_session_hosts AS s JOIN agent_liveness AS a USING (host)
 GROUP BY s.session;
 -- A driver job ends with its driver: Ray exports the driver task's end (when the driver
 -- exited cleanly) more often than the job's FINISHED (docs/ray.md, Known gaps), so each
--- job's facts take the earlier of the two.
+-- job's facts take the earlier of the two: no task of the job outlives its driver, and
+-- the tasks left open are ended there. (The `jobs` view below says when the job itself
+-- ended, as Ray's job table does: its own exported end first.)
 CREATE OR REPLACE VIEW driver_ends AS
 SELECT session, job_id, min(coalesce(finished_at, failed_at)) AS ended_at
 FROM task_attempts
