@@ -21,14 +21,15 @@ TASK_COLUMNS = ("task_id", "attempt", "name", "final_state", "job_id", "node_id"
                 "failed_at", "duration_s", "error_type", "error_message", "inferred",
                 "exception_class", "ray_session")
 MAX_PAGE = 1000
-# The run of ops sent without a run_id (Ray's ray_op/traced_remote, emitters.op outside a
-# run), whose run_id is '': both doors, `evagg query runs` and the dashboard's Training
-# runs page, name it with these words and no others.
-# what a summary's row without a value holds, by dimension (failures sent without an
-# error type count under the error dimension, so that its groups add up to the failures)
+# What a summary's row without a value holds, by dimension (failures sent without an
+# error type count under the error dimension, so that its groups add up to the failures):
+# `evagg query summary` and the dashboard's groups say these words and no others.
 NO_VALUE_LABELS = {"job": "(no job id)", "driver": "(no job id)",
                    "error_type": "(no error type)"}
 NO_VALUE_LABEL = "(none)"  # any other dimension's
+# The run of ops sent without a run_id (Ray's ray_op/traced_remote, emitters.op outside a
+# run), whose run_id is '': both doors, `evagg query runs` and the dashboard's Training
+# runs page, name it with these words and no others.
 NO_RUN = "ops without a run id"
 NO_RUN_ROW = f"({NO_RUN})"
 
