@@ -80,9 +80,8 @@ class Target(Protocol):
 
 
 class NoRoomForMerge(OSError):
-    """A merge would leave its disk with less than ROOM_MARGIN free: not started."""
-
-    kind = "no_room"
+    """A merge would leave its disk with less than ROOM_MARGIN free: not started (counted
+    as compaction_failures{reason="no_room"})."""
 
 
 def check_room(directory: Path, needed: int) -> None:
