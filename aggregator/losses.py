@@ -14,8 +14,9 @@ Four places learn of losses and each is given the same `LossRecorder`:
 
 A stopping agent may hold such reports in frames of an exited producer that it could not
 store (`unstored_at_stop`): those stay the producer's drops. The heartbeat writes them as
-the producer's `loss` rows (its pid, session and running total) and only then counts them
-as the producer's; a stop that cannot write them keeps them for the next start.
+the producer's `loss` rows (its pid, session, job and run ids and running total) and
+only then counts them as the producer's; a stop that cannot write them keeps them for the
+next start.
 """
 
 from __future__ import annotations

@@ -22,9 +22,6 @@ from sinks.locations import is_s3_url
 if TYPE_CHECKING:
     from sinks.parquet.options import S3Options
 
-_UPLOAD_FLAGS = ("sse", "sse_kms_key_id", "storage_class")
-
-
 def add_compact_parser(commands: Parsers) -> None:
     compact = commands.add_parser(
         "compact", help="merge a partition's small Parquet files",
@@ -143,9 +140,10 @@ def _chosen_lake(args: argparse.Namespace) -> tuple[str, S3Options | None]:
 
 def _upload_args(args: argparse.Namespace, configured: S3Options | None) -> dict[str, str]:
     """The flags' upload arguments where any upload flag is given, else the config's."""
+    from sinks.parquet.options import UPLOAD_KEYS
     from sinks.parquet.s3_uploads import upload_args
 
-    if not any(getattr(args, flag) for flag in _UPLOAD_FLAGS):
+    if not any(getattr(args, key) for key in UPLOAD_KEYS):  # each flag named as its option
         return dict(configured.upload_args) if configured else {}
     try:
         return upload_args(args.sse, args.sse_kms_key_id, args.storage_class)
