@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -45,6 +44,7 @@ from sinks.parquet.compact_targets import (
     S3Target,
     Target,
 )
+from sinks.parquet.id_dedupe import first_occurrences
 from sinks.parquet.layout import (
     COMPACTION_META_KEY,
     Cover,
@@ -319,7 +319,7 @@ def merge_files(inputs: list[Path], output: Path, metadata: dict[bytes, bytes]) 
     footers = [pq.read_metadata(p) for p in inputs]  # each parsed once, files not held open
     schema = pa.unify_schemas([written_schema(f.schema.to_arrow_schema().remove_metadata())
                                for f in footers])
-    keep = (_first_occurrences(inputs, footers) if "event_id" in schema.names else None)
+    keep = (first_occurrences(inputs, footers) if "event_id" in schema.names else None)
     written, start = 0, 0
     pending: list[pa.Table] = []
     with open_writer(output, schema.with_metadata(metadata)) as writer:
@@ -344,28 +344,6 @@ def merge_files(inputs: list[Path], output: Path, metadata: dict[bytes, bytes]) 
 def _read(path: Path, footer: pq.FileMetaData, columns: list[str] | None = None) -> pa.Table:
     with pq.ParquetFile(path, metadata=footer) as file:
         return file.read(columns=columns)
-
-
-def _first_occurrences(inputs: list[Path], footers: list[pq.FileMetaData]) -> np.ndarray:
-    """A mask over all input rows in order: True where an event_id is seen first (and
-    for rows without one). One hash of every id (a dictionary encoding) finds both
-    whether any repeats and, if so, where each one is first."""
-    ids = pa.chunked_array([_read(p, f, ["event_id"]).column(0).cast(pa.string())
-                            if "event_id" in f.schema.names
-                            else pa.nulls(f.num_rows, pa.string())
-                            for p, f in zip(inputs, footers, strict=True)], type=pa.string())
-    keep = np.ones(len(ids), dtype=bool)
-    if not len(ids):
-        return keep
-    encoded = ids.dictionary_encode()  # its chunks share one dictionary
-    if ids.null_count == 0 and len(encoded.chunk(0).dictionary) == len(ids):
-        return keep  # the usual case: nothing to drop
-    codes = np.concatenate([c.indices.fill_null(-1).to_numpy() for c in encoded.chunks])
-    _, firsts = np.unique(codes, return_index=True)
-    keep[:] = False
-    keep[firsts] = True
-    keep |= codes < 0  # rows without an id are all kept
-    return keep
 
 
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:

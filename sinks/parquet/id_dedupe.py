@@ -1,0 +1,122 @@
+"""Which rows of an hour's files to keep so that each event_id is written once.
+
+The hour merge (sinks/parquet/compact.py) runs inside the agent, under the agent's
+memory limit, over hours of millions of events. Holding every id of the hour as text
+(36 bytes a UUID, plus a hash table over them) made the merge's memory grow by about
+250 bytes per event. Instead each id is reduced to a 64-bit fingerprint as its file is
+read, a batch at a time, and only the fingerprints (8 bytes per event) are sorted.
+Ids whose fingerprints repeat (the real duplicates: a retried send, and the rare pair of
+different ids that happen to share one) are then read again and compared whole, so the
+answer is exact; only those ids are ever held as text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ID_COLUMN: Final = "event_id"
+BATCH_ROWS: Final = 65_536  # ids read at a time: bounds the byte matrix of one batch
+_MULTIPLIER: Final = np.uint64(0x9E3779B97F4A7C15)  # golden-ratio odd constant
+_MIX_1: Final = np.uint64(0xBF58476D1CE4E5B9)  # splitmix64's finalizer
+_MIX_2: Final = np.uint64(0x94D049BB133111EB)
+
+
+def first_occurrences(inputs: list[Path], footers: list[pq.FileMetaData]) -> np.ndarray:
+    """A mask over all rows of `inputs`, in order: True where an event_id is seen first,
+    and for rows without one."""
+    prints = np.empty(sum(f.num_rows for f in footers), dtype=np.uint64)
+    has_id = np.zeros(len(prints), dtype=bool)
+    at = 0
+    for batch in _id_batches(inputs, footers):
+        prints[at:at + len(batch)] = fingerprints(batch)
+        has_id[at:at + len(batch)] = batch.is_valid().to_numpy(zero_copy_only=False)
+        at += len(batch)
+    keep = np.ones(len(prints), dtype=bool)
+    shared = _repeated_values(prints[has_id])
+    if len(shared):
+        candidates = np.flatnonzero(has_id & np.isin(prints, shared))
+        keep[candidates] = _first_of_each(_ids_at(inputs, footers, candidates))
+    return keep
+
+
+def fingerprints(ids: pa.Array) -> np.ndarray:
+    """A 64-bit hash of each id's UTF-8 bytes (0 where the id is null). Ids of one length
+    are hashed together as a matrix of 8-byte words; a batch holds few lengths."""
+    ids = ids.cast(pa.string())
+    out = np.zeros(len(ids), dtype=np.uint64)
+    if not len(ids) or ids.null_count == len(ids):
+        return out
+    offsets = np.frombuffer(ids.buffers()[1], dtype=np.int32, count=len(ids) + 1,
+                            offset=ids.offset * 4)
+    data = np.frombuffer(ids.buffers()[2] or b"", dtype=np.uint8)
+    lengths = np.diff(offsets)
+    for length in np.unique(lengths):
+        rows = np.flatnonzero(lengths == length)
+        out[rows] = _hash_rows(data, offsets[rows], int(length))
+    return out
+
+
+def _hash_rows(data: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
+    """The hash of the `length` bytes at each of `starts` in `data`."""
+    words = -(-length // 8)
+    matrix = np.zeros((len(starts), words * 8), dtype=np.uint8)
+    if length:
+        matrix[:, :length] = data[starts[:, None] + np.arange(length)]
+    h = np.full(len(starts), length + 1, dtype=np.uint64)  # the length, so padding counts
+    h *= _MULTIPLIER
+    for word in matrix.view(np.uint64).T:
+        h = (h ^ word) * _MULTIPLIER
+        h ^= h >> np.uint64(29)
+    h ^= h >> np.uint64(30)
+    h *= _MIX_1
+    h ^= h >> np.uint64(27)
+    h *= _MIX_2
+    return h ^ (h >> np.uint64(31))
+
+
+def _repeated_values(prints: np.ndarray) -> np.ndarray:
+    """The fingerprints that occur more than once (usually none)."""
+    ordered = np.sort(prints)
+    return np.unique(ordered[1:][ordered[1:] == ordered[:-1]])
+
+
+def _first_of_each(ids: list[str]) -> np.ndarray:
+    """For ids in row order: True at the first row of each id."""
+    seen: set[str] = set()
+    first = np.zeros(len(ids), dtype=bool)
+    for i, event_id in enumerate(ids):
+        if event_id not in seen:
+            seen.add(event_id)
+            first[i] = True
+    return first
+
+
+def _ids_at(inputs: list[Path], footers: list[pq.FileMetaData],
+            positions: np.ndarray) -> list[str]:
+    """The ids at these ascending row positions of all inputs taken together."""
+    out: list[str] = []
+    at = 0
+    for batch in _id_batches(inputs, footers):
+        lo, hi = np.searchsorted(positions, [at, at + len(batch)])
+        if hi > lo:
+            out.extend(batch.take(pa.array(positions[lo:hi] - at)).to_pylist())
+        at += len(batch)
+    return out
+
+
+def _id_batches(inputs: list[Path], footers: list[pq.FileMetaData]) -> Iterator[pa.Array]:
+    """Every input's ids, in row order, a batch at a time (nulls for a file without them)."""
+    for path, footer in zip(inputs, footers, strict=True):
+        if ID_COLUMN not in footer.schema.names:
+            for start in range(0, footer.num_rows, BATCH_ROWS):
+                yield pa.nulls(min(BATCH_ROWS, footer.num_rows - start), pa.string())
+            continue
+        with pq.ParquetFile(path, metadata=footer) as file:
+            for batch in file.iter_batches(batch_size=BATCH_ROWS, columns=[ID_COLUMN]):
+                yield batch.column(0)

@@ -1,0 +1,93 @@
+"""The hour merge keeps the first row of each event_id, exactly, from fingerprints."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sinks.parquet.id_dedupe as id_dedupe
+from sinks.parquet.id_dedupe import fingerprints, first_occurrences
+
+ids_strategy = st.lists(st.one_of(st.none(), st.sampled_from(["a", "a\x00", "", "é", "ab"]),
+                                  st.text(max_size=40)), max_size=60)
+
+
+def first_seen(ids: list[str | None]) -> list[bool]:
+    seen: set[str] = set()
+    out = []
+    for event_id in ids:
+        out.append(event_id is None or event_id not in seen)
+        if event_id is not None:
+            seen.add(event_id)
+    return out
+
+
+def write_files(folder: Path, parts: list[list[str | None]], idless: int = 0) -> tuple[
+        list[Path], list[pq.FileMetaData]]:
+    paths = []
+    for i, part in enumerate(parts):
+        path = folder / f"part-{i}.parquet"
+        pq.write_table(pa.table({"event_id": pa.array(part, pa.string()),
+                                 "n": pa.array(range(len(part)), pa.int64())}), path,
+                       row_group_size=7)
+        paths.append(path)
+    if idless:
+        path = folder / "idless.parquet"
+        pq.write_table(pa.table({"n": pa.array(range(idless), pa.int64())}), path)
+        paths.append(path)
+    return paths, [pq.read_metadata(p) for p in paths]
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ids=ids_strategy, cuts=st.lists(st.integers(0, 60), max_size=4), idless=st.integers(0, 3))
+def test_the_mask_keeps_the_first_row_of_each_id(tmp_path: Path, ids: list[str | None],
+                                                cuts: list[int], idless: int) -> None:
+    folder = tmp_path / uuid.uuid4().hex
+    folder.mkdir()
+    bounds = sorted({0, len(ids), *(min(c, len(ids)) for c in cuts)})
+    parts = [ids[a:b] for a, b in itertools.pairwise(bounds)] or [[]]
+    paths, footers = write_files(folder, parts, idless)
+    assert first_occurrences(paths, footers).tolist() == first_seen(ids) + [True] * idless
+
+
+def test_ids_whose_fingerprints_collide_are_still_told_apart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every id shares one fingerprint: the whole ids decide.
+    monkeypatch.setattr(id_dedupe, "fingerprints",
+                        lambda ids: np.zeros(len(ids), dtype=np.uint64))
+    ids: list[str | None] = ["x", "y", "x", None, "z", "y", None, "w"]
+    paths, footers = write_files(tmp_path, [ids[:3], ids[3:]])
+    assert first_occurrences(paths, footers).tolist() == first_seen(ids)
+
+
+def test_a_batch_boundary_inside_a_file_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(id_dedupe, "BATCH_ROWS", 3)
+    ids: list[str | None] = [str(i % 5) for i in range(17)]
+    paths, footers = write_files(tmp_path, [ids[:11], ids[11:]], idless=4)
+    assert first_occurrences(paths, footers).tolist() == first_seen(ids) + [True] * 4
+
+
+def test_distinct_ids_get_distinct_fingerprints() -> None:
+    # Real shapes: UUIDv7 text, Ray's hex ids of several lengths, ids that differ
+    # only in a trailing zero byte or in their last word.
+    ids = [str(uuid.uuid4()) for _ in range(100_000)]
+    ids += [f"{i:032x}" for i in range(50_000)] + [f"{i:048x}" for i in range(50_000)]
+    ids += ["a", "a\x00", "a\x00\x00", "", "12345678", "123456789"]
+    prints = fingerprints(pa.array(ids))
+    assert len(np.unique(prints)) == len(ids)
+    assert (fingerprints(pa.array(ids[:10])) == prints[:10]).all()  # the same in any batch
+
+
+def test_a_sliced_array_is_hashed_from_its_own_offset() -> None:
+    ids = pa.array(["first", "second", "third", "fourth"])
+    assert (fingerprints(ids.slice(2)) == fingerprints(pa.array(["third", "fourth"]))).all()
