@@ -44,8 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_query import conform, hour_table
 
 import sinks.parquet.compact as compact_module
-from sinks.fragments.build import write_fragment
+from sinks.fragments.build import Spill, write_fragment
 from sinks.parquet.compact import run_compact
+from sinks.parquet.compact_targets import spill_room
 from sinks.parquet.layout import TASKS_ROOT, fragment_key, is_compacted_name
 from sinks.parquet.writer import open_writer
 
@@ -203,7 +204,8 @@ def main() -> int:
             out = scratch / f"fragment-{i}.pq"
 
             def fragment(out: Path = out) -> int:
-                return write_fragment(compacted, out, compacted.name)
+                return write_fragment(compacted, out, compacted.name,
+                                      Spill(scratch, spill_room(scratch)))
 
             cpu, wall, rows = cpu_and_wall(fragment)
             frag_cpu.append(cpu)

@@ -7,11 +7,16 @@ holds one row per event_id, so the fragment's `events` count needs no dedupe.
 
 DuckDB is imported here, on first use, in the thread that merges: an agent that never
 merges an hour never loads it. One thread and a memory cap keep it from competing with
-delivery: a node-hour of a million events folds in about a second.
+delivery: a node-hour of a million events folds in about a second, in memory. A busier
+hour's fold (about 2.3 million events and up) goes past the cap and DuckDB writes the
+rest to disk: to the folder the caller names, never to DuckDB's default (`.tmp` in the
+working directory, which is `/` and read-only under systemd and in the DaemonSet), and
+no more than the caller says the disk can spare.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -21,7 +26,7 @@ from sinks.fragments.task_fold import FOLD_COLUMNS, partial_select
 if TYPE_CHECKING:
     import duckdb
 
-MEMORY_LIMIT: Final = "512MB"
+MEMORY_LIMIT: Final = "512MB"  # 256MB: the fold of a million events spills, 0.3 s more
 FRAGMENT_META_KEY: Final = "evagg.fragment"  # key-value metadata: the merged file's name
 _DUCKDB = dialect("duckdb")
 
@@ -48,19 +53,38 @@ def fold_projection(present: set[str], nanos_types: bool) -> str:
     return ", ".join(out)
 
 
-def write_fragment(events_file: Path, fragment: Path, events_name: str) -> int:
+class NoRoomToFold(OSError):
+    """The fold needed more than MEMORY_LIMIT and more disk than it was given to spill to."""
+
+
+@dataclass(frozen=True, slots=True)
+class Spill:
+    """Where the fold may write what does not fit under MEMORY_LIMIT, and how much."""
+
+    directory: Path
+    max_bytes: int
+
+
+def write_fragment(events_file: Path, fragment: Path, events_name: str, spill: Spill) -> int:
     """Write the task fragment of `events_file` (a merged Parquet file) to `fragment`;
     returns its rows. `events_name` (the merged file's name in the lake) goes into the
-    fragment's key-value metadata."""
+    fragment's key-value metadata. Raises NoRoomToFold when `spill` is too small."""
     import duckdb
 
     # No insertion order to keep: a fragment's rows are merged in any order, and COPY
     # then streams them out instead of buffering its batches to write them in order.
     con = duckdb.connect(config={"threads": 1, "memory_limit": MEMORY_LIMIT,
-                                 "preserve_insertion_order": False})
+                                 "preserve_insertion_order": False,
+                                 "temp_directory": str(spill.directory)})
     try:
+        # set here, not in the config above: DuckDB 1.5 takes it there and then ignores it
+        con.execute(f"SET max_temp_directory_size = '{max(spill.max_bytes, 0)}B'")
         return _write(con, events_file, fragment, events_name,
                       nanos_types=int(duckdb.__version__.split(".")[0]) >= 2)
+    except duckdb.OutOfMemoryException as exc:
+        raise NoRoomToFold(f"the task fragment's fold needed more than {MEMORY_LIMIT} of "
+                           f"memory and {spill.max_bytes // 2**20} MiB of disk in "
+                           f"{spill.directory}: give that disk room") from exc
     finally:
         con.close()
 

@@ -35,7 +35,7 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sinks.fragments.build import write_fragment
+from sinks.fragments.build import NoRoomToFold, Spill, write_fragment
 from sinks.locations import is_s3_url
 from sinks.parquet.compact_targets import (
     FileEntry,
@@ -43,6 +43,7 @@ from sinks.parquet.compact_targets import (
     NoRoomForMerge,
     S3Target,
     Target,
+    spill_room,
 )
 from sinks.parquet.id_dedupe import first_occurrences
 from sinks.parquet.layout import (
@@ -154,7 +155,8 @@ def run_compact(target: str, *, partition: str | None = None, min_files: int = 2
     what S3 uploads ask for, as the sink's (`sinks.parquet.s3_uploads.upload_args`).
     `rewrite_types`: also merge a partition of fewer files (one, too) when a file in it
     has nanosecond timestamps (`has_nanosecond_times`). `scratch_dir`: where an S3
-    partition's inputs are downloaded and its merged file is written before upload (the
+    partition's inputs are downloaded and its merged file is written before upload, and
+    where any partition's task fragment spills what its fold cannot hold in memory (the
     system's temporary directory unless given; the agent gives its state directory).
     """
     if min_files < 2:
@@ -168,7 +170,7 @@ def run_compact(target: str, *, partition: str | None = None, min_files: int = 2
         scratch = scratch_dir or Path(tempfile.gettempdir())
         store = S3Target(S3Store(target, s3, staging_dir=scratch))
     else:
-        store = LocalTarget(Path(target).expanduser())
+        store = LocalTarget(Path(target).expanduser(), staging_dir=scratch_dir)
     report = CompactReport(store.describe(), dry_run)
     leaves: dict[str, list[FileEntry]] = {}
     for entry in store.files(prefix):
@@ -183,7 +185,8 @@ def run_compact(target: str, *, partition: str | None = None, min_files: int = 2
                                rewrite_types)
         except Exception as exc:  # one bad partition must not stop the others
             result.error = f"{type(exc).__name__}: {exc}"
-            result.error_kind = "no_room" if isinstance(exc, NoRoomForMerge) else "partition"
+            result.error_kind = ("no_room" if isinstance(exc, NoRoomForMerge | NoRoomToFold)
+                                 else "partition")
         report.partitions.append(result)
     return report
 
@@ -254,7 +257,9 @@ def _publish_fragment(store: Target, events_file: Path, directory: str, compacte
     staged = store.scratch_path(key, scratch)
     staged.parent.mkdir(parents=True, exist_ok=True)
     try:
-        write_fragment(events_file, staged, compacted)
+        with store.spill_folder() as folder:
+            write_fragment(events_file, staged, compacted,
+                           Spill(Path(folder), spill_room(Path(folder))))
         store.publish(staged, key)
     finally:
         staged.unlink(missing_ok=True)

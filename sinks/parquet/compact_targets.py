@@ -73,6 +73,7 @@ class Target(Protocol):
     def arrow_schema(self, key: str) -> pa.Schema: ...
     def scratch(self, prefix: str) -> AbstractContextManager[str]: ...
     def make_room_for(self, inputs: int) -> None: ...
+    def spill_folder(self) -> AbstractContextManager[str]: ...
     def local_copy(self, key: str, scratch: Path) -> Path: ...
     def scratch_path(self, key: str, scratch: Path) -> Path: ...
     def publish(self, local: Path, key: str) -> None: ...
@@ -94,17 +95,34 @@ def check_room(directory: Path, needed: int) -> None:
                              f"has {_mib(free)} MiB free: give it room")
 
 
+def spill_room(directory: Path) -> int:
+    """How much a merge's fold may write to `directory`'s disk: what is free less
+    ROOM_MARGIN, so that the spool beside it keeps its room."""
+    return shutil.disk_usage(directory).free - ROOM_MARGIN
+
+
+def spill_folder(staging_dir: Path) -> AbstractContextManager[str]:
+    """A folder of this process's in `staging_dir` for what a merge's fold spills, gone
+    when the fold is done; one a killed process left is swept as its other scratch is."""
+    staging_dir.mkdir(parents=True, exist_ok=True)
+    return tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{_THIS_PROCESS}-spill-",
+                                       dir=staging_dir)
+
+
 def _mib(size: int) -> int:
     return -(-size // 2**20)
 
 
 class LocalTarget:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, staging_dir: Path | None = None) -> None:
         if not root.exists():
             raise ValueError(no_such_lake(str(root)))
         if not root.is_dir():
             raise ValueError(f"{root} is not a directory")
         self.root = root
+        # not the lake (no engine should meet a fold's spill there): the agent's state
+        # directory, else the system's temporary one
+        self.staging_dir = staging_dir or Path(tempfile.gettempdir())
 
     def describe(self) -> str:
         return str(self.root)
@@ -129,6 +147,9 @@ class LocalTarget:
     def make_room_for(self, inputs: int) -> None:
         """The merged file is written beside its inputs: about as large again."""
         check_room(self.root, inputs)
+
+    def spill_folder(self) -> AbstractContextManager[str]:
+        return spill_folder(self.staging_dir)
 
     def local_copy(self, key: str, scratch: Path) -> Path:
         return self.root / key
@@ -195,6 +216,9 @@ class S3Target:
         self.store.staging_dir.mkdir(parents=True, exist_ok=True)
         return tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{_THIS_PROCESS}-{prefix}",
                                            dir=self.store.staging_dir)
+
+    def spill_folder(self) -> AbstractContextManager[str]:
+        return spill_folder(self.store.staging_dir)
 
     def local_copy(self, key: str, scratch: Path) -> Path:
         local = scratch / f"input-{hashlib.sha256(key.encode()).hexdigest()[:16]}.parquet"
