@@ -40,7 +40,7 @@ def first_occurrences(inputs: list[Path], footers: list[pq.FileMetaData]) -> np.
     keep = np.ones(len(prints), dtype=bool)
     shared = _repeated_values(prints[has_id])
     if len(shared):
-        candidates = np.flatnonzero(has_id & np.isin(prints, shared))
+        candidates = np.flatnonzero(has_id & _is_in(prints, shared))
         keep[candidates] = _first_of_each(_ids_at(inputs, footers, candidates))
     return keep
 
@@ -81,9 +81,21 @@ def _hash_rows(data: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
 
 
 def _repeated_values(prints: np.ndarray) -> np.ndarray:
-    """The fingerprints that occur more than once (usually none)."""
-    ordered = np.sort(prints)
-    return np.unique(ordered[1:][ordered[1:] == ordered[:-1]])
+    """The fingerprints that occur more than once (usually none), sorted; `prints` is a
+    copy of the caller's, sorted here in place."""
+    prints.sort()
+    return np.unique(prints[1:][prints[1:] == prints[:-1]])
+
+
+def _is_in(prints: np.ndarray, shared: np.ndarray) -> np.ndarray:
+    """Whether each fingerprint is one of `shared` (sorted): by binary search a batch at
+    a time, where np.isin would sort a copy of every fingerprint with its positions."""
+    found = np.zeros(len(prints), dtype=bool)
+    for start in range(0, len(prints), BATCH_ROWS):
+        part = prints[start:start + BATCH_ROWS]
+        at = np.minimum(np.searchsorted(shared, part), len(shared) - 1)
+        found[start:start + BATCH_ROWS] = shared[at] == part
+    return found
 
 
 def _first_of_each(ids: list[str]) -> np.ndarray:
