@@ -12,6 +12,7 @@ answer is exact; only those ids are ever held as text.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
@@ -22,6 +23,9 @@ import pyarrow.parquet as pq
 
 ID_COLUMN: Final = "event_id"
 BATCH_ROWS: Final = 65_536  # ids read at a time: bounds the byte matrix of one batch
+# bytes of ids gathered into one matrix: its byte positions are int64, eight times this
+_GATHER_BYTES: Final = 1 << 20
+_LONG_ID: Final = 256  # bytes: an id longer than this is hashed alone
 _MULTIPLIER: Final = np.uint64(0x9E3779B97F4A7C15)  # golden-ratio odd constant
 _MIX_1: Final = np.uint64(0xBF58476D1CE4E5B9)  # splitmix64's finalizer
 _MIX_2: Final = np.uint64(0x94D049BB133111EB)
@@ -58,12 +62,27 @@ def fingerprints(ids: pa.Array) -> np.ndarray:
     lengths = np.diff(offsets)
     for length in np.unique(lengths):
         rows = np.flatnonzero(lengths == length)
-        out[rows] = _hash_rows(data, offsets[rows], int(length))
+        if length > _LONG_ID:
+            out[rows] = np.array([_hash_one(data[offsets[r]:offsets[r + 1]]) for r in rows],
+                                 dtype=np.uint64)
+            continue
+        step = _GATHER_BYTES // max(int(length), 1)
+        for at in range(0, len(rows), step):
+            part = rows[at:at + step]
+            out[part] = _hash_rows(data, offsets[part], int(length))
     return out
 
 
+def _hash_one(id_bytes: np.ndarray) -> int:
+    """A long id's hash, alone (ids this long are rare; as a matrix they cost a loop
+    step per 8 bytes)."""
+    return int.from_bytes(hashlib.blake2b(id_bytes.tobytes(), digest_size=8).digest(),
+                          "little")
+
+
 def _hash_rows(data: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
-    """The hash of the `length` bytes at each of `starts` in `data`."""
+    """The hash of the `length` bytes at each of `starts` in `data`, as a matrix of 8-byte
+    words (the caller keeps rows times length within _GATHER_BYTES)."""
     words = -(-length // 8)
     matrix = np.zeros((len(starts), words * 8), dtype=np.uint8)
     if length:

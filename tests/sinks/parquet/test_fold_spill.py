@@ -12,6 +12,7 @@ longer exists, so that DuckDB's default cannot be written to even by root.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import threading
@@ -65,10 +66,8 @@ class SpillWatch:
         while not self._done.wait(0.01):
             held = 0
             for path in self.root.rglob("*.tmp"):
-                try:
+                with contextlib.suppress(FileNotFoundError):  # deleted meanwhile
                     held += path.stat().st_size
-                except FileNotFoundError:
-                    pass
             self.most = max(self.most, held)
 
     def __enter__(self) -> SpillWatch:

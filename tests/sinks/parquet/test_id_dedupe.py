@@ -91,3 +91,17 @@ def test_distinct_ids_get_distinct_fingerprints() -> None:
 def test_a_sliced_array_is_hashed_from_its_own_offset() -> None:
     ids = pa.array(["first", "second", "third", "fourth"])
     assert (fingerprints(ids.slice(2)) == fingerprints(pa.array(["third", "fourth"]))).all()
+
+
+def test_ids_longer_than_a_gather_are_hashed_whole(tmp_path: Path) -> None:
+    # A producer may send any id: two of 3 MiB that differ only in their last byte, and
+    # one sent twice; each is hashed alone, not as a matrix of the batch's rows. And ids
+    # on either side of the length where that starts.
+    long_a, long_b = "x" * (3 << 20) + "a", "x" * (3 << 20) + "b"
+    ids: list[str | None] = [long_a, "short", long_b, long_a]
+    paths, footers = write_files(tmp_path, [ids])
+    assert first_occurrences(paths, footers).tolist() == [True, True, True, False]
+    prints = fingerprints(pa.array([long_a, long_b, long_a]))
+    assert prints[0] != prints[1] and prints[0] == prints[2]
+    edge = [c * n for n in (255, 256, 257) for c in "ab"]
+    assert len(set(fingerprints(pa.array(edge + edge)).tolist())) == len(edge)
