@@ -28,15 +28,12 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from sinks.fragments.build import NoRoomToFold, Spill, write_fragment
 from sinks.locations import is_s3_url
+from sinks.parquet.compact_report import CompactReport, PartitionReport
 from sinks.parquet.compact_targets import (
     FileEntry,
     LocalTarget,
@@ -45,7 +42,6 @@ from sinks.parquet.compact_targets import (
     Target,
     spill_room,
 )
-from sinks.parquet.id_dedupe import first_occurrences
 from sinks.parquet.layout import (
     COMPACTION_META_KEY,
     Cover,
@@ -60,86 +56,12 @@ from sinks.parquet.layout import (
     is_partition_directory,
     parse_covers,
 )
+from sinks.parquet.merge_rows import merge_files
 from sinks.parquet.options import S3Options
 from sinks.parquet.s3 import S3Store
-from sinks.parquet.writer import has_nanosecond_times, open_writer, written_schema
+from sinks.parquet.writer import has_nanosecond_times
 
 GRACE_S: Final = 600.0
-ROW_GROUP_ROWS: Final = 100_000
-
-
-
-@dataclass
-class PartitionReport:
-    partition: str
-    inputs: list[str] = field(default_factory=list)
-    output: str | None = None
-    rows: int = 0
-    deleted: list[str] = field(default_factory=list)  # merged inputs and covered leftovers
-    young: int = 0  # files left alone for the grace period
-    fragments: int = 0  # task fragments built for compacted files that lacked one
-    too_few: bool = False  # files to merge, but fewer than min_files
-    error: str | None = None
-    error_kind: str = "partition"  # what compaction_failures{reason} counts it under
-    dry_run: bool = False  # what would be done: nothing was merged, written or deleted
-
-    def __str__(self) -> str:
-        if self.error:
-            return f"{self.partition}: error: {self.error}"
-        rows = "" if self.dry_run else f"{self.rows} rows, "
-        merged = (f"{len(self.inputs)} files -> {self.output} ({rows}and its task fragment)"
-                  if self.output else "no merge")
-        plural = "s" if self.fragments != 1 else ""
-        built = f"; {self.fragments} task fragment{plural} built" if self.fragments else ""
-        deleted = "would delete" if self.dry_run else "deleted"
-        return (f"{self.partition}: {merged}; {deleted} {len(self.deleted)}; "
-                f"young {self.young}{built}")
-
-
-@dataclass
-class CompactReport:
-    target: str
-    dry_run: bool
-    partitions: list[PartitionReport] = field(default_factory=list)
-
-    @property
-    def merged_files(self) -> int:
-        return sum(len(p.inputs) for p in self.partitions if p.output and not p.error)
-
-    @property
-    def written_files(self) -> int:
-        return sum(1 for p in self.partitions if p.output and not p.error)
-
-    @property
-    def deleted_files(self) -> int:
-        return sum(len(p.deleted) for p in self.partitions)
-
-    @property
-    def errors(self) -> list[str]:
-        return [str(p) for p in self.partitions if p.error]
-
-    def __str__(self) -> str:
-        merged, deleted = ("would merge", "would delete") if self.dry_run else ("merged",
-                                                                                "deleted")
-        lines = [f"{self.target}: {_count(len(self.partitions), 'partition')}; {merged} "
-                 f"{self.merged_files} files into {self.written_files}; {deleted} "
-                 f"{self.deleted_files}; "
-                 f"{_count(len(self.errors), 'error')}"]
-        few = sum(p.too_few for p in self.partitions)
-        if few:
-            lines[0] += (f"; {_count(few, 'partition')} with too few files to merge "
-                         f"(--min-files) left as they are")
-        young = sum(p.young for p in self.partitions)
-        if young:  # else a compact right after a run says it did nothing, and not why
-            lines[0] += (f"; {_count(young, 'file')} younger than the grace period left "
-                         f"for later (--grace)")
-        lines += [f"  {p}" for p in self.partitions
-                  if p.output or p.deleted or p.error or p.fragments]
-        return "\n".join(lines)
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def run_compact(target: str, *, partition: str | None = None, min_files: int = 2,
@@ -316,53 +238,3 @@ def _merge_and_publish(store: Target, inputs: list[FileEntry], covers: dict[str,
         finally:
             merged.unlink(missing_ok=True)
     return rows
-
-
-def merge_files(inputs: list[Path], output: Path, metadata: dict[bytes, bytes]) -> int:
-    """Write the rows of `inputs` to `output`, one row per event_id (the first seen),
-    timestamps in microseconds (floored) whatever unit each input has."""
-    footers = [pq.read_metadata(p) for p in inputs]  # each parsed once, files not held open
-    schema = pa.unify_schemas([written_schema(f.schema.to_arrow_schema().remove_metadata())
-                               for f in footers])
-    keep = (first_occurrences(inputs, footers) if "event_id" in schema.names else None)
-    written, start = 0, 0
-    pending: list[pa.Table] = []
-    with open_writer(output, schema.with_metadata(metadata)) as writer:
-        for path, footer in zip(inputs, footers, strict=True):
-            table = _conform(_read(path, footer), schema)
-            if keep is not None:
-                mask, start = keep[start:start + table.num_rows], start + table.num_rows
-                if not mask.all():
-                    table = table.filter(pa.array(mask))
-            pending.append(table)
-            written += table.num_rows
-            if sum(t.num_rows for t in pending) >= ROW_GROUP_ROWS:
-                rows = pa.concat_tables(pending)
-                whole = rows.num_rows - rows.num_rows % ROW_GROUP_ROWS
-                writer.write_table(rows.slice(0, whole), row_group_size=ROW_GROUP_ROWS)
-                pending = [rows.slice(whole)]
-        if pending:
-            writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
-    return written
-
-
-def _read(path: Path, footer: pq.FileMetaData, columns: list[str] | None = None) -> pa.Table:
-    with pq.ParquetFile(path, metadata=footer) as file:
-        return file.read(columns=columns)
-
-
-def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """`table` with exactly `schema`'s columns (missing ones null), in its order. A
-    nanosecond timestamp is cut down to the schema's microseconds (`safe=False`: the cut
-    is the point; intake refuses times before 1970, so truncation is the floor)."""
-    have = table.schema
-    columns = []
-    for f in schema:
-        if f.name not in have.names:
-            columns.append(pa.nulls(table.num_rows, f.type))
-            continue
-        column = table.column(f.name)
-        if column.type != f.type:
-            column = column.cast(f.type, safe=not pa.types.is_timestamp(f.type))
-        columns.append(column)
-    return pa.Table.from_arrays(columns, schema=schema.remove_metadata())

@@ -18,9 +18,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from aggregator.decode.normalize import Stamp, rows_to_batch
-from sinks.parquet.compact import merge_files, run_compact
+from sinks.parquet.compact import run_compact
 from sinks.parquet.compact_targets import LocalTarget, S3Target
 from sinks.parquet.layout import COMPACTION_META_KEY
+from sinks.parquet.merge_rows import merge_files
 from sinks.parquet.writer import open_writer, written_schema
 from sinks.schema import EVENT_SCHEMA
 from tests.agentproc import REPO
