@@ -114,6 +114,9 @@ class StatusReport:
     draining: bool = False  # the agent is stopping
     # when the last reload (SIGHUP) was refused, while the sinks before it still run
     reload_refused_at: float | None = None
+    # a Parquet sink's closed hours whose last merge failed, and its merge failures by reason
+    hours_not_merged: dict[str, float] = field(default_factory=dict)
+    merge_failures: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -144,7 +147,7 @@ class StatusReport:
                          f"lag {_count(self.lag_events.get(sink, 0), 'event')}{self._file(sink)}  "
                          f"errors {self.errors.get(sink, 0):,.0f}{self._retried(sink)}  "
                          f"{state}{self._dead_letters(sink, config_flag)}"
-                         f"{self._header_files(sink)}")
+                         f"{self._header_files(sink)}{self._unmerged(sink)}")
         if self.reload_refused_at:
             at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.reload_refused_at))
             lines.append(f"config     the reload at {at} was refused (the agent's log says "
@@ -191,6 +194,16 @@ class StatusReport:
         count = self.header_files_unusable.get(sink, 0.0)
         return (f"  {_count(count, 'header file')} gone or unreadable: the value read before "
                 "is sent (the agent's log names the file)" if count else "")
+
+    def _unmerged(self, sink: str) -> str:
+        """Closed hours left as their small files: readable, but slower to read, and on
+        S3 a request per file. Not a loss."""
+        hours = self.hours_not_merged.get(sink, 0.0)
+        if not hours:
+            return ""
+        reasons = _pairs(self.merge_failures.get(sink, {}))
+        return (f"  {_count(hours, 'closed hour')} not merged (failures so far: {reasons}; "
+                "the agent's log says why, and tries again)")
 
     def _retried(self, sink: str) -> str:
         count = self.retried.get(sink, 0.0)
@@ -272,9 +285,19 @@ def format_status(first: dict[str, float], second: dict[str, float],
         spool_write_failing=_by_label(
             second, "evagg_spool_write_failing_since_timestamp_seconds", "reason"),
         draining=bool(second.get("evagg_draining", 0.0)),
+        hours_not_merged=_by_label(second, "evagg_sink_hours_not_merged", "sink"),
+        merge_failures=_by_sink_and_reason(second, "evagg_sink_compaction_failures_total"),
         received_total=sum(v for route, v in _by_label(
             second, "evagg_received_events_total", "route").items() if route != "agent"),
     )
+
+
+def _by_sink_and_reason(sample: dict[str, float], metric: str) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for labels, value in _labelled(sample, metric):
+        if value:
+            out.setdefault(labels.get("sink", ""), {})[labels.get("reason", "")] = value
+    return out
 
 
 def _open_files(sample: dict[str, float]) -> dict[str, float]:

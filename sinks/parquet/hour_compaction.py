@@ -41,6 +41,7 @@ METRIC_HELP: Final[Mapping[str, str]] = {
     "compacted_files": "Files the agent merged into one file per closed hour",
     "compaction_failures": "Closed hours that could not be merged, by reason; tried again "
                            "compact_after later",
+    "hours_not_merged": "Closed hours whose last merge failed, waiting to be tried again",
 }
 QUIET_S: Final = 60.0  # at least this long without a file before the latest hour is merged
 
@@ -65,6 +66,7 @@ class HourCompaction:
         self.runs = 0
         self.merged_files = 0
         self.failures: Counter[str] = Counter()
+        self._not_merged: set[str] = set()  # hours whose last merge failed
         self._writing_hour_ns = 0  # the latest hour the sink has put a file in
         self._last_file_at = 0.0  # when it did (the clock's time)
 
@@ -142,6 +144,12 @@ class HourCompaction:
             running.join(timeout_s)
         return running is None or not running.is_alive()
 
+    def gauges(self) -> dict[str, float]:
+        """How many closed hours wait after a failed merge: a count of failures goes on
+        growing, this falls back to 0 once they are merged."""
+        with self._lock:
+            return {"hours_not_merged": float(len(self._not_merged))}
+
     def counters(self) -> list[SinkCounter]:
         out = [SinkCounter("compaction_runs", self.runs),
                SinkCounter("compacted_files", self.merged_files)]
@@ -162,7 +170,10 @@ class HourCompaction:
             if report.errors:
                 kind = next(p.error_kind for p in report.partitions if p.error)
                 self._failed(kind, "; ".join(report.errors), partition)
-            elif any(p.young for p in report.partitions):
+                return
+            with self._lock:
+                self._not_merged.discard(partition)
+            if any(p.young for p in report.partitions):
                 # files younger than the grace (a replayed backlog written into this old
                 # hour just now) wait for a later merge of the hour, not for a restart
                 with self._lock:
@@ -177,6 +188,7 @@ class HourCompaction:
             log.warning("merging the closed hour %s of %s failed (%s): %s; it is tried again "
                         "in %.0fs", partition, self.location, kind, detail[:300], self.after_s)
         with self._lock:
+            self._not_merged.add(partition)
             self._due_at.setdefault(partition, self._clock() + self.after_s)
 
     def look_back(self, hours: int = RECENT_HOURS) -> None:

@@ -95,13 +95,15 @@ class ParquetSink(Sink):
 
     def gauges(self) -> dict[str, float]:
         """What is not in the lake yet: the events in the open file, and the seconds until
-        it closes (0 with no file open). Read without the lock: a value a moment old."""
+        it closes (0 with no file open), read without the lock: a value a moment old. And
+        the closed hours whose merge failed (`hours_not_merged`), with compaction on."""
+        merges = self.compaction.gauges() if self.compaction else {}
         current = self._file
         if current is None:
-            return {"open_file_events": 0.0, "file_closes_in_seconds": 0.0}
+            return {"open_file_events": 0.0, "file_closes_in_seconds": 0.0, **merges}
         left = current.opened_at + self.roll_interval_s - self._clock()
         return {"open_file_events": float(current.events),
-                "file_closes_in_seconds": max(left, 0.0)}
+                "file_closes_in_seconds": max(left, 0.0), **merges}
 
     async def write(self, records: Sequence[SpoolRecord]) -> SinkResult:
         return await self._run(self._append, records)

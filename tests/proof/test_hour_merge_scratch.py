@@ -7,7 +7,8 @@ tmpfs in memory; the state directory is the disk the operator sized for a backlo
 the agent's TMPDIR is a tmpfs with 256 KiB free while the hour it merges is larger: the
 merge must still succeed, with no failure counted. What a merge killed midway left there
 is deleted by the next run, since nothing else would. A merge the state directory's disk
-has no room for waits, counted, rather than fill the disk the spool writes to.
+has no room for waits, counted and shown by `evagg status`, rather than fill the disk
+the spool writes to, and is merged once there is room.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from sinks.parquet.s3 import S3Store
 from sinks.records import SpoolRecord
 from sinks.schema import EVENT_SCHEMA, batch_to_bytes
 from tests.agentproc import AgentProcess
+from tests.commands import evagg
 from tests.producers import producer_report, start_producer
 from tests.proof.disk import fill
 from tests.sinks.moto_server import REGION, MotoS3, aws_env
@@ -136,6 +138,13 @@ def lake_hour(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LakeH
         moto.stop()
 
 
+def status_line(agent: AgentProcess) -> str:
+    """The lake sink's line of `evagg status`, as the operator runs it."""
+    done = evagg("status", "--config", str(agent.config_path))
+    return next((line for line in done.stdout.splitlines() if line.startswith("sink lake")),
+                done.stdout + done.stderr)
+
+
 def merge_and_stop(agent: AgentProcess, hour: LakeHour) -> None:
     """Start the agent, wait until it merged the hour (or failed to), stop it with 0."""
     agent.start(timeout=120)
@@ -195,6 +204,15 @@ def test_a_merge_the_state_disk_has_no_room_for_waits_and_ingest_goes_on(
         assert not any(p.is_dir() for p in staging.iterdir()), list(staging.iterdir())
         # and the spool takes events meanwhile (acked: stored)
         assert producer_report(start_producer(agent.socket_path, "after", 5))["flushed"]
+        # `evagg status` says so on the sink's line, and no longer once the disk has room
+        said = status_line(agent)
+        assert "  1 closed hour not merged (failures so far: no_room=" in said, said
+        subprocess.run(["mount", "-o", "remount,size=256m", str(small_state_disk)], check=True)
+        wait_until(lambda: len(lake_hour.names()) == 1, 180,
+                   lambda: f"the merge once there is room:\n{agent.log()[-3000:]}", interval=0.5)
+        wait_until(lambda: "not merged" not in status_line(agent), 30,
+                   lambda: f"status to forget the hour: {status_line(agent)}")
+        assert agent.metric('evagg_sink_hours_not_merged{sink="lake"') == 0
         assert agent.stop(timeout=120) == 0, agent.log()
     finally:
         if agent.running:

@@ -60,3 +60,19 @@ def test_the_commands_status_prints_carry_its_config() -> None:
     sample = parse_metrics(SCRAPE + 'evagg_sink_dead_letters_waiting_events{sink="collector"} 3\n')
     text = format_status(sample, sample, 1.0, now=0.0).as_text(" --config /etc/evagg/evagg.toml")
     assert "(evagg dlq list --config /etc/evagg/evagg.toml --sink collector)" in text, text
+
+
+def test_a_parquet_sink_with_hours_it_could_not_merge_says_so_and_why() -> None:
+    unmerged = SCRAPE + ('evagg_sink_hours_not_merged{sink="lake",type="parquet"} 2\n'
+                         'evagg_sink_compaction_failures_total{sink="lake",type="parquet",'
+                         'reason="no_room"} 5\n'
+                         'evagg_sink_compaction_failures_total{sink="lake",type="parquet",'
+                         'reason="partition"} 0\n')
+    sample = parse_metrics(unmerged)
+    lake = next(line for line in format_status(sample, sample, 1.0, now=0.0).as_text()
+                .splitlines() if "lake" in line)
+    assert lake.endswith("ok  2 closed hours not merged (failures so far: no_room=5; the "
+                         "agent's log says why, and tries again)"), lake
+    merged = parse_metrics(unmerged.replace("hours_not_merged{sink=\"lake\",type=\"parquet\"} 2",
+                                            "hours_not_merged{sink=\"lake\",type=\"parquet\"} 0"))
+    assert "not merged" not in format_status(merged, merged, 1.0, now=0.0).as_text()
