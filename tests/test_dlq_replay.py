@@ -18,13 +18,13 @@ LIMIT = 40_000  # bytes: a dead letter of 1000 events is about 10 times that
 
 
 def dead_letters(agent_factory: Callable[..., AgentProcess],
-                 servers: Callable[..., ServerThread]) -> AgentProcess:
-    """A stopped agent whose sink `collector` dead-lettered EVENTS tasks (HTTP 400)."""
+                 servers: Callable[..., ServerThread], events: int = EVENTS) -> AgentProcess:
+    """A stopped agent whose sink `collector` dead-lettered `events` tasks (HTTP 400)."""
     refusing = servers()
     refusing.do(lambda: refusing.server.answer(400, times=None, text="schema mismatch"))
     agent = agent_factory(sinks_toml=http_sink("collector", refusing.server.url,
                                                'kinds = ["task"]')).start()
-    assert producer_report(start_producer(agent.socket_path, "dl", EVENTS))["flushed"]
+    assert producer_report(start_producer(agent.socket_path, "dl", events))["flushed"]
     wait_until(lambda: agent.metric('evagg_sink_lag_events{sink="collector"}') == 0, 60,
                "the collector sink to dead-letter every batch")
     assert agent.stop() == 0
@@ -71,6 +71,8 @@ def test_the_pieces_still_refused_stay_as_letters_of_their_own(
     smaller.do(lambda: smaller.server.answer(400, times=1, text="one piece refused"))
     code, output = replay(agent, smaller.server.url)
     assert code == 1, output
+    assert re.search(r"^sent \d+ batches and part of 1 more \(the pieces left stay as "
+                     r"letters of their own\) \(\d+ events\)", output, re.M), output
     assert re.search(r"HTTP 400 \(\d+ of letter \w+'s events, kept as a letter of their own\)",
                      output), output
     refused = [s for s in smaller.server.requests if s.status == 400]
@@ -82,6 +84,24 @@ def test_the_pieces_still_refused_stay_as_letters_of_their_own(
     code, output = replay(agent, smaller.server.url)  # the piece alone, this time taken
     assert code == 0, output
     assert delivered(smaller) == sorted(f"dl-{i}" for i in range(EVENTS))
+
+
+def test_a_letter_the_endpoint_takes_only_pieces_of_is_said_as_such(
+        agent_factory: Callable[..., AgentProcess],
+        servers: Callable[..., ServerThread]) -> None:
+    agent = dead_letters(agent_factory, servers, events=400)
+    assert len(re.findall(r"\bkey \w+", letters(agent))) == 1  # one letter
+    smaller = servers()
+    smaller.server.max_body = LIMIT
+    smaller.do(lambda: smaller.server.answer(400, times=1, text="one piece refused"))
+    code, output = replay(agent, smaller.server.url)
+    assert code == 1, output
+    taken = len(delivered(smaller))
+    assert 0 < taken < 400, output
+    sent = re.search(r"^sent (.*) \((\d+) events\) to ", output, re.M)
+    assert sent, output
+    assert sent.group(1) == "part of 1 batch (the pieces left stay as letters of their own)"
+    assert int(sent.group(2)) == taken, output
 
 
 def test_a_replay_the_endpoint_refuses_again_says_so_on_stderr_and_what_to_do(

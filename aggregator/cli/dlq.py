@@ -87,7 +87,7 @@ def _dlq(args: argparse.Namespace) -> int:
         return 2
     report = asyncio.run(replay_dead_letters(directory, url, **sending))
     if report.events_sent or not report.failed:  # pieces of a split letter count too
-        print(f"sent {report.sent} batches ({report.events_sent} events) to "
+        print(f"sent {_batches_sent(report)} ({report.events_sent} events) to "
               f"{url_for_display(url)}; their files are deleted")
     if report.split:
         print(f"{report.split} requests refused as too large (HTTP 413) were sent again in "
@@ -96,6 +96,19 @@ def _dlq(args: argparse.Namespace) -> int:
         config_flag = f" --config {args.config}" if args.config else ""
         _say_replay_failures(report, directory, f"--sink {args.sink}{config_flag}")
     return 0 if not report.failed else 1
+
+
+def _batches_sent(report: ReplayReport) -> str:
+    """`3 batches`, or with letters the endpoint took only pieces of, `3 batches and part
+    of 1 more` (the pieces left are letters of their own, listed on stderr)."""
+    whole = f"{report.sent} batches"
+    if not report.partly:
+        return whole
+    left = "(the pieces left stay as letters of their own)"
+    if not report.sent:
+        part = "batch" if report.partly == 1 else "batches"
+        return f"part of {report.partly} {part} {left}"
+    return f"{whole} and part of {report.partly} more {left}"
 
 
 def _say_replay_failures(report: ReplayReport, directory: Path, sink_flags: str) -> None:

@@ -33,6 +33,7 @@ class ReplayReport:
     sent: int = 0  # batches the endpoint accepted; their files are deleted
     failed: int = 0  # batches still on disk (a split letter's pieces left count apiece)
     events_sent: int = 0
+    partly: int = 0  # letters the endpoint took some pieces of; the rest kept as letters
     split: int = 0  # requests refused as too large (413), sent again in halves
     errors: list[str] = field(default_factory=list)  # "<key>: <reason>", one per failure
 
@@ -129,6 +130,7 @@ async def _replay_one(poster: _Poster, letter: DeadLetter, report: ReplayReport)
         report.errors.append(f"{piece.piece.key}: {piece.reason} ({piece.piece.events} of "
                              f"letter {letter.key}'s events, kept as a letter of their own)")
     report.sent += not left
+    report.partly += bool(left)
     report.events_sent += letter.events - sum(piece.piece.events for piece in left)
     letter.meta_path.unlink(missing_ok=True)  # sidecar first: no half entries
     letter.body_path.unlink(missing_ok=True)
