@@ -3,9 +3,12 @@ what the agent answers meanwhile (the proof suite's disk tests share these)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.agentproc import AgentProcess
@@ -33,3 +36,17 @@ def filesystem_full(path: Path) -> bool:
 def fill(path: Path, leave: int) -> None:
     with path.open("wb") as filler:
         filler.write(bytes(free_bytes(path.parent) - leave))
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` (mount's words: `16m`) mounted at `path` (made if missing) while
+    the block runs; unmounted lazily where an agent still holds it."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                   check=True)
+    try:
+        yield path
+    finally:
+        if subprocess.run(["umount", str(path)], check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], check=True)

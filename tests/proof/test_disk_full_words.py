@@ -8,7 +8,6 @@ cursor finds no room has not failed.
 
 from __future__ import annotations
 
-import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ import pytest
 from tests.agentproc import AgentProcess
 from tests.commands import check_config, evagg
 from tests.proof import metric_where, wait_until
-from tests.proof.disk import filesystem_full, fill, post_events
+from tests.proof.disk import filesystem_full, fill, post_events, tmpfs
 from tests.sinks.server_thread import ServerThread
 
 FAILING = "evagg_spool_write_failing_since_timestamp_seconds"
@@ -30,11 +29,8 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 16 MiB tmpfs under the agent's state dir, almost all of it taken by another file."""
     workdir = tmp_path / "agent"
     state = workdir / "state"
-    state.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(state)], check=True)
-    yield workdir
-    if subprocess.run(["umount", str(state)], check=False).returncode != 0:
-        subprocess.run(["umount", "-l", str(state)], check=True)  # an agent still holds it
+    with tmpfs(state, "16m"):
+        yield workdir
 
 
 def readyz(agent: AgentProcess) -> tuple[int, str]:

@@ -27,7 +27,7 @@ from tests.proof import (
     wait_caught_up,
     wait_until,
 )
-from tests.proof.disk import filesystem_full, fill, post_events
+from tests.proof.disk import filesystem_full, fill, post_events, tmpfs
 from tests.sinks.server_thread import ServerThread
 
 FS_SIZE = "32m"
@@ -55,12 +55,8 @@ def small_state(tmp_path: Path) -> Iterator[Path]:
     """A tmpfs of FS_SIZE where the agent's state dir (and so its spool) lives."""
     workdir = tmp_path / "agent"
     state = workdir / "state"
-    state.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={FS_SIZE}", "tmpfs", str(state)],
-                   check=True)
-    yield workdir
-    if subprocess.run(["umount", str(state)], check=False).returncode != 0:
-        subprocess.run(["umount", "-l", str(state)], check=True)  # an agent still holds it
+    with tmpfs(state, FS_SIZE):
+        yield workdir
 
 
 def pressured_agent(workdir: Path, receiver: ServerThread, spool: str) -> AgentProcess:

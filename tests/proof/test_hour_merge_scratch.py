@@ -34,7 +34,7 @@ from sinks.schema import EVENT_SCHEMA, batch_to_bytes
 from tests.agentproc import AgentProcess
 from tests.commands import evagg
 from tests.producers import producer_report, start_producer
-from tests.proof.disk import fill
+from tests.proof.disk import fill, tmpfs
 from tests.sinks.moto_server import REGION, MotoS3, aws_env
 from tests.waiting import wait_until
 
@@ -48,25 +48,17 @@ ROOM = 256 * 1024  # what the agent's TMPDIR has free
 @pytest.fixture
 def small_tmp(tmp_path: Path) -> Iterator[Path]:
     """A tmpfs with ROOM bytes free, as the agent's TMPDIR."""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(tmp)], check=True)
-    fill(tmp / "taken", leave=ROOM)
-    yield tmp
-    if subprocess.run(["umount", str(tmp)], check=False).returncode != 0:
-        subprocess.run(["umount", "-l", str(tmp)], check=True)
+    with tmpfs(tmp_path / "tmp", "4m") as tmp:
+        fill(tmp / "taken", leave=ROOM)
+        yield tmp
 
 
 @pytest.fixture
 def small_state_disk(tmp_path: Path) -> Iterator[Path]:
     """A 48 MiB tmpfs for the agent's work directory: room for its spool, not for a
     merge and the margin it leaves the spool."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(disk)], check=True)
-    yield disk
-    if subprocess.run(["umount", str(disk)], check=False).returncode != 0:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
+    with tmpfs(tmp_path / "disk", "48m") as disk:
+        yield disk
 
 
 def rows(file: int, received_ns: int) -> list[dict[str, Any]]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ import sinks.fragments.build as fragment_build
 from sinks.parquet.compact import run_compact
 from sinks.parquet.layout import fragment_key, node_directory, partition_for
 from sinks.parquet.writer import open_writer
+from tests.proof.disk import tmpfs
 
 ATTEMPTS = 400_000
 HOUR_NS = (1_700_000_000 // 3600 - 2) * 3600 * 10**9
@@ -114,12 +114,8 @@ def test_a_busy_hours_fold_spills_into_the_staging_folder_and_leaves_nothing(
 @pytest.fixture
 def small_staging_disk(tmp_path: Path) -> Iterator[Path]:
     """A tmpfs of 72 MiB: past the 64 MiB left for the spool, less than the fold spills."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=72m", "tmpfs", str(disk)], check=True)
-    yield disk
-    if subprocess.run(["umount", str(disk)], check=False).returncode != 0:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
+    with tmpfs(tmp_path / "disk", "72m") as disk:
+        yield disk
 
 
 def test_a_fold_the_staging_disk_has_no_room_for_waits_as_no_room(
