@@ -115,7 +115,7 @@ class StatusReport:
     # when the last reload (SIGHUP) was refused, while the sinks before it still run
     reload_refused_at: float | None = None
     # a Parquet sink's closed hours whose last merge failed, and its merge failures by reason
-    hours_not_merged: dict[str, float] = field(default_factory=dict)
+    partitions_not_merged: dict[str, float] = field(default_factory=dict)
     merge_failures: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -198,7 +198,7 @@ class StatusReport:
     def _unmerged(self, sink: str) -> str:
         """Closed hours left as their small files: readable, but slower to read, and on
         S3 a request per file. Not a loss."""
-        hours = self.hours_not_merged.get(sink, 0.0)
+        hours = self.partitions_not_merged.get(sink, 0.0)
         if not hours:
             return ""
         reasons = _pairs(self.merge_failures.get(sink, {}))
@@ -285,7 +285,7 @@ def format_status(first: dict[str, float], second: dict[str, float],
         spool_write_failing=_by_label(
             second, "evagg_spool_write_failing_since_timestamp_seconds", "reason"),
         draining=bool(second.get("evagg_draining", 0.0)),
-        hours_not_merged=_by_label(second, "evagg_sink_hours_not_merged", "sink"),
+        partitions_not_merged=_by_label(second, "evagg_sink_partitions_not_merged", "sink"),
         merge_failures=_by_sink_and_reason(second, "evagg_sink_compaction_failures_total"),
         received_total=sum(v for route, v in _by_label(
             second, "evagg_received_events_total", "route").items() if route != "agent"),

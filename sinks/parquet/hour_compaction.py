@@ -41,7 +41,8 @@ METRIC_HELP: Final[Mapping[str, str]] = {
     "compacted_files": "Files the agent merged into one file per closed hour",
     "compaction_failures": "Closed hours that could not be merged, by reason; tried again "
                            "compact_after later",
-    "hours_not_merged": "Closed hours whose last merge failed, waiting to be tried again",
+    "partitions_not_merged": "Closed hours (partitions) whose last merge failed, waiting to be "
+                             "tried again",
 }
 QUIET_S: Final = 60.0  # at least this long without a file before the latest hour is merged
 
@@ -148,7 +149,7 @@ class HourCompaction:
         """How many closed hours wait after a failed merge: a count of failures goes on
         growing, this falls back to 0 once they are merged."""
         with self._lock:
-            return {"hours_not_merged": float(len(self._not_merged))}
+            return {"partitions_not_merged": float(len(self._not_merged))}
 
     def counters(self) -> list[SinkCounter]:
         out = [SinkCounter("compaction_runs", self.runs),

@@ -96,7 +96,7 @@ class ParquetSink(Sink):
     def gauges(self) -> dict[str, float]:
         """What is not in the lake yet: the events in the open file, and the seconds until
         it closes (0 with no file open), read without the lock: a value a moment old. And
-        the closed hours whose merge failed (`hours_not_merged`), with compaction on."""
+        the closed hours whose merge failed (`partitions_not_merged`), with compaction on."""
         merges = self.compaction.gauges() if self.compaction else {}
         current = self._file
         if current is None:

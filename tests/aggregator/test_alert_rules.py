@@ -177,7 +177,7 @@ def firing_cases(scraped: dict[str, list[Labels]]) -> dict[str, Callable[[], Cas
     ray_log = {"reason": "ray_log_missing"}
     publish = {"sink": "lake", "type": "parquet", "reason": "s3_access_denied"}
     disk_full = {"reason": "ENOSPC"}  # present only while appends fail: labels as documented
-    unmerged = one(scraped, "evagg_sink_hours_not_merged", sink="lake")
+    unmerged = one(scraped, "evagg_sink_partitions_not_merged", sink="lake")
 
     def slow_buckets() -> list[tuple[str, Labels, str]]:
         # Every op in (30, 60] s: the p95 lands between those bounds, over 30.
@@ -220,7 +220,7 @@ def firing_cases(scraped: dict[str, list[Labels]]) -> dict[str, Callable[[], Cas
             [_plain(publish)]),
         "EvaggHourMergeFailing": lambda: Case(
             "EvaggHourMergeFailing",  # one hour not merged for over two hours
-            [("evagg_sink_hours_not_merged", unmerged, "0 1x200")], "150m",
+            [("evagg_sink_partitions_not_merged", unmerged, "0 1x200")], "150m",
             [_plain(unmerged)]),
         "EvaggDroppingEvents": lambda: Case(
             "EvaggDroppingEvents", [("evagg_dropped_events_total", dropped, "0+10x10")], "5m",

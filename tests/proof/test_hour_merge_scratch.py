@@ -204,7 +204,7 @@ def test_a_merge_the_state_disk_has_no_room_for_waits_and_ingest_goes_on(
                    lambda: f"the merge once there is room:\n{agent.log()[-3000:]}", interval=0.5)
         wait_until(lambda: "not merged" not in status_line(agent), 30,
                    lambda: f"status to forget the hour: {status_line(agent)}")
-        assert agent.metric('evagg_sink_hours_not_merged{sink="lake"') == 0
+        assert agent.metric('evagg_sink_partitions_not_merged{sink="lake"') == 0
         assert agent.stop(timeout=120) == 0, agent.log()
     finally:
         if agent.running:

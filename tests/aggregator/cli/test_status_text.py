@@ -63,7 +63,7 @@ def test_the_commands_status_prints_carry_its_config() -> None:
 
 
 def test_a_parquet_sink_with_hours_it_could_not_merge_says_so_and_why() -> None:
-    unmerged = SCRAPE + ('evagg_sink_hours_not_merged{sink="lake",type="parquet"} 2\n'
+    unmerged = SCRAPE + ('evagg_sink_partitions_not_merged{sink="lake",type="parquet"} 2\n'
                          'evagg_sink_compaction_failures_total{sink="lake",type="parquet",'
                          'reason="no_room"} 5\n'
                          'evagg_sink_compaction_failures_total{sink="lake",type="parquet",'
@@ -73,6 +73,6 @@ def test_a_parquet_sink_with_hours_it_could_not_merge_says_so_and_why() -> None:
                 .splitlines() if "lake" in line)
     assert lake.endswith("ok  2 closed hours not merged (failures so far: no_room=5; the "
                          "agent's log says why, and tries again)"), lake
-    merged = parse_metrics(unmerged.replace("hours_not_merged{sink=\"lake\",type=\"parquet\"} 2",
-                                            "hours_not_merged{sink=\"lake\",type=\"parquet\"} 0"))
+    gauge = 'evagg_sink_partitions_not_merged{sink="lake",type="parquet"}'
+    merged = parse_metrics(unmerged.replace(f"{gauge} 2", f"{gauge} 0"))
     assert "not merged" not in format_status(merged, merged, 1.0, now=0.0).as_text()
