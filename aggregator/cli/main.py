@@ -163,8 +163,27 @@ def _run(args: argparse.Namespace) -> int:
         return run_agent(config, exit_when_unused=args.exit_when_unused,
                          overrides=overrides_from_args(args))
     except (OSError, RuntimeError) as exc:  # socket or port taken, spool locked, ...
-        _say(f"cannot start the agent: {exc}", as_log=args.log_format == "json")
+        problem = f"cannot start the agent: {exc}{_set_by_variables(str(exc), config, args)}"
+        _say(problem, as_log=args.log_format == "json")
         return 1
+
+
+def _set_by_variables(problem: str, config: AgentConfig, args: argparse.Namespace) -> str:
+    """Which EVAGG_* variable chose the socket, state_dir or HTTP port a start clashed on:
+    it wins over the config file, so the file's own value, where a newcomer looks and
+    which the message tells them to set, was not the one used."""
+    from aggregator.config.agent_config import apply_env
+
+    flags = overrides_from_args(args)
+    notes = []
+    for key, variable in apply_env({}, os.environ).items():
+        value = str(getattr(config, key))
+        if key in ("socket", "state_dir", "http_listen") and flags.get(key) is None and \
+                value and value in problem:
+            notes.append(f"{value} is ${variable}'s, which wins over agent.{key} in a "
+                         f"config file: change or unset ${variable}")
+        # (a flag wins over both, and is on the command line for all to see)
+    return "".join(f"; {note}" for note in notes)
 
 
 def _add_check_config(commands: Parsers) -> None:

@@ -1,0 +1,34 @@
+"""A second agent that cannot start says what to change, through the real `evagg run`:
+a port that an EVAGG_* variable chose over the config file's own."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from tests.agentproc import short_socket_dir
+from tests.aggregator.cli.newcomer import evagg
+from tests.ports import free_port
+
+
+def test_a_port_from_evagg_http_listen_is_named_over_the_config_files(tmp_path: Path) -> None:
+    config = tmp_path / "evagg.toml"
+    free = f"127.0.0.1:{free_port()}"
+    sock = short_socket_dir() / "events.sock"
+    config.write_text(f'[agent]\nsocket = "{sock}"\nstate_dir = "{tmp_path / "state"}"\n'
+                      f'http_listen = "{free}"\n')
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        listen = f"127.0.0.1:{taken.getsockname()[1]}"
+        done = evagg("run", "--config", str(config), env={"EVAGG_HTTP_LISTEN": listen})
+        flagged = evagg("run", "--config", str(config), "--http-listen", listen,
+                        env={"EVAGG_HTTP_LISTEN": listen})
+    assert done.returncode == 1
+    assert f"cannot open the HTTP port {listen}" in done.stderr
+    # the file says another port: the message names the variable that won over it
+    assert f"{listen} is $EVAGG_HTTP_LISTEN's, which wins over agent.http_listen" in done.stderr
+    assert "change or unset $EVAGG_HTTP_LISTEN" in done.stderr
+    assert flagged.returncode == 1 and "$EVAGG_HTTP_LISTEN" not in flagged.stderr  # the flag won
+    assert not sock.exists()
+
