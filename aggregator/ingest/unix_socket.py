@@ -270,7 +270,9 @@ def prepare_socket_path(path: Path) -> None:
         return
     finally:
         probe.close()
-    raise RuntimeError(f"another agent is already listening on {path}")
+    raise RuntimeError(f"another agent is already listening on {path}: stop that one first "
+                       "(`evagg status` shows it), or give this one a socket of its own "
+                       "(agent.socket or --socket; its producers then need $EVAGG_SOCKET)")
 
 
 def group_id(group: str | None) -> int:

@@ -1,12 +1,13 @@
 """A second agent that cannot start says what to change, through the real `evagg run`:
-a port that an EVAGG_* variable chose over the config file's own."""
+the socket another agent holds, and a port that an EVAGG_* variable chose over the
+config file's own."""
 
 from __future__ import annotations
 
 import socket
 from pathlib import Path
 
-from tests.agentproc import short_socket_dir
+from tests.agentproc import AgentProcess, short_socket_dir
 from tests.aggregator.cli.newcomer import evagg
 from tests.ports import free_port
 
@@ -32,3 +33,16 @@ def test_a_port_from_evagg_http_listen_is_named_over_the_config_files(tmp_path: 
     assert flagged.returncode == 1 and "$EVAGG_HTTP_LISTEN" not in flagged.stderr  # the flag won
     assert not sock.exists()
 
+
+def test_a_socket_another_agent_holds_says_what_to_do(tmp_path: Path) -> None:
+    (tmp_path / "first").mkdir()
+    first = AgentProcess(tmp_path / "first").start()
+    try:
+        done = evagg("run", "--socket", str(first.socket_path), "--state-dir",
+                     str(tmp_path / "second"), "--http-listen", f"127.0.0.1:{free_port()}",
+                     env={"EVAGG_HTTP_LISTEN": ""})
+    finally:
+        assert first.stop() == 0
+    assert done.returncode == 1
+    assert f"another agent is already listening on {first.socket_path}" in done.stderr
+    assert "stop that one first" in done.stderr and "--socket" in done.stderr, done.stderr
