@@ -50,3 +50,30 @@ def test_the_run_page_links_the_run_s_files(agent_factory: Callable[..., AgentPr
         assert download.suggested_filename == "host_1.1.pt.trace.json"
         assert Path(download.path()).read_bytes() == trace.read_bytes()
         page.screenshot(path=str(ARTIFACTS / "run-files.png"), full_page=True)
+
+
+def test_a_run_with_files_and_no_steps_shows_its_files(
+        agent_factory: Callable[..., AgentProcess], tmp_path: Path) -> None:
+    """A profiler's traces written under a run that sent no ops (trace_handler without a
+    tracker): the run's page is its files, not an error."""
+    traces = tmp_path / "traces"
+    (traces / "prof-1").mkdir(parents=True)
+    agent = agent_factory(extra_toml=f'[[files]]\npath = "{traces}"\nkind = "torch_trace"\n'
+                                     'settle = "1s"\n').start()
+    post_op(agent, "exp-42")  # another run's op: the lake has runs, not this one
+    trace = traces / "prof-1" / "host_1.2.pt.trace.json"
+    trace.write_bytes(b'{"traceEvents": []}')
+    agent.wait_rows("SELECT kind FROM events WHERE kind IN ('artifact', 'op')", 2, 90)
+    assert agent.stop() == 0
+
+    store = Store(StoreOptions(str(agent.lake_dir), refresh_s=0.2, cache_dir=None))
+    with serving(store) as url, chromium() as browser, \
+            tab(browser, url, width=1280, height=900) as page:
+        page.goto("/#/run?run=prof-1")
+        expect(page.locator("a.artifact-link")).to_have_text("prof-1/host_1.2.pt.trace.json")
+        expect(page.locator("h1")).to_have_text("Run prof-1")
+        expect(page.locator("#no-steps-note")).to_contain_text("No steps or ops were sent")
+        expect(page.locator(".error-box")).to_have_count(0)
+        page.screenshot(path=str(ARTIFACTS / "run-files-only.png"), full_page=True)
+        page.goto("/#/run?run=nothing-at-all")  # neither steps nor files: the error as before
+        expect(page.locator(".error-box")).to_contain_text("no steps for run 'nothing-at-all'")

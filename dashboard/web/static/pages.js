@@ -289,7 +289,18 @@ const STEP_ROWS = 200;  // the Run page's steps table: the last this many, and t
 
 export async function run(params) {
   const runId = params.get("run") || "";
-  const data = await getJSON(`/api/steps?run=${encodeURIComponent(runId)}`);
+  let data;
+  try {
+    data = await getJSON(`/api/steps?run=${encodeURIComponent(runId)}`);
+  } catch (err) {
+    // a run that sent no ops but whose files were shipped (a profiler's traces written
+    // with trace_handler(run_id=...) and no tracker): its page is its files
+    const files = err.status === 404 && runId ? await runArtifacts(runId) : null;
+    if (!files) throw err;
+    return h("div", null, h("h1", null, `Run ${runId}`),
+      h("p", { class: "muted", id: "no-steps-note" }, "No steps or ops were sent for this run, "
+        + "only its files: a TrainingTracker or emitters.op(...) with this run_id adds them."), files);
+  }
   const byMetric = new Map();
   for (const m of data.metrics.rows) {
     if (m.step === null) continue;
