@@ -124,7 +124,8 @@ class TrainingTracker:
                 item = next(iterator)
             except StopIteration:
                 return
-            self._step.data_wait_s += (time.perf_counter_ns() - started) / 1e9
+            waited = (time.perf_counter_ns() - started) / 1e9
+            self._step.data_wait_s = (self._step.data_wait_s or 0.0) + waited
             yield item
 
     def metric(self, **values: Any) -> None:

@@ -24,7 +24,7 @@ class Step:
     step: int
     start: Mark
     phases: dict[str, list[tuple[Mark, Mark]]] = field(default_factory=dict)
-    data_wait_s: float = 0.0
+    data_wait_s: float | None = None  # None: no wrapped loader timed a wait for this step
     metrics: dict[str, float] = field(default_factory=dict)
     deferred: dict[str, Any] = field(default_factory=dict)  # name -> CPU tensor being filled
     end: Mark | None = None
@@ -75,9 +75,10 @@ class StepBuild:
                     or tuple(build.ids) != keys or build.attrs != attrs):
                 return None
             values = done.metrics.copy()
-            values["data_wait_s"] = done.data_wait_s
-            if set(map(type, values.values())) != {float} or not all(
-                    map(math.isfinite, values.values())):
+            if done.data_wait_s is not None:
+                values["data_wait_s"] = done.data_wait_s
+            if values and (set(map(type, values.values())) != {float} or not all(
+                    map(math.isfinite, values.values()))):
                 return None
             before = len(times)
             for phase in PHASES:
@@ -96,7 +97,7 @@ class StepBuild:
             rows = len(times) - before
             steps += [done.step] * rows
             metrics += [None] * (rows - 1)
-            metrics.append(values)
+            metrics.append(values or None)
             for key, column in ids.items():
                 column += [build.ids[key]] * rows
         n = len(times)
@@ -137,14 +138,16 @@ def step_events(done: Step, name: str, ids: dict[str, str],
         events.append(event)
         times.append(start)
     metrics = done.metrics.copy()
-    metrics["data_wait_s"] = done.data_wait_s
+    if done.data_wait_s is not None:
+        metrics["data_wait_s"] = done.data_wait_s
     end_ns = (done.end or done.start)[0]
     step_event: dict[str, Any] = {
         "kind": "op", "source": "torch", "name": name, "state": "FINISHED",
         "time": done.start[0], "step": done.step,
         "duration_s": (end_ns - done.start[0]) / 1e9, **ids}
     if all(map(math.isfinite, metrics.values())):
-        step_event["metrics"] = metrics
+        if metrics:
+            step_event["metrics"] = metrics
     else:
         finite, nonfinite = _split_finite(metrics)
         if finite:
@@ -235,7 +238,8 @@ def _step_metrics(done: Step) -> dict[str, float]:
     values = dict(done.metrics)
     for name, host_tensor in done.deferred.items():
         values[name] = float(host_tensor.item())
-    values["data_wait_s"] = done.data_wait_s
+    if done.data_wait_s is not None:
+        values["data_wait_s"] = done.data_wait_s
     if done.peak_memory_bytes is not None:
         values["peak_memory_bytes"] = float(done.peak_memory_bytes)
     return values

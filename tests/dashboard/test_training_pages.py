@@ -38,8 +38,7 @@ model = torch.nn.Linear(8, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 with otel.get_tracer("rl").start_as_current_span("trainer.train") as span:
     with TrainingTracker(model, optimizer, run_id="torch-run") as tracker:
-        for _ in range(3):
-            x = torch.randn(16, 8)
+        for x in tracker.wrap([torch.randn(16, 8) for _ in range(3)]):  # times the waits
             loss = torch.nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
             loss.backward()
             optimizer.step()

@@ -154,6 +154,34 @@ def test_explicit_steps_without_optimizer_and_bad_metrics_are_counted_not_raised
     assert tracker.current_step == 8
 
 
+def test_a_loop_without_a_wrapped_loader_reports_no_data_wait() -> None:
+    """Without tracker.wrap(loader) the tracker times no batch wait: a data_wait_s of 0 at
+    every step read as a loader that never kept the model waiting, charted flat at 0 us."""
+    sink = Captured()
+    model, optimizer = model_and_optimizer()
+    tracker = TrainingTracker(model, optimizer, emitter=sink)  # type: ignore[arg-type]
+    for x, y in batches(3):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    for x, y in batches(3):  # no metric of the caller's either: no metrics at all
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        tracker.metric(loss=1.0)
+    tracker.close()
+    steps = [e for e in sink.events if e["name"] == "train_step"]
+    assert [e["step"] for e in steps] == list(range(6))
+    assert all("metrics" not in e for e in steps[:3]), steps[:3]
+    assert [e["metrics"] for e in steps[3:]] == [{"loss": 1.0}] * 3
+    wrapped = Captured()
+    tracker = TrainingTracker(model, optimizer, emitter=wrapped)  # type: ignore[arg-type]
+    train(tracker, model, optimizer, 3)
+    tracker.close()
+    assert all(e["metrics"]["data_wait_s"] > 0 for e in wrapped.events
+               if e["name"] == "train_step")
+
+
 def test_the_first_step_starts_at_its_first_batch_not_at_the_tracker() -> None:
     """A checkpoint loaded after the tracker is made was step 0's wall time (2 s against
     0.4 ms for the others), blamed on nobody."""
