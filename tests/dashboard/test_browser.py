@@ -89,6 +89,30 @@ def test_search_stack_trace_and_task_detail(page: Page) -> None:
     shot(page, "task-detail")
 
 
+def test_the_search_box_finds_a_failed_op_and_span_too(page: Page) -> None:
+    """A training step's error and a span's are no task's: the one search box of the
+    dashboard lists them under the tasks it matched, each linked to its run or trace."""
+    page.goto("/#/tasks")
+    page.fill("input[name=q]", "misaligned")  # a failed backward op of run1
+    page.click("form.search button")
+    expect(page.locator("#task-count")).to_have_text("0 task attempts")
+    others = page.locator("table.other-matches tbody tr")
+    expect(others).to_have_count(1)
+    expect(others).to_contain_text("backward")
+    expect(others).to_contain_text("RuntimeError: CUDA error: misaligned address")
+    shot(page, "tasks-search-ops")
+    others.locator("a", has_text="run run1").click()
+    expect(page.locator("h1")).to_have_text("Run run1")
+    page.goto("/#/tasks?q=missing%20variable")  # the failed span of the sample trace
+    link = page.locator("table.other-matches a", has_text=TRACE)
+    expect(link).to_have_count(1)
+    link.click()
+    expect(page.locator("svg.waterfall g.span-row")).to_have_count(4)
+    page.goto("/#/tasks?q=ENOSPC")  # a task's stack trace only: no second table
+    expect(page.locator("#task-count")).to_have_text("1 task attempt")
+    expect(page.locator("table.other-matches")).to_have_count(0)
+
+
 def test_injection_strings_find_nothing_and_views_survive(page: Page, site: str) -> None:
     for text in INJECTIONS:
         page.goto("/#/tasks")

@@ -198,7 +198,32 @@ export async function tasks(params) {
     return row[c.key] ?? "";
   }, { class: "tasks" }) : filtered || data.total ? h("p", { class: "muted empty" }, "No tasks match.") : noTasks();
   return h("div", null, form, chips, h("p", { class: "muted", id: "task-count" },
-    `${fmtNum(data.total)} task attempt${data.total === 1 ? "" : "s"}`), grid, pager(query, data));
+    `${fmtNum(data.total)} task attempt${data.total === 1 ? "" : "s"}`), grid, pager(query, data),
+  query.q ? await otherMatches(query.q) : null);
+}
+
+// The search box is the dashboard's only one: the training ops and trace spans whose
+// names, ids or errors hold the text too (as `evagg query search`), each linked to its
+// run or trace, so a failed step's error is found where a task's would be.
+async function otherMatches(text) {
+  let data;
+  try {
+    data = await getJSON("/api/search", { q: text, limit: 50 });
+  } catch (err) {
+    return null;
+  }
+  const rows = data.rows.filter((row) => row.kind === "op" || row.kind === "span");
+  if (!rows.length) return null;
+  const where = (row) => row.kind === "op"
+    ? hashLink("run", { run: row.scope || "" }, row.scope ? `run ${row.scope}` : "(ops without a run id)")
+    : hashLink("trace", { trace_id: row.scope }, `trace ${row.scope}`, { class: "mono" });
+  return section(`Training ops and trace spans matching “${text}”`, table([{ key: "kind", label: "kind" },
+    { key: "name", label: "name", cls: "clip name" }, { key: "state", label: "state" },
+    { key: "error_message", label: "error", cls: "clip" }, { key: "scope", label: "in", cls: "clip" },
+    { key: "time", label: "time" }], rows, (row, c) => c.key === "state" ? stateBadge(row.state)
+    : c.key === "error_message" ? clipped(errorText(row.error_type, row.error_message), { class: "error-text" })
+      : c.key === "scope" ? where(row) : c.key === "time" ? fmtTime(row.time) : c.key === "name" ? clipped(row.name || "")
+        : row[c.key] ?? "", { class: "other-matches" }));
 }
 
 function pager(query, data) {
