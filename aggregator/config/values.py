@@ -30,10 +30,11 @@ def string(value: Any) -> str:
 
 
 def path_or(default: Any) -> Any:
-    """A path from a string; "" (or no key) means the user default."""
+    """A path from a string, `~` expanded as for the sinks' urls and `[[files]]` (and as
+    `evagg emit` reads the socket); "" (or no key) means the user default."""
     def parse(value: Any) -> Path:
         found = string(value)
-        return Path(found) if found else Path(default())
+        return Path(found).expanduser() if found else Path(default())
 
     return parse
 
