@@ -326,3 +326,23 @@ def test_errors_show_as_messages(page: Page) -> None:
     expect(page.locator(".error-box")).to_contain_text("no task 'nope'")
     page.goto("/#/tasks?since=yesterday")
     expect(page.locator(".error-box")).to_contain_text("cannot read time")
+
+
+def test_a_failed_run_names_its_failed_steps_at_its_top(browser: Any, site: str) -> None:
+    """A failed step was a red row under the charts and every step before it: the run's
+    top says which step failed and with what, a click away from the row."""
+    with tab(browser, site, width=1280, height=500) as page:
+        page.goto("/#/run?run=run1")
+        failures = page.locator("#run-failures")
+        expect(failures).to_contain_text("1 failed step: step 2 backward: RuntimeError: "
+                                         "CUDA error: misaligned address")
+        expect(failures).to_be_in_viewport()
+        row = page.locator("table.steps tbody tr[data-step='2']")
+        expect(row).not_to_be_in_viewport(ratio=1)
+        assert page.evaluate("window.scrollY") == 0
+        failures.locator("button.step-link").click()
+        expect(row).to_be_in_viewport(ratio=1)
+        assert page.evaluate("window.scrollY") > 0
+        page.goto("/#/run?run=run2")  # no failure: nothing said
+        expect(page.locator("table.steps tbody tr")).to_have_count(1)
+        expect(page.locator("#run-failures")).to_have_count(0)

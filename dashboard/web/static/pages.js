@@ -394,7 +394,21 @@ export async function run(params) {
     ["queue time", "time the step's work waited in a queue before it started (emitters.queueing)"], ["metric spread (min … max)"]];
   const grid = h("table", { class: "grid steps" }, h("thead", null, h("tr", null,
     heads.map(([t, title]) => h("th", title ? { title } : null, t)))), body);
+  // A run that failed says so at its top, each failed step one click from its row (always
+  // kept in the table): under the charts and a row per step it was a long scroll away.
+  const failedSteps = all.filter((st) => st.failures > 0 && st.step !== null);
+  const failedOp = (st) => (opsByStep.get(st.step) || []).filter((op) => op.state === "FAILED")
+    .sort((a, b) => Number(!(a.error_type || a.error_message)) - Number(!(b.error_type || b.error_message)))[0];
+  const failures = failedSteps.length ? h("p", { class: "run-failures", id: "run-failures" },
+    h("b", null, `${fmtNum(failedSteps.length)} failed step${failedSteps.length === 1 ? "" : "s"}: `),
+    failedSteps.slice(0, 5).flatMap((st, i) => {
+      const op = failedOp(st);
+      const text = `step ${st.step}${op ? ` ${op.name}${op.error_type || op.error_message ? `: ${errorText(op.error_type, op.error_message)}` : ""}` : ""}`;
+      return [i ? ", " : null, h("button", { type: "button", class: "step-link", "data-step": st.step, onclick: () =>
+        body.querySelector(`tr[data-step="${st.step}"]`)?.scrollIntoView({ block: "center" }) }, text)];
+    }), failedSteps.length > 5 ? ` and ${fmtNum(failedSteps.length - 5)} more (red in the table)` : null) : null;
   return h("div", null, h("h1", null, runId ? `Run ${runId}` : `Steps of ${data.no_run}`),
+    failures,
     runId ? null : h("p", { class: "muted", id: "no-run-note" }, NO_RUN_NOTE),
     runId ? await requestLedger(runId) : null,
     runId ? await runArtifacts(runId) : null,
