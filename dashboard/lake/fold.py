@@ -190,8 +190,8 @@ class TaskFold:
             return self.sync(cur, listing, source_for, covers_of, fragment_source_for)
         lost = fold_place.changed(cur, listing)
         if lost:  # their attempts were nowhere else
-            log.info("%d task fragments of %s read in place vanished or changed: refolding",
-                     len(lost), self.key)
+            log.info("%d task fragments of %s read in place, or their compacted files, "
+                     "vanished or changed: refolding", len(lost), self.key)
             self._rebuild(cur, listed, known)
             return self.sync(cur, listing, source_for, covers_of, fragment_source_for)
         covered = coverage(folded, known)
@@ -277,29 +277,33 @@ class TaskFold:
     def _fold_fragment_batch(self, cur: duckdb.DuckDBPyConnection, batch: Listing,
                              fragments: list[FileEntry], source_for: SourceFor,
                              fragment_source_for: FragmentSourceFor | None) -> None:
-        """Compacted files whose tasks are their fragments merged (fold.sql @fragments):
-        of their rows only kind and time (the timeline) and the facts' few are read. With
-        a placed_source the fragments stay where they are and only the attempts that
-        must be merged are stored (@fragments_placed); else every attempt is copied."""
+        """Compacted files whose tasks are their fragments merged (fold.sql
+        @kinds_timeline): of their rows only the facts' few are read, and kind and time
+        (the timeline). With a placed_source the fragments stay where they are and only
+        the attempts that must be merged are stored (@fragments_placed), and the timeline
+        is left to the copy (fold_place.py); else every attempt is copied, and the
+        timeline counted."""
         source = source_for(cur, batch)
         present = {row[0] for row in cur.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
         projection = ", ".join(project(c, t, c in present & FACT_COLUMNS)
                                for c, t in COLUMNS.items())
         cur.execute(f"CREATE OR REPLACE TEMP VIEW fold_rows AS SELECT {projection} "
                     f"FROM {source} WHERE {BULK_KINDS} AND kind IN ({FACT_KINDS})")
-        cur.execute(f"CREATE OR REPLACE TEMP VIEW fold_kinds AS SELECT kind, "
-                    f"{micros('time')} AS time FROM {source}")
+        in_place = self.placed_source is not None
+        if not in_place:
+            cur.execute(f"CREATE OR REPLACE TEMP VIEW fold_kinds AS SELECT kind, "
+                        f"{micros('time')} AS time FROM {source}")
         assert fragment_source_for is not None  # by_fragment is empty without it
         parts = fragment_source_for(cur, fragments)
         cur.execute(f"CREATE OR REPLACE TEMP VIEW fold_fragment_parts AS SELECT * FROM {parts}")
         small = sum(f.size for f in fragments) < SMALL_BATCH_BYTES // 8
         with threads(cur, 1 if small else 0) as before:
             self.scan_threads = before
-            in_place = self.placed_source is not None
             cur.execute("BEGIN TRANSACTION")
             try:
                 held = _rows_held(cur)
-                cur.execute(self.sql["fragments"])
+                if not in_place:
+                    cur.execute(self.sql["kinds_timeline"])
                 cur.execute(self.sql["facts"])
                 cur.execute(self.sql["fragment_hosts"])
                 if in_place:
@@ -363,13 +367,16 @@ class TaskFold:
         cur.execute(self.sql["merge" if hits and hits[0] else "fresh"])
 
     def persist(self, cur: duckdb.DuckDBPyConnection) -> int:
-        """Copy the rows read in place into the cache table (fold.sql @persist); returns
-        how many fragments were read in place before. Answers do not change."""
+        """Copy the rows read in place into the cache table (fold.sql @persist), and count
+        their compacted files' timeline into fold.timeline (@placed_kinds); returns how
+        many fragments were read in place before. Answers do not change."""
         placed = len(fold_place.placed(cur))
         if not placed:
             return 0
         cur.execute("BEGIN TRANSACTION")
         try:
+            cur.execute(self.sql["placed_kinds"])
+            cur.execute(self.sql["kinds_timeline"])
             cur.execute(self.sql["persist"])
             cur.execute("COMMIT")
         except BaseException:
