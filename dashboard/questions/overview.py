@@ -44,11 +44,29 @@ SPAN_SQL = ("SELECT epoch_us(min(time)) AS first, epoch_us(max(time)) AS last FR
 COUNTS_SQL = ("SELECT CASE WHEN epoch_us(time) <= $latest_us THEN epoch_us(time) // $width_us "
               "END AS bucket, kind, count(*) AS events "
               "FROM events GROUP BY ALL ORDER BY bucket, kind")
-FOLDED_SPAN_SQL = ("SELECT min(first_us) AS first, max(last_us) AS last FROM event_timeline "
-                   "WHERE first_us <= $latest_us")
-FOLDED_COUNTS_SQL = ("SELECT CASE WHEN first_us <= $latest_us THEN second // $width_s END "
-                     "AS bucket, kind, CAST(sum(events) AS BIGINT) AS events FROM event_timeline "
-                     "GROUP BY ALL ORDER BY bucket, kind")
+# bucket_width_s in SQL, from the same widths: the first whose buckets are too few.
+WIDTH_SQL = ("CASE " + " ".join(f"WHEN span_s / {w} < {MAX_BUCKETS} THEN {w}" for w in WIDTHS_S)
+             + f" ELSE {WIDTHS_S[-1]} END")
+# The span, its bucket width and the counts in one statement that reads event_timeline
+# once: until the copy after a first open counts the compacted files' timeline, the view
+# reads it from them (dashboard/lake/fold_place.py, 0.4 CPU s at 10 million events),
+# and a statement for the span, then one for the counts, read it twice. Every row has
+# the width (NULL without a span: every bucket is NULL then).
+FOLDED_COUNTS_SQL = f"""
+WITH timeline AS MATERIALIZED (
+    SELECT second, kind, events, first_us, last_us FROM event_timeline
+),
+span AS (
+    SELECT (max(last_us) - min(first_us)) / 1e6 AS s FROM timeline WHERE first_us <= $latest_us
+),
+width AS (
+    SELECT {WIDTH_SQL} AS width_s
+    FROM (SELECT greatest(0.0, s) AS span_s FROM span WHERE s IS NOT NULL)  -- no span: none
+)
+SELECT CASE WHEN first_us <= $latest_us THEN second // width_s END AS bucket, kind,
+       CAST(sum(events) AS BIGINT) AS events, any_value(width_s) AS width_s
+FROM timeline LEFT JOIN width ON true
+GROUP BY bucket, kind ORDER BY bucket, kind"""
 
 
 # The `ops` view's ops and final states (dashboard/sql/ops.sql), counted from the raw
@@ -80,17 +98,11 @@ def overview(store: Store) -> dict[str, Any]:
         views=not folded)
     drivers = store.execute(FOLDED_DRIVERS_SQL if folded else DRIVERS_SQL, views=not folded)
     latest = {"latest_us": int(dt.datetime.now(dt.UTC).timestamp() * 1e6) + AHEAD_OF_NOW_US}
-    span = (store.execute(FOLDED_SPAN_SQL, latest, views=False) if folded
-            else store.execute(SPAN_SQL, latest))
-    first, last = span.rows[0] if span.rows else (None, None)
-    width = bucket_width_s(first, last) if first is not None and last is not None else 60
-    counts = (store.execute(FOLDED_COUNTS_SQL, {"width_s": width, **latest}, views=False)
-              if folded else
-              store.execute(COUNTS_SQL, {"width_us": width * 1_000_000, **latest}))
+    width, counts = folded_counts(store, latest) if folded else scanned_counts(store, latest)
     timeline: list[dict[str, Any]] = []
     kinds: dict[str, int] = {}
     ahead = 0
-    for bucket, kind, events in counts.rows:
+    for bucket, kind, events in counts:
         if bucket is None:  # stamped more than a day after now: counted, not charted
             ahead += events
             continue
@@ -109,3 +121,19 @@ def overview(store: Store) -> dict[str, Any]:
         # events stamped more than a day after now: a producer's clock, not on the chart
         "ahead_of_now": ahead,
     }
+
+
+def folded_counts(store: Store, latest: dict[str, int]) -> tuple[int, list[list[Any]]]:
+    """The bucket width and (bucket, kind, events) from the fold's event_timeline."""
+    rows = store.execute(FOLDED_COUNTS_SQL, latest, views=False).rows
+    width = next((int(r[3]) for r in rows if r[3] is not None), 60)
+    return width, [r[:3] for r in rows]
+
+
+def scanned_counts(store: Store, latest: dict[str, int]) -> tuple[int, list[list[Any]]]:
+    """The bucket width and (bucket, kind, events) from every event."""
+    span = store.execute(SPAN_SQL, latest)
+    first, last = span.rows[0] if span.rows else (None, None)
+    width = bucket_width_s(first, last) if first is not None and last is not None else 60
+    counts = store.execute(COUNTS_SQL, {"width_us": width * 1_000_000, **latest})
+    return width, counts.rows

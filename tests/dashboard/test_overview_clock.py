@@ -35,3 +35,19 @@ def test_an_event_from_a_wrong_clock_is_counted_apart_not_charted(
     assert found["bucket_s"] <= 60  # the half hour of real work, not 30-day buckets
     assert sum(point["events"] for point in found["timeline"]) == 30
     assert all(point["t"] < "2099" for point in found["timeline"])
+
+
+@pytest.mark.parametrize("folded", [True, False], ids=["folded", "from-scratch"])
+def test_a_lake_whose_every_event_is_ahead_of_now_charts_nothing(
+        tmp_path: Path, folded: bool) -> None:
+    rows = [event(kind="task", source="script", task_id=f"t{n}", name="work",
+                  state="FINISHED", time=YEAR_2100_NS + n * 10**9) for n in range(3)]
+    write_rows(local_put(tmp_path / "lake"), rows, "part-1.parquet")
+    cache = str(tmp_path / "cache") if folded else None
+    store = Store(StoreOptions(str(tmp_path / "lake"), cache_dir=cache, fold=folded))
+    try:
+        found = overview(store)
+    finally:
+        store.close()
+    assert found["ahead_of_now"] == 3 and found["events"] == 3
+    assert found["timeline"] == [] and found["bucket_s"] == 60
