@@ -23,7 +23,7 @@
 CREATE TABLE IF NOT EXISTS fold.meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 CREATE TABLE IF NOT EXISTS fold.files (path VARCHAR, size BIGINT);
 CREATE TABLE IF NOT EXISTS fold.covers (path VARCHAR, name VARCHAR, size BIGINT);
--- The folded files whose tasks came from their task fragment (@fragments), not their rows.
+-- The folded files whose tasks came from their task fragment, not their rows (fold.py).
 CREATE TABLE IF NOT EXISTS fold.from_fragments (path VARCHAR);
 -- The fragments read in place (a local lake), with their size and their compacted file.
 CREATE TABLE IF NOT EXISTS fold.placed (fragment VARCHAR, size BIGINT, path VARCHAR);
