@@ -31,6 +31,10 @@ FRAGMENTS = 4  # the split lake's: one per node-hour
 HELD = ("SELECT (SELECT count(*) FROM fold.task_fold) AS stored, "
         "(SELECT count(*) FROM fold.placed) AS placed, "
         "(SELECT count(*) FROM fold_tasks) AS visible")
+# The overview's timeline, and how many of its rows the cache keeps (the rest are counted
+# from the compacted files read in place until the copy counts them).
+TIMELINE = "SELECT * FROM event_timeline ORDER BY ALL"
+KEPT = "SELECT count(*) AS kept FROM fold.timeline"
 LIVENESS_S = 120.0  # a bound against a hang, not a speed: the copy takes a second
 ROUNDS = 5  # tries to stop a copy while it holds the cache file
 
@@ -100,6 +104,9 @@ def test_a_first_query_answers_then_a_process_of_its_own_copies(
         detached: list[tuple[Path, str]]) -> None:
     cache = tmp_path / "cache"
     scratch = query(capsys, merged, cache, "--no-cache", "summary")
+    timeline = query(capsys, merged, cache, "--no-cache", "--json", "sql", TIMELINE)
+    assert json.loads(query(capsys, merged, cache, "--no-cache", "--json", "sql", KEPT)
+                      ) == [{"kept": 0}]  # a first open leaves the timeline to the copy
     first = query(capsys, merged, cache, "summary")
     assert first == scratch
     assert [p for p, _ in detached] == cache_files(cache)  # handed on, the file closed
@@ -107,6 +114,10 @@ def test_a_first_query_answers_then_a_process_of_its_own_copies(
     assert not Path(f"{cache_files(cache)[0]}.wal").exists()  # checkpointed
     after = held(merged, cache)
     assert after["placed"] == 0 and after["stored"] == after["visible"]
+    # the copy counted the timeline into the cache: the same rows, now kept
+    assert query(capsys, merged, cache, "--json", "sql", TIMELINE) == timeline
+    assert json.loads(query(capsys, merged, cache, "--json", "sql", KEPT)
+                      ) == [{"kept": len(json.loads(timeline))}]
     # the next command answers the same from the table, and had nothing to hand on
     assert query(capsys, merged, cache, "summary") == first
     assert len(detached) == 1 and len(cache_files(cache)) == 1
