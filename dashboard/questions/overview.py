@@ -18,6 +18,7 @@ from dashboard.lake.store import Store
 WIDTHS_S = (1, 5, 10, 30, 60, 300, 600, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600,
             86400, 7 * 86400, 30 * 86400)
 MAX_BUCKETS = 120
+NO_SPAN_WIDTH_S = 60  # when no event is charted (none, or every one ahead of now)
 # Events stamped later than this after now are a producer's wrong clock (the year 2100):
 # counted apart, not charted, where one of them stretched every bucket to 30 days.
 AHEAD_OF_NOW_US = 24 * 3600 * 1_000_000
@@ -44,7 +45,7 @@ SPAN_SQL = ("SELECT epoch_us(min(time)) AS first, epoch_us(max(time)) AS last FR
 COUNTS_SQL = ("SELECT CASE WHEN epoch_us(time) <= $latest_us THEN epoch_us(time) // $width_us "
               "END AS bucket, kind, count(*) AS events "
               "FROM events GROUP BY ALL ORDER BY bucket, kind")
-# bucket_width_s in SQL, from the same widths: the first whose buckets are too few.
+# bucket_width_s in SQL, from the same widths: the first that makes under MAX_BUCKETS.
 WIDTH_SQL = ("CASE " + " ".join(f"WHEN span_s / {w} < {MAX_BUCKETS} THEN {w}" for w in WIDTHS_S)
              + f" ELSE {WIDTHS_S[-1]} END")
 # The span, its bucket width and the counts in one statement that reads event_timeline
@@ -126,7 +127,7 @@ def overview(store: Store) -> dict[str, Any]:
 def folded_counts(store: Store, latest: dict[str, int]) -> tuple[int, list[list[Any]]]:
     """The bucket width and (bucket, kind, events) from the fold's event_timeline."""
     rows = store.execute(FOLDED_COUNTS_SQL, latest, views=False).rows
-    width = next((int(r[3]) for r in rows if r[3] is not None), 60)
+    width = next((int(r[3]) for r in rows if r[3] is not None), NO_SPAN_WIDTH_S)
     return width, [r[:3] for r in rows]
 
 
@@ -134,6 +135,7 @@ def scanned_counts(store: Store, latest: dict[str, int]) -> tuple[int, list[list
     """The bucket width and (bucket, kind, events) from every event."""
     span = store.execute(SPAN_SQL, latest)
     first, last = span.rows[0] if span.rows else (None, None)
-    width = bucket_width_s(first, last) if first is not None and last is not None else 60
+    width = (bucket_width_s(first, last) if first is not None and last is not None
+             else NO_SPAN_WIDTH_S)
     counts = store.execute(COUNTS_SQL, {"width_us": width * 1_000_000, **latest})
     return width, counts.rows
