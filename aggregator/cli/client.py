@@ -17,6 +17,7 @@ import orjson
 
 from aggregator.cli.arguments import Parsers
 from aggregator.cli.status import format_status, parse_metrics
+from emitters.fields import KINDS
 
 
 class NoAgentUrl(Exception):
@@ -78,6 +79,24 @@ def add_tail_parser(commands: Parsers) -> None:
     tail.set_defaults(command=run_tail)
 
 
+def _evaggs_kinds() -> list[str]:
+    """The kinds evagg's producers and intakes write (docs/event-schema.md)."""
+    from aggregator.ray.entities import DEFINITIONS
+
+    return sorted(set(KINDS) | {kind for kind, _, _ in DEFINITIONS.values()})
+
+
+def _say_unknown_kinds(kinds: list[str]) -> None:
+    """A kind no evagg producer sends is likely a typo (`ops` for `op`): followed all the
+    same, since producers may send kinds of their own, but said, not waited on mutely."""
+    known = _evaggs_kinds()
+    unknown = [kind for kind in kinds if kind not in known]
+    if unknown:
+        print(f"evagg tail: no evagg producer sends kind {', '.join(map(repr, unknown))} "
+              f"(evagg's own: {', '.join(known)}); following it anyway, for a producer's "
+              "own kinds", file=sys.stderr, flush=True)
+
+
 def run_tail(args: argparse.Namespace) -> int:
     query = urllib.parse.urlencode([*(("kind", k) for k in args.kind),
                                     *(("name", n) for n in args.name)])
@@ -98,6 +117,7 @@ def run_tail(args: argparse.Namespace) -> int:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers)) as response:
             # stderr: a pipe of --json lines stays clean, the user still sees it works
             print(f"waiting for events on {url} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+            _say_unknown_kinds(args.kind)
             for line in response:
                 print(line.decode().rstrip() if args.json else _short(orjson.loads(line)),
                       flush=True)

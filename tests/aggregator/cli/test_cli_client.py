@@ -76,6 +76,24 @@ def test_tail_follows_new_events_filtered_by_kind(agent: AgentProcess) -> None:
     assert all(e["kind"] == "task" and e["pid"] > 0 for e in lines)
 
 
+def test_tail_of_a_kind_no_evagg_producer_sends_says_so_and_follows_it(
+        agent: AgentProcess) -> None:
+    """`--kind ops` for `op` waited mutely for ever; a producer's own kind is followed."""
+    tail = subprocess.Popen([sys.executable, "-m", "aggregator", "tail", "--url", agent.http_url,
+                             "--kind", "ops", "--kind", "task", "--limit", "1"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    wait_tail_connected(tail)
+    assert tail.stderr is not None
+    said = tail.stderr.readline()
+    assert said.startswith("evagg tail: no evagg producer sends kind 'ops' (evagg's own: "), said
+    assert " op, " in said and "following it anyway" in said
+    assert evagg("emit", "--socket", str(agent.socket_path), "--kind", "ops",
+                 "--name", "mine").returncode == 0
+    out, _ = tail.communicate(timeout=30)
+    assert "  ops  mine  " in out, out
+
+
 def test_tail_names_a_training_op_s_run_and_step(agent: AgentProcess) -> None:
     tail = subprocess.Popen([sys.executable, "-m", "aggregator", "tail", "--url", agent.http_url,
                              "--kind", "op", "--limit", "2"], cwd=REPO,
