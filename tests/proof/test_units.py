@@ -90,3 +90,31 @@ def test_units_agree_with_the_example_config(tmp_path: Path) -> None:
     assert s["RuntimeDirectory"] == PurePosixPath(config.socket).parent.name
     assert s["RuntimeDirectoryPreserve"] == "yes"  # a restart must not delete the socket
     assert "evagg.socket" in service["Unit"]["Requires"]
+
+
+def verify_user_unit(home: Path, unit_file: Path) -> subprocess.CompletedProcess[str]:
+    """`systemd-analyze --user verify` as the user's own manager would load the unit."""
+    runtime = home / "run"
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    return subprocess.run(["systemd-analyze", "--user", "verify", "--man=no", str(unit_file)],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(home),
+                               "XDG_RUNTIME_DIR": str(runtime)})
+
+
+def test_the_user_unit_verifies_for_a_user_with_evagg_in_local_bin(tmp_path: Path) -> None:
+    """systemd/evagg-user.service, for a user without root (`systemctl --user`)."""
+    command = tmp_path / ".local/bin/evagg"  # where `pip install --user` puts it
+    command.parent.mkdir(parents=True)
+    command.write_text("#!/bin/sh\n")
+    command.chmod(0o755)
+    shipped = REPO / "systemd" / "evagg-user.service"
+    done = verify_user_unit(tmp_path, shipped)
+    assert (done.returncode, done.stderr.strip(), done.stdout.strip()) == (0, "", "")
+    broken = tmp_path / "evagg-user.service"  # the check does see a mistake in it
+    broken.write_text(shipped.read_text().replace("Restart=", "Restrat="))
+    assert "Unknown key 'Restrat'" in verify_user_unit(tmp_path, broken).stderr
+    service = unit("evagg-user.service")["Service"]
+    system = unit("evagg.service")["Service"]
+    for key in ("Type", "KillSignal", "TimeoutStopSec", "ExecReload"):
+        assert service[key] == system[key], key  # stops and reloads as the system agent does
