@@ -143,7 +143,7 @@ def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
                             "all; docs/queries.md lists them)")
     steps = add("steps", "a training run's steps: ops, failures, seconds (wall time, each "
                 "moment once), queue_s, metric spread", _steps)
-    steps.add_argument("--run", required=True,
+    steps.add_argument("--run", "--run-id", dest="run", required=True,
                        help=f"run id ('' or '{queries.NO_RUN_ROW}' for ops sent without one)")
     add("runs", "training runs", _runs)
     add("jobs", "Ray's driver jobs: started, ended, and how evagg knows of the end", _jobs)
@@ -151,7 +151,8 @@ def add_query_parser(subparsers: Parsers) -> argparse.ArgumentParser:
         lambda store, _a: queries.agents(store))
     ledger_parser = add("ledger", "a run's requests: enqueued, started, answered, failed, "
                                   "outstanding", _ledger)
-    ledger_parser.add_argument("--run", required=True, help="run id")
+    ledger_parser.add_argument("--run", "--run-id", dest="run", required=True,
+                               help="run id")
     ledger_parser.add_argument("--outstanding-after", default="5m",
                                help="a request with no outcome this long after it was "
                                     "enqueued is outstanding (default 5m)")

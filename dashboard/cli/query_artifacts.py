@@ -20,7 +20,7 @@ Adder = Callable[[str, str, Callable[[Store, argparse.Namespace], Result]],
 def add_artifacts_parser(add: Adder) -> None:
     listing = add("artifacts", "files shipped from [[files]] directories: traces, dumps",
                   _list)
-    listing.add_argument("--run", help="only this run's")
+    listing.add_argument("--run", "--run-id", dest="run", help="only this run's")
     one = add("artifact", "write one shipped file (its newest version) to --out", _fetch)
     one.add_argument("name", help="the name `evagg query artifacts` shows, or its last part")
     one.add_argument("--version", type=int, help="this version instead of the newest")

@@ -84,6 +84,8 @@ def test_steps_search_and_sql(lake: Path, expected: type[Expected]) -> None:
     assert {s["step"]: s["ops"] for s in steps} == expected.steps
     table = evagg("query", "--data", str(lake), "steps", "--run", "run1").stdout
     assert "loss=0.7..0.9 ~0.8" in table
+    # `--run-id`, as the emitter names the field, is the same flag
+    assert evagg("query", "--data", str(lake), "steps", "--run-id", "run1").stdout == table
     found = json.loads(evagg("query", "--data", str(lake), "search", "ENOSPC", "--json").stdout)
     assert [(r["kind"], r["id"], r["attempt"]) for r in found] == [("task", "flaky", 0)]
     spans = json.loads(evagg("query", "--data", str(lake), "search", "missing variable",
