@@ -164,6 +164,10 @@ def _run(args: argparse.Namespace) -> int:
                          overrides=overrides_from_args(args))
     except (OSError, RuntimeError) as exc:  # socket or port taken, spool locked, ...
         problem = f"cannot start the agent: {exc}{_set_by_variables(str(exc), config, args)}"
+        if args.demo:  # its own agent, on the defaults: a running one holds them
+            problem += ("; the demo starts an agent of its own on the defaults: stop the "
+                        "running one (Ctrl-C, or `systemctl --user stop evagg-user`), run "
+                        "the demo, then start yours again")
         _say(problem, as_log=args.log_format == "json")
         return 1
 

@@ -14,13 +14,39 @@ from tests.agentproc import REPO, short_socket_dir
 from tests.ports import free_port
 
 
-def run_demo(home: Path) -> subprocess.CompletedProcess[str]:
-    """`evagg run --demo 80` as a newcomer runs it: an empty HOME, no EVAGG_ settings."""
+def newcomer_env(home: Path, runtime: Path | None = None) -> dict[str, str]:
+    """An empty HOME, no EVAGG_ settings, a port of its own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EVAGG_", "XDG_"))}
-    env.update(HOME=str(home), XDG_RUNTIME_DIR=str(short_socket_dir()),
+    env.update(HOME=str(home), XDG_RUNTIME_DIR=str(runtime or short_socket_dir()),
                EVAGG_HTTP_LISTEN=f"127.0.0.1:{free_port()}", PYTHONPATH=str(REPO))
+    return env
+
+
+def run_demo(home: Path, runtime: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`evagg run --demo 80` as a newcomer runs it."""
     return subprocess.run([sys.executable, "-m", "aggregator", "run", "--demo", "80"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+                          cwd=REPO, env=newcomer_env(home, runtime), capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_the_demo_beside_a_running_agent_says_to_stop_that_one_first(tmp_path: Path) -> None:
+    runtime = short_socket_dir()
+    running = subprocess.Popen([sys.executable, "-m", "aggregator", "run"], cwd=REPO,
+                               env=newcomer_env(tmp_path, runtime), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        assert running.stdout is not None
+        for line in running.stdout:  # until it is up: its spool locked, its socket bound
+            if "evagg agent ready:" in line:
+                break
+        done = run_demo(tmp_path, runtime)
+    finally:
+        running.terminate()
+        running.wait(60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "is in use by another evagg agent" in done.stderr, done.stderr
+    assert "the demo starts an agent of its own on the defaults: stop the running one" \
+        in done.stderr, done.stderr
 
 def test_demo_writes_parquet_whose_task_durations_agree_with_their_states(
     tmp_path: Path,
