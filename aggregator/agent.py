@@ -238,9 +238,12 @@ class Agent:
         for warning in config_warnings(self.config):
             log.warning("%s", warning)
         sinks = self.sinks.describe() if self.sinks else ""
+        # Absolute paths: a relative --socket is where a producer in another directory
+        # must look, and the log is where the operator reads it.
         log.info("evagg agent ready: node %s, socket %s, http %s, spool %s, sinks: %s, "
-                 "arrow memory pool %s", self.config.node_id, self.config.socket,
-                 self.config.http_listen or "off", self.spool.directory, sinks, self._arrow_pool)
+                 "arrow memory pool %s", self.config.node_id, self.config.socket.absolute(),
+                 self.config.http_listen or "off", self.spool.directory.absolute(), sinks,
+                 self._arrow_pool)
         if any(waiting.values()):  # after a crash or a stop cut short: say what resumes
             log.info("resuming: the spool holds events from before this start, which each "
                      "sink delivers first: %s", ", ".join(

@@ -291,3 +291,21 @@ def test_the_dead_letter_command_status_names_works_as_typed(tmp_path: Path) -> 
         agent.terminate()
         agent.wait(60)
         endpoint.close()
+
+
+def test_a_relative_socket_and_state_dir_are_logged_where_they_are(tmp_path: Path) -> None:
+    """`evagg run --socket ev.sock --state-dir st` logged `socket ev.sock`: a producer in
+    another directory could not tell where to connect."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(tmp_path),
+           "EVAGG_HTTP_LISTEN": f"127.0.0.1:{free_port()}"}
+    agent = subprocess.Popen([*evagg_command(), "run", "--socket", "ev.sock", "--state-dir",
+                              "st"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        assert agent.stdout is not None
+        ready = next((line for line in agent.stdout if "evagg agent ready:" in line), "")
+    finally:
+        agent.terminate()
+        agent.wait(60)
+    assert f"socket {tmp_path}/ev.sock, " in ready, ready
+    assert f"spool {tmp_path}/st/spool, " in ready, ready
