@@ -299,6 +299,10 @@ def test_the_agents_page_shows_a_restart_and_a_heartbeat_gap(page: Page) -> None
     grid = rect(page, "table.grid")  # every column on the page, the last one too
     assert grid["x"] + grid["width"] <= page.evaluate("window.innerWidth"), grid
     expect(row.locator("td[data-col=received_total]")).to_have_text("50")
+    # what the rates add up, where a reader sees recv/s and deliv/s differ
+    expect(page.locator("th[data-col=delivered_per_s]")).to_have_attribute(
+        "title", re.compile("all sinks added"))
+    expect(page.locator("#agents-note")).to_contain_text("an event two sinks take counts twice")
     shot(page, "agents")
     quiet = page.locator("table.grid tbody tr", has_text="nodeA")
     expect(quiet.locator("td[data-col=restarts]")).to_have_text("0")

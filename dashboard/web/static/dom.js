@@ -101,9 +101,10 @@ export function stateBadge(state) {
 }
 
 export function table(columns, rows, render, options = {}) {
-  // columns: [{key, label, num, sort, cls}], render(row, col) -> node/text
+  // columns: [{key, label, num, sort, cls, title}], render(row, col) -> node/text
   const cls = (c) => [c.num ? "num" : null, c.cls || null].filter(Boolean).join(" ") || null;
-  const head = h("tr", null, columns.map((c) => h("th", { class: cls(c), "data-col": c.key }, c.head || c.label)));
+  const head = h("tr", null, columns.map((c) => h("th", { class: cls(c), "data-col": c.key, title: c.title || null },
+    c.head || c.label)));
   const body = rows.map((row) => h("tr", null, columns.map((c) =>
     h("td", { class: cls(c), "data-col": c.key }, render(row, c)))));
   return h("div", { class: "grid-wrap" },

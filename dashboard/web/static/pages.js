@@ -522,13 +522,18 @@ function gapCell(row) {
   fmtDur(row.longest_gap_s), h("div", { class: "cell-note" }, `${fmtNum(row.missed_gaps)} missed`));
 }
 
+// What the agents' delivered counter adds up (evagg_delivered_events_total, every sink).
+const DELIVERED_NOTE = "events every sink delivered per second, all sinks added";
+
 export async function agents() {
   const data = await getJSON("/api/agents");
   const now = Date.now();
   const agentTable = data.agents.rows.length ? table([{ key: "node_id", label: "node" }, { key: "last_seen", label: "last heartbeat" },
     { key: "state", label: "state" }, { key: "version", label: "version" }, { key: "heartbeats", label: "beats", num: true },
-    { key: "received_total", label: "received", num: true }, { key: "received_per_s", label: "recv/s", num: true },
-    { key: "delivered_per_s", label: "deliv/s", num: true }, { key: "dropped_total", label: "dropped", num: true },
+    { key: "received_total", label: "received", num: true, title: "events this agent process took in since it started, as its last heartbeat said" },
+    { key: "received_per_s", label: "recv/s", num: true, title: "events taken in per second between its last two heartbeats" },
+    { key: "delivered_per_s", label: "deliv/s", num: true, title: `${DELIVERED_NOTE} between its last two heartbeats` },
+    { key: "dropped_total", label: "dropped", num: true },
     { key: "lost_events", label: "lost", num: true }, { key: "spool_bytes", label: "spool", num: true },
     { key: "restarts", label: "restarts", num: true }, { key: "longest_gap_s", label: "longest gap", num: true }], data.agents.rows,
   (row, c) => c.key === "last_seen" ? `${fmtTime(row.last_seen)} (${fmtDur((now - Date.parse(row.last_seen)) / 1000)} ago)`
@@ -540,7 +545,10 @@ export async function agents() {
   const lossTable = data.losses.rows.length ? table([{ key: "time", label: "time" }, { key: "node_id", label: "node" },
     { key: "reason", label: "reason" }, { key: "source", label: "source" }, { key: "events", label: "events lost", num: true }], data.losses.rows,
   (row, c) => c.key === "time" ? fmtTime(row.time) : typeof row[c.key] === "number" ? fmtNum(row[c.key]) : row[c.key] ?? "") : h("p", { class: "muted" }, "No losses reported.");
-  return h("div", null, section("Node agents", agentTable), section("Losses", lossTable));
+  const note = data.agents.rows.length ? h("p", { class: "muted", id: "agents-note" }, `Counts are each agent process's own, `
+    + `from its last heartbeat. deliv/s: ${DELIVERED_NOTE}, so it differs from recv/s while a sink catches up, and an event `
+    + "two sinks take counts twice.") : null;
+  return h("div", null, section("Node agents", agentTable, note), section("Losses", lossTable));
 }
 
 // The metrics of a step that were NaN or infinite: the step's own list where the API
