@@ -7,12 +7,15 @@ memory limit, over hours of millions of events. Holding every id of the hour as 
 read, a batch at a time, and only the fingerprints (8 bytes per event) are sorted.
 Ids whose fingerprints repeat (the real duplicates: a retried send, and the rare pair of
 different ids that happen to share one) are then read again and compared whole, so the
-answer is exact; only those ids are ever held as text.
+answer is exact; only those ids are ever held as text, in Arrow. Each merge seeds the
+hash with random bits of its own, so that no producer can choose ids that share
+fingerprints and send every row down that slower path.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
@@ -23,6 +26,9 @@ import pyarrow.parquet as pq
 
 ID_COLUMN: Final = "event_id"
 BATCH_ROWS: Final = 65_536  # ids read at a time: bounds the byte matrix of one batch
+# ids compared whole at once, where that many repeat (a producer that resends all): each
+# part more reads the hour's ids again, each holds about 150 MiB of UUIDs
+CANDIDATES_AT_ONCE: Final = 1_000_000
 # bytes of ids gathered into one matrix: its byte positions are int64, eight times this
 _GATHER_BYTES: Final = 1 << 20
 _LONG_ID: Final = 256  # bytes: an id longer than this is hashed alone
@@ -34,24 +40,33 @@ _MIX_2: Final = np.uint64(0x94D049BB133111EB)
 def first_occurrences(inputs: list[Path], footers: list[pq.FileMetaData]) -> np.ndarray:
     """A mask over all rows of `inputs`, in order: True where an event_id is seen first,
     and for rows without one."""
+    seed = int.from_bytes(os.urandom(8), "little")
     prints = np.empty(sum(f.num_rows for f in footers), dtype=np.uint64)
     has_id = np.zeros(len(prints), dtype=bool)
     at = 0
     for batch in _id_batches(inputs, footers):
-        prints[at:at + len(batch)] = fingerprints(batch)
+        prints[at:at + len(batch)] = fingerprints(batch, seed)
         has_id[at:at + len(batch)] = batch.is_valid().to_numpy(zero_copy_only=False)
         at += len(batch)
     keep = np.ones(len(prints), dtype=bool)
     shared = _repeated_values(prints[has_id])
-    if len(shared):
-        candidates = np.flatnonzero(has_id & _is_in(prints, shared))
-        keep[candidates] = _first_of_each(_ids_at(inputs, footers, candidates))
+    if not len(shared):
+        return keep
+    candidates = np.flatnonzero(has_id & _is_in(prints, shared))
+    # Equal ids have equal fingerprints, so candidates split by fingerprint are decided
+    # part by part: however many rows repeat, no more than a part's ids are held at once.
+    parts = -(-len(candidates) // CANDIDATES_AT_ONCE)
+    part_of = prints[candidates] % np.uint64(parts)
+    for part in range(parts):
+        chosen = candidates[part_of == part] if parts > 1 else candidates
+        keep[chosen] = _first_of_each(_ids_at(inputs, footers, chosen))
     return keep
 
 
-def fingerprints(ids: pa.Array) -> np.ndarray:
-    """A 64-bit hash of each id's UTF-8 bytes (0 where the id is null). Ids of one length
-    are hashed together as a matrix of 8-byte words; a batch holds few lengths."""
+def fingerprints(ids: pa.Array, seed: int = 0) -> np.ndarray:
+    """A 64-bit hash of each id's UTF-8 bytes under `seed` (a null's is that of some id:
+    the caller tells nulls apart). Ids of one length are hashed together as a matrix of
+    8-byte words; a batch holds few lengths."""
     ids = ids.cast(pa.string())
     out = np.zeros(len(ids), dtype=np.uint64)
     if not len(ids) or ids.null_count == len(ids):
@@ -63,24 +78,24 @@ def fingerprints(ids: pa.Array) -> np.ndarray:
     for length in np.unique(lengths):
         rows = np.flatnonzero(lengths == length)
         if length > _LONG_ID:
-            out[rows] = np.array([_hash_one(data[offsets[r]:offsets[r + 1]]) for r in rows],
-                                 dtype=np.uint64)
+            out[rows] = np.array([_hash_one(data[offsets[r]:offsets[r + 1]], seed)
+                                  for r in rows], dtype=np.uint64)
             continue
         step = _GATHER_BYTES // max(int(length), 1)
         for at in range(0, len(rows), step):
             part = rows[at:at + step]
-            out[part] = _hash_rows(data, offsets[part], int(length))
+            out[part] = _hash_rows(data, offsets[part], int(length), seed)
     return out
 
 
-def _hash_one(id_bytes: np.ndarray) -> int:
+def _hash_one(id_bytes: np.ndarray, seed: int) -> int:
     """A long id's hash, alone (ids this long are rare; as a matrix they cost a loop
     step per 8 bytes)."""
-    return int.from_bytes(hashlib.blake2b(id_bytes.tobytes(), digest_size=8).digest(),
-                          "little")
+    keyed = hashlib.blake2b(id_bytes.tobytes(), digest_size=8, key=seed.to_bytes(8, "little"))
+    return int.from_bytes(keyed.digest(), "little")
 
 
-def _hash_rows(data: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
+def _hash_rows(data: np.ndarray, starts: np.ndarray, length: int, seed: int) -> np.ndarray:
     """The hash of the `length` bytes at each of `starts` in `data`, as a matrix of 8-byte
     words (the caller keeps rows times length within _GATHER_BYTES)."""
     words = -(-length // 8)
@@ -88,6 +103,7 @@ def _hash_rows(data: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
     if length:
         matrix[:, :length] = data[starts[:, None] + np.arange(length)]
     h = np.full(len(starts), length + 1, dtype=np.uint64)  # the length, so padding counts
+    h ^= np.uint64(seed)
     h *= _MULTIPLIER
     for word in matrix.view(np.uint64).T:
         h = (h ^ word) * _MULTIPLIER
@@ -103,7 +119,15 @@ def _repeated_values(prints: np.ndarray) -> np.ndarray:
     """The fingerprints that occur more than once (usually none), sorted; `prints` is a
     copy of the caller's, sorted here in place."""
     prints.sort()
-    return np.unique(prints[1:][prints[1:] == prints[:-1]])
+    repeats = prints[1:][prints[1:] == prints[:-1]]
+    return _distinct_sorted(repeats)
+
+
+def _distinct_sorted(values: np.ndarray) -> np.ndarray:
+    """np.unique of values already sorted, in one pass (np.unique hashes them again)."""
+    if not len(values):
+        return values
+    return values[np.concatenate(([True], values[1:] != values[:-1]))]
 
 
 def _is_in(prints: np.ndarray, shared: np.ndarray) -> np.ndarray:
@@ -117,28 +141,33 @@ def _is_in(prints: np.ndarray, shared: np.ndarray) -> np.ndarray:
     return found
 
 
-def _first_of_each(ids: list[str]) -> np.ndarray:
-    """For ids in row order: True at the first row of each id."""
-    seen: set[str] = set()
-    first = np.zeros(len(ids), dtype=bool)
-    for i, event_id in enumerate(ids):
-        if event_id not in seen:
-            seen.add(event_id)
-            first[i] = True
+def _first_of_each(ids: pa.ChunkedArray) -> np.ndarray:
+    """For ids in row order: True at the first row of each id. One hash of the ids, in
+    Arrow: its dictionary encoding numbers them in the order they are first seen, so a
+    row is a first exactly where the running highest number grows."""
+    if not len(ids):
+        return np.zeros(0, dtype=bool)
+    encoded = ids.dictionary_encode()  # its chunks share one dictionary
+    numbers = np.concatenate([chunk.indices.to_numpy() for chunk in encoded.chunks])
+    highest = np.maximum.accumulate(numbers)
+    first = np.concatenate(([True], highest[1:] > highest[:-1]))
+    if not np.array_equal(numbers[first], np.arange(first.sum())):  # not first-seen order
+        first[:] = False
+        first[np.unique(numbers, return_index=True)[1]] = True
     return first
 
 
 def _ids_at(inputs: list[Path], footers: list[pq.FileMetaData],
-            positions: np.ndarray) -> list[str]:
+            positions: np.ndarray) -> pa.ChunkedArray:
     """The ids at these ascending row positions of all inputs taken together."""
-    out: list[str] = []
+    chunks: list[pa.Array] = []
     at = 0
     for batch in _id_batches(inputs, footers):
         lo, hi = np.searchsorted(positions, [at, at + len(batch)])
         if hi > lo:
-            out.extend(batch.take(pa.array(positions[lo:hi] - at)).to_pylist())
+            chunks.append(batch.take(pa.array(positions[lo:hi] - at)).cast(pa.string()))
         at += len(batch)
-    return out
+    return pa.chunked_array(chunks, type=pa.string())
 
 
 def _id_batches(inputs: list[Path], footers: list[pq.FileMetaData]) -> Iterator[pa.Array]:

@@ -63,15 +63,18 @@ def test_ids_whose_fingerprints_collide_are_still_told_apart(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Every id shares one fingerprint: the whole ids decide.
     monkeypatch.setattr(id_dedupe, "fingerprints",
-                        lambda ids: np.zeros(len(ids), dtype=np.uint64))
+                        lambda ids, seed: np.zeros(len(ids), dtype=np.uint64))
     ids: list[str | None] = ["x", "y", "x", None, "z", "y", None, "w"]
     paths, footers = write_files(tmp_path, [ids[:3], ids[3:]])
     assert first_occurrences(paths, footers).tolist() == first_seen(ids)
 
 
+@pytest.mark.parametrize("at_once", [1_000_000, 2])
 def test_a_batch_boundary_inside_a_file_changes_nothing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at_once: int) -> None:
+    # and many repeats decided a part at a time decide the same
     monkeypatch.setattr(id_dedupe, "BATCH_ROWS", 3)
+    monkeypatch.setattr(id_dedupe, "CANDIDATES_AT_ONCE", at_once)
     ids: list[str | None] = [str(i % 5) for i in range(17)]
     paths, footers = write_files(tmp_path, [ids[:11], ids[11:]], idless=4)
     assert first_occurrences(paths, footers).tolist() == first_seen(ids) + [True] * 4
@@ -105,3 +108,39 @@ def test_ids_longer_than_a_gather_are_hashed_whole(tmp_path: Path) -> None:
     assert prints[0] != prints[1] and prints[0] == prints[2]
     edge = [c * n for n in (255, 256, 257) for c in "ab"]
     assert len(set(fingerprints(pa.array(edge + edge)).tolist())) == len(edge)
+
+
+def ids_sharing_one_unseeded_fingerprint(count: int) -> list[str]:
+    """Printable 16-byte ids that share one fingerprint under seed 0, made by running the
+    hash's steps backwards, as a producer could if the hash had no secret."""
+    mult, mask = 0x9E3779B97F4A7C15, (1 << 64) - 1
+
+    def step(x: int) -> int:
+        y = (x * mult) & mask
+        return y ^ (y >> 29)
+
+    def unstep(z: int) -> int:
+        return ((z ^ (z >> 29) ^ (z >> 58)) * pow(mult, -1, 1 << 64)) & mask
+
+    def word(b: bytes) -> int:
+        return int.from_bytes(b, "little")
+
+    target = b"evt-0000-0000-01"
+    start = (17 * mult) & mask
+    end = step(step(start ^ word(target[:8])) ^ word(target[8:]))
+    found, rng = [target.decode()], np.random.default_rng(0)
+    while len(found) < count:
+        first = bytes(rng.integers(0x30, 0x7b, 8, dtype=np.uint8))
+        second = (unstep(end) ^ step(start ^ word(first))).to_bytes(8, "little")
+        if all(0x20 <= c < 0x7f for c in second):
+            found.append((first + second).decode())
+    return found
+
+
+def test_ids_made_to_collide_do_not_under_a_merges_own_seed(tmp_path: Path) -> None:
+    crafted = ids_sharing_one_unseeded_fingerprint(20)
+    assert len(set(fingerprints(pa.array(crafted)).tolist())) == 1  # the attack, unseeded
+    seeded = fingerprints(pa.array(crafted), seed=0x5EED_0F_A_3E26E)
+    assert len(set(seeded.tolist())) == len(crafted)
+    paths, footers = write_files(tmp_path, [crafted + crafted[:3]])
+    assert first_occurrences(paths, footers).tolist() == [True] * 20 + [False] * 3
