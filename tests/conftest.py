@@ -17,13 +17,18 @@ from tests.sinks.server_thread import ServerThread
 MAX_WORKERS = 8  # each worker may hold a Ray cluster or a JVM: memory, not CPU, bounds more
 
 
+# The suite's own switches (EVAGG_TEST_CONTAINER, EVAGG_OTHER_DUCKDB, ...), not the agent's.
+SUITE_VARIABLES = ("EVAGG_TEST_", "EVAGG_OTHER_")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Each test starts from the same environment, whoever runs the suite: a developer's
-    own EVAGG_* settings (EVAGG_HTTP_LISTEN wins over every test agent's config, and
-    EVAGG_CONFIG or EVAGG_DATA over the lake a command is given) are dropped, and the
-    query caches of commands that name none go to a folder of this run, not the user's
-    ~/.cache. Tests that want a variable set it themselves."""
-    for name in [n for n in os.environ if n.startswith("EVAGG_")]:
+    own settings for evagg (EVAGG_HTTP_LISTEN wins over every test agent's config, and
+    EVAGG_CONFIG or EVAGG_DATA over the lake a command is given) are dropped, the
+    suite's own switches kept; and the query caches of commands that name none go under
+    .pytest_cache, not the user's ~/.cache. Tests that want a variable set it themselves."""
+    for name in [n for n in os.environ if n.startswith("EVAGG_")
+                 and not n.startswith(SUITE_VARIABLES)]:
         del os.environ[name]
     cache = Path(config.rootpath) / ".pytest_cache" / "xdg-cache"
     os.environ["XDG_CACHE_HOME"] = str(cache)
