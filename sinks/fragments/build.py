@@ -26,7 +26,9 @@ from sinks.fragments.task_fold import FOLD_COLUMNS, partial_select
 if TYPE_CHECKING:
     import duckdb
 
-MEMORY_LIMIT: Final = "512MB"  # 256MB: the fold of a million events spills, 0.3 s more
+# Fits the DaemonSet's 1 GiB beside the agent; at 256MB a million events' fold would
+# spill, for 0.3 CPU s more (docs/performance.md, the hour merge's memory).
+MEMORY_LIMIT: Final = "512MB"
 FRAGMENT_META_KEY: Final = "evagg.fragment"  # key-value metadata: the merged file's name
 _DUCKDB = dialect("duckdb")
 
@@ -82,9 +84,12 @@ def write_fragment(events_file: Path, fragment: Path, events_name: str, spill: S
         return _write(con, events_file, fragment, events_name,
                       nanos_types=int(duckdb.__version__.split(".")[0]) >= 2)
     except duckdb.OutOfMemoryException as exc:
+        if "max_temp_directory_size" not in str(exc):
+            raise  # a step that cannot spill ran out of memory: not the disk's doing
         raise NoRoomToFold(f"the task fragment's fold needed more than {MEMORY_LIMIT} of "
-                           f"memory and {spill.max_bytes // 2**20} MiB of disk in "
-                           f"{spill.directory}: give that disk room") from exc
+                           f"memory and more than the {max(spill.max_bytes, 0) // 2**20} MiB "
+                           f"of disk it may use in {spill.directory.parent}: give that disk "
+                           "room") from exc
     finally:
         con.close()
 

@@ -180,8 +180,10 @@ def _publish_fragment(store: Target, events_file: Path, directory: str, compacte
     staged.parent.mkdir(parents=True, exist_ok=True)
     try:
         with store.spill_folder() as folder:
-            write_fragment(events_file, staged, compacted,
-                           Spill(Path(folder), spill_room(Path(folder))))
+            # less the fragment itself, which may be written to the same disk meanwhile
+            # (it is smaller than its events file)
+            room = spill_room(Path(folder)) - events_file.stat().st_size
+            write_fragment(events_file, staged, compacted, Spill(Path(folder), room))
         store.publish(staged, key)
     finally:
         staged.unlink(missing_ok=True)

@@ -124,7 +124,20 @@ def test_a_fold_the_staging_disk_has_no_room_for_waits_as_no_room(
                          scratch_dir=small_staging_disk / "staging")
     [partition] = report.partitions
     assert partition.error_kind == "no_room", str(report)
-    assert "MiB of disk in" in partition.error and "give that disk room" in partition.error
+    assert f"MiB of disk it may use in {small_staging_disk / 'staging'}: give that disk room" \
+        in partition.error, partition.error
     left = sorted(p.name for p in (busy_hour / PARTITION).iterdir())
     assert left == [f"part-earlier-{f:04d}.parquet" for f in range(4)]  # untouched
     assert os.listdir(small_staging_disk / "staging") == []
+
+
+def test_a_fold_out_of_memory_with_disk_to_spare_is_not_called_no_room(
+        busy_hour: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step DuckDB cannot spill, out of memory under a cap too small for it, with the
+    whole disk free: counted as the partition's failure, not as the disk's."""
+    monkeypatch.setattr(fragment_build, "MEMORY_LIMIT", "32MB")
+    report = run_compact(str(busy_hour), partition=PARTITION, grace_s=0.0,
+                         scratch_dir=tmp_path / "staging")
+    [partition] = report.partitions
+    assert partition.error_kind == "partition", str(report)
+    assert "OutOfMemoryException" in str(partition.error), partition.error
