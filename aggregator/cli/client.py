@@ -81,9 +81,9 @@ def add_tail_parser(commands: Parsers) -> None:
 
 def _evaggs_kinds() -> list[str]:
     """The kinds evagg's producers and intakes write (docs/event-schema.md)."""
-    from aggregator.ray.entities import DEFINITIONS
+    from aggregator.ray.entities import RAY_KINDS
 
-    return sorted(set(KINDS) | {kind for kind, _, _ in DEFINITIONS.values()})
+    return sorted(set(KINDS) | set(RAY_KINDS))
 
 
 def _say_unknown_kinds(kinds: list[str]) -> None:

@@ -34,6 +34,12 @@ DEFINITIONS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "WORKER_DEFINITION_EVENT": ("worker", (), ("worker_id", "node_id")),
 }
 # event type -> (kind, id column)
+PROFILE_KIND = "ray_profile"  # a task's timed entry (TASK_PROFILE_EVENT)
+UNMAPPED_KIND = "ray"  # an event type evagg does not map, kept whole in attrs['ray_raw']
+# every kind Ray's events become (docs/ray.md)
+RAY_KINDS = tuple(sorted({kind for kind, _, _ in DEFINITIONS.values()}
+                         | {PROFILE_KIND, UNMAPPED_KIND}))
+
 LIFECYCLES: dict[str, tuple[str, str]] = {
     "ACTOR_LIFECYCLE_EVENT": ("actor", "actor_id"),
     "DRIVER_JOB_LIFECYCLE_EVENT": ("job", "job_id"),
@@ -113,7 +119,7 @@ def map_profile(p: dict[str, Any], k: Keys, event_type: str) -> list[Row]:
     if not isinstance(profile, dict):
         return []
     common: Row = {
-        "kind": "ray_profile",
+        "kind": PROFILE_KIND,
         "attempt": to_int(p.get(k["attempt_number"], 0), k["attempt_number"]),
         **ids(p, k, "task_id", "job_id"),
     }

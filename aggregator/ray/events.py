@@ -29,6 +29,7 @@ from aggregator.ray.dedupe import RecentEventIds, content_id, ray_event_id
 from aggregator.ray.entities import (
     DEFINITIONS,
     LIFECYCLES,
+    UNMAPPED_KIND,
     map_definition,
     map_lifecycle,
     map_profile,
@@ -134,7 +135,7 @@ def map_event(item: Any) -> list[Row]:
     bodies = mapper(payload, k, event_type) if mapper and isinstance(payload, dict) else []
     if not bodies:  # a type we do not know, or nothing we could map: keep it whole
         raw = orjson.dumps(item, option=orjson.OPT_SORT_KEYS).decode()
-        bodies = [{"kind": "ray", "name": event_type or None, "attrs": {"ray_raw": raw}}]
+        bodies = [{"kind": UNMAPPED_KIND, "name": event_type or None, "attrs": {"ray_raw": raw}}]
     return _stamp_envelope(item, k, event_type, payload_key, bodies)
 
 

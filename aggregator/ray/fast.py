@@ -30,6 +30,7 @@ from typing import Any, Final, NamedTuple
 
 from aggregator.decode.normalize import Stamp
 from aggregator.ray.columns import RowTuple
+from aggregator.ray.entities import PROFILE_KIND
 from aggregator.ray.errors import error_columns
 from aggregator.ray.task_shapes import (
     DEFINITION_TAKEN,
@@ -285,7 +286,7 @@ def _profile(p: dict[str, Any], k: Keys, env: _Envelope) -> list[RowTuple]:
         attrs = {**shared, **extra_attrs(entry, k, PROFILE_ENTRY_TAKEN), **env.attrs}
         rows.append((
             env.event_hex + _suffix(index) if many else env.event_hex,
-            _checked(start) if start else env.time(), "ray_profile", "ray", name, None,
+            _checked(start) if start else env.time(), PROFILE_KIND, "ray", name, None,
             task_id, attempt, None, job_id, None, env.node_hex, worker_id, None, env.host,
             None, None, None, None, (end - start) / 1e9 if end >= start > 0 else None,
             None, None, None, None, None, attrs))
