@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -164,12 +165,19 @@ def _run(args: argparse.Namespace) -> int:
                          overrides=overrides_from_args(args))
     except (OSError, RuntimeError) as exc:  # socket or port taken, spool locked, ...
         problem = f"cannot start the agent: {exc}{_set_by_variables(str(exc), config, args)}"
-        if args.demo:  # its own agent, on the defaults: a running one holds them
+        if args.demo and _held_by_another_agent(exc):  # the demo's agent, on the defaults
             problem += ("; the demo starts an agent of its own on the defaults: stop the "
                         "running one (Ctrl-C, or `systemctl --user stop evagg-user`), run "
                         "the demo, then start yours again")
         _say(problem, as_log=args.log_format == "json")
         return 1
+
+
+def _held_by_another_agent(exc: BaseException) -> bool:
+    """The spool, the socket or the HTTP port is another agent's (or another program's)."""
+    from aggregator.spool import SpoolLockedError
+
+    return isinstance(exc, SpoolLockedError) or "already listening on" in str(exc)
 
 
 def _set_by_variables(problem: str, config: AgentConfig, args: argparse.Namespace) -> str:
@@ -182,12 +190,19 @@ def _set_by_variables(problem: str, config: AgentConfig, args: argparse.Namespac
     notes = []
     for key, variable in apply_env({}, os.environ).items():
         value = str(getattr(config, key))
+        named = [value, f"{value}/spool"] if key == "state_dir" else [value]  # its spool
         if key in ("socket", "state_dir", "http_listen") and flags.get(key) is None and \
-                value and value in problem:
+                value and any(_names(problem, one) for one in named):
             notes.append(f"{value} is ${variable}'s, which wins over agent.{key} in a "
                          f"config file: change or unset ${variable}")
         # (a flag wins over both, and is on the command line for all to see)
     return "".join(f"; {note}" for note in notes)
+
+
+def _names(problem: str, value: str) -> bool:
+    """Whether `problem` names `value` whole: a state_dir is not named by a socket path
+    inside it, nor port 404 by 4040."""
+    return re.search(rf"(?<![\w/.:-]){re.escape(value)}(?![\w/.:-])", problem) is not None
 
 
 def _add_check_config(commands: Parsers) -> None:

@@ -46,3 +46,28 @@ def test_a_socket_another_agent_holds_says_what_to_do(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert f"another agent is already listening on {first.socket_path}" in done.stderr
     assert "stop that one first" in done.stderr and "--socket" in done.stderr, done.stderr
+
+
+def test_a_clash_names_the_variable_whose_value_it_is_about_not_one_inside_it(
+        tmp_path: Path) -> None:
+    """EVAGG_STATE_DIR is the folder that holds the config's socket: a clash on that
+    socket is not the state_dir's, and says nothing of the variable; a clash on the
+    spool under it is, and says so."""
+    (tmp_path / "first").mkdir()
+    first = AgentProcess(tmp_path / "first").start()
+    state = first.socket_path.parent
+    try:
+        config = tmp_path / "evagg.toml"
+        config.write_text(f'[agent]\nsocket = "{first.socket_path}"\n')
+        on_socket = evagg("run", "--config", str(config), "--http-listen",
+                          f"127.0.0.1:{free_port()}", env={"EVAGG_STATE_DIR": str(state)})
+        config.write_text(f'[agent]\nsocket = "{short_socket_dir() / "events.sock"}"\n')
+        on_spool = evagg("run", "--config", str(config), "--http-listen",
+                         f"127.0.0.1:{free_port()}",
+                         env={"EVAGG_STATE_DIR": str(first.state_dir)})
+    finally:
+        assert first.stop() == 0
+    assert on_socket.returncode == 1 and "already listening on" in on_socket.stderr
+    assert "$EVAGG_STATE_DIR" not in on_socket.stderr, on_socket.stderr
+    assert on_spool.returncode == 1 and "is in use by another evagg agent" in on_spool.stderr
+    assert f"{first.state_dir} is $EVAGG_STATE_DIR's" in on_spool.stderr, on_spool.stderr
