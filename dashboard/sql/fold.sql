@@ -221,7 +221,7 @@ LEFT JOIN fold_recount AS c USING (task_id, attempt, session);
 -- open's time. (An event copied into two node-hours, a producer's resend across an hour
 -- boundary, counts in both: docs/queries.md.) On S3 a batch counts them here; on a
 -- local lake the copy does (@placed_kinds), as it copies their fragments' rows: no
--- `evagg query` reads the timeline, and counting 10 million events per second and kind
+-- `evagg query` command but `sql` reads the timeline, and counting 10 million events per second and kind
 -- cost 0.40-0.44 CPU s of a first open.
 CREATE OR REPLACE TEMP TABLE fold_timeline AS
 SELECT n.second, n.kind, n.events + coalesce(t.events, 0) AS events,

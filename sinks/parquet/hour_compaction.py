@@ -54,7 +54,8 @@ class HourCompaction:
                  scratch_dir: Path | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.location = location
-        self.scratch_dir = scratch_dir  # an S3 hour's inputs and merged file, before upload
+        # an S3 hour's inputs and merged file before upload, and any hour's fold spill
+        self.scratch_dir = scratch_dir
         self._swept = scratch_dir is None  # its leftovers from earlier runs, once
         self.node_id = node_id
         self.s3 = s3
@@ -119,7 +120,8 @@ class HourCompaction:
 
     def _remove_leftovers(self) -> None:
         """Once, before this process's first merge: what a merge cut short by a kill left
-        in the scratch directory (each an hour's files), which nothing else deletes."""
+        in the scratch directory (an hour's files, a fold's spill), which nothing else
+        deletes."""
         if self._swept or self.scratch_dir is None:
             return
         self._swept = True

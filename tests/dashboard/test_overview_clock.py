@@ -51,3 +51,19 @@ def test_a_lake_whose_every_event_is_ahead_of_now_charts_nothing(
         store.close()
     assert found["ahead_of_now"] == 3 and found["events"] == 3
     assert found["timeline"] == [] and found["bucket_s"] == 60
+
+
+def test_the_sql_width_rule_agrees_with_bucket_width_s_at_every_boundary() -> None:
+    """The overview's one-statement count picks its width in SQL (WIDTH_SQL); the span
+    alone picks it in Python (bucket_width_s): the same rule, written twice."""
+    import duckdb
+
+    from dashboard.questions.overview import MAX_BUCKETS, WIDTH_SQL, WIDTHS_S, bucket_width_s
+
+    spans = [0.0, 0.5] + [w * MAX_BUCKETS + d for w in WIDTHS_S for d in (-1e-6, 0.0, 1e-6)]
+    con = duckdb.connect()
+    for span_s in spans:
+        in_sql = con.execute(f"SELECT {WIDTH_SQL} FROM (SELECT $s::DOUBLE AS span_s)",
+                             {"s": span_s}).fetchone()
+        assert in_sql is not None
+        assert in_sql[0] == bucket_width_s(0, round(span_s * 1e6)), span_s

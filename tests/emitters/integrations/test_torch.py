@@ -160,11 +160,11 @@ def test_a_loop_without_a_wrapped_loader_reports_no_data_wait() -> None:
     sink = Captured()
     model, optimizer = model_and_optimizer()
     tracker = TrainingTracker(model, optimizer, emitter=sink)  # type: ignore[arg-type]
-    for x, y in batches(3):
+    for x, y in batches(3):  # no metric of the caller's either: no metrics at all
         torch.nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
-    for x, y in batches(3):  # no metric of the caller's either: no metrics at all
+    for x, y in batches(3):  # the caller's metric alone
         torch.nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
