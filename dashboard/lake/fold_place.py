@@ -13,9 +13,10 @@ once the first answer is out the fold copies them into the table (`TaskFold.pers
 
 The compacted files of those fragments are read in place too, for their events per
 second and kind (the overview's timeline, `fold_timeline_all`): no `evagg query` command
-but `sql` reads the timeline, so a first open does not count it (0.40-0.44 CPU s of a first open at 10
-million events); the copy does, as it copies the fragments' rows, and until then every
-read of the timeline counts them (the dashboard's overview, once per answer).
+but `sql` reads the timeline, so a first open does not count it (0.40-0.44 CPU s of a
+first open at 10 million events); the copy does, as it copies the fragments' rows, and
+until then every read of the timeline counts them (the dashboard's overview, once per
+answer).
 
 DuckDB's read_parquet takes its file list when a view is bound, so the views here name
 the fragments and are made again whenever `fold.placed` changes (`bind`). Each view is
