@@ -25,19 +25,26 @@ def post_op(agent: AgentProcess, run_id: str) -> None:
         assert answer.status in (200, 202)
 
 
-def test_the_run_page_links_the_run_s_files(agent_factory: Callable[..., AgentProcess],
-                                            tmp_path: Path) -> None:
+def shipped_trace(agent_factory: Callable[..., AgentProcess], tmp_path: Path, name: str,
+                  content: bytes) -> tuple[Path, Store]:
+    """A lake where an agent shipped the trace file `name` (run/file) and got one op of
+    run exp-42; the store over it."""
     traces = tmp_path / "traces"
-    (traces / "exp-42").mkdir(parents=True)
+    trace = traces / name
+    trace.parent.mkdir(parents=True)
     agent = agent_factory(extra_toml=f'[[files]]\npath = "{traces}"\nkind = "torch_trace"\n'
                                      'settle = "1s"\n').start()
     post_op(agent, "exp-42")
-    trace = traces / "exp-42" / "host_1.1.pt.trace.json"
-    trace.write_bytes(b'{"traceEvents": [{"name": "aten::mm", "ph": "X"}]}')
+    trace.write_bytes(content)
     agent.wait_rows("SELECT kind FROM events WHERE kind IN ('artifact', 'op')", 2, 90)
     assert agent.stop() == 0
+    return trace, Store(StoreOptions(str(agent.lake_dir), refresh_s=0.2, cache_dir=None))
 
-    store = Store(StoreOptions(str(agent.lake_dir), refresh_s=0.2, cache_dir=None))
+
+def test_the_run_page_links_the_run_s_files(agent_factory: Callable[..., AgentProcess],
+                                            tmp_path: Path) -> None:
+    trace, store = shipped_trace(agent_factory, tmp_path, "exp-42/host_1.1.pt.trace.json",
+                                 b'{"traceEvents": [{"name": "aten::mm", "ph": "X"}]}')
     with serving(store) as url, chromium() as browser, \
             tab(browser, url, width=1400, height=900) as page:
         page.goto("/#/run?run=exp-42")
@@ -56,17 +63,9 @@ def test_a_run_with_files_and_no_steps_shows_its_files(
         agent_factory: Callable[..., AgentProcess], tmp_path: Path) -> None:
     """A profiler's traces written under a run that sent no ops (trace_handler without a
     tracker): the run's page is its files, not an error."""
-    traces = tmp_path / "traces"
-    (traces / "prof-1").mkdir(parents=True)
-    agent = agent_factory(extra_toml=f'[[files]]\npath = "{traces}"\nkind = "torch_trace"\n'
-                                     'settle = "1s"\n').start()
-    post_op(agent, "exp-42")  # another run's op: the lake has runs, not this one
-    trace = traces / "prof-1" / "host_1.2.pt.trace.json"
-    trace.write_bytes(b'{"traceEvents": []}')
-    agent.wait_rows("SELECT kind FROM events WHERE kind IN ('artifact', 'op')", 2, 90)
-    assert agent.stop() == 0
-
-    store = Store(StoreOptions(str(agent.lake_dir), refresh_s=0.2, cache_dir=None))
+    # another run's op beside it: the lake has runs, not this one
+    _, store = shipped_trace(agent_factory, tmp_path, "prof-1/host_1.2.pt.trace.json",
+                             b'{"traceEvents": []}')
     with serving(store) as url, chromium() as browser, \
             tab(browser, url, width=1280, height=900) as page:
         page.goto("/#/run?run=prof-1")

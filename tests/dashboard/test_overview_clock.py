@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,17 @@ from tests.dashboard.lakegen import at, event, local_put, write_rows
 YEAR_2100_NS = int(datetime(2100, 1, 1, tzinfo=UTC).timestamp() * 1e9)
 
 
+def overview_of(tmp_path: Path, rows: list[dict[str, Any]], folded: bool) -> dict[str, Any]:
+    """The overview of a lake of `rows`, through the fold's cache or from scratch."""
+    write_rows(local_put(tmp_path / "lake"), rows, "part-1.parquet")
+    cache = str(tmp_path / "cache") if folded else None
+    store = Store(StoreOptions(str(tmp_path / "lake"), cache_dir=cache, fold=folded))
+    try:
+        return overview(store)
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize("folded", [True, False], ids=["folded", "from-scratch"])
 def test_an_event_from_a_wrong_clock_is_counted_apart_not_charted(
         tmp_path: Path, folded: bool) -> None:
@@ -23,13 +35,7 @@ def test_an_event_from_a_wrong_clock_is_counted_apart_not_charted(
                   state="FINISHED", time=at(60.0 * n)) for n in range(30)]
     rows.append(event(kind="task", source="script", task_id="late", name="work",
                       state="FINISHED", time=YEAR_2100_NS))
-    write_rows(local_put(tmp_path / "lake"), rows, "part-1.parquet")
-    cache = str(tmp_path / "cache") if folded else None
-    store = Store(StoreOptions(str(tmp_path / "lake"), cache_dir=cache, fold=folded))
-    try:
-        found = overview(store)
-    finally:
-        store.close()
+    found = overview_of(tmp_path, rows, folded)
     assert found["ahead_of_now"] == 1
     assert found["events"] == 31  # still counted
     assert found["bucket_s"] <= 60  # the half hour of real work, not 30-day buckets
@@ -42,13 +48,7 @@ def test_a_lake_whose_every_event_is_ahead_of_now_charts_nothing(
         tmp_path: Path, folded: bool) -> None:
     rows = [event(kind="task", source="script", task_id=f"t{n}", name="work",
                   state="FINISHED", time=YEAR_2100_NS + n * 10**9) for n in range(3)]
-    write_rows(local_put(tmp_path / "lake"), rows, "part-1.parquet")
-    cache = str(tmp_path / "cache") if folded else None
-    store = Store(StoreOptions(str(tmp_path / "lake"), cache_dir=cache, fold=folded))
-    try:
-        found = overview(store)
-    finally:
-        store.close()
+    found = overview_of(tmp_path, rows, folded)
     assert found["ahead_of_now"] == 3 and found["events"] == 3
     assert found["timeline"] == [] and found["bucket_s"] == 60
 
