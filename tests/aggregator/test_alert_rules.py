@@ -177,6 +177,8 @@ def firing_cases(scraped: dict[str, list[Labels]]) -> dict[str, Callable[[], Cas
     ray_log = {"reason": "ray_log_missing"}
     publish = {"sink": "lake", "type": "parquet", "reason": "s3_access_denied"}
     disk_full = {"reason": "ENOSPC"}  # present only while appends fail: labels as documented
+    # an HTTP sink's counts (the agent scraped here has none): labels as documented
+    dead_letters = {"sink": "collector", "type": "http"}
     unmerged = one(scraped, "evagg_sink_partitions_not_merged", sink="lake")
 
     def slow_buckets() -> list[tuple[str, Labels, str]]:
@@ -248,6 +250,10 @@ def firing_cases(scraped: dict[str, list[Labels]]) -> dict[str, Callable[[], Cas
             "EvaggBadInput",  # rejected events on both routes grow, no bad bodies
             [("evagg_rejected_events_total", r, "0+60x30") for r in rejected], "20m",
             [{"instance": INSTANCE["instance"]}]),
+        "EvaggDeadLetters": lambda: Case(
+            "EvaggDeadLetters",  # an endpoint refuses every batch with a 400
+            [("evagg_sink_dead_lettered_events_total", dead_letters, "0 0+500x10")], "6m",
+            [_plain(dead_letters)]),
         "EvaggWorkerErrors": lambda: Case(
             "EvaggWorkerErrors", [("evagg_worker_errors_total", worker, "0 0 1x10")], "5m",
             [_plain(worker)]),
@@ -293,7 +299,10 @@ def test_no_rule_fires_on_a_healthy_agent(
                for labels in scraped["evagg_sink_last_delivery_timestamp_seconds"]]
     steady += [("evagg_sink_permanent_error", one(scraped, "evagg_sink_permanent_error"),
                 "0x40"), ("evagg_spool_bytes", {}, "10x40"),
-               ("evagg_spool_max_bytes", {}, "1000x40")]
+               ("evagg_spool_max_bytes", {}, "1000x40"),
+               # an HTTP sink that never dead-lettered anything (the agent here has none)
+               ("evagg_sink_dead_lettered_events_total", {"sink": "collector", "type": "http"},
+                "0x40")]
     cases = [Case(alert, steady, "40m", []) for alert in alert_names()]
     done = run_promtool(tmp_path, cases)
     assert done.returncode == 0, done.stdout + done.stderr
