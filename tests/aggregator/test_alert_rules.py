@@ -254,6 +254,10 @@ def firing_cases(scraped: dict[str, list[Labels]]) -> dict[str, Callable[[], Cas
             "EvaggDeadLetters",  # an endpoint refuses every batch with a 400
             [("evagg_sink_dead_lettered_events_total", dead_letters, "0 0+500x10")], "6m",
             [_plain(dead_letters)]),
+        "EvaggBadInput, quiet on a full disk": lambda: Case(
+            "EvaggBadInput",  # frames refused as the spool's disk is full: no producer's fault
+            [("evagg_bad_input_total", {"route": "socket", "reason": "spool_write_failed"},
+              "0+600x30")], "20m", []),
         "EvaggWorkerErrors": lambda: Case(
             "EvaggWorkerErrors", [("evagg_worker_errors_total", worker, "0 0 1x10")], "5m",
             [_plain(worker)]),
