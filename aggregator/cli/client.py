@@ -34,7 +34,10 @@ def agent_url(explicit: str | None, config: Path | None = None) -> str:
         try:
             listen = configured_http_listen(config)
         except ConfigError as exc:
-            raise NoAgentUrl(f"config error: {exc}") from None
+            # A running agent keeps the file it read at start or at its last applied
+            # reload (a refused one leaves it running), so it can still be asked.
+            raise NoAgentUrl(f"config error: {exc}; to ask a running agent anyway, pass "
+                             "--url with its http_listen (e.g. --url 127.0.0.1:4040)") from None
         if not listen:
             raise NoAgentUrl("the agent's HTTP port is disabled (http_listen = \"\"); "
                              "pass --url")

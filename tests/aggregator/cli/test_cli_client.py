@@ -250,6 +250,20 @@ def test_status_with_http_disabled_or_a_broken_config_says_why(tmp_path: Path) -
     assert b"Traceback" not in disabled.stderr + missing.stderr
 
 
+def test_status_after_a_reload_refused_for_a_broken_file_says_how_to_ask_the_agent(
+        agent: AgentProcess) -> None:
+    # The agent refused the reload and runs on; the file on disk no longer parses. The
+    # operator's next command must not be a dead end.
+    broken = agent.workdir / "broken.toml"
+    broken.write_text(agent.config_path.read_text() + "\n[[sinks\n")
+    refused = client("status", "--interval", "0.1", env=client_env(EVAGG_CONFIG=str(broken)))
+    assert refused.returncode == 2 and b"not valid TOML" in refused.stderr
+    assert b"--url" in refused.stderr, refused.stderr
+    asked = client("status", "--interval", "0.1", "--url", agent.http_url,
+                   env=client_env(EVAGG_CONFIG=str(broken)))
+    assert asked.returncode == 0 and b"sink lake" in asked.stdout, asked.stderr
+
+
 # -- `evagg run --demo` next to a running agent ----------------------------------------------
 
 def test_demo_beside_a_running_agent_says_why(agent: AgentProcess) -> None:
