@@ -323,3 +323,11 @@ def test_gauges_a_dashboard_reads_have_a_sample_on_a_fresh_agent(
     # each loss reason from the start, at 0: a first loss is an increase the rules see
     assert ({"reason": "drop_oldest"}, 0.0) in samples["evagg_dropped_events_total"]
     assert ({"reason": "buffer_full"}, 0.0) in samples["evagg_producer_dropped_events_total"]
+
+
+def test_the_producers_dropping_summary_fits_every_reason() -> None:
+    # reason is buffer_full, nacked (bad events), too_large, unencodable or exit_deadline:
+    # an on-call reading "buffers full" for a nack looks at the agent, not the producer
+    for reason in ("nacked", "too_large", "unencodable", "exit_deadline"):
+        summary = annotations("EvaggProducersDropping", {"reason": reason})["summary"]
+        assert reason in summary and "buffers full" not in summary, summary
