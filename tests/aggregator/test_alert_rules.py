@@ -252,8 +252,12 @@ def firing_cases(scraped: dict[str, list[Labels]]) -> dict[str, Callable[[], Cas
             [{"instance": INSTANCE["instance"]}]),
         "EvaggDeadLetters": lambda: Case(
             "EvaggDeadLetters",  # an endpoint refuses every batch with a 400
-            [("evagg_sink_dead_lettered_events_total", dead_letters, "0 0+500x10")], "6m",
+            [("evagg_sink_dead_letters_waiting_events", dead_letters, "0 0+500x10")], "6m",
             [_plain(dead_letters)]),
+        "EvaggDeadLetters, replayed": lambda: Case(
+            "EvaggDeadLetters",  # `evagg dlq replay` sent them: the gauge is back at 0
+            [("evagg_sink_dead_letters_waiting_events", dead_letters, "0 500x5 0x10")], "12m",
+            []),
         "EvaggBadInput, quiet on a full disk": lambda: Case(
             "EvaggBadInput",  # frames refused as the spool's disk is full: no producer's fault
             [("evagg_bad_input_total", {"route": "socket", "reason": "spool_write_failed"},
@@ -305,7 +309,7 @@ def test_no_rule_fires_on_a_healthy_agent(
                 "0x40"), ("evagg_spool_bytes", {}, "10x40"),
                ("evagg_spool_max_bytes", {}, "1000x40"),
                # an HTTP sink that never dead-lettered anything (the agent here has none)
-               ("evagg_sink_dead_lettered_events_total", {"sink": "collector", "type": "http"},
+               ("evagg_sink_dead_letters_waiting_events", {"sink": "collector", "type": "http"},
                 "0x40")]
     cases = [Case(alert, steady, "40m", []) for alert in alert_names()]
     done = run_promtool(tmp_path, cases)
