@@ -51,13 +51,15 @@ def _add_address_flags(parser: argparse.ArgumentParser) -> None:
                              "(default: $EVAGG_CONFIG or none; $EVAGG_HTTP_LISTEN wins)")
 
 
-def cannot_reach(command: str, url: str, exc: urllib.error.URLError | ConnectionError) -> str:
+def cannot_reach(command: str, url: str,
+                 exc: urllib.error.URLError | ConnectionError | TimeoutError) -> str:
     """Why `command` got no answer from the agent at `url`, and what to do, in words."""
     reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
     if isinstance(reason, ConnectionRefusedError):
         why = "nothing answers there (connection refused)"
     elif isinstance(reason, TimeoutError):
-        why = "it did not answer in time"
+        why = ("it did not answer in time (an agent that takes connections and does not "
+               "answer is stopped or wedged: look at its process and its log)")
     else:
         why = getattr(reason, "strerror", None) or str(reason)
     return (f"evagg {command}: cannot reach the agent at {url}: {why}; start one with "
@@ -201,7 +203,8 @@ def run_status(args: argparse.Namespace) -> int:
         first = _scrape(url)
         time.sleep(args.interval)
         second = _scrape(url)
-    except (urllib.error.URLError, ConnectionError) as exc:
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+        # TimeoutError: connected, but no answer (an agent stopped or wedged)
         print(cannot_reach("status", url, exc), file=sys.stderr)
         return 1
     report = format_status(first, second, args.interval)

@@ -169,6 +169,20 @@ def test_status_without_an_agent_is_a_clear_error() -> None:
         assert "urlopen error" not in said and "Traceback" not in said
 
 
+def test_status_of_an_agent_that_accepts_but_never_answers_is_a_clear_error() -> None:
+    # A stopped (SIGSTOP) or wedged agent: the kernel completes the connection, nothing reads.
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(8)
+        port = hung.getsockname()[1]
+        result = evagg("status", "--interval", "0.1", "--url", f"127.0.0.1:{port}")
+    said = result.stderr.decode()
+    assert result.returncode == 1, said
+    assert "Traceback" not in said, said
+    assert f"cannot reach the agent at http://127.0.0.1:{port}" in said
+    assert "did not answer in time" in said
+
+
 # -- tail and status find the agent through its config, as `evagg run` does ----------------
 
 def client_env(**extra: str) -> dict[str, str]:
