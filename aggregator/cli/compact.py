@@ -22,6 +22,7 @@ from sinks.locations import is_s3_url
 if TYPE_CHECKING:
     from sinks.parquet.options import S3Options
 
+
 def add_compact_parser(commands: Parsers) -> None:
     compact = commands.add_parser(
         "compact", help="merge a partition's small Parquet files",

@@ -175,9 +175,10 @@ def _run(args: argparse.Namespace) -> int:
 
 def _held_by_another_agent(exc: BaseException) -> bool:
     """The spool, the socket or the HTTP port is another agent's (or another program's)."""
+    from aggregator.ingest.address_taken import AddressTaken
     from aggregator.spool import SpoolLockedError
 
-    return isinstance(exc, SpoolLockedError) or "already listening on" in str(exc)
+    return isinstance(exc, SpoolLockedError | AddressTaken)
 
 
 def _set_by_variables(problem: str, config: AgentConfig, args: argparse.Namespace) -> str:

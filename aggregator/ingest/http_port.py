@@ -12,6 +12,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from aggregator.ingest.address_taken import AddressTaken
 from aggregator.ingest.http_routes import HttpApi
 from aggregator.metrics import AgentMetrics
 from emitters.ratelimit import RateLimitedLog
@@ -50,7 +51,8 @@ class HttpPort:
         except OSError as exc:
             await self._runner.cleanup()
             self._runner = None
-            raise RuntimeError(http_port_problem(self.listen, exc)) from None
+            taken = AddressTaken if exc.errno == errno.EADDRINUSE else RuntimeError
+            raise taken(http_port_problem(self.listen, exc)) from None
 
     async def close(self) -> None:
         if self._server is not None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from aggregator.decode.columns import ColumnsRefused
+from aggregator.ingest.address_taken import AddressTaken
 from aggregator.ingest.frame_reader import FrameReader, StreamEnd
 from aggregator.ingest.ingestor import Ingestor, SpoolUnavailable
 from aggregator.ingest.unstored import unstored_losses
@@ -270,7 +271,7 @@ def prepare_socket_path(path: Path) -> None:
         return
     finally:
         probe.close()
-    raise RuntimeError(f"another agent is already listening on {path}: stop that one first "
+    raise AddressTaken(f"another agent is already listening on {path}: stop that one first "
                        "(`evagg status` shows it), or give this one a socket of its own "
                        "(agent.socket or --socket; its producers then need $EVAGG_SOCKET)")
 

@@ -34,6 +34,13 @@ class Step:
     error: dict[str, str] | None = None  # the exception the step raised
     failed: tuple[str, ...] = ()  # the phases in flight when it raised
 
+    def timed_metrics(self) -> dict[str, float]:
+        """The caller's metrics, and the batch's wait where a wrapped loader timed one."""
+        values = dict(self.metrics)
+        if self.data_wait_s is not None:
+            values["data_wait_s"] = self.data_wait_s
+        return values
+
     def active(self) -> bool:
         return bool(self.phases or self.metrics or self.deferred or self.data_wait_s
                     or self.error)
@@ -74,9 +81,7 @@ class StepBuild:
             if (done.error or done.trace or done.deferred or done.peak_memory_bytes is not None
                     or tuple(build.ids) != keys or build.attrs != attrs):
                 return None
-            values = done.metrics.copy()
-            if done.data_wait_s is not None:
-                values["data_wait_s"] = done.data_wait_s
+            values = done.timed_metrics()
             if values and (set(map(type, values.values())) != {float} or not all(
                     map(math.isfinite, values.values()))):
                 return None
@@ -137,18 +142,15 @@ def step_events(done: Step, name: str, ids: dict[str, str],
             event = _phase_event(done, phase, spans, ids)
         events.append(event)
         times.append(start)
-    metrics = done.metrics.copy()
-    if done.data_wait_s is not None:
-        metrics["data_wait_s"] = done.data_wait_s
+    metrics = done.timed_metrics()
     end_ns = (done.end or done.start)[0]
     step_event: dict[str, Any] = {
         "kind": "op", "source": "torch", "name": name, "state": "FINISHED",
         "time": done.start[0], "step": done.step,
         "duration_s": (end_ns - done.start[0]) / 1e9, **ids}
-    if all(map(math.isfinite, metrics.values())):
-        if metrics:
-            step_event["metrics"] = metrics
-    else:
+    if metrics and all(map(math.isfinite, metrics.values())):
+        step_event["metrics"] = metrics
+    elif metrics:
         finite, nonfinite = _split_finite(metrics)
         if finite:
             step_event["metrics"] = finite
@@ -235,11 +237,9 @@ def _elapsed_s(start: Mark, end: Mark) -> float:
 
 
 def _step_metrics(done: Step) -> dict[str, float]:
-    values = dict(done.metrics)
+    values = done.timed_metrics()
     for name, host_tensor in done.deferred.items():
         values[name] = float(host_tensor.item())
-    if done.data_wait_s is not None:
-        values["data_wait_s"] = done.data_wait_s
     if done.peak_memory_bytes is not None:
         values["peak_memory_bytes"] = float(done.peak_memory_bytes)
     return values

@@ -210,7 +210,7 @@ async function otherMatches(text) {
   try {
     data = await getJSON("/api/search", { q: text, limit: 50 });
   } catch (err) {
-    return null;
+    return null;  // the tasks above stand without it: a failed extra search hides only itself
   }
   const rows = data.rows.filter((row) => row.kind === "op" || row.kind === "span");
   if (!rows.length) return null;

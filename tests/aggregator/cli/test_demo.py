@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -100,3 +101,18 @@ def test_demo_and_the_sql_it_prints_read_the_events_beside_a_shipped_parquet_fil
     rows = con.execute(sql).fetchall()
     assert ("op", "forward", "FINISHED", 10) in [row[:4] for row in rows]
     assert sum(row[3] for row in rows) == 80
+
+
+def test_the_demo_on_a_port_another_program_holds_says_the_same(tmp_path: Path) -> None:
+    """The port a running agent (or anything) listens on: the same advice, by the clash's
+    type, not by its words."""
+    env = newcomer_env(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env["EVAGG_HTTP_LISTEN"] = f"127.0.0.1:{taken.getsockname()[1]}"
+        done = subprocess.run([sys.executable, "-m", "aggregator", "run", "--demo", "80"],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "something is already listening on" in done.stderr, done.stderr
+    assert "the demo starts an agent of its own on the defaults" in done.stderr, done.stderr
