@@ -137,7 +137,7 @@ class StatusReport:
                          "producers buffer, HTTP senders get 503, until the sinks deliver")
         for reason, since in sorted(self.spool_write_failing.items()):
             lines.append(f"           cannot write ({reason}) since {utc_clock(since)}: new "
-                         "events are refused and producers send them again later; free "
+                         "events wait (producers buffer, HTTP senders get 503); free "
                          "space on the spool's disk (the state directory)")
         if self.draining:
             lines.append("agent      stopping: delivering what is spooled before it exits")

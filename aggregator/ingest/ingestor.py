@@ -24,7 +24,7 @@ from aggregator.decode.normalize import Normalized, Stamp, ndjson_to_batch, rows
 from aggregator.losses import LossRecorder, ProducerLoss, reported_losses
 from aggregator.metrics import AgentMetrics
 from aggregator.red.metrics import RedMetrics
-from aggregator.spool import Spool, SpoolClosed, SpoolFull
+from aggregator.spool import AppendResult, Spool, SpoolClosed, SpoolFull
 from emitters.ratelimit import RateLimitedLog
 from emitters.thread_names import name_this_thread
 from emitters.wire import NO_SESSION
@@ -182,9 +182,8 @@ class Ingestor:
         oversized = [record for record in records if len(record[0]) > limit]
         try:
             for record, rows in oversized or records:
-                result = await self.spool.append(record, rows, received_ns=stamp.received_ns,
-                                                 session=session, seq=seq,
-                                                 room_wait_s=room_wait_s)
+                result = await self._append(record, rows, stamp, route=route, session=session,
+                                            seq=seq, room_wait_s=room_wait_s)
         except ValueError as exc:  # a record the spool can never hold: one huge event
             self.metrics.rejected_events.inc(batch.num_rows, route=route)
             reason = f"batch refused: {exc}; send it in smaller parts"
@@ -192,7 +191,6 @@ class Ingestor:
             return IngestResult(0, rejected + batch.num_rows, False, reason,
                                 (reason, *reasons[:9]), too_large=True)
         except OSError as exc:
-            self.metrics.bad_input.inc(route=route, reason="spool_write_failed")
             raise SpoolUnavailable(f"spool write failed: {exc.strerror or exc}") from exc
         except SpoolClosed as exc:  # the agent is stopping: the producer resends later
             raise SpoolUnavailable(str(exc)) from exc
@@ -213,6 +211,30 @@ class Ingestor:
         self.metrics.received_frames.inc(route=route)
         self.metrics.received_bytes.inc(raw_bytes or len(payload), route=route)
         return IngestResult(batch.num_rows, rejected, False, normalized.first_reason(), reasons)
+
+    async def _append(self, record: bytes, rows: int, stamp: Stamp, *, route: str,
+                      session: bytes, seq: int, room_wait_s: float | None) -> AppendResult:
+        """A socket frame the disk refuses (full, or failing) waits and is written again
+        once it can be: sent back to its producer, it would be lost, uncounted, had that
+        producer exited meanwhile (docs/wire-protocol.md, "A producer that goes away").
+        An HTTP request (it gives `room_wait_s`) is answered at once, to send again."""
+        failed = False
+        while True:
+            try:
+                return await self.spool.append(record, rows, received_ns=stamp.received_ns,
+                                               session=session, seq=seq,
+                                               room_wait_s=room_wait_s)
+            except OSError as exc:
+                if not failed:  # counted once per frame, however long it waits
+                    self.metrics.bad_input.inc(route=route, reason="spool_write_failed")
+                    failed = True
+                if route != "socket":
+                    raise
+                self._rejections.log(
+                    logging.ERROR, "disk", "spool write failed (%s): producers' frames wait "
+                    "for the disk and are stored once it takes them; free space on the "
+                    "spool's disk (the state directory)", exc.strerror or exc)
+            await self.spool.wait_for_disk()
 
     def _counts_losses(self, route: str) -> bool:
         """Whether the `loss` events of batches from `route` are counted here: producers'

@@ -46,6 +46,9 @@ SESSION_TTL_NS = 7 * 24 * 3600 * 10**9  # dedupe marks of sessions idle this lon
 FULL_DISK_UNLINK_WAIT_S = 5.0  # a commit on a full disk waits this long for queued unlinks
 _DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 DROP_UNLINK_WAIT_S = 1.0  # drop_oldest waits this long for queued unlinks before dropping
+# A write the disk refused is tried again this often at least: room may come from outside
+# the spool (another file deleted), which fires nothing here.
+DISK_RETRY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -225,6 +228,13 @@ class Spool:
             "spool's disk, or set spool.max_bytes below the disk's size (the agent's start "
             "names the figure) so that the spool's cap comes first")
         return True
+
+    async def wait_for_disk(self) -> None:
+        """After an append the disk refused: until a segment is freed, or DISK_RETRY_S;
+        raises SpoolClosed once the spool closes."""
+        self._check_open()
+        await self._room_queue.changed.wait(asyncio.get_running_loop().time() + DISK_RETRY_S)
+        self._check_open()
 
     def has(self, session: bytes, seq: int) -> bool:
         return self._stored_at(session, seq) is not None

@@ -1,8 +1,8 @@
 """Whether the spool's appends fail now, why, and since when.
 
 A disk that fills before the spool's cap (something else on it, or a cap larger than the
-disk) refuses every append: producers keep their events and resend, but the spool's own
-numbers (bytes of the cap) look healthy. This is the one fact /readyz, /metrics
+disk) refuses every append: producers' frames wait (HTTP posts are refused), but the
+spool's own numbers (bytes of the cap) look healthy. This is the one fact /readyz, /metrics
 (`evagg_spool_write_failing_since_timestamp_seconds`) and `evagg status` read, so that
 each says the disk is the trouble instead of leaving the operator to guess.
 """
@@ -23,8 +23,9 @@ class WriteFailure:
 
     def says(self) -> str:
         """For /readyz and the log: what fails, and what to do."""
-        return (f"spool cannot write: {self.words} ({self.reason}); new events are refused "
-                "and their producers send them again later: free space on the spool's disk "
+        return (f"spool cannot write: {self.words} ({self.reason}); new events wait "
+                "(producers' frames are stored once the disk takes them, HTTP posts are "
+                "answered 503 to send again): free space on the spool's disk "
                 "(the state directory)")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
+from collections import Counter
 from typing import Any
 
 from tests.agentproc import AgentProcess
@@ -61,3 +62,17 @@ def task_ids(events: list[dict[str, Any]]) -> list[str]:
 
 def expected_ids(counts: dict[str, int]) -> set[str]:
     return {f"{prefix}-{i}" for prefix, count in counts.items() for i in range(count)}
+
+
+def emitter_losses(events: list[dict[str, Any]]) -> Counter[str]:
+    """Events the producers' emitters dropped and reported, by run_id: each loss event
+    once (the HTTP sink delivers at least once, so a retried batch may bring it twice)."""
+    lost: Counter[str] = Counter()
+    for e in distinct(events):
+        if e.get("kind") == "loss" and (e.get("attrs") or {}).get("component") == "emitter":
+            lost[str(e.get("run_id"))] += int(e["metrics"]["events"])
+    return lost
+
+
+def distinct(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return list({str(e["event_id"]): e for e in events}.values())

@@ -20,6 +20,8 @@ import pytest
 from tests.agentproc import AgentProcess
 from tests.producers import producer_report, start_producer
 from tests.proof import (
+    distinct,
+    emitter_losses,
     expected_ids,
     http_status,
     metric_where,
@@ -136,24 +138,10 @@ def final_heartbeat(events: list[dict[str, Any]]) -> dict[str, float]:
     return metrics
 
 
-def emitter_losses(events: list[dict[str, Any]]) -> Counter[str]:
-    """Events the producers' emitters dropped and reported, by run_id: each loss event
-    once (the HTTP sink delivers at least once, so a retried batch may bring it twice)."""
-    lost: Counter[str] = Counter()
-    for e in distinct(events):
-        if e.get("kind") == "loss" and (e.get("attrs") or {}).get("component") == "emitter":
-            lost[str(e.get("run_id"))] += int(e["metrics"]["events"])
-    return lost
-
-
 def agent_losses(events: list[dict[str, Any]], reason: str) -> int:
     return sum(int(e["metrics"]["events"]) for e in distinct(events)
                if e.get("kind") == "loss" and e.get("name") == reason
                and (e.get("attrs") or {}).get("component") != "emitter")
-
-
-def distinct(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return list({str(e["event_id"]): e for e in events}.values())
 
 
 def assert_spooled_equals_delivered_plus_dropped(events: list[dict[str, Any]]) -> int:

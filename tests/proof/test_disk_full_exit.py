@@ -1,0 +1,62 @@
+"""A producer exits while the spool's disk is full: every event it emitted is delivered
+once the disk has room again, or counted lost, never neither.
+
+The agent used to close a producer's connection when its spool write failed, so the
+producer's frames came back only with the producer: one that gave up (its exit
+deadline passed) had frames the agent had read and dropped, and counted them nowhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.agentproc import AgentProcess
+from tests.producers import producer_report, start_producer
+from tests.proof import distinct, emitter_losses, task_ids, wait_caught_up, wait_until
+from tests.proof.disk import fill, tmpfs
+from tests.sinks.server_thread import ServerThread
+
+EVENTS = 20_000
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    workdir = tmp_path / "agent"
+    with tmpfs(workdir / "state", "24m"):
+        yield workdir
+
+
+def test_a_producer_that_exits_while_the_disk_is_full_loses_nothing_uncounted(
+        small_disk: Path) -> None:
+    receiver = ServerThread().start()
+    receiver.stop()  # nothing is delivered, so the spool frees no room by itself
+    sinks = (f'[[sinks]]\nname = "collector"\ntype = "http"\nurl = "{receiver.url}"\n'
+             'batch_interval = "100ms"\nretry_max_backoff = "1s"\n')
+    agent = AgentProcess(small_disk, sinks_toml=sinks, spool_toml='max_bytes = "1GiB"')
+    agent.start()
+    filler = small_disk / "state" / "other-use"
+    try:
+        fill(filler, leave=256 * 1024)
+        producer = start_producer(agent.socket_path, "gone", EVENTS, seconds=1.0,
+                                  end="exit", exit_timeout=2.0)
+        producer_report(producer)  # it exited, giving up on what was not answered
+        wait_until(lambda: agent.metric("evagg_spool_write_failing_since_timestamp_seconds")
+                   > 0, 30, "the spool's writes to fail")
+        filler.unlink()
+        receiver.start()
+        wait_caught_up(agent, ["collector"], timeout=60)
+        assert agent.stop() == 0
+        events = distinct(receiver.accepted_events())
+    finally:
+        agent.kill()
+        receiver.close()
+    delivered = {task for task in task_ids(events) if task.startswith("gone-")}
+    lost_by_producer = emitter_losses(events)["gone"]
+    lost_by_agent = sum(int(e["metrics"]["events"]) for e in events
+                        if e.get("kind") == "loss"
+                        and (e.get("attrs") or {}).get("component") != "emitter")
+    assert len(delivered) + lost_by_producer + lost_by_agent == EVENTS, (
+        len(delivered), lost_by_producer, lost_by_agent)
