@@ -1,9 +1,10 @@
 """The spool's cap against the filesystem it lives on.
 
 A cap larger than the whole filesystem of the state directory is never reached: the disk
-fills first and every new event is refused until the sinks' deliveries free space (on a
-disk smaller than a segment, only once they have passed every record: the spool then
-deletes the segment it writes too). `check-config` and the agent's start say so while it
+fills first (the spool stops short of its end, for the sinks' files: spool/_disk_reserve.py)
+and new events wait until the sinks' deliveries free space (on a disk smaller than a
+segment, only once they have passed every record: the spool then deletes the segment it
+writes too). `check-config` and the agent's start say so while it
 is still a one-line fix.
 """
 
@@ -29,5 +30,6 @@ def spool_disk_warnings(state_dir: Path, max_bytes: int) -> list[str]:
     room = max(size * 8 // 10 // 2**20, 1) * 2**20  # four fifths, in whole MiB
     return [f"spool.max_bytes: {size_text(max_bytes)} is more than the whole filesystem of "
             f"agent.state_dir ({state_dir}: {size_text(size)}): the disk fills before the "
-            "cap, and then every new event is refused; set spool.max_bytes to at most "
+            "cap, and then new events wait for the sinks to free it; set spool.max_bytes "
+            "to at most "
             f"{size_text(room)}, or move state_dir to a larger disk"]

@@ -20,6 +20,7 @@ from typing import Literal
 from aggregator.losses import LossRecorder
 from aggregator.spool._counters import SpoolCounters
 from aggregator.spool._cursors import Cursors
+from aggregator.spool._disk_reserve import DiskReserve
 from aggregator.spool._full_words import FullSpoolWords
 from aggregator.spool._log import SegmentLog
 from aggregator.spool._recent import RECENT_BYTES
@@ -111,6 +112,7 @@ class Spool:
         self._state = "new"
         self._words = FullSpoolWords()  # what the log says of a full spool
         self._health = WriteHealth()  # whether appends fail now (a full disk)
+        self._disk_reserve = DiskReserve(self.directory)  # left free for the sinks' files
         self._full_disk_log = RateLimitedLog(log)  # cursors a full disk keeps in memory
 
     @property
@@ -206,11 +208,14 @@ class Spool:
 
     def _write(self, payload: bytes, count: int, received_ns: int, session: bytes,
                seq: int) -> int:
+        size = RECORD_OVERHEAD + len(payload)
         try:
+            self._disk_reserve.check(size)
             return self._log.write(payload, count, received_ns, session, seq)
         except OSError as exc:
             if exc.errno not in _DISK_FULL or not self._free_disk_of_delivered():
                 raise
+            self._disk_reserve.check(size)
             return self._log.write(payload, count, received_ns, session, seq)
 
     def _free_disk_of_delivered(self) -> bool:
@@ -280,6 +285,7 @@ class Spool:
         await self._room_queue.wait(size, wait_s, self._check_open)
 
     def _notify_room(self) -> None:
+        self._disk_reserve.look_again()
         self._room_queue.changed.fire()
 
     def _drop_oldest(self, size: int) -> None:
