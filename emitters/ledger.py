@@ -173,7 +173,12 @@ class Ledger:
             session, seq = self.outbox.session, oldest
         entry = self._settle(session, seq)
         if entry is not None and not self._is_report(seq):
-            self.outbox.lost["nacked"] += entry[1]
+            if nack.reason.startswith(_NONE_ACCEPTED):
+                # Every event of it refused as bad: rejected, as a bad event beside good
+                # ones is, not lost (the agent counts them as rejected too).
+                self.counts["rejected_events"] += entry[1]
+            else:
+                self.outbox.lost["nacked"] += entry[1]
             self._count_refused(nack.reason, entry[1])
         self.counts["nacks"] += 1
         reason = NamedEvents(nack.reason, entry) if entry is not None else nack.reason

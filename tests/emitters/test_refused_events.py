@@ -11,6 +11,7 @@ import pytest
 
 from emitters import Emitter
 from tests.agentproc import AgentProcess
+from tests.commands import evagg
 
 
 @pytest.mark.parametrize("frames", ["columns", "ndjson"])
@@ -24,9 +25,8 @@ def test_a_bad_value_is_refused_by_the_agent_and_counted_by_its_reason(
         stats = emitter.stats()
     finally:
         emitter.close(5.0)
-    # refused in a frame with the good event (rejected) or alone in one (nacked): the
-    # sender thread decides how the events share frames
-    assert stats.acked == 1 and stats.rejected + stats.dropped.get("nacked", 0) == 1
+    # refused in a frame with the good event or alone in one: rejected either way
+    assert stats.acked == 1 and stats.rejected == 1 and not stats.dropped
     assert stats.refused == {"field 'duration_s' must be a number, got str": 1}
     agent.stop()
     rows = agent.query("SELECT name, duration_s, attrs FROM events WHERE kind = 'task'")
@@ -52,8 +52,10 @@ def test_the_log_names_the_refused_call(agent: AgentProcess, frames: str,
             in said[0]), said
 
 
-def test_an_event_refused_alone_is_counted_as_nacked_with_the_reason(
+def test_an_event_refused_alone_is_rejected_as_in_company_not_lost(
         agent: AgentProcess) -> None:
+    """A frame of bad events only is NACKed; they are still rejected events, not lost
+    ones: counted once, on `evagg status`'s rejected line, not on its lost line too."""
     emitter = Emitter(socket=agent.socket_path)
     try:
         emitter.emit(kind="op", name="alone", step="x")  # its frame holds nothing else
@@ -61,9 +63,14 @@ def test_an_event_refused_alone_is_counted_as_nacked_with_the_reason(
         stats = emitter.stats()
     finally:
         emitter.close(5.0)
-    assert stats.dropped == {"nacked": 1}
+    assert stats.dropped == {} and stats.rejected == 1
     assert stats.refused == {"field 'step' must be an integer, got str": 1}
     assert agent.metric('evagg_rejected_events_total{route="socket"}') == 1
+    status = evagg("status", "--url", agent.http_url, "--interval", "0.2")
+    assert status.returncode == 0, status.stderr
+    lines = {line.split()[0]: line for line in status.stdout.splitlines() if line.strip()}
+    assert lines["lost"].split()[1:] == ["none"], status.stdout
+    assert lines["rejected"].split()[1:] == ["socket=1"], status.stdout
 
 
 def test_each_refused_event_of_a_frame_counts_under_its_own_reason(
