@@ -135,17 +135,39 @@ SELECT g.*, s.metrics
 FROM grouped g
 LEFT JOIN spread s ON s.run_id = g.run_id AND s.step IS NOT DISTINCT FROM g.step;
 
-CREATE OR REPLACE VIEW runs AS
-SELECT
-    run_id,
-    count(*) AS steps,
-    sum(ops) AS ops,
-    sum(failures) AS failures,
-    sum(seconds) AS seconds,
-    sum(queue_s) AS queue_s,
-    min(step) AS first_step,
-    max(step) AS last_step,
-    min(started_at) AS started_at,
-    max(ended_at) AS ended_at
-FROM steps
+-- The files the agents shipped for each run (`artifact` events, aggregator/artifacts/):
+-- a run that sent only files (a profiler's traces without a tracker) is a run too.
+CREATE OR REPLACE VIEW run_files AS
+SELECT run_id, count(DISTINCT (node_id, name)) AS files,
+       min(time) AS first_file_at, max(time) AS last_file_at
+FROM events
+WHERE kind = 'artifact' AND run_id <> ''
 GROUP BY run_id;
+
+CREATE OR REPLACE VIEW runs AS
+WITH by_steps AS (
+    SELECT
+        run_id,
+        count(*) AS steps,
+        sum(ops) AS ops,
+        sum(failures) AS failures,
+        sum(seconds) AS seconds,
+        sum(queue_s) AS queue_s,
+        min(step) AS first_step,
+        max(step) AS last_step,
+        min(started_at) AS started_at,
+        max(ended_at) AS ended_at
+    FROM steps
+    GROUP BY run_id
+)
+SELECT
+    coalesce(s.run_id, f.run_id) AS run_id,
+    coalesce(s.steps, 0) AS steps,
+    coalesce(s.ops, 0) AS ops,
+    coalesce(s.failures, 0) AS failures,
+    s.seconds, s.queue_s, s.first_step, s.last_step,
+    coalesce(s.started_at, f.first_file_at) AS started_at,
+    coalesce(s.ended_at, f.last_file_at) AS ended_at,
+    coalesce(f.files, 0) AS files
+FROM by_steps s
+FULL JOIN run_files f ON f.run_id = s.run_id;

@@ -12,6 +12,7 @@ from playwright.sync_api import expect
 
 from dashboard.lake.store import Store, StoreOptions
 from tests.agentproc import AgentProcess
+from tests.commands import evagg
 from tests.dashboard.chromium import ARTIFACTS, chromium, tab
 from tests.dashboard.serve import serving
 
@@ -76,3 +77,15 @@ def test_a_run_with_files_and_no_steps_shows_its_files(
         page.screenshot(path=str(ARTIFACTS / "run-files-only.png"), full_page=True)
         page.goto("/#/run?run=nothing-at-all")  # neither steps nor files: the error as before
         expect(page.locator(".error-box")).to_contain_text("no steps for run 'nothing-at-all'")
+        page.goto("/#/runs")  # listed with the runs that sent ops, its files counted
+        row = page.locator("tbody tr", has_text="prof-1")
+        heads = page.locator("thead th").all_inner_texts()
+        cells = dict(zip(heads, row.locator("td").all_inner_texts(), strict=True))
+        assert (cells["steps"], cells["ops"], cells["files"]) == ("0", "0", "1"), cells
+        row.locator("a", has_text="prof-1").click()
+        expect(page.locator("h1")).to_have_text("Run prof-1")
+    listed = evagg("query", "runs", "--json", "--data", store.options.location, "--no-cache")
+    assert listed.returncode == 0, listed.stderr
+    runs = {row["run_id"]: row for row in orjson.loads(listed.stdout)}
+    assert (runs["prof-1"]["steps"], runs["prof-1"]["files"]) == (0, 1), runs
+    assert (runs["exp-42"]["steps"], runs["exp-42"]["files"]) == (1, 0), runs

@@ -292,6 +292,8 @@ export async function runs() {
     // not the ops' durations summed, which "op time" read as
     { key: "seconds", label: "wall time", num: true,
       head: h("span", { title: "the steps' wall times summed: the time each step's ops cover, each moment once" }, "wall time") },
+    { key: "files", label: "files", num: true,
+      head: h("span", { title: "files the agents shipped for the run (profiler traces, checkpoints): its page links them" }, "files") },
     { key: "started_at", label: "started" }, { key: "ended_at", label: "ended" }],
   data.rows, (row, c) => c.key === "run_id" ? runLink(row.run_id, data.no_run)
     : c.key === "seconds" ? fmtDur(row.seconds) : c.key.endsWith("_at") ? fmtTime(row[c.key]) : fmtNum(row[c.key])));
