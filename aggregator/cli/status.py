@@ -7,10 +7,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from aggregator.cli.status_health import by_label, labelled, sink_health
 from aggregator.log_format import utc_clock
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -29,54 +29,6 @@ def parse_metrics(text: str) -> dict[str, float]:
 def _nonzero(counts: dict[str, float]) -> dict[str, float]:
     """The counts that happened: the agent exports each loss reason at 0 from its start."""
     return {key: value for key, value in counts.items() if value}
-
-
-def _by_label(sample: dict[str, float], metric: str, label: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for series, value in sample.items():
-        name, _, labels = series.partition("{")
-        if name != metric:
-            continue
-        found = dict(_LABEL.findall(labels))
-        key = found.get(label, "")
-        out[key] = out.get(key, 0.0) + value
-    return out
-
-
-def _labelled(sample: dict[str, float], metric: str) -> list[tuple[dict[str, str], float]]:
-    out: list[tuple[dict[str, str], float]] = []
-    for series, value in sample.items():
-        name, _, labels = series.partition("{")
-        if name == metric:
-            out.append((dict(_LABEL.findall(labels)), value))
-    return out
-
-
-def sink_health(sample: dict[str, float], now: float) -> dict[str, str]:
-    """Each sink's health as a word to act on: `ok`, `retrying (connect) since 07:28:42
-    UTC, next in 12s` (the agent backs off and tries again: wait, or look at the endpoint), or
-    `failing (http_auth) since ...` (a permanent error: the sink's config must change)."""
-    since = {labels.get("sink", ""): (labels.get("kind", "error"), value)
-             for labels, value in _labelled(sample, "evagg_sink_failing_since_timestamp_seconds")}
-    retry = _by_label(sample, "evagg_sink_next_retry_timestamp_seconds", "sink")
-    permanent = _by_label(sample, "evagg_sink_permanent_error", "sink")
-    requests = _by_label(sample, "evagg_sink_requests_failing_since_timestamp_seconds", "sink")
-    sinks = set(_by_label(sample, "evagg_sink_lag_events", "sink")) | set(since)
-    out: dict[str, str] = {}
-    for sink in sinks:
-        if sink not in since and requests.get(sink):  # an HTTP sink retrying its requests
-            out[sink] = (f"retrying (its requests fail) since {utc_clock(requests[sink])}"
-                         ", retrying now")
-            continue
-        if sink not in since:
-            out[sink] = "failing" if permanent.get(sink) else "ok"
-            continue
-        kind, started = since[sink]
-        word = "failing" if permanent.get(sink) else "retrying"
-        wait = retry.get(sink, 0.0) - now
-        nxt = f"next in {wait:.0f}s" if wait >= 0.5 else "retrying now"
-        out[sink] = f"{word} ({kind}) since {utc_clock(started)}, {nxt}"
-    return out
 
 
 @dataclass
@@ -257,50 +209,50 @@ def _pairs(values: dict[str, float]) -> str:
 def format_status(first: dict[str, float], second: dict[str, float],
                   interval: float, now: float | None = None) -> StatusReport:
     def rate(metric: str, label: str) -> dict[str, float]:
-        before, after = _by_label(first, metric, label), _by_label(second, metric, label)
+        before, after = by_label(first, metric, label), by_label(second, metric, label)
         return {k: max(0.0, (v - before.get(k, 0.0)) / interval) for k, v in after.items()}
 
     received = sum(rate("evagg_received_events_total", "route").values())
     return StatusReport(
         received_per_s=received,
         delivered_per_s=rate("evagg_delivered_events_total", "sink"),
-        lag_events=_by_label(second, "evagg_sink_lag_events", "sink"),
-        permanent_error=_by_label(second, "evagg_sink_permanent_error", "sink"),
+        lag_events=by_label(second, "evagg_sink_lag_events", "sink"),
+        permanent_error=by_label(second, "evagg_sink_permanent_error", "sink"),
         spool_bytes=second.get("evagg_spool_bytes", 0.0),
         spool_max_bytes=second.get("evagg_spool_max_bytes", 0.0),
-        dropped=_nonzero(_by_label(second, "evagg_dropped_events_total", "reason")),
-        rejected=_by_label(second, "evagg_rejected_events_total", "route"),
-        bad_input=_by_label(second, "evagg_bad_input_total", "reason"),
-        errors=_by_label(second, "evagg_delivery_errors_total", "sink"),
+        dropped=_nonzero(by_label(second, "evagg_dropped_events_total", "reason")),
+        rejected=by_label(second, "evagg_rejected_events_total", "route"),
+        bad_input=by_label(second, "evagg_bad_input_total", "reason"),
+        errors=by_label(second, "evagg_delivery_errors_total", "sink"),
         health=sink_health(second, time.time() if now is None else now),
         file_closes_in_s=_open_files(second),
-        retried=_by_label(second, "evagg_sink_retries_total", "sink"),
-        producer_dropped=_nonzero(_by_label(second, "evagg_producer_dropped_events_total",
+        retried=by_label(second, "evagg_sink_retries_total", "sink"),
+        producer_dropped=_nonzero(by_label(second, "evagg_producer_dropped_events_total",
                                             "reason")),
-        dead_lettered=_by_label(second, "evagg_sink_dead_lettered_events_total", "sink"),
-        dead_letters_waiting=_by_label(second, "evagg_sink_dead_letters_waiting_events", "sink"),
-        header_files_unusable=_by_label(second, "evagg_sink_header_files_unusable", "sink"),
+        dead_lettered=by_label(second, "evagg_sink_dead_lettered_events_total", "sink"),
+        dead_letters_waiting=by_label(second, "evagg_sink_dead_letters_waiting_events", "sink"),
+        header_files_unusable=by_label(second, "evagg_sink_header_files_unusable", "sink"),
         reload_refused_at=second.get("evagg_config_reload_refused_timestamp_seconds"),
         spool_blocked=bool(second.get("evagg_spool_blocked", 0.0)),
-        spool_write_failing=_by_label(
+        spool_write_failing=by_label(
             second, "evagg_spool_write_failing_since_timestamp_seconds", "reason"),
         draining=bool(second.get("evagg_draining", 0.0)),
-        partitions_not_merged=_by_label(second, "evagg_sink_partitions_not_merged", "sink"),
+        partitions_not_merged=by_label(second, "evagg_sink_partitions_not_merged", "sink"),
         merge_failures=_by_sink_and_reason(second, "evagg_sink_compaction_failures_total"),
-        received_total=sum(v for route, v in _by_label(
+        received_total=sum(v for route, v in by_label(
             second, "evagg_received_events_total", "route").items() if route != "agent"),
     )
 
 
 def _by_sink_and_reason(sample: dict[str, float], metric: str) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
-    for labels, value in _labelled(sample, metric):
+    for labels, value in labelled(sample, metric):
         if value:
             out.setdefault(labels.get("sink", ""), {})[labels.get("reason", "")] = value
     return out
 
 
 def _open_files(sample: dict[str, float]) -> dict[str, float]:
-    open_events = _by_label(sample, "evagg_sink_open_file_events", "sink")
-    closes_in = _by_label(sample, "evagg_sink_file_closes_in_seconds", "sink")
+    open_events = by_label(sample, "evagg_sink_open_file_events", "sink")
+    closes_in = by_label(sample, "evagg_sink_file_closes_in_seconds", "sink")
     return {sink: closes_in.get(sink, 0.0) for sink, events in open_events.items() if events}

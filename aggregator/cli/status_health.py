@@ -1,0 +1,63 @@
+"""`evagg status`: each sink's health as words to act on, read from one /metrics sample.
+
+The words (docs/operations.md's health table): `ok`; `retrying (connect) since 07:28:42
+UTC, next in 12s` (the agent backs off and tries again: wait, or look at the endpoint);
+`failing (http_auth) since ...` (a permanent error: the sink's config must change).
+"""
+
+from __future__ import annotations
+
+import re
+
+from aggregator.log_format import utc_clock
+
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def by_label(sample: dict[str, float], metric: str, label: str) -> dict[str, float]:
+    """The series of `metric`, summed by the value of `label`."""
+    out: dict[str, float] = {}
+    for series, value in sample.items():
+        name, _, labels = series.partition("{")
+        if name != metric:
+            continue
+        found = dict(_LABEL.findall(labels))
+        key = found.get(label, "")
+        out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def labelled(sample: dict[str, float], metric: str) -> list[tuple[dict[str, str], float]]:
+    """The series of `metric`: each one's labels and value."""
+    out: list[tuple[dict[str, str], float]] = []
+    for series, value in sample.items():
+        name, _, labels = series.partition("{")
+        if name == metric:
+            out.append((dict(_LABEL.findall(labels)), value))
+    return out
+
+
+def sink_health(sample: dict[str, float], now: float) -> dict[str, str]:
+    """Each sink's health as words to act on (the module docstring)."""
+    since = {labels.get("sink", ""): (labels.get("kind", "error"), value)
+             for labels, value in labelled(sample, "evagg_sink_failing_since_timestamp_seconds")}
+    retry = by_label(sample, "evagg_sink_next_retry_timestamp_seconds", "sink")
+    permanent = by_label(sample, "evagg_sink_permanent_error", "sink")
+    requests = by_label(sample, "evagg_sink_requests_failing_since_timestamp_seconds", "sink")
+    sinks = set(by_label(sample, "evagg_sink_lag_events", "sink")) | set(since)
+    out: dict[str, str] = {}
+    for sink in sinks:
+        if sink not in since and requests.get(sink):  # an HTTP sink retrying its requests
+            out[sink] = (f"retrying (its requests fail) since {utc_clock(requests[sink])}"
+                         ", retrying now")
+            continue
+        if sink not in since:
+            out[sink] = "failing" if permanent.get(sink) else "ok"
+            continue
+        kind, started = since[sink]
+        word = "failing" if permanent.get(sink) else "retrying"
+        wait = retry.get(sink, 0.0) - now
+        nxt = f"next in {wait:.0f}s" if wait >= 0.5 else "retrying now"
+        out[sink] = f"{word} ({kind}) since {utc_clock(started)}, {nxt}"
+    return out
+
