@@ -30,6 +30,14 @@ METRIC_HELP: Final[Mapping[str, str]] = {
                               "request start to last byte (0 before the first answer)",
     "requests_failing_since_timestamp_seconds": "When the HTTP sink's requests began to fail "
                                                 "in a row, Unix time (0 while answered)",
+    "recent_requests": "HTTP requests that ended in the last 5 minutes, answered or not",
+    "recent_requests_failed": "HTTP requests of the last 5 minutes that failed and were "
+                              "retried (5xx, 429, timeouts, connection errors)",
+    "recent_failures_connect": "HTTP requests of the last 5 minutes that could not connect "
+                               "or lost the connection before an answer",
+    "recent_failures_http_5xx": "HTTP requests of the last 5 minutes answered 5xx",
+    "recent_failures_throttled": "HTTP requests of the last 5 minutes answered 429",
+    "recent_failures_timeout": "HTTP requests of the last 5 minutes that timed out (or 408)",
     "dead_letters_waiting_events": "Events in the HTTP sink's dead letters on disk, waiting "
                                    "for evagg dlq replay",
     "header_files_unusable": "file: headers whose file is gone, unreadable or empty now",

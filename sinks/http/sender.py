@@ -36,6 +36,7 @@ from sinks.http.failures import (
 from sinks.http.halves import split_batch
 from sinks.http.header_files import HeaderFiles
 from sinks.http.options import HttpOptions
+from sinks.http.recent import RecentRequests
 from sinks.http.retries import BatchRetry, FailureStreak, retried_here
 
 log = logging.getLogger("evagg.sinks.http")
@@ -87,6 +88,7 @@ class Sender:
         # kept across the loop's attempts: the endpoint is the same
         self.limit = ConcurrencyLimit(options.max_in_flight, fixed=options.concurrency)
         self.streak = FailureStreak()
+        self.recent = RecentRequests()  # the last minutes' requests, for status and the log
         self.counters: Counter[str] = Counter()
         self.answered = False  # a request was answered 2xx since the sink last reported
         self._session: aiohttp.ClientSession | None = None
@@ -194,7 +196,24 @@ class Sender:
             self.streak.answered()
         elif retried_here(result):
             self.streak.failed()
+        self._count_recent(result)
         return result
+
+    def _count_recent(self, result: SinkResult | None) -> None:
+        """The request in the window of recent ones; the log says once in a while that
+        many fail, though the sink delivers (the delivery loop hears only of a run of
+        failures in a row, which an endpoint failing two requests in three never makes)."""
+        failed_kind = result.error_kind if result is not None and retried_here(result) \
+            else None
+        self.recent.ended(failed_kind)
+        if failed_kind is None or (seen := self.recent.worth_saying()) is None:
+            return
+        log.warning("sink %s: %d of its %d requests to %s in the last %d minutes failed (%s) "
+                    "and were retried one by one; the sink delivers, slower, and the spool "
+                    "holds what waits. Look at the endpoint: its errors and load, or a bad "
+                    "replica behind its balancer (evagg status shows the counts)", self.name,
+                    seen.failed_total, seen.requests, url_for_display(self.url),
+                    self.recent.window_s // 60, seen.kinds_text())
 
     async def _request(self, batch: Batch, body: Body,
                        headers: dict[str, str]) -> tuple[SinkResult | None, Answer]:

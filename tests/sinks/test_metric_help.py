@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from sinks.http.recent import RecentRequests
 from sinks.http.sink import _METRICS, HttpSink
 from sinks.parquet.counts import ParquetCounts
 from sinks.parquet.hour_compaction import HourCompaction
@@ -18,7 +19,7 @@ from sinks.parquet.sink import ParquetSink
 
 HTTP_GAUGES = ("concurrency_limit", "requests_in_flight", "answer_latency_seconds",
                "dead_letters_waiting_events", "header_files_unusable",
-               "requests_failing_since_timestamp_seconds")
+               "requests_failing_since_timestamp_seconds", *RecentRequests().gauges())
 PARQUET_GAUGES = ("open_file_events", "file_closes_in_seconds")
 
 

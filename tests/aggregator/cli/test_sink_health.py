@@ -104,7 +104,10 @@ def test_an_endpoint_that_fails_between_successes_is_not_ok_while_it_fails(
     # from the first timeout (3 s in), before the loop hears of it (the fourth, 12 s in)
     assert "retrying (its requests fail) since" in seen[-1], seen
     endpoint.stall(0)
-    wait_for(lambda: status_line(agent, "collector").endswith(" ok"), "ok again", agent)
+    # ok again, and for five minutes it says what failed meanwhile
+    wait_for(lambda: re.search(r" ok, but \d+ of its \d+ requests in the last 5 min failed "
+                               r"\(timeout \d+\) and were retried$",
+                               status_line(agent, "collector")) is not None, "ok again", agent)
 
 
 def test_a_lake_directory_that_became_unwritable_is_failing_not_retrying(
