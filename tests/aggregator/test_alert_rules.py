@@ -179,6 +179,7 @@ def firing_cases(scraped: dict[str, list[Labels]]) -> dict[str, Callable[[], Cas
     disk_full = {"reason": "ENOSPC"}  # present only while appends fail: labels as documented
     # an HTTP sink's counts (the agent scraped here has none): labels as documented
     dead_letters = {"sink": "collector", "type": "http"}
+    http = dead_letters  # an HTTP sink's counts and values all carry these
     unmerged = one(scraped, "evagg_sink_partitions_not_merged", sink="lake")
 
     def slow_buckets() -> list[tuple[str, Labels, str]]:
@@ -211,6 +212,29 @@ def firing_cases(scraped: dict[str, list[Labels]]) -> dict[str, Callable[[], Cas
             "EvaggReloadRefused",  # present only after a refused reload
             [("evagg_config_reload_refused_timestamp_seconds", {}, "_x2 1796656638x10")],
             "9m", [dict(INSTANCE)]),
+        "EvaggSinkRequestsMostlyFail": lambda: Case(
+            "EvaggSinkRequestsMostlyFail",  # 2 of 3 requests fail, the third delivers 500
+            [("evagg_sink_requests_5xx_total", http, "0+20x40"),
+             ("evagg_sink_requests_failed_total", http, "0+20x40"),
+             ("evagg_sink_requests_2xx_total", http, "0+20x40"),
+             ("evagg_sink_requests_4xx_total", http, "0x40"),
+             ("evagg_delivered_events_total", {"sink": "collector"}, "0+500x40")], "30m",
+            [{"instance": INSTANCE["instance"], "sink": "collector"}]),
+        "EvaggSinkRequestsMostlyFail, down": lambda: Case(
+            "EvaggSinkRequestsMostlyFail",  # every request fails: EvaggSinkNotDelivering's
+            [("evagg_sink_requests_failed_total", http, "0+20x40"),
+             ("evagg_sink_requests_5xx_total", http, "0x40"),
+             ("evagg_sink_requests_2xx_total", http, "5x40"),
+             ("evagg_sink_requests_4xx_total", http, "0x40"),
+             ("evagg_delivered_events_total", {"sink": "collector"}, "500x40")], "30m", []),
+        "EvaggSinkRequestsMostlyFail, a few failures": lambda: Case(
+            "EvaggSinkRequestsMostlyFail",  # one request in ten fails: retried, no page
+            [("evagg_sink_requests_5xx_total", http, "0+2x40"),
+             ("evagg_sink_requests_failed_total", http, "0x40"),
+             ("evagg_sink_requests_2xx_total", http, "0+18x40"),
+             ("evagg_sink_requests_4xx_total", http, "0x40"),
+             ("evagg_delivered_events_total", {"sink": "collector"}, "0+500x40")], "30m",
+            []),
         "EvaggSinkPermanentError": lambda: Case(
             "EvaggSinkPermanentError",
             [("evagg_sink_permanent_error", one(scraped, "evagg_sink_permanent_error",
@@ -310,7 +334,17 @@ def test_no_rule_fires_on_a_healthy_agent(
                ("evagg_spool_max_bytes", {}, "1000x40"),
                # an HTTP sink that never dead-lettered anything (the agent here has none)
                ("evagg_sink_dead_letters_waiting_events", {"sink": "collector", "type": "http"},
-                "0x40")]
+                "0x40"),
+               # and whose requests are answered, a timeout now and then
+               ("evagg_sink_requests_2xx_total", {"sink": "collector", "type": "http"},
+                "0+60x40"),
+               ("evagg_sink_requests_failed_total", {"sink": "collector", "type": "http"},
+                "0+1x40"),
+               ("evagg_sink_requests_5xx_total", {"sink": "collector", "type": "http"},
+                "0x40"),
+               ("evagg_sink_requests_4xx_total", {"sink": "collector", "type": "http"},
+                "0x40"),
+               ("evagg_delivered_events_total", {"sink": "collector"}, "0+3000x40")]
     cases = [Case(alert, steady, "40m", []) for alert in alert_names()]
     done = run_promtool(tmp_path, cases)
     assert done.returncode == 0, done.stdout + done.stderr
