@@ -85,6 +85,13 @@ class AgentGauges:
                     "When the sink last delivered (before its first delivery: when it was "
                     "started), by sink; alert on time() - this while its lag is above 0.",
                     {"sink": name}, consumer.state.last_success_ns / 1e9))
+        out.append(("evagg_sink_attempt_started_timestamp_seconds",
+                    "When the sink's running delivery attempt (a write or a flush: an upload, "
+                    "a batch of requests) began, Unix time; 0 while none runs, by sink.",
+                    {"sink": name}, consumer.progress.attempt_started_at))
+        out.append(("evagg_sink_delivered_events_per_second",
+                    "Events the sink delivered per second over the last minute, by sink.",
+                    {"sink": name}, consumer.progress.events_per_second()))
         records, events = self.spool.lag(name)
         out.append(("evagg_sink_lag_events", "Events spooled but not yet delivered, by sink.",
                     {"sink": name}, float(events)))

@@ -95,7 +95,7 @@ class StatusReport:
             lines.append("agent      stopping: delivering what is spooled before it exits")
         for sink in sorted(set(self.lag_events) | set(self.delivered_per_s)):
             state = self.health.get(sink, "ok")
-            lines.append(f"sink {sink:<12} {self.delivered_per_s.get(sink, 0):,.0f} events/s  "
+            lines.append(f"sink {sink:<12} {_per_s(self.delivered_per_s.get(sink, 0))} events/s  "
                          f"lag {_count(self.lag_events.get(sink, 0), 'event')}{self._file(sink)}  "
                          f"errors {self.errors.get(sink, 0):,.0f}{self._retried(sink)}  "
                          f"{state}{self._dead_letters(sink, config_flag)}"
@@ -202,6 +202,11 @@ def _count(n: float, noun: str) -> str:
     return f"{n:,.0f} {noun}{'' if n == 1 else 's'}"
 
 
+def _per_s(rate: float) -> str:
+    """`1,204`, and `0.4` where a whole number would read as nothing delivered."""
+    return f"{rate:,.1f}" if 0 < rate < 10 else f"{rate:,.0f}"
+
+
 def _pairs(values: dict[str, float]) -> str:
     return ", ".join(f"{k or 'total'}={v:,.0f}" for k, v in sorted(values.items()) if v)
 
@@ -215,7 +220,7 @@ def format_status(first: dict[str, float], second: dict[str, float],
     received = sum(rate("evagg_received_events_total", "route").values())
     return StatusReport(
         received_per_s=received,
-        delivered_per_s=rate("evagg_delivered_events_total", "sink"),
+        delivered_per_s=_delivered_per_s(second, rate("evagg_delivered_events_total", "sink")),
         lag_events=by_label(second, "evagg_sink_lag_events", "sink"),
         permanent_error=by_label(second, "evagg_sink_permanent_error", "sink"),
         spool_bytes=second.get("evagg_spool_bytes", 0.0),
@@ -242,6 +247,15 @@ def format_status(first: dict[str, float], second: dict[str, float],
         received_total=sum(v for route, v in by_label(
             second, "evagg_received_events_total", "route").items() if route != "agent"),
     )
+
+
+def _delivered_per_s(sample: dict[str, float], over_interval: dict[str, float]
+                     ) -> dict[str, float]:
+    """Each sink's rate over the agent's last minute: a sink delivers in bursts (a file as
+    it closes, a batch every batch_interval), which status's own interval sees whole or not
+    at all. Over that interval only where the agent has no such gauge (an older agent)."""
+    minute = by_label(sample, "evagg_sink_delivered_events_per_second", "sink")
+    return {**over_interval, **minute}
 
 
 def _by_sink_and_reason(sample: dict[str, float], metric: str) -> dict[str, dict[str, float]]:

@@ -3,7 +3,9 @@
 The words (docs/operations.md's health table): `ok`; `retrying (connect) since 07:28:42
 UTC, next in 12s` (the agent backs off and tries again); `failing (http_auth) since ...`
 (a permanent error: the sink's config must change). An `ok` says what else an operator
-needs: `ok, but 41 of its 62 requests in the last 5 min failed (http_5xx 38, connect 3) and were
+needs: `ok, delivering since 07:28:42 UTC (35 s)` while one attempt runs longer than
+LONG_ATTEMPT_S (a store that hangs: no failure is counted until its timeouts end it), and
+`ok, but 41 of its 62 requests in the last 5 min failed (http_5xx 38, connect 3) and were
 retried` for an HTTP endpoint that fails requests between answered ones.
 """
 
@@ -14,6 +16,9 @@ from typing import Final
 
 from aggregator.log_format import utc_clock
 
+# A normal attempt (an upload, a batch of requests) takes well under a second; one that
+# runs longer than this is worth a look, long before the store's own timeouts end it.
+LONG_ATTEMPT_S: Final = 10.0
 RECENT_FAILURES: Final = "evagg_sink_recent_failures_"
 
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -57,7 +62,7 @@ def sink_health(sample: dict[str, float], now: float) -> dict[str, str]:
                          ", retrying now")
             continue
         if sink not in since:
-            out[sink] = "failing" if permanent.get(sink) else _ok(sample, sink)
+            out[sink] = "failing" if permanent.get(sink) else _ok(sample, sink, now)
             continue
         kind, started = since[sink]
         word = "failing" if permanent.get(sink) else "retrying"
@@ -67,8 +72,12 @@ def sink_health(sample: dict[str, float], now: float) -> dict[str, str]:
     return out
 
 
-def _ok(sample: dict[str, float], sink: str) -> str:
+def _ok(sample: dict[str, float], sink: str, now: float) -> str:
     """`ok`, and what an operator needs to know of a sink that has not failed (yet)."""
+    started = by_label(sample, "evagg_sink_attempt_started_timestamp_seconds", "sink")
+    running_s = now - started[sink] if started.get(sink) else 0.0
+    if running_s > LONG_ATTEMPT_S:
+        return f"ok, delivering since {utc_clock(started[sink])} ({running_s:.0f} s)"
     failed = by_label(sample, "evagg_sink_recent_requests_failed", "sink").get(sink, 0.0)
     if failed:
         total = by_label(sample, "evagg_sink_recent_requests", "sink").get(sink, 0.0)

@@ -15,9 +15,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from aggregator.delivery.flaps import FlapWords
+from aggregator.delivery.progress import DeliveryProgress
 from aggregator.log_format import utc_clock
 from aggregator.metrics import AgentMetrics
 from aggregator.spool import RecordScreen, Spool
@@ -68,6 +70,7 @@ class SinkConsumer:
         self._drain_ends: float | None = None  # monotonic deadline of the drain, if known
         self._said_down_while_draining = False
         self._flaps = FlapWords()  # which failures and recoveries the log says
+        self.progress = DeliveryProgress()  # the running attempt, the minute's rate (/metrics)
         # A sample from the start, so a dashboard shows a healthy sink as 0, not "No data".
         metrics.sink_permanent_error.set(0, sink=sink.name)
 
@@ -125,7 +128,7 @@ class SinkConsumer:
                 return result
             await self._wait_for_records()
             return None
-        result = await self.sink.write(records)
+        result = await self._attempt(self.sink.write(records))
         if result.ok:
             self._position = records[-1].offset + 1
             self._accept(result)
@@ -136,10 +139,19 @@ class SinkConsumer:
 
     async def _flush(self, *, final: bool) -> SinkResult:
         self._last_flush = time.monotonic()
-        result = await self.sink.flush(final=final)
+        result = await self._attempt(self.sink.flush(final=final))
         if result.ok:
             self._accept(result)
         return result
+
+    async def _attempt(self, attempt: Awaitable[SinkResult]) -> SinkResult:
+        """One call into the sink, its start exported while it runs: a store that hangs
+        holds it until the sink's own timeouts end it, and reads as `ok` meanwhile."""
+        self.progress.attempt_started()
+        try:
+            return await attempt
+        finally:
+            self.progress.attempt_ended()
 
     async def _wait_for_records(self) -> None:
         wait = asyncio.ensure_future(self.spool.wait_for(self._position, self.flush_interval_s))
@@ -154,6 +166,7 @@ class SinkConsumer:
         if result.durable_through is not None:
             self.spool.commit(self.name, result.durable_through + 1)
             self.metrics.delivered_events.inc(result.delivered_events, sink=self.name)
+            self.progress.delivered(result.delivered_events)
             self.state.last_success_ns = time.time_ns()
         elif not result.peer_ok:
             return  # buffered, not delivered: says nothing about the peer's health

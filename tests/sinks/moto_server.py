@@ -58,6 +58,10 @@ class MotoS3:
         self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
         self.part_delay_s = 0.0  # UploadPart requests wait this long (an upload in flight)
+        # cleared: every PUT of an object waits (a store or proxy that takes the request and
+        # never answers), until set again or a minute has passed
+        self.object_puts_answered = threading.Event()
+        self.object_puts_answered.set()
         self._clients: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
         logging.getLogger("werkzeug").setLevel(logging.ERROR)
 
@@ -82,10 +86,20 @@ class MotoS3:
             if environ.get("REQUEST_METHOD") == "PUT" and "partNumber=" in environ.get(
                     "QUERY_STRING", ""):
                 time.sleep(self.part_delay_s)
+            if environ.get("REQUEST_METHOD") == "PUT" and "/" in environ.get(
+                    "PATH_INFO", "").strip("/"):  # an object's key, not a bucket's creation
+                self.object_puts_answered.wait(60)
             return app(environ, start_response)
 
         wsgi.process_request = tracked
         wsgi.app = slowed
+
+    def hang_object_puts(self, hang: bool = True) -> None:
+        """PUTs of objects are taken and not answered (until called with False)."""
+        if hang:
+            self.object_puts_answered.clear()
+        else:
+            self.object_puts_answered.set()
 
     def stop(self) -> None:
         """An outage: the port refuses connections and open ones are cut."""
