@@ -139,7 +139,7 @@ def test_a_time_in_seconds_is_refused_at_every_door_with_the_unit_it_looks_like(
         library.emit(kind="task", name="good", time=SECONDS * 10**9)
         assert not library.flush(30)  # False: an event was refused
         stats = library.stats()
-        # alone in its frame, so nacked: the agent's words either way
+        # refused alone in its frame or beside the good one: the agent's words either way
         assert stats.acked == 1 and stats.refused == {REFUSED_SECONDS: 1}
     finally:
         library.close(5.0)

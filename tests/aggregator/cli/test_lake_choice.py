@@ -40,7 +40,7 @@ def test_the_query_status_prints_reads_the_agents_lake_as_pasted(
     answer = evagg(*command[1:], "--json", env=env)
     assert answer.returncode == 0, answer.stderr
     assert {(row["pid"], row["reason"], row["events"]) for row in orjson.loads(answer.stdout)
-            } == {(os.getpid(), "nacked", 1.0), (os.getpid(), "too_large", 2.0)}
+            } == {(os.getpid(), "unencodable", 1.0), (os.getpid(), "too_large", 2.0)}
 
 
 def _config(path: Path, *lakes: str) -> Path:

@@ -26,12 +26,12 @@ def test_status_says_what_producers_lost_and_why(agent: AgentProcess) -> None:
     lines = result.stdout.splitlines()
     assert "lost       3 events (each loss is also a `loss` row in the lake)" in lines
     producers = next(line for line in lines if line.startswith("  by producers"))
-    assert "nacked=1 (the agent refused the producer's frame" in producers
+    assert "unencodable=1 (the producer could not encode the event)" in producers
     assert "too_large=2 (one event larger than the producer's max_frame_bytes)" in producers
     assert "lost       none" not in result.stdout
     as_json = orjson.loads(evagg("status", "--url", agent.http_url, "--interval", "0.1",
                                  "--json").stdout)
-    assert as_json["producer_dropped"] == {"nacked": 1, "too_large": 2}
+    assert as_json["producer_dropped"] == {"too_large": 2, "unencodable": 1}
     assert as_json["dropped"] == {}
 
 
@@ -51,7 +51,7 @@ def test_the_query_status_gives_names_the_producer_that_lost_them(agent: AgentPr
     assert answer.returncode == 0, answer.stderr
     rows = orjson.loads(answer.stdout)
     assert {(row["pid"], row["reason"], row["events"]) for row in rows} == {
-        (os.getpid(), "nacked", 1.0), (os.getpid(), "too_large", 2.0)}
+        (os.getpid(), "unencodable", 1.0), (os.getpid(), "too_large", 2.0)}
 
 
 def test_a_sink_whose_endpoint_refused_events_for_good_says_so(
