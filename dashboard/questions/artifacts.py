@@ -64,6 +64,12 @@ def choose(store: Store, name: str, version: int | None = None,
     raise NotFound(f"{name!r} has no version {version} (stored: {have})")
 
 
+# Every Parquet sink gets the artifact event, only the first one the file: a lake read
+# through another sink lists files it does not hold, and the answer must say where they are.
+ONLY_FIRST_SINK = (": an agent ships its [[files]] only into its first Parquet sink's lake "
+                   "(read that lake, if the agent has several; docs/configuration.md)")
+
+
 @contextmanager
 def opened(options: StoreOptions, key: str) -> Iterator[IO[bytes]]:
     """The object's bytes as a stream; only keys under `_artifacts/` are read."""
@@ -75,7 +81,8 @@ def opened(options: StoreOptions, key: str) -> Iterator[IO[bytes]]:
         try:
             stream = path.open("rb")
         except FileNotFoundError:
-            raise NotFound(f"the artifact's file {path} is missing from the lake") from None
+            raise NotFound(f"the artifact's file {path} is missing from the lake"
+                           f"{ONLY_FIRST_SINK}") from None
         with stream:
             yield stream
         return
@@ -93,7 +100,7 @@ def _s3_object(options: StoreOptions, key: str) -> Iterator[IO[bytes]]:
         code = exc.response.get("Error", {}).get("Code", "")
         if code in ("NoSuchKey", "404"):
             raise NotFound(f"the artifact's object {key} is missing from "
-                           f"{options.location}") from None
+                           f"{options.location}{ONLY_FIRST_SINK}") from None
         raise StoreUnavailable(f"reading {key} from {options.location} failed: {exc}") from None
     body = answer["Body"]
     try:

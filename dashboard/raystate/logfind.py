@@ -232,7 +232,9 @@ def _choose(files: dict[LogFile, list[StoredPiece]], start: int, end: int | None
     """The newest generation that holds the range (a rotation starts a new one)."""
     if not files:
         raise NotFound(f"Could not find a log file ({what}) in the store: the agent on "
-                       "that node did not collect it ([ray] log_dir, docs/ray-logs.md)")
+                       "that node did not collect it into this lake ([ray] log_dir; an "
+                       "agent ships Ray's logs only into its first Parquet sink's lake: "
+                       "docs/ray-logs.md)")
     ordered = sorted(files.items(), key=lambda item: item[0].generation, reverse=True)
     for log_file, pieces in ordered:
         if LogArchive.length(pieces) >= (end if end is not None else start):

@@ -200,6 +200,18 @@ def test_query_logs_says_what_is_missing(lake: Lake) -> None:
     assert bad.returncode == 2 and b"--tail" in bad.stderr
 
 
+def test_a_lake_without_the_logs_says_which_lake_has_them(lake: Lake, tmp_path: Path) -> None:
+    """A second Parquet sink's lake holds the events, never the logs (only the first
+    sink's does): the answer names where they went."""
+    second = tmp_path / "second"
+    shutil.copytree(lake.root, second, ignore=shutil.ignore_patterns("_logs"))
+    done = evagg("query", "logs", "--data", str(second), "--task", lake.big)
+    assert done.returncode == 1
+    said = done.stderr.decode()
+    assert "did not collect it into this lake" in said, said
+    assert "only into its first Parquet sink's lake" in said, said
+
+
 @pytest.fixture(scope="module")
 def dashboard_url(lake: Lake) -> Iterator[str]:
     store = Store(StoreOptions(location=str(lake.root)))

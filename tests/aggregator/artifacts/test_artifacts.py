@@ -217,3 +217,32 @@ def test_the_listing_shows_each_sha256_whole_to_check_a_copy_against(
                     "--no-cache", "--out", str(tmp_path / "copy"))
     assert fetched.returncode == 0, fetched.stderr
     assert f"  {sha256(tmp_path / 'copy')}  " in fetched.stdout, fetched.stdout
+
+
+def test_a_lake_of_a_second_sink_says_where_its_listed_files_are(
+        agent_factory: Callable[..., AgentProcess], tmp_path: Path) -> None:
+    """Every Parquet sink gets the artifact events; only the first, the files. Asked of
+    the second lake, which lists the file, `evagg query artifact` says where it is."""
+    folder, second = tmp_path / "files", tmp_path / "second-lake"
+    folder.mkdir()
+    sinks = ('[[sinks]]\nname = "lake"\ntype = "parquet"\nurl = "{lake}"\n'
+             'roll_interval = "1s"\n\n'
+             f'[[sinks]]\nname = "second"\ntype = "parquet"\nurl = "{second}"\n'
+             'roll_interval = "1s"\n')
+    agent = agent_factory(sinks_toml=sinks, extra_toml=f'[[files]]\npath = "{folder}"\n'
+                                                        f'kind = "dump"\nsettle = "{SETTLE}"\n')
+    agent.start()
+    (folder / "a").write_bytes(b"a")
+    wait_listed(agent, 1, "the file in the first lake")
+
+    def listed_in_second() -> bool:
+        done = evagg("query", "artifacts", "--data", str(second), "--no-cache", "--json")
+        return done.returncode == 0 and len(json.loads(done.stdout)) == 1
+
+    wait_until(listed_in_second, 90, "the file's event in the second lake")
+    done = evagg("query", "artifact", "a", "--data", str(second), "--no-cache",
+                 "--out", str(tmp_path / "a"))
+    assert done.returncode == 1
+    assert "is missing from the lake" in done.stderr
+    assert "only into its first Parquet sink's lake" in done.stderr, done.stderr
+    assert fetch(agent, "a", tmp_path / "b").read_bytes() == b"a"
