@@ -134,8 +134,8 @@ def _duckdb_s3_setup(endpoint_url: str | None) -> list[str]:
     """What a plain DuckDB runs before the views to read the lake on S3: on an
     S3-compatible store, a secret without its endpoint would ask AWS instead."""
     if not endpoint_url:
-        return ["For s3://: LOAD httpfs and CREATE SECRET (TYPE s3, KEY_ID '...', "
-                "SECRET '...', REGION '...') first."]
+        return ["For s3://: LOAD httpfs (offline: docs/queries.md, DuckDB without evagg)",
+                "  and CREATE SECRET (TYPE s3, KEY_ID '...', SECRET '...', REGION '...') first."]
     parts = urlsplit(endpoint_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"the endpoint URL {redacted_endpoint(endpoint_url)!r} needs its "
@@ -143,7 +143,8 @@ def _duckdb_s3_setup(endpoint_url: str | None) -> list[str]:
     shown = redacted_endpoint(endpoint_url)  # printed text is pasted and shared
     host = urlsplit(shown).netloc
     use_ssl = "false" if parts.scheme == "http" else "true"
-    return [f"For s3:// on the store at {shown}, first: LOAD httpfs, then",
+    return [f"For s3:// on the store at {shown}, first: LOAD httpfs (offline:",
+            "  docs/queries.md, DuckDB without evagg), then",
             "  CREATE SECRET (TYPE s3, KEY_ID '...', SECRET '...', REGION '...',",
             f"  ENDPOINT '{host}', URL_STYLE 'path', USE_SSL {use_ssl})"]
 
