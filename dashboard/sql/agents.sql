@@ -25,14 +25,17 @@ SELECT
 FROM events
 WHERE kind = 'agent';
 
--- losses: events lost by policy, as the agent (or an emitter) reported them.
+-- losses: events lost by policy, as the agent (or an emitter) reported them. An
+-- emitter's report carries its run and job, so a run's losses are one filter away.
 CREATE OR REPLACE VIEW losses AS
 SELECT
     time,
     node_id,
     name AS reason,
     source,
-    CAST(round(coalesce(metrics['events'], 0)) AS BIGINT) AS events
+    CAST(round(coalesce(metrics['events'], 0)) AS BIGINT) AS events,
+    run_id,
+    job_id
 FROM events
 WHERE kind = 'loss';
 
