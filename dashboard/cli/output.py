@@ -11,10 +11,12 @@ from typing import Any
 import orjson
 
 from dashboard.lake.results import Result
+from sinks.artifacts.layout import ARTIFACTS_ROOT
 
 MAX_CELL = 60
 SMALL_FLOAT = 0.01  # below this, a float keeps significant digits, not three decimals
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")  # a sha256, as `sha256sum` prints it
+_LAKE_KEY = f"{ARTIFACTS_ROOT}/"  # a shipped file's key, which `cp lake/<lake_key>` copies
 _ISO = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)(\.\d{3})?\d*Z$")
 
 
@@ -86,8 +88,9 @@ def table_cell(value: Any) -> str:
         if iso:
             text = f"{iso.group(1)} {iso.group(2)}{iso.group(3) or ''}"
     text = text.replace("\r", "").replace("\n", " ⏎ ")
-    if len(text) <= MAX_CELL or _DIGEST.match(text):
-        return text  # a digest whole: cut, it can be checked against nothing
+    if len(text) <= MAX_CELL or _DIGEST.match(text) or text.startswith(_LAKE_KEY):
+        # a digest or a lake key whole: cut, one checks and the other names nothing
+        return text
     return text[: MAX_CELL - 1] + "…"
 
 

@@ -246,3 +246,20 @@ def test_a_lake_of_a_second_sink_says_where_its_listed_files_are(
     assert "is missing from the lake" in done.stderr
     assert "only into its first Parquet sink's lake" in done.stderr, done.stderr
     assert fetch(agent, "a", tmp_path / "b").read_bytes() == b"a"
+
+
+def test_the_listing_shows_each_lake_key_whole_to_copy_the_file_by(
+        agent_factory: Callable[..., AgentProcess], tmp_path: Path) -> None:
+    """docs/parquet-layout.md copies a shipped file by its key: `cp "lake/<lake_key>"`.
+    Read off the table, the key must name the object, not end in `…`."""
+    dumps = tmp_path / "fr"
+    (dumps / "run-7").mkdir(parents=True)
+    dump = dumps / "run-7" / "nccl_trace_rank_0"
+    dump.write_bytes(b"flight recorder " * 64)
+    agent = watching(agent_factory, dumps, kind="nccl_flight_recorder").start()
+    wait_listed(agent, 1, "the dump in the listing")
+    table = evagg("query", "artifacts", "--data", str(agent.lake_dir), "--no-cache")
+    assert table.returncode == 0, table.stderr
+    (row,) = [line for line in table.stdout.splitlines() if sha256(dump) in line]
+    lake_key = row.split()[-1]
+    assert (agent.lake_dir / lake_key).read_bytes() == dump.read_bytes(), lake_key
