@@ -112,9 +112,6 @@ def run_compact_command(args: argparse.Namespace) -> int:
 def _lake_named_twice(args: argparse.Namespace) -> str | None:
     if args.target and args.data and args.target != args.data:
         return "give the lake once, as the target or as --data"
-    if (args.target or args.data) and args.config is not None:
-        return ("give the lake once: --config names its Parquet sink's lake and upload "
-                "options; a target (or --data) names a lake with the flags' options only")
     return None
 
 
@@ -126,11 +123,17 @@ def _chosen_lake(args: argparse.Namespace) -> tuple[str, S3Options | None]:
     from dashboard.cli.query import default_data
     from sinks.parquet.options import S3Options
 
-    args.data = args.target or args.data
+    named = args.target or args.data
+    args.data = named
     try:
         lake = apply_config_lake(args)  # sets args.endpoint_url and args.region where unset
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
+    if named and args.config is not None and lake is None:
+        # which of the two to merge, and whether the config's encryption applies, a guess
+        raise ValueError("give the lake once: --config names its Parquet sink's lake and "
+                         "upload options; a target (or --data) names a lake with the flags' "
+                         "options only, or one of the config's Parquet sinks")
     if lake is None or not is_s3_url(lake.url):
         return args.data or default_data(), None
     try:

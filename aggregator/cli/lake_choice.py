@@ -29,9 +29,10 @@ def apply_config_lake(args: argparse.Namespace) -> SinkConfig | None:
     """Fill args.data (and endpoint_url, region where unset) from the agent's config when
     the command line names no lake, and return the Parquet sink it came from (None when
     the lake is not the config's); raises LakeChoiceError (or ConfigError) when the config
-    names no one lake."""
+    names no one lake. A `--data` that names one of `--config`'s Parquet sinks (what the
+    refusal of a config with several asks for) takes that sink's options the same way."""
     if getattr(args, "data", None):
-        return None
+        return _named_sink(args)
     path: Path | None = getattr(args, "config", None)
     if path is None:
         if os.environ.get("EVAGG_DATA") or not os.environ.get("EVAGG_CONFIG"):
@@ -47,8 +48,34 @@ def apply_config_lake(args: argparse.Namespace) -> SinkConfig | None:
         urls = ", ".join(f"{sink.name}: {sink.url}" for sink in lakes)
         raise LakeChoiceError(f"{path} has {len(lakes)} Parquet sinks ({urls}): give "
                               "--data with the one to read")
-    lake = lakes[0]
-    args.data = lake.url
+    args.data = lakes[0].url
+    return _take_options(args, lakes[0])
+
+
+def _named_sink(args: argparse.Namespace) -> SinkConfig | None:
+    """The Parquet sink of an explicit `--config` whose url `--data` names, its options
+    taken where unset; None when there is no such config or sink."""
+    path: Path | None = getattr(args, "config", None)
+    if path is None:
+        return None
+    from aggregator.config import configured_lakes
+
+    wanted = _same_lake(str(args.data))
+    for lake in configured_lakes(path):
+        if _same_lake(lake.url) == wanted:
+            return _take_options(args, lake)
+    return None
+
+
+def _same_lake(url: str) -> str:
+    """A lake's url as compared: `s3://b/p/` and `s3://b/p` are one, a directory by its
+    absolute path."""
+    if url.startswith("s3://"):
+        return url.rstrip("/")
+    return str(Path(url).expanduser().resolve())
+
+
+def _take_options(args: argparse.Namespace, lake: SinkConfig) -> SinkConfig:
     for option in ("endpoint_url", "region"):
         value = lake.options.get(option)
         if isinstance(value, str) and value and not getattr(args, option, None):

@@ -128,10 +128,36 @@ def test_a_target_and_the_agents_config_together_are_refused(
     """Which one names the lake, and whether the config's encryption applies to it, would
     be a guess: a merge of a compliance bucket must not go out unencrypted by it."""
     config = _encrypting_config(moto, bucket, tmp_path)
-    done = _evagg_compact(f"s3://{bucket}/lake/", "--config", str(config))
+    done = _evagg_compact(f"s3://{bucket}/other/", "--config", str(config))
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("evagg compact: give the lake once: --config names its "
                                   "Parquet sink's lake and upload options"), done.stderr
+
+
+def test_a_config_of_two_lakes_and_the_one_named_merge_as_its_sink_asks(
+        moto: MotoS3, bucket: str, tmp_path: Path) -> None:
+    """An agent writing two lakes: `--config` alone is refused with "give --data with the
+    one to read"; given so, the merge (and `evagg query`) take that sink's endpoint and
+    upload options, as the agent's own hour merge does."""
+    _two_small_files(moto, bucket, tmp_path)
+    config = _encrypting_config(moto, bucket, tmp_path)
+    with config.open("a") as text:
+        text.write(f'\n[[sinks]]\nname = "local"\ntype = "parquet"\nurl = "{tmp_path}/b"\n')
+    alone = _evagg_compact("--config", str(config), "--grace", "0")
+    assert alone.returncode == 2 and "give --data with the one to read" in alone.stderr
+    done = _evagg_compact("--config", str(config), "--data", f"s3://{bucket}/lake",
+                          "--grace", "0")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert_merged_as_asked(moto, bucket)
+    environment = {**os.environ, **aws_env(), "PYTHONPATH": str(REPO)}
+    for name in ("EVAGG_CONFIG", "EVAGG_DATA", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        environment.pop(name, None)
+    query = subprocess.run([sys.executable, "-m", "aggregator", "query", "--config",
+                            str(config), "--data", f"s3://{bucket}/lake/", "--cache",
+                            str(tmp_path / "cache"), "sql", "SELECT count(*) AS n FROM events"],
+                           capture_output=True, text=True, timeout=120, env=environment)
+    assert query.returncode == 0, query.stderr
+    assert query.stdout.split()[2] == "200", query.stdout
 
 
 def _encrypting_config(moto: MotoS3, bucket: str, tmp_path: Path) -> Path:
