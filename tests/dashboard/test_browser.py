@@ -321,6 +321,15 @@ def test_an_auto_refresh_keeps_what_the_reader_is_in_the_middle_of(
     expect(page.locator(".span-detail")).to_contain_text("missing variable 'user'")
 
 
+def test_a_page_takes_its_parameter_by_the_column_s_name_too(page: Page) -> None:
+    """`run_id=` as the column is named, where the page's own word is `run=`: the run's
+    page, not the page of the ops sent without a run id."""
+    page.goto("/#/run?run_id=run1")
+    expect(page.locator("h1")).to_have_text("Run run1")
+    page.goto(f"/#/trace?trace={TRACE}")
+    expect(page.locator("svg.waterfall g.failed")).to_have_count(1)
+
+
 def test_errors_show_as_messages(page: Page) -> None:
     page.goto("/#/task?task_id=nope")
     expect(page.locator(".error-box")).to_contain_text("no task 'nope'")

@@ -13,10 +13,18 @@ const ROUTES = {
 const NAV_OF = { task: "tasks", run: "runs", trace: "traces", "": "overview" };
 let version = null, rendering = 0;
 
+// Each page's parameter by the column's name too (run_id for run, task for task_id): a
+// link written from a query's column must open that page, not another one's empty state.
+const PARAM_ALIASES = { run_id: "run", job_id: "job", task: "task_id", trace: "trace_id" };
+
 function currentRoute() {
   const hash = location.hash.replace(/^#\/?/, "");
   const [route, query] = hash.split("?");
-  return { route: route || "", params: new URLSearchParams(query || "") };
+  const params = new URLSearchParams(query || "");
+  for (const [alias, name] of Object.entries(PARAM_ALIASES)) {
+    if (params.has(alias) && !params.has(name)) params.set(name, params.get(alias));
+  }
+  return { route: route || "", params };
 }
 
 async function render({ keepScroll = false } = {}) {
