@@ -64,6 +64,8 @@ def _lake_from_config(command: str, args: argparse.Namespace) -> bool:
     from aggregator.cli.lake_choice import LakeChoiceError, apply_config_lake
     from aggregator.config import ConfigError
 
+    if getattr(args, "lake", None) and not getattr(args, "data", None):
+        args.data = args.lake  # `query ddl` names its lake as an argument: its --data
     try:
         apply_config_lake(args)
     except (LakeChoiceError, ConfigError) as exc:

@@ -98,3 +98,27 @@ def test_a_config_that_is_not_there_is_named(tmp_path: Path) -> None:
                    env=_user_env(tmp_path / "home"))
     assert result.returncode == 2
     assert f"evagg query: config file {tmp_path / 'nope.toml'} does not exist" in result.stderr
+
+
+def test_ddl_s_lake_named_from_a_config_of_two_takes_that_sink_s_endpoint(
+        tmp_path: Path) -> None:
+    """`ddl` names its lake as an argument, where other queries take --data: one of the
+    config's two lakes, named so, reads through that sink's endpoint as --data does."""
+    from tests.sinks.moto_server import MotoS3, aws_env
+
+    moto = MotoS3().start()
+    try:
+        bucket = moto.create_bucket()
+        config = tmp_path / "evagg.toml"
+        config.write_text(
+            f'[[sinks]]\nname = "local"\ntype = "parquet"\nurl = "{tmp_path / "lake"}"\n'
+            f'[[sinks]]\nname = "shared"\ntype = "parquet"\nurl = "s3://{bucket}/evagg/"\n'
+            f'endpoint_url = "{moto.endpoint_url}"\npath_style = true\n')
+        env = _user_env(tmp_path / "home", **aws_env())
+        result = evagg("query", "ddl", "--dialect", "duckdb", f"s3://{bucket}/evagg/",
+                       "--config", str(config), env=env)
+    finally:
+        moto.stop()
+    assert result.returncode == 0, result.stderr
+    assert "could not look for" not in result.stderr, result.stderr  # asked moto, not AWS
+    assert f"127.0.0.1:{moto.port}" in result.stdout, result.stdout
