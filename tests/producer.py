@@ -34,6 +34,7 @@ def main() -> int:
     parser.add_argument("--done-file", default="")
     parser.add_argument("--end", choices=["flush", "exit"], default="flush")
     parser.add_argument("--exit-timeout", type=float, default=0.0)
+    parser.add_argument("--ack-timeout", type=float, default=0.0)
     args = parser.parse_args()
 
     import emitters
@@ -46,6 +47,8 @@ def main() -> int:
         options["max_pending"] = args.max_pending
     if args.exit_timeout:
         options["exit_timeout"] = args.exit_timeout
+    if args.ack_timeout:
+        options["ack_timeout"] = args.ack_timeout
     emitters.configure(**options)
     raised = 0
     slowest_ns = 0

@@ -23,7 +23,8 @@ from aggregator.decode.columns import ColumnsRefused
 from aggregator.ingest.address_taken import AddressTaken
 from aggregator.ingest.frame_reader import FrameReader, StreamEnd
 from aggregator.ingest.ingestor import Ingestor, SpoolUnavailable
-from aggregator.ingest.unstored import unstored_losses
+from aggregator.ingest.session_owners import SessionOwners
+from aggregator.ingest.unstored import StoredOrCounted, unstored_losses
 from aggregator.losses import UNSTORED_AT_STOP
 from aggregator.metrics import AgentMetrics
 from emitters import paths, wire
@@ -64,6 +65,8 @@ class SocketIngest:
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
         self._readers: set[FrameReader] = set()
+        self._sessions = SessionOwners()
+        self._stored_or_counted = StoredOrCounted(ingestor.spool.has)
         self._log = RateLimitedLog(log)
 
     async def start(self, inherited: socket.socket | None = None) -> None:
@@ -105,6 +108,7 @@ class SocketIngest:
         def forget(done: asyncio.Task[None]) -> None:
             self._handlers.discard(done)
             self._readers.discard(reader)
+            self._sessions.release(done)
 
         task.add_done_callback(forget)
         return reader
@@ -179,7 +183,7 @@ class SocketIngest:
         if pid is None or self.producer_alive(pid) or losses is None:
             return
         try:
-            lost = unstored_losses(bodies, self.ingestor.spool.has, self.ingestor.stamp(pid))
+            lost = unstored_losses(bodies, self._stored_or_counted, self.ingestor.stamp(pid))
         except Exception as exc:  # the stop goes on; only this count is missing
             self.metrics.worker_errors.inc(worker="socket", type=type(exc).__name__)
             log.exception("could not count the unstored frames of pid %d", pid)
@@ -205,6 +209,7 @@ class SocketIngest:
         if not isinstance(frame, (wire.Batch, wire.Columns)):
             self._refuse(transport, "unexpected_frame", "producers may only send batch frames")
             return False
+        self._sessions.claim(frame.session)
         stamp = self.ingestor.stamp(pid, uid)
         if isinstance(frame, wire.Columns):
             try:

@@ -23,6 +23,26 @@ from aggregator.losses import ProducerLoss, reported_losses
 from emitters import wire
 
 
+class StoredOrCounted:
+    """Whether a frame is stored, or counted lost already at this stop: a producer that
+    reconnected just before the stop may have had the same frames waiting on two
+    connections (docs/wire-protocol.md, "Resend and dedupe"), and each counts once."""
+
+    def __init__(self, stored: Callable[[bytes, int], bool]) -> None:
+        self._stored = stored
+        self._counted: set[tuple[bytes, int]] = set()
+
+    def __call__(self, session: bytes, seq: int) -> bool:
+        if self._stored(session, seq):
+            return True
+        if session == wire.NO_SESSION or seq <= 0:  # no identity: each copy is its own
+            return False
+        if (session, seq) in self._counted:
+            return True
+        self._counted.add((session, seq))
+        return False
+
+
 class Unstored(NamedTuple):
     """What an exited producer's frames that the spool does not hold lose."""
 

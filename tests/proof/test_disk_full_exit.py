@@ -8,6 +8,7 @@ deadline passed) had frames the agent had read and dropped, and counted them now
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,3 +61,65 @@ def test_a_producer_that_exits_while_the_disk_is_full_loses_nothing_uncounted(
                         and (e.get("attrs") or {}).get("component") != "emitter")
     assert len(delivered) + lost_by_producer + lost_by_agent == EVENTS, (
         len(delivered), lost_by_producer, lost_by_agent)
+
+
+def test_producers_that_reconnect_while_the_disk_is_full_hold_one_connection_each(
+        small_disk: Path) -> None:
+    """With no answer for ack_timeout a producer reconnects and resends: its earlier
+    connection, waiting for the disk, is let go, or they pile up one per ack_timeout
+    until max_connections refuses new producers."""
+    receiver = ServerThread().start()
+    receiver.stop()
+    sinks = f'[[sinks]]\nname = "collector"\ntype = "http"\nurl = "{receiver.url}"\n'
+    agent = AgentProcess(small_disk, sinks_toml=sinks, spool_toml='max_bytes = "1GiB"')
+    agent.start()
+    filler = small_disk / "state" / "other-use"
+    producers = []
+    try:
+        fill(filler, leave=256 * 1024)
+        producers = [start_producer(agent.socket_path, f"r{n}", 50_000, seconds=20.0,
+                                    flush_timeout=60, ack_timeout=0.5) for n in range(2)]
+        wait_until(lambda: agent.metric("evagg_spool_write_failing_since_timestamp_seconds")
+                   > 0, 30, "the spool's writes to fail")
+        reconnects = 10  # each producer's, at least: 5 s of ack timeouts
+        wait_until(lambda: agent.metric("evagg_connections_total") >= 2 * reconnects, 60,
+                   lambda: f"the producers to reconnect:\n{agent.metrics()}")
+        assert agent.metric("evagg_open_connections") <= 2 * 2, agent.metrics()
+        filler.unlink()
+        receiver.start()
+        reports = [producer_report(producer) for producer in producers]
+        assert all(report["flushed"] for report in reports), reports
+        wait_caught_up(agent, ["collector"], timeout=60)
+        assert agent.stop() == 0
+        events = distinct(receiver.accepted_events())
+    finally:
+        for producer in producers:
+            producer.kill()
+        agent.kill()
+        receiver.close()
+    delivered = [task for task in task_ids(events) if task.startswith("r")]
+    assert len(delivered) == len(set(delivered)) == 2 * 50_000
+
+
+def test_an_agent_stopped_while_the_disk_is_full_counts_each_lost_frame_once(
+        small_disk: Path) -> None:
+    """A producer that reconnected every ack_timeout and then exited: at the stop, the
+    frames it sent and nobody stored are counted lost (unstored_at_stop) once each, not
+    once per connection they came on."""
+    receiver = ServerThread().start()
+    receiver.stop()
+    sinks = f'[[sinks]]\nname = "collector"\ntype = "http"\nurl = "{receiver.url}"\n'
+    agent = AgentProcess(small_disk, sinks_toml=sinks, spool_toml='max_bytes = "1GiB"')
+    agent.start()
+    try:
+        fill(small_disk / "state" / "other-use", leave=256 * 1024)
+        producer = start_producer(agent.socket_path, "once", EVENTS, seconds=1.0,
+                                  end="exit", exit_timeout=4.0, ack_timeout=0.5)
+        producer_report(producer)
+        agent.stop()
+    finally:
+        agent.kill()
+        receiver.close()
+    counted = [int(n) for n in re.findall(r"so their (\d+) events are lost", agent.log())]
+    assert counted, agent.log()[-3000:]
+    assert sum(counted) <= EVENTS, counted
