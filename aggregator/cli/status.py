@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aggregator.cli.status_health import by_label, labelled, sink_health
+from aggregator.disk_words import what_to_do
 from aggregator.log_format import utc_clock
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
@@ -89,8 +90,8 @@ class StatusReport:
                          "producers buffer, HTTP senders get 503, until the sinks deliver")
         for reason, since in sorted(self.spool_write_failing.items()):
             lines.append(f"           cannot write ({reason}) since {utc_clock(since)}: new "
-                         "events wait (producers buffer, HTTP senders get 503); free "
-                         "space on the spool's disk (the state directory)")
+                         "events wait (producers buffer, HTTP senders get 503); "
+                         f"{what_to_do(reason)}")
         if self.draining:
             lines.append("agent      stopping: delivering what is spooled before it exits")
         for sink in sorted(set(self.lag_events) | set(self.delivered_per_s)):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import math
 import time
@@ -21,6 +22,7 @@ import pyarrow as pa
 from aggregator.decode.columns import decode_columns
 from aggregator.decode.ndjson import decode_ndjson
 from aggregator.decode.normalize import Normalized, Stamp, ndjson_to_batch, rows_to_batch
+from aggregator.disk_words import what_to_do
 from aggregator.losses import LossRecorder, ProducerLoss, reported_losses
 from aggregator.metrics import AgentMetrics
 from aggregator.red.metrics import RedMetrics
@@ -217,13 +219,17 @@ class Ingestor:
         """A socket frame the disk refuses (full, or failing) waits and is written again
         once it can be: sent back to its producer, it would be lost, uncounted, had that
         producer exited meanwhile (docs/wire-protocol.md, "A producer that goes away").
-        An HTTP request (it gives `room_wait_s`) is answered at once, to send again."""
+        Any other route (HTTP's, the agent's own rows) gets the error at once: an HTTP
+        request is answered 503, to send again."""
         failed = False
         while True:
             try:
-                return await self.spool.append(record, rows, received_ns=stamp.received_ns,
-                                               session=session, seq=seq,
-                                               room_wait_s=room_wait_s)
+                result = await self.spool.append(record, rows, received_ns=stamp.received_ns,
+                                                 session=session, seq=seq,
+                                                 room_wait_s=room_wait_s)
+                # A try that wrote the record and then failed its fsync left it stored: this
+                # frame's own, not a resend's.
+                return AppendResult(result.offset, False) if failed else result
             except OSError as exc:
                 if not failed:  # counted once per frame, however long it waits
                     self.metrics.bad_input.inc(route=route, reason="spool_write_failed")
@@ -232,8 +238,8 @@ class Ingestor:
                     raise
                 self._rejections.log(
                     logging.ERROR, "disk", "spool write failed (%s): producers' frames wait "
-                    "for the disk and are stored once it takes them; free space on the "
-                    "spool's disk (the state directory)", exc.strerror or exc)
+                    "for the disk and are stored once it takes them; %s", exc.strerror or exc,
+                    what_to_do(errno.errorcode.get(exc.errno or 0, "")))
             await self.spool.wait_for_disk()
 
     def _counts_losses(self, route: str) -> bool:

@@ -14,6 +14,8 @@ import os
 import time
 from dataclasses import dataclass
 
+from aggregator.disk_words import what_to_do
+
 
 @dataclass(frozen=True)
 class WriteFailure:
@@ -25,8 +27,7 @@ class WriteFailure:
         """For /readyz and the log: what fails, and what to do."""
         return (f"spool cannot write: {self.words} ({self.reason}); new events wait "
                 "(producers' frames are stored once the disk takes them, HTTP posts are "
-                "answered 503 to send again): free space on the spool's disk "
-                "(the state directory)")
+                f"answered 503 to send again): {what_to_do(self.reason)}")
 
 
 # A nearly full disk refuses large frames and takes a heartbeat now and then: one append

@@ -76,3 +76,17 @@ def test_a_parquet_sink_with_hours_it_could_not_merge_says_so_and_why() -> None:
     gauge = 'evagg_sink_partitions_not_merged{sink="lake",type="parquet"}'
     merged = parse_metrics(unmerged.replace(f"{gauge} 2", f"{gauge} 0"))
     assert "not merged" not in format_status(merged, merged, 1.0, now=0.0).as_text()
+
+
+def test_a_disk_that_fails_writes_is_told_apart_from_a_full_one() -> None:
+    """"free space" for a full disk; for one that fails (EIO, a read-only remount) freeing
+    space would not help: look at the disk."""
+    for reason, advice in (("ENOSPC", "free space on the spool's disk"),
+                           ("EIO", "look at the spool's disk (the state directory): it "
+                                   "refuses writes, and the kernel's log says why")):
+        failing = SCRAPE + ('evagg_spool_write_failing_since_timestamp_seconds'
+                            f'{{reason="{reason}"}} 100\n')
+        sample = parse_metrics(failing)
+        text = format_status(sample, sample, 1.0, now=0.0).as_text()
+        line = next(line for line in text.splitlines() if "cannot write" in line)
+        assert f"cannot write ({reason})" in line and advice in line, line
