@@ -16,28 +16,25 @@ from __future__ import annotations
 import errno
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
+from sinks.disk_room import MIB, sinks_reserve
 from sinks.units import size_text
 
-MIB: Final = 2**20
-RESERVE_MAX: Final = 64 * MIB  # a local Parquet sink's file rolls at 64 MiB by default
-RESERVE_SHARE: Final = 10  # on a small disk, a tenth of it, in whole MiB
 # The disk's free space is read again after this long, or sooner once the spool's own
 # writes since the last look could have brought it within SLACK of the reserve.
 LOOK_EVERY_S: Final = 0.5
 SLACK: Final = 64 * MIB
 
 
-def reserve_for(disk_bytes: int) -> int:
-    """The bytes left free on a filesystem of `disk_bytes`."""
-    return min(RESERVE_MAX, max(1, disk_bytes // RESERVE_SHARE // MIB) * MIB)
-
-
 class DiskReserve:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path,
+                 statvfs: Callable[[Path], os.statvfs_result] = os.statvfs,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.directory = directory
+        self._statvfs, self._clock = statvfs, clock
         self.reserve = 0  # set by the first look, from the filesystem's size
         self._free = 0
         self._written = 0  # bytes the spool wrote since the last look
@@ -46,12 +43,12 @@ class DiskReserve:
     def check(self, size: int) -> None:
         """Raises OSError(ENOSPC) when writing `size` more bytes would leave the disk
         less free than the reserve."""
-        now = time.monotonic()
+        now = self._clock()
         if now < self._next_look and self._free - self._written - size >= self.reserve + SLACK:
             self._written += size
             return
-        stats = os.statvfs(self.directory)
-        self.reserve = reserve_for(stats.f_blocks * stats.f_frsize)
+        stats = self._statvfs(self.directory)
+        self.reserve = sinks_reserve(stats.f_blocks * stats.f_frsize)
         self._free = stats.f_bavail * stats.f_frsize
         self._written = 0
         self._next_look = now + LOOK_EVERY_S

@@ -23,20 +23,18 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sinks.disk_room import merge_margin
 from sinks.durable import publish_file
 from sinks.locations import no_such_lake
 from sinks.parquet.s3 import S3Store
 from sinks.parquet.stores import staging_name
 
 SCRATCH_PREFIX = "evagg-merge-"
-# left free beside a merge: the spool shares the state directory's disk, and an agent
-# whose spool finds the disk full refuses events (one spool segment's worth)
-ROOM_MARGIN: Final = 64 * 2**20
 # in this process's scratch folders' names: one without it in a staging directory was
 # left by an earlier process (killed mid-merge), since one agent at a time owns a state_dir
 _THIS_PROCESS = uuid.uuid4().hex[:12]
@@ -81,24 +79,24 @@ class Target(Protocol):
 
 
 class NoRoomForMerge(OSError):
-    """A merge would leave its disk with less than ROOM_MARGIN free: not started (counted
-    as compaction_failures{reason="no_room"})."""
+    """A merge would leave its disk with less than its margin free (sinks/disk_room.py):
+    not started (counted as compaction_failures{reason="no_room"})."""
 
 
 def check_room(directory: Path, needed: int) -> None:
     """Raise NoRoomForMerge unless the disk of `directory` has `needed` bytes free and
-    ROOM_MARGIN more: a merge must not fill the disk the spool writes to."""
-    free = shutil.disk_usage(directory).free
-    if free < needed + ROOM_MARGIN:
+    the merge's margin more: a merge must not fill the disk the spool writes to."""
+    free, margin = shutil.disk_usage(directory).free, merge_margin(directory)
+    if free < needed + margin:
         raise NoRoomForMerge(f"not merged: it needs {_mib(needed)} MiB in {directory}, "
-                             f"and {_mib(ROOM_MARGIN)} MiB more left for the spool; the disk "
-                             f"has {_mib(free)} MiB free: give it room")
+                             f"and {_mib(margin)} MiB more left for the spool and the sinks' "
+                             f"files; the disk has {_mib(free)} MiB free: give it room")
 
 
 def spill_room(directory: Path) -> int:
-    """How much a merge's fold may write to `directory`'s disk: what is free less
-    ROOM_MARGIN, so that the spool beside it keeps its room."""
-    return shutil.disk_usage(directory).free - ROOM_MARGIN
+    """How much a merge's fold may write to `directory`'s disk: what is free less the
+    merge's margin, so that the spool beside it keeps its room."""
+    return shutil.disk_usage(directory).free - merge_margin(directory)
 
 
 def spill_folder(staging_dir: Path) -> AbstractContextManager[str]:

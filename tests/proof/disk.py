@@ -11,7 +11,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from aggregator.spool._disk_reserve import reserve_for
+from sinks.disk_room import sinks_reserve
 from tests.agentproc import AgentProcess
 
 
@@ -33,7 +33,7 @@ def free_bytes(path: Path) -> int:
 def filesystem_full(path: Path) -> bool:
     """As full as the spool lets its disk be: it leaves a reserve to the sinks' files."""
     stats = os.statvfs(path)
-    return free_bytes(path) < reserve_for(stats.f_blocks * stats.f_frsize) + 2**20
+    return free_bytes(path) < sinks_reserve(stats.f_blocks * stats.f_frsize) + 2**20
 
 
 def fill(path: Path, leave: int) -> None:

@@ -190,8 +190,9 @@ def test_a_merge_the_state_disk_has_no_room_for_waits_and_ingest_goes_on(
                    lambda: f"the merge to wait for room:\n{agent.log()[-3000:]}", interval=0.5)
         assert len(hour_files := lake_hour.names()) == FILES, hour_files  # left as they are
         said = next(line for line in agent.log().splitlines() if "(no_room)" in line)
-        assert "not merged: it needs " in said and "MiB more left for the spool; the disk " \
-            "has " in said and "free: give it room; it is tried again in 1s" in said, said
+        assert "not merged: it needs " in said and "MiB more left for the spool and the " \
+            "sinks' files; the disk has " in said, said
+        assert "free: give it room; it is tried again in 1s" in said, said
         staging = agent.state_dir / "staging" / "lake"
         assert not any(p.is_dir() for p in staging.iterdir()), list(staging.iterdir())
         # and the spool takes events meanwhile (acked: stored)

@@ -1,32 +1,79 @@
-"""How much of its disk the spool leaves to the sinks' files."""
+"""The spool's reserve on its disk, with the disk's figures and the clock in the test's
+hands: when the disk is read, and when an append fails as a full disk does."""
 
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 import pytest
 
-from aggregator.spool._disk_reserve import DiskReserve, reserve_for
+from aggregator.spool._disk_reserve import LOOK_EVERY_S, SLACK, DiskReserve
 
 MIB = 2**20
+DISK = 10 * 2**30  # the reserve: 64 MiB
 
 
-@pytest.mark.parametrize(("disk", "reserve"), [
-    (16 * MIB, MIB), (24 * MIB, 2 * MIB), (5 * MIB, MIB), (100 * 2**30, 64 * MIB),
-    (640 * MIB, 64 * MIB), (320 * MIB, 32 * MIB),
-])
-def test_the_reserve_is_a_tenth_of_a_small_disk_and_64_mib_of_a_large_one(
-        disk: int, reserve: int) -> None:
-    assert reserve_for(disk) == reserve
+class Disk:
+    def __init__(self, free: int) -> None:
+        self.free = free
+        self.reads = 0
+
+    def statvfs(self, _path: Path) -> os.statvfs_result:
+        self.reads += 1
+        # f_bsize, f_frsize, f_blocks, f_bfree, f_bavail, f_files, f_ffree, f_favail,
+        # f_flag, f_namemax
+        return os.statvfs_result((4096, 1, DISK, self.free, self.free, 0, 0, 0, 0, 255))
 
 
-def test_a_write_into_the_reserve_fails_as_a_full_disk_does(tmp_path: Path) -> None:
-    reserve = DiskReserve(tmp_path)
-    reserve.check(1)
-    free = reserve._free
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def reserve_on(disk: Disk, clock: Clock) -> DiskReserve:
+    return DiskReserve(Path("/spool"), statvfs=disk.statvfs, clock=clock)
+
+
+def test_far_from_the_reserve_the_disk_is_read_twice_a_second_at_most() -> None:
+    disk, clock = Disk(free=10 * SLACK), Clock()
+    reserve = reserve_on(disk, clock)
+    for _ in range(100):
+        reserve.check(MIB)
+    assert disk.reads == 1
+    clock.now += LOOK_EVERY_S
+    reserve.check(MIB)
+    assert disk.reads == 2
+
+
+def test_the_spool_s_own_writes_bring_the_next_read_forward() -> None:
+    """Between two reads the spool counts what it wrote: once that could have brought the
+    disk within SLACK of the reserve, it reads the disk again at once."""
+    disk, clock = Disk(free=64 * MIB + SLACK + 10 * MIB), Clock()
+    reserve = reserve_on(disk, clock)
+    reserve.check(MIB)  # read: 10 MiB above reserve + SLACK, 1 MiB of it now written
+    for _ in range(9):
+        reserve.check(MIB)  # 10 MiB written in all: the disk may be at reserve + SLACK
+    assert disk.reads == 1
+    reserve.check(MIB)  # one more would pass it: read again
+    assert disk.reads == 2
+
+
+def test_an_append_into_the_reserve_fails_as_a_full_disk_and_a_freed_segment_reads_again(
+        ) -> None:
+    disk, clock = Disk(free=64 * MIB + 3 * MIB), Clock()
+    reserve = reserve_on(disk, clock)
+    reserve.check(2 * MIB)
     with pytest.raises(OSError) as raised:
-        reserve.check(free - reserve.reserve + 1)
+        reserve.check(4 * MIB)
     assert raised.value.errno == errno.ENOSPC
-    assert "which the spool leaves to the sinks' files" in str(raised.value)
-    reserve.check(max(1, free - reserve.reserve - 16 * MIB))  # fits: read the disk again
+    assert str(raised.value.strerror) == ("the disk has less than 64MiB free, which the "
+                                          "spool leaves to the sinks' files")
+    disk.free += 32 * MIB  # a segment deleted, its space back
+    reserve.look_again()
+    reserve.check(4 * MIB)
+    assert disk.reads == 3
