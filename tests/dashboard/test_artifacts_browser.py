@@ -79,7 +79,8 @@ def test_a_run_with_files_and_no_steps_shows_its_files(
         expect(page.locator(".error-box")).to_contain_text("no steps for run 'nothing-at-all'")
         page.goto("/#/runs")  # listed with the runs that sent ops, its files counted
         row = page.locator("tbody tr", has_text="prof-1")
-        heads = page.locator("thead th").all_inner_texts()
+        expect(row).to_be_visible()
+        heads = page.locator("table", has=row).locator("thead th").all_inner_texts()
         cells = dict(zip(heads, row.locator("td").all_inner_texts(), strict=True))
         assert (cells["steps"], cells["ops"], cells["files"]) == ("0", "0", "1"), cells
         row.locator("a", has_text="prof-1").click()
