@@ -13,6 +13,7 @@ from pathlib import Path
 
 from sinks.disk_room import sinks_reserve
 from tests.agentproc import AgentProcess
+from tests.sinks.server_thread import ServerThread
 
 
 def post_events(agent: AgentProcess, body: bytes) -> tuple[int, str | None]:
@@ -53,3 +54,11 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
     finally:
         if subprocess.run(["umount", str(path)], check=False).returncode != 0:
             subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def agent_capped_above_its_disk(workdir: Path, receiver: ServerThread,
+                                options: str = "") -> AgentProcess:
+    """An agent started with its spool capped (1 GiB) far above its small disk, its one
+    sink an HTTP collector at `receiver` (`options`: more of its TOML lines)."""
+    sinks = f'[[sinks]]\nname = "collector"\ntype = "http"\nurl = "{receiver.url}"\n{options}'
+    return AgentProcess(workdir, sinks_toml=sinks, spool_toml='max_bytes = "1GiB"').start()

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.agentproc import AgentProcess
 from tests.producers import producer_report, start_producer
-from tests.proof import distinct, emitter_losses, task_ids, wait_caught_up, wait_until
-from tests.proof.disk import fill, tmpfs
+from tests.proof import distinct, emitter_losses, task_ids, wait_caught_up
+from tests.proof.disk import agent_capped_above_its_disk, fill, tmpfs
 from tests.sinks.server_thread import ServerThread
+from tests.waiting import wait_until
 
 EVENTS = 20_000
 
@@ -34,10 +34,8 @@ def test_a_producer_that_exits_while_the_disk_is_full_loses_nothing_uncounted(
         small_disk: Path) -> None:
     receiver = ServerThread().start()
     receiver.stop()  # nothing is delivered, so the spool frees no room by itself
-    sinks = (f'[[sinks]]\nname = "collector"\ntype = "http"\nurl = "{receiver.url}"\n'
-             'batch_interval = "100ms"\nretry_max_backoff = "1s"\n')
-    agent = AgentProcess(small_disk, sinks_toml=sinks, spool_toml='max_bytes = "1GiB"')
-    agent.start()
+    agent = agent_capped_above_its_disk(small_disk, receiver,
+                                        'batch_interval = "100ms"\nretry_max_backoff = "1s"\n')
     filler = small_disk / "state" / "other-use"
     try:
         fill(filler, leave=256 * 1024)
@@ -70,9 +68,7 @@ def test_producers_that_reconnect_while_the_disk_is_full_hold_one_connection_eac
     until max_connections refuses new producers."""
     receiver = ServerThread().start()
     receiver.stop()
-    sinks = f'[[sinks]]\nname = "collector"\ntype = "http"\nurl = "{receiver.url}"\n'
-    agent = AgentProcess(small_disk, sinks_toml=sinks, spool_toml='max_bytes = "1GiB"')
-    agent.start()
+    agent = agent_capped_above_its_disk(small_disk, receiver)
     filler = small_disk / "state" / "other-use"
     producers = []
     try:
@@ -108,9 +104,7 @@ def test_an_agent_stopped_while_the_disk_is_full_counts_each_lost_frame_once(
     once per connection they came on."""
     receiver = ServerThread().start()
     receiver.stop()
-    sinks = f'[[sinks]]\nname = "collector"\ntype = "http"\nurl = "{receiver.url}"\n'
-    agent = AgentProcess(small_disk, sinks_toml=sinks, spool_toml='max_bytes = "1GiB"')
-    agent.start()
+    agent = agent_capped_above_its_disk(small_disk, receiver)
     try:
         fill(small_disk / "state" / "other-use", leave=256 * 1024)
         producer = start_producer(agent.socket_path, "once", EVENTS, seconds=1.0,

@@ -19,7 +19,13 @@ import pytest
 from tests.agentproc import AgentProcess
 from tests.commands import check_config, evagg
 from tests.proof import metric_where, wait_until
-from tests.proof.disk import filesystem_full, fill, post_events, tmpfs
+from tests.proof.disk import (
+    agent_capped_above_its_disk,
+    filesystem_full,
+    fill,
+    post_events,
+    tmpfs,
+)
 from tests.sinks.server_thread import ServerThread
 
 FAILING = "evagg_spool_write_failing_since_timestamp_seconds"
@@ -51,10 +57,7 @@ def status_text(agent: AgentProcess) -> str:
 def test_a_full_disk_is_named_by_readyz_metrics_and_status(small_disk: Path) -> None:
     receiver = ServerThread().start()
     receiver.stop()  # the sink is down, so nothing the spool holds is freed
-    sinks = (f'[[sinks]]\nname = "collector"\ntype = "http"\nurl = "{receiver.url}"\n'
-             'retry_max_backoff = "2s"\n')
-    agent = AgentProcess(small_disk, sinks_toml=sinks, spool_toml='max_bytes = "1GiB"')
-    agent.start()
+    agent = agent_capped_above_its_disk(small_disk, receiver, 'retry_max_backoff = "2s"\n')
     filler = small_disk / "state" / "other-use"
     try:
         assert readyz(agent)[0] == 200
@@ -124,10 +127,8 @@ def test_a_disk_smaller_than_one_segment_frees_what_was_delivered(small_disk: Pa
     nothing the agent answered 200 for lost, rather than refuse every event until someone
     restarts it."""
     receiver = ServerThread().start()
-    sinks = (f'[[sinks]]\nname = "collector"\ntype = "http"\nurl = "{receiver.url}"\n'
-             'batch_interval = "100ms"\nretry_max_backoff = "1s"\n')
-    agent = AgentProcess(small_disk, sinks_toml=sinks, spool_toml='max_bytes = "1GiB"')
-    agent.start()
+    agent = agent_capped_above_its_disk(small_disk, receiver,
+                                        'batch_interval = "100ms"\nretry_max_backoff = "1s"\n')
     accepted = 0
     line = b'{"kind": "op", "name": "fills-the-disk", "pad": "' + b"x" * 300 + b'"}\n'
 

@@ -198,17 +198,24 @@ def test_an_unreadable_state_ships_nothing_and_says_what_to_do(
     wait_listed(agent, 1, "the file once the state is moved away")
 
 
-def test_the_listing_shows_each_sha256_whole_to_check_a_copy_against(
-        agent_factory: Callable[..., AgentProcess], tmp_path: Path) -> None:
-    """`evagg query artifacts` and `evagg query artifact` as tables, as a user reads them
-    beside `sha256sum`: the digest is 64 characters, and the table's 60-character cut
-    left `a9b9...681d…`, which matches nothing."""
+def shipped_dump(agent_factory: Callable[..., AgentProcess],
+                 tmp_path: Path) -> tuple[Path, AgentProcess]:
+    """A flight recorder's dump under run-7, shipped by a running agent."""
     dumps = tmp_path / "fr"
     (dumps / "run-7").mkdir(parents=True)
     dump = dumps / "run-7" / "nccl_trace_rank_0"
     dump.write_bytes(b"flight recorder " * 64)
     agent = watching(agent_factory, dumps, kind="nccl_flight_recorder").start()
     wait_listed(agent, 1, "the dump in the listing")
+    return dump, agent
+
+
+def test_the_listing_shows_each_sha256_whole_to_check_a_copy_against(
+        agent_factory: Callable[..., AgentProcess], tmp_path: Path) -> None:
+    """`evagg query artifacts` and `evagg query artifact` as tables, as a user reads them
+    beside `sha256sum`: the digest is 64 characters, and the table's 60-character cut
+    left `a9b9...681d…`, which matches nothing."""
+    dump, agent = shipped_dump(agent_factory, tmp_path)
     table = evagg("query", "artifacts", "--data", str(agent.lake_dir), "--no-cache",
                   "--run", "run-7")
     assert table.returncode == 0, table.stderr
@@ -252,12 +259,7 @@ def test_the_listing_shows_each_lake_key_whole_to_copy_the_file_by(
         agent_factory: Callable[..., AgentProcess], tmp_path: Path) -> None:
     """docs/parquet-layout.md copies a shipped file by its key: `cp "lake/<lake_key>"`.
     Read off the table, the key must name the object, not end in `…`."""
-    dumps = tmp_path / "fr"
-    (dumps / "run-7").mkdir(parents=True)
-    dump = dumps / "run-7" / "nccl_trace_rank_0"
-    dump.write_bytes(b"flight recorder " * 64)
-    agent = watching(agent_factory, dumps, kind="nccl_flight_recorder").start()
-    wait_listed(agent, 1, "the dump in the listing")
+    dump, agent = shipped_dump(agent_factory, tmp_path)
     table = evagg("query", "artifacts", "--data", str(agent.lake_dir), "--no-cache")
     assert table.returncode == 0, table.stderr
     (row,) = [line for line in table.stdout.splitlines() if sha256(dump) in line]
