@@ -15,12 +15,24 @@ from dashboard.web import DEFAULT_LISTEN
 # gets a refusal saying so rather than a bare 404.
 NOT_TAKEN = {"/v1/metrics": ("metrics", "OTEL_METRICS_EXPORTER"),
              "/v1/logs": ("logs", "OTEL_LOGS_EXPORTER")}
-OTLP_PATHS = frozenset({"/v1/traces", *NOT_TAKEN})
+# An OTLP exporter given a per-signal endpoint without its path
+# (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://127.0.0.1:4040) posts to the URL as given,
+# so to "/": the spec adds /v1/traces only to the base OTEL_EXPORTER_OTLP_ENDPOINT.
+NO_SIGNAL_PATH = "/"
+OTLP_PATHS = frozenset({"/v1/traces", NO_SIGNAL_PATH, *NOT_TAKEN})
 # Ray's State API routes (/api/v0/...), asked of this port by `ray list ... --address`.
 STATE_API_ELSEWHERE = ("this is the evagg agent's ingest port, which serves no Ray State API: "
                        f"run `evagg dashboard` (it serves one on http://{DEFAULT_LISTEN} by "
                        "default) and give Ray's tools its URL, e.g. `ray list tasks "
                        f"--address http://{DEFAULT_LISTEN}` (docs/ray.md)")
+
+
+def no_signal_path_reason(host: str) -> str:
+    """Why a POST to "/" stored nothing, and the endpoint the exporter wanted."""
+    return (f"nothing is taken at /: give the signal's path, "
+            f"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://{host}/v1/traces (a per-signal "
+            f"endpoint is used as given), or the base address alone as "
+            f"OTEL_EXPORTER_OTLP_ENDPOINT=http://{host}")
 
 
 def ingest_answer(result: IngestResult, all_rejected_status: int = 400,

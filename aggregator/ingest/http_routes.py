@@ -20,11 +20,13 @@ from aggregator.decode import otlp
 from aggregator.decode.normalize import Normalized, Stamp
 from aggregator.ingest.bodies import BodyRefused, encoding_name, inflate
 from aggregator.ingest.http_answers import (
+    NO_SIGNAL_PATH,
     NOT_TAKEN,
     OTLP_PATHS,
     STATE_API_ELSEWHERE,
     error_answer,
     ingest_answer,
+    no_signal_path_reason,
     refusal,
 )
 from aggregator.ingest.ingestor import Ingestor, IngestResult, SpoolUnavailable
@@ -73,6 +75,7 @@ class HttpApi:
         app.router.add_post("/v1/traces", self.post_traces)
         for path in NOT_TAKEN:
             app.router.add_post(path, self.post_not_taken)
+        app.router.add_post(NO_SIGNAL_PATH, self.post_no_signal_path)
         app.router.add_get("/metrics", self.get_metrics)
         app.router.add_get("/healthz", self.get_healthz)
         app.router.add_get("/readyz", self.get_readyz)
@@ -253,6 +256,11 @@ class HttpApi:
                          f"this agent takes OTLP traces only (POST /v1/traces), not {signal}: "
                          f"send {signal} to an OpenTelemetry Collector, or turn that "
                          f"exporter off ({variable}=none)", status=404)
+
+    async def post_no_signal_path(self, request: web.Request) -> web.Response:
+        """An exporter whose endpoint lacks /v1/traces: a 404 naming the one it meant."""
+        return self._bad(request, "no_signal_path", no_signal_path_reason(request.host),
+                         status=404)
 
     async def get_state_api_elsewhere(self, request: web.Request) -> web.Response:
         """Ray's tools (`ray list tasks --address`) pointed at this port: a 404 in Ray's

@@ -1,0 +1,58 @@
+"""An OTel service pointed at the agent the way the Collector's docs tell people to:
+environment variables, no code of evagg's. What its exporter logs and what is stored."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from tests.agentproc import AgentProcess
+
+EXPORTER_LOGGER = "opentelemetry.exporter"
+
+
+@pytest.fixture
+def exporter_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    caplog.set_level(logging.INFO, logger=EXPORTER_LOGGER)
+    yield caplog
+
+
+def exporter_errors(caplog: pytest.LogCaptureFixture) -> str:
+    return "\n".join(r.getMessage() for r in caplog.records
+                     if r.name.startswith(EXPORTER_LOGGER) and r.levelno >= logging.ERROR)
+
+
+def export_one_span_from_env() -> str:
+    """One span through an OTLPSpanExporter() configured only by OTEL_* variables."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"service.name": "checkout"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter()))
+    with provider.get_tracer("shop").start_as_current_span("pay") as span:
+        trace_id = f"{span.get_span_context().trace_id:032x}"
+    provider.shutdown()
+    return trace_id
+
+
+def test_a_traces_endpoint_without_its_path_is_refused_naming_the_one_meant(
+        agent: AgentProcess, monkeypatch: pytest.MonkeyPatch,
+        exporter_log: pytest.LogCaptureFixture) -> None:
+    """OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is used as given, so the agent's address alone
+    posts to "/": the exporter logged `404, reason: Not Found` and dropped every span."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", agent.http_url)
+    export_one_span_from_env()
+    errors = exporter_errors(exporter_log)
+    assert "spans batch code: 404, reason: nothing is taken at /" in errors, errors
+    assert f"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT={agent.http_url}/v1/traces" in errors, errors
+    assert agent.metric('evagg_bad_input_total{reason="no_signal_path",route="/"}') == 1
+
+    # What the reason says to set works.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{agent.http_url}/v1/traces")
+    trace_id = export_one_span_from_env()
+    assert agent.wait_rows(f"SELECT name FROM events WHERE trace_id = '{trace_id}'", 1) == [
+        ("pay",)]
