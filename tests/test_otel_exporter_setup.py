@@ -1,5 +1,6 @@
 """An OTel service pointed at the agent the way the Collector's docs tell people to:
-environment variables, no code of evagg's. What its exporter logs and what is stored."""
+environment variables, no code of evagg's. What its exporter logs, what is stored, and
+what the RED metrics count of it."""
 
 from __future__ import annotations
 
@@ -56,3 +57,37 @@ def test_a_traces_endpoint_without_its_path_is_refused_naming_the_one_meant(
     trace_id = export_one_span_from_env()
     assert agent.wait_rows(f"SELECT name FROM events WHERE trace_id = '{trace_id}'", 1) == [
         ("pay",)]
+
+
+def test_a_span_that_handled_an_exception_is_no_error_in_the_red_metrics(
+        agent: AgentProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An OTel span fails by its status. A lookup that recorded a KeyError it handled
+    (status left unset) was counted in evagg_event_errors_total, while `evagg query
+    traces` and the dashboard called its trace one without failures."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", agent.http_url)
+    provider = TracerProvider(resource=Resource.create({"service.name": "shop"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter()))
+    tracer = provider.get_tracer("shop")
+    with tracer.start_as_current_span("lookup") as lookup:
+        try:
+            raise KeyError("sku-1")  # a cache miss, answered from the database
+        except KeyError as exc:
+            lookup.record_exception(exc)
+        trace_id = f"{lookup.get_span_context().trace_id:032x}"
+    with pytest.raises(ValueError), tracer.start_as_current_span("charge"):
+        raise ValueError("card declined")
+    provider.shutdown()
+
+    assert agent.wait_rows(f"SELECT name, state, error_type FROM events WHERE trace_id = "
+                           f"'{trace_id}'", 1) == [("lookup", "FINISHED", "KeyError")]
+    agent.wait_rows("SELECT name FROM events WHERE name = 'charge'", 1)
+    assert agent.metric('evagg_events_total{kind="span",name="lookup",service="shop",'
+                        'state="FINISHED"}') == 1
+    assert agent.metric('evagg_event_errors_total{kind="span",name="charge",service="shop",'
+                        'error_type="ValueError"}') == 1
+    assert agent.metric('evagg_event_errors_total{kind="span",name="lookup",') == 0

@@ -6,7 +6,7 @@ the state, duration bucket, and that and the error type, so nothing costs Python
 per event. The result holds batch-local label values and arrays over
 the groups; aggregator/red/metrics.py adds them to its series. A duration counts only
 on events that end something; an event fails when its state is FAILED or it names an
-error type (none named: "unknown").
+error type (none named: "unknown"), but a span fails by its state alone (its status).
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ import pyarrow.compute as pc
 IN_PROGRESS_STATES: Final = frozenset({"PENDING", "SUBMITTED", "RUNNING", "STARTED",
                                        "ENQUEUED", "DEFINED", "SCHEDULED", "CREATED"})
 FAILED_STATES: Final = frozenset({"FAILED"})
+# Kinds whose error_type alone is no failure. An OTel span that recorded an exception it
+# handled (a retry that then worked) keeps it in its error columns, yet its status is
+# not ERROR: the Collector's span-metrics connector counts it as no error, and so here.
+STATUS_ONLY_KINDS: Final = frozenset({"span"})
 UNKNOWN_ERROR: Final = "unknown"
 MEASURED_COLUMNS: Final = ("kind", "name", "state", "duration_s", "error_type", "attrs",
                            "event_id")
@@ -115,7 +119,8 @@ def measure(batch: pa.RecordBatch, bounds: np.ndarray[Any, np.dtype[np.float64]]
             duration_pair = np.flatnonzero(np.bincount(pairs, minlength=len(pair_keys)))
             buckets = all_buckets.reshape(len(pair_keys), width)[duration_pair]
             sums = np.bincount(pairs, seconds, minlength=len(pair_keys))[duration_pair]
-    error_types, error_keys, error_events = _errors(batch, row_pair, len(pair_keys), state)
+    error_types, error_keys, error_events = _errors(batch, row_pair, len(pair_keys), state,
+                                                    kind)
     return BatchMeasure(
         kind.values, name.values, state.values, service.values,
         pair_keys // names_and_services, pair_keys % name.size,
@@ -127,11 +132,12 @@ def measure(batch: pa.RecordBatch, bounds: np.ndarray[Any, np.dtype[np.float64]]
 
 
 def _errors(batch: pa.RecordBatch, row_pair: Ints, pairs: int,
-            state: _Codes) -> tuple[list[str], Ints, Ints]:
+            state: _Codes, kind: _Codes) -> tuple[list[str], Ints, Ints]:
     column = batch.column("error_type")
     failed = state.lookup(FAILED_STATES)
     if column.null_count < len(column):
-        failed |= column.is_valid().to_numpy(zero_copy_only=False)
+        named = column.is_valid().to_numpy(zero_copy_only=False)
+        failed |= named & ~kind.lookup(STATUS_ONLY_KINDS)
     rows = np.flatnonzero(failed)
     if not len(rows):
         return [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)

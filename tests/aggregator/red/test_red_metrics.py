@@ -83,15 +83,17 @@ def test_errors_by_type_and_unknown_for_a_failure_without_one() -> None:
         {"kind": "task", "name": "load", "state": "FAILED", "error_type": "ValueError"},
         {"kind": "task", "name": "load", "state": "FAILED", "error_type": "ValueError"},
         {"kind": "task", "name": "load", "state": "FAILED"},
-        {"kind": "span", "name": "rpc", "state": "FINISHED", "error_type": "Timeout"},
+        {"kind": "op", "name": "rpc", "state": "FINISHED", "error_type": "Timeout"},
         {"kind": "task", "name": "load", "state": "FINISHED"},
+        # a span fails by its status alone: this one handled the exception it recorded
+        {"kind": "span", "name": "rpc", "state": "FINISHED", "error_type": "Timeout"},
     ]))
     text = red.render()
     assert value(text, "evagg_event_errors_total", kind="task", name="load",
                  error_type="ValueError") == 2
     assert value(text, "evagg_event_errors_total", kind="task", name="load",
                  error_type="unknown") == 1
-    assert value(text, "evagg_event_errors_total", kind="span", name="rpc",
+    assert value(text, "evagg_event_errors_total", kind="op", name="rpc",
                  error_type="Timeout") == 1
     assert sum(v for n, _, v in samples(text) if n == "evagg_event_errors_total") == 4
 
