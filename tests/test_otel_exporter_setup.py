@@ -5,11 +5,15 @@ what the RED metrics count of it."""
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
+import orjson
 import pytest
 
-from tests.agentproc import AgentProcess
+from tests.agentproc import REPO, AgentProcess
+from tests.commands import evagg
 
 EXPORTER_LOGGER = "opentelemetry.exporter"
 
@@ -91,3 +95,48 @@ def test_a_span_that_handled_an_exception_is_no_error_in_the_red_metrics(
     assert agent.metric('evagg_event_errors_total{kind="span",name="charge",service="shop",'
                         'error_type="ValueError"}') == 1
     assert agent.metric('evagg_event_errors_total{kind="span",name="lookup",') == 0
+
+
+def test_a_failed_spans_exception_keeps_its_own_message_beside_the_status_message(
+        agent: AgentProcess, tmp_path: Path) -> None:
+    """A handler that records the exception and sets its own status message ("payment
+    failed"): the exception's message ("card declined") was lost, and `evagg
+    export-traces` gave the status message as the exception's, on both exporters."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.trace import Status, StatusCode
+
+    import emitters
+    from emitters import otel
+
+    socket_exporter = otel.EvaggSpanExporter(emitters.Emitter(socket=str(agent.socket_path)))
+    provider = TracerProvider(resource=Resource.create({"service.name": "payments"}))
+    provider.add_span_processor(SimpleSpanProcessor(socket_exporter))
+    provider.add_span_processor(SimpleSpanProcessor(
+        OTLPSpanExporter(endpoint=f"{agent.http_url}/v1/traces")))
+    with provider.get_tracer("shop").start_as_current_span("charge") as span:
+        try:
+            raise ValueError("card declined")
+        except ValueError as exc:
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, "payment failed"))
+        trace_id = f"{span.get_span_context().trace_id:032x}"
+    provider.shutdown()
+    assert socket_exporter.emitter.flush(30)
+
+    rows = agent.wait_rows("SELECT error_type, error_message, attrs['exception.message'] "
+                           f"FROM events WHERE trace_id = '{trace_id}'", 2)
+    assert rows == [("ValueError", "payment failed", "card declined")] * 2
+
+    out = tmp_path / "trace.json"
+    done = evagg("export-traces", "--data", str(agent.lake_dir), "--trace-id", trace_id,
+                 "--out", str(out), env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    [exported] = orjson.loads(out.read_bytes())["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    assert exported["status"] == {"code": 2, "message": "payment failed"}
+    [exception] = exported["events"]
+    assert {"key": "exception.message", "value": {"stringValue": "card declined"}} in exception[
+        "attributes"]
+    assert "exception.message" not in {a["key"] for a in exported["attributes"]}

@@ -33,6 +33,7 @@ _COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "state", "kind", "s
 _SPAN_KINDS = {"UNSPECIFIED": 0, "INTERNAL": 1, "SERVER": 2, "CLIENT": 3, "PRODUCER": 4,
                "CONSUMER": 5}
 _EVENTS = "otel.events"  # emitters.integrations.otel_rows.EVENTS_KEY
+_EXCEPTION_MESSAGE = "exception.message"  # otel_rows.EXCEPTION_MESSAGE_KEY
 _LINKS = "otel.links"  # ["<trace id>-<span id>" or {"id": that, "attributes": {...}}, ...]
 _LINK = re.compile(r"^([0-9a-f]{32})-([0-9a-f]{16})$")
 # What the sender's span limits dropped (emitters.integrations.otel_rows.DROPPED_KEYS)
@@ -163,6 +164,8 @@ def _span(row: dict[str, Any]) -> dict[str, Any]:
         del attrs[_LINKS]
     dropped = {field: int(attrs.pop(key)) for key, field in _DROPPED
                if attrs.get(key, "").isdigit()}
+    has_exception = bool(row["error_type"] or row["stack_trace"])
+    exception_message = attrs.pop(_EXCEPTION_MESSAGE, None) if has_exception else None
     span: dict[str, Any] = {
         "traceId": row["trace_id"],
         "spanId": row["span_id"],
@@ -176,8 +179,8 @@ def _span(row: dict[str, Any]) -> dict[str, Any]:
         span["parentSpanId"] = row["parent_span_id"]
     if row["state"] == "FAILED":
         span["status"] = {"code": _STATUS_ERROR, "message": row["error_message"] or ""}
-    if row["error_type"] or row["stack_trace"]:
-        events.append(_exception_event(row, end))
+    if has_exception:
+        events.append(_exception_event(row, end, exception_message))
     if events:
         span["events"] = events
     if links:
@@ -240,8 +243,10 @@ def _attributes(row: dict[str, Any], attrs: dict[str, str]) -> list[dict[str, An
     return [{"key": k, "value": v} for k, v in sorted(values.items())]
 
 
-def _exception_event(row: dict[str, Any], end_ns: int) -> dict[str, Any]:
-    fields = (("exception.type", row["error_type"]), ("exception.message", row["error_message"]),
+def _exception_event(row: dict[str, Any], end_ns: int, message: str | None) -> dict[str, Any]:
+    # the exception's own message where the status message took error_message
+    fields = (("exception.type", row["error_type"]),
+              ("exception.message", message or row["error_message"]),
               ("exception.stacktrace", row["stack_trace"]))
     return {"timeUnixNano": str(end_ns), "name": "exception",
             "attributes": [_kv(k, v) for k, v in fields if v]}

@@ -17,6 +17,8 @@ RUN_ID_KEYS = ("evagg.run_id", "run_id")
 JOB_ID_KEYS = ("evagg.job_id", "job_id", "ray.job_id")
 STEP_KEYS = ("evagg.step", "step")
 EXCEPTION_EVENT = "exception"
+# A failed span's last exception message where its status message is another text
+EXCEPTION_MESSAGE_KEY = "exception.message"
 SPECIAL_KEYS = frozenset((*RUN_ID_KEYS, *JOB_ID_KEYS, *STEP_KEYS, "error.type"))
 NOTHING: Mapping[str, Any] = {}
 VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}  # UUID variant digit
@@ -211,13 +213,19 @@ def _first(keys: tuple[str, ...], *sources: Mapping[str, Any]) -> Any:
 
 def add_error(row: dict[str, Any], failed: bool, status_message: str,
               attributes: Mapping[str, Any], exc: Mapping[str, Any]) -> None:
+    exception_message = exc.get("exception.message")
+    by_status = failed and status_message
     fields = {
         "error_type": exc.get("exception.type") or attributes.get("error.type"),
-        "error_message": status_message if failed and status_message
-        else exc.get("exception.message"),
+        "error_message": status_message if by_status else exception_message,
         "stack_trace": exc.get("exception.stacktrace"),
     }
     row.update((k, clean_error_text(attr_text(v))) for k, v in fields.items() if v)
+    if by_status and exception_message and attr_text(exception_message) != status_message:
+        # The status message took error_message: without this the exception's own
+        # message would be lost, and an export would give the status's in its place.
+        row.setdefault("attrs", {})[EXCEPTION_MESSAGE_KEY] = clean_error_text(
+            attr_text(exception_message))
 
 
 def link_item(trace_id: str, span_id: str, attributes: Mapping[str, Any] | None) -> Link:
