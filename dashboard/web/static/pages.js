@@ -5,6 +5,7 @@ import { h, hashLink, routeHref, fmtTime, fmtDur, fmtNum, fmtMetric, fmtBytes, s
 import { noAgents, noRuns, noTasks, noTraces } from "./empty.js";
 import { attemptLogs } from "./logs.js";
 import { runArtifacts } from "./artifacts.js";
+import { spanParts } from "./spanparts.js";
 import { timelineChart, histogram, histRange, metricChart, waterfall, stateTimeline, STATE_COLORS } from "./charts.js";
 
 const STATES = ["PENDING", "SUBMITTED", "RUNNING", "FINISHED", "FAILED"];
@@ -461,12 +462,13 @@ export async function trace(params) {
   const detail = h("div", { class: "span-detail muted" }, "Click a span for its details.");
   const pick = (sp) => {
     detail.dataset.picked = sp.span_id;  // picked again after an auto-refresh (app.js)
-    const attrs = Object.entries(sp.attrs || {}).sort(([a], [b]) => a.localeCompare(b));
+    const [parts, attrs] = spanParts(sp);  // events and links apart from the attributes
     // replaceChildren writes a null out as the text "null": only the parts a span has
     detail.replaceChildren(...[h("dl", { class: "meta" }, ["name", "span_id", "parent_span_id", "state", "service", "span_kind",
       "start_at", "duration_s", "node_id", "error_type", "error_message"].filter((k) => sp[k] !== null && sp[k] !== undefined)
       .map((k) => [h("dt", null, k), h("dd", null, k === "duration_s" ? fmtDur(sp[k]) : k === "start_at" ? fmtTime(sp[k]) : String(sp[k]))])),
     sp.stack_trace ? h("details", { open: true }, h("summary", null, "stack trace"), h("pre", { class: "stack" }, sp.stack_trace)) : null,
+    ...parts,
     attrs.length ? h("details", null, h("summary", null, `attributes (${attrs.length})`),
       h("dl", { class: "meta attrs" }, attrs.map(([k, v]) => [h("dt", null, k), h("dd", null, String(v))]))) : null]
       .filter(Boolean));
