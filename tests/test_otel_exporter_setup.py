@@ -140,3 +140,31 @@ def test_a_failed_spans_exception_keeps_its_own_message_beside_the_status_messag
     assert {"key": "exception.message", "value": {"stringValue": "card declined"}} in exception[
         "attributes"]
     assert "exception.message" not in {a["key"] for a in exported["attributes"]}
+
+
+def test_an_otlp_grpc_exporter_at_the_port_is_told_in_one_line_to_send_http(
+        agent: AgentProcess) -> None:
+    """OTLP/gRPC (several SDKs' default protocol) at the agent's HTTP/1.1 port: the agent
+    logged an ERROR with a traceback of binary HTTP/2 frames under aiohttp's logger for
+    each try, saying neither what the client was nor what to set."""
+    grpc = pytest.importorskip("grpc")
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    channel = grpc.insecure_channel(agent.http_url.removeprefix("http://"))
+    export = channel.unary_unary(
+        "/opentelemetry.proto.collector.trace.v1.TraceService/Export")
+    for _ in range(2):
+        with pytest.raises(grpc.RpcError) as refused:
+            export(ExportTraceServiceRequest().SerializeToString(), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    channel.close()
+
+    log = agent.log_path.read_text()
+    assert "Traceback" not in log and "PRI/Upgrade" not in log, log
+    said = [line for line in log.splitlines() if "spoke HTTP/2" in line]
+    assert len(said) == 1 and "WARNING" in said[0], log
+    assert "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf" in said[0]
+    assert f"OTEL_EXPORTER_OTLP_ENDPOINT={agent.http_url}" in said[0]
+    assert agent.metric('evagg_bad_input_total{reason="http2_client",route="http"}') >= 1

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from aggregator.ingest.address_taken import AddressTaken
 from aggregator.ingest.http_routes import HttpApi
+from aggregator.ingest.wrong_protocol import ServerLog
 from aggregator.metrics import AgentMetrics
 from emitters.ratelimit import RateLimitedLog
 from sinks import listener
@@ -32,6 +33,7 @@ class HttpPort:
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
         self._log = RateLimitedLog(log)
+        self._server_log: ServerLog | None = None
 
     async def open(self) -> None:
         """Listen; a RuntimeError in the user's words when the port cannot be had."""
@@ -41,8 +43,11 @@ class HttpPort:
         # A short shutdown_timeout: an open `evagg tail` must not hold the exit for minutes.
         # auto_decompress off: the routes inflate bodies themselves (ingest/bodies.py).
         # A request's headers take frame_timeout at most, as a frame on the socket does.
+        # Its logger says in one line what an HTTP/2 (OTLP/gRPC) client must change.
+        self._server_log = ServerLog(self.listen, self._refuse_http2)
         self._runner = listener.runner(self.api.app(), stall_s=self.stall_s,
-                                       shutdown_timeout=2.0, auto_decompress=False)
+                                       shutdown_timeout=2.0, auto_decompress=False,
+                                       logger=self._server_log.logger)
         await self._runner.setup()
         try:
             self._server = await listener.serve(
@@ -59,6 +64,11 @@ class HttpPort:
             self._server.close()
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._server_log is not None:
+            self._server_log.close()
+
+    def _refuse_http2(self) -> None:
+        self.metrics.bad_input.inc(route="http", reason="http2_client")
 
     def _refuse_connection(self) -> None:
         self.metrics.bad_input.inc(route="http", reason="too_many_connections")
