@@ -168,3 +168,45 @@ def test_an_otlp_grpc_exporter_at_the_port_is_told_in_one_line_to_send_http(
     assert "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf" in said[0]
     assert f"OTEL_EXPORTER_OTLP_ENDPOINT={agent.http_url}" in said[0]
     assert agent.metric('evagg_bad_input_total{reason="http2_client",route="http"}') >= 1
+
+
+def test_a_span_set_ok_is_told_from_one_left_unset_and_exported_so(
+        agent: AgentProcess, tmp_path: Path) -> None:
+    """Status OK and status unset were both stored as FINISHED and nothing else, so a
+    span an instrumentation marked OK came back from `evagg export-traces` unset."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.trace import Status, StatusCode
+
+    import emitters
+    from emitters import otel
+
+    socket_exporter = otel.EvaggSpanExporter(emitters.Emitter(socket=str(agent.socket_path)))
+    provider = TracerProvider(resource=Resource.create({"service.name": "payments"}))
+    provider.add_span_processor(SimpleSpanProcessor(socket_exporter))
+    provider.add_span_processor(SimpleSpanProcessor(
+        OTLPSpanExporter(endpoint=f"{agent.http_url}/v1/traces")))
+    tracer = provider.get_tracer("shop")
+    with tracer.start_as_current_span("charge") as root:
+        root.set_status(Status(StatusCode.OK))
+        with tracer.start_as_current_span("validate"):
+            pass
+        trace_id = f"{root.get_span_context().trace_id:032x}"
+    provider.shutdown()
+    assert socket_exporter.emitter.flush(30)
+
+    rows = agent.wait_rows("SELECT name, state, attrs['otel.status_code'] FROM events "
+                           f"WHERE trace_id = '{trace_id}' ORDER BY name", 4)
+    assert rows == [("charge", "FINISHED", "OK")] * 2 + [("validate", "FINISHED", None)] * 2
+
+    out = tmp_path / "trace.json"
+    done = evagg("export-traces", "--data", str(agent.lake_dir), "--trace-id", trace_id,
+                 "--out", str(out), env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    spans = {span["name"]: span for span in
+             orjson.loads(out.read_bytes())["resourceSpans"][0]["scopeSpans"][0]["spans"]}
+    assert spans["charge"]["status"] == {"code": 1}
+    assert "status" not in spans["validate"]
+    assert "otel.status_code" not in {a["key"] for a in spans["charge"]["attributes"]}

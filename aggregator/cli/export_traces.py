@@ -45,6 +45,8 @@ _COLUMN_ATTRS = (("run_id", "evagg.run_id"), ("job_id", "evagg.job_id"),
                  ("node_id", "evagg.node_id"), ("host", "host.name"),
                  ("kind", "evagg.kind"), ("source", "evagg.source"))
 _STATUS_ERROR = 2
+_STATUS_OK = 1
+_STATUS = "otel.status_code"  # otel_rows.STATUS_KEY: "OK" where the span's status was OK
 _TRACE_ID = re.compile(r"^[0-9a-fA-F]{32}$")
 
 
@@ -164,6 +166,7 @@ def _span(row: dict[str, Any]) -> dict[str, Any]:
         del attrs[_LINKS]
     dropped = {field: int(attrs.pop(key)) for key, field in _DROPPED
                if attrs.get(key, "").isdigit()}
+    status_ok = attrs.pop(_STATUS, None) == "OK"  # set OK, not left unset
     has_exception = bool(row["error_type"] or row["stack_trace"])
     exception_message = attrs.pop(_EXCEPTION_MESSAGE, None) if has_exception else None
     span: dict[str, Any] = {
@@ -179,6 +182,8 @@ def _span(row: dict[str, Any]) -> dict[str, Any]:
         span["parentSpanId"] = row["parent_span_id"]
     if row["state"] == "FAILED":
         span["status"] = {"code": _STATUS_ERROR, "message": row["error_message"] or ""}
+    elif status_ok:
+        span["status"] = {"code": _STATUS_OK}
     if has_exception:
         events.append(_exception_event(row, end, exception_message))
     if events:

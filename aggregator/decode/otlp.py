@@ -38,6 +38,7 @@ JSON = "application/json"
 _TRACE_ID_BYTES = 16
 _SPAN_ID_BYTES = 8
 _STATUS_ERROR = 2
+_STATUS_OK = 1
 _INVALID_ARGUMENT = 3  # google.rpc.Code
 _UNAVAILABLE = 14
 _BAD_ID = base64.b64encode(b"\0").decode()  # decodes, then fails the length check
@@ -210,6 +211,7 @@ def _span_row(span: Any, resource: dict[str, str], scope: str) -> dict[str, Any]
         start_ns=span.start_time_unix_nano,
         end_ns=span.end_time_unix_nano,
         failed=span.status.code == _STATUS_ERROR,
+        ok=span.status.code == _STATUS_OK,
         status_message=span.status.message,
         span_kind=_span_kind(span.kind),
         scope=scope,

@@ -24,6 +24,7 @@ from emitters.integrations.otel_rows import (
     NOTHING,
     RUN_ID_KEYS,
     SPECIAL_KEYS,
+    STATUS_KEY,
     STEP_KEYS,
     VALUE_LIMIT,
     VARIANT,
@@ -83,6 +84,7 @@ class SpanRows:
         self._list_type: Any = BoundedList
         self._internal = SpanKind.INTERNAL
         self._error = StatusCode.ERROR
+        self._ok = StatusCode.OK
         self._bases: dict[tuple[int, int], _Base] = {}
         self._last: _Base | None = None
         self._traces: dict[int, tuple[str, str]] = {}
@@ -171,6 +173,8 @@ class SpanRows:
         if prefix[0] != ms:
             prefix = self._prefix(ms)
         failed = span._status.status_code is self._error
+        if span._status.status_code is self._ok:
+            attrs[STATUS_KEY] = "OK"
         end = span._end_time
         if type(end) is not int or end < start:
             return None  # unended: the generic path refuses it and counts why

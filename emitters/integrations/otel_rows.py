@@ -17,6 +17,9 @@ RUN_ID_KEYS = ("evagg.run_id", "run_id")
 JOB_ID_KEYS = ("evagg.job_id", "job_id", "ray.job_id")
 STEP_KEYS = ("evagg.step", "step")
 EXCEPTION_EVENT = "exception"
+# A span whose status is OK (set by its code, not left unset) says so here: the state
+# column is FINISHED for both, and Jaeger and Tempo tell them apart.
+STATUS_KEY = "otel.status_code"
 # A failed span's last exception message where its status message is another text
 EXCEPTION_MESSAGE_KEY = "exception.message"
 SPECIAL_KEYS = frozenset((*RUN_ID_KEYS, *JOB_ID_KEYS, *STEP_KEYS, "error.type"))
@@ -139,7 +142,7 @@ def span_event(
     end_ns: int, failed: bool, status_message: str, span_kind: str, scope: str,
     attributes: Mapping[str, Any], resource: Mapping[str, str],
     exception: Mapping[str, Any] | None = None, links: Iterable[Link] = (),
-    events: str | None = None, dropped: tuple[int, int, int] = (0, 0, 0),
+    events: str | None = None, dropped: tuple[int, int, int] = (0, 0, 0), ok: bool = False,
 ) -> dict[str, Any]:
     """One evagg `span` event row from plain span fields (ids as lower-case hex; the
     resource already as text, see `resource_text`; `events` as `events_text` makes it)."""
@@ -150,6 +153,8 @@ def span_event(
     if events:
         attrs[EVENTS_KEY] = events
     cut_values(attrs)
+    if ok:
+        attrs[STATUS_KEY] = "OK"
     if span_kind != "INTERNAL":  # the default; an export without it reads as INTERNAL
         attrs["otel.span_kind"] = span_kind
     if scope:
@@ -271,6 +276,7 @@ def readable_span_event(span: Any, resource: Mapping[str, str]) -> dict[str, Any
         start_ns=start,
         end_ns=span.end_time,
         failed=span.status.status_code.value == STATUS_ERROR,
+        ok=span.status.status_code.value == STATUS_OK,
         status_message=span.status.description or "",
         span_kind=span.kind.name,
         scope=scope.name if scope is not None else "",
@@ -286,3 +292,4 @@ def readable_span_event(span: Any, resource: Mapping[str, str]) -> dict[str, Any
 
 _MISSING: Any = object()
 STATUS_ERROR = 2  # opentelemetry.trace.StatusCode.ERROR
+STATUS_OK = 1
