@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from tests.agentproc import REPO, AgentProcess
-from tests.commands import evagg
+from tests.commands import evagg, evagg_sql
 
 EXPORTER_LOGGER = "opentelemetry.exporter"
 
@@ -210,3 +210,30 @@ def test_a_span_set_ok_is_told_from_one_left_unset_and_exported_so(
     assert spans["charge"]["status"] == {"code": 1}
     assert "status" not in spans["validate"]
     assert "otel.status_code" not in {a["key"] for a in spans["charge"]["attributes"]}
+
+
+def test_the_spans_view_names_the_internal_kind_the_span_was_stored_without(
+        agent: AgentProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An INTERNAL span (the SDK's default kind) is stored without otel.span_kind, and the
+    spans view gave it no span_kind: `WHERE span_kind = 'INTERNAL'` found none."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.trace import SpanKind
+
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", agent.http_url)
+    provider = TracerProvider(resource=Resource.create({"service.name": "shop"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter()))
+    tracer = provider.get_tracer("shop")
+    with tracer.start_as_current_span("GET /cart", kind=SpanKind.SERVER) as root, \
+            tracer.start_as_current_span("render"):
+        trace_id = f"{root.get_span_context().trace_id:032x}"
+    provider.shutdown()
+    agent.wait_rows(f"SELECT name FROM events WHERE trace_id = '{trace_id}'", 2)
+
+    rows = evagg_sql(agent.lake_dir)(
+        f"SELECT name, span_kind FROM spans WHERE trace_id = '{trace_id}' ORDER BY name")
+    assert rows == [{"name": "GET /cart", "span_kind": "SERVER"},
+                    {"name": "render", "span_kind": "INTERNAL"}]

@@ -23,7 +23,11 @@ SELECT
     ) AS end_at,
     -- an op has no OTel service: its event's source (evagg, torch, ...) stands in
     coalesce(max(attrs['service.name']), max(source) FILTER (WHERE kind = 'op')) AS service,
-    max(attrs['otel.span_kind']) AS span_kind,
+    -- an OTel span stores its kind unless INTERNAL, the default: name it here, so that
+    -- span_kind = 'INTERNAL' finds those spans as in Jaeger and Tempo (ops have none)
+    coalesce(max(attrs['otel.span_kind']),
+             CASE WHEN bool_or(kind = 'span' AND source = 'otel') THEN 'INTERNAL' END)
+        AS span_kind,
     max(error_type) AS error_type,
     max(error_message) AS error_message,
     max(stack_trace) AS stack_trace,
