@@ -237,3 +237,29 @@ def test_the_spans_view_names_the_internal_kind_the_span_was_stored_without(
         f"SELECT name, span_kind FROM spans WHERE trace_id = '{trace_id}' ORDER BY name")
     assert rows == [{"name": "GET /cart", "span_kind": "SERVER"},
                     {"name": "render", "span_kind": "INTERNAL"}]
+
+
+def test_a_services_process_pid_comes_back_from_the_export_as_an_int(
+        agent: AgentProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/opentelemetry.md: process.pid comes back as an int. From OTLP, where the pid
+    is the resource's attribute and the pid column stays empty, it came back as text."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", agent.http_url)
+    provider = TracerProvider(resource=Resource.create({"service.name": "shop",
+                                                        "process.pid": 4242}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter()))
+    with provider.get_tracer("shop").start_as_current_span("pay") as span:
+        trace_id = f"{span.get_span_context().trace_id:032x}"
+    provider.shutdown()
+    agent.wait_rows(f"SELECT name FROM events WHERE trace_id = '{trace_id}'", 1)
+
+    out = tmp_path / "trace.json"
+    done = evagg("export-traces", "--data", str(agent.lake_dir), "--trace-id", trace_id,
+                 "--out", str(out), env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    [span_out] = orjson.loads(out.read_bytes())["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    assert {"key": "process.pid", "value": {"intValue": "4242"}} in span_out["attributes"]

@@ -8,10 +8,11 @@ to the event's source. DuckDB reads the Parquet; s3:// goes through `dashboard.l
 (httpfs from its pip package, credentials from boto3's chain).
 
 What comes back differs from what was sent in two ways, both from how evagg stores a
-span: attribute values are strings (evagg keeps attributes as text; `process.pid` and
-`evagg.step`, which have columns, are ints), and start and end times are whole
-microseconds (DuckDB reads the time column at that precision; the end is the start plus
-the duration, rounded alike, so a span never ends before it starts).
+span: attribute values are strings (evagg keeps attributes as text; `process.pid` (the
+pid column, or an OTLP resource's) and `evagg.step`, which have columns, are ints), and
+start and end times are whole microseconds (DuckDB reads the time column at that
+precision; the end is the start plus the duration, rounded alike, so a span never ends
+before it starts).
 """
 
 from __future__ import annotations
@@ -245,6 +246,8 @@ def _attributes(row: dict[str, Any], attrs: dict[str, str]) -> list[dict[str, An
     for column, key in (("pid", "process.pid"), ("step", "evagg.step")):
         if row[column] is not None:
             values[key] = {"intValue": str(row[column])}
+        elif attrs.get(key, "").isdigit():  # an OTLP span's pid: its resource's, as text
+            values[key] = {"intValue": attrs[key]}
     return [{"key": k, "value": v} for k, v in sorted(values.items())]
 
 
