@@ -8,6 +8,7 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -263,3 +264,29 @@ def test_a_services_process_pid_comes_back_from_the_export_as_an_int(
     assert done.returncode == 0, done.stderr
     [span_out] = orjson.loads(out.read_bytes())["resourceSpans"][0]["scopeSpans"][0]["spans"]
     assert {"key": "process.pid", "value": {"intValue": "4242"}} in span_out["attributes"]
+
+
+def test_an_agent_that_cannot_read_otlp_says_so_when_it_starts(
+        agent_factory: Any, tmp_path: Path, exporter_log: pytest.LogCaptureFixture) -> None:
+    """`pip install evagg` without [otel] has no OTLP messages: the agent answered each
+    export 501, which the SDK does not retry, and its own log said nothing."""
+    shadow = tmp_path / "no-otel"  # an environment without opentelemetry-proto
+    (shadow / "opentelemetry").mkdir(parents=True)
+    (shadow / "opentelemetry" / "__init__.py").write_text("")
+    agent = agent_factory(env={"PYTHONPATH": f"{shadow}{os.pathsep}{REPO}"}).start()
+    said = [line for line in agent.log_path.read_text().splitlines() if "501" in line]
+    assert len(said) == 1 and "WARNING" in said[0], said
+    assert "pip install 'evagg[otel]'" in said[0]
+
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(
+        OTLPSpanExporter(endpoint=f"{agent.http_url}/v1/traces")))
+    with provider.get_tracer("shop").start_as_current_span("pay"):
+        pass
+    provider.shutdown()
+    assert "spans batch code: 501, reason: this agent cannot read OTLP" in exporter_errors(
+        exporter_log)

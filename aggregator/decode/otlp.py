@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import importlib
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +89,14 @@ def decode_otlp_traces(body: bytes, content_type: str | None) -> OtlpDecoded:
     media = media_type(content_type)
     request = _parse_json(body) if media == JSON else _parse_protobuf(body)
     return _rows(request)
+
+
+def readable() -> bool:
+    """Whether OTLP's messages can be imported (found, not imported: the start stays quick)."""
+    try:
+        return importlib.util.find_spec("opentelemetry.proto.collector.trace.v1") is not None
+    except ImportError:  # a parent package that is no package
+        return False
 
 
 def _messages() -> Any:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from aggregator.decode import otlp
 from aggregator.ingest.address_taken import AddressTaken
 from aggregator.ingest.http_routes import HttpApi
 from aggregator.ingest.wrong_protocol import ServerLog
@@ -58,6 +59,9 @@ class HttpPort:
             self._runner = None
             taken = AddressTaken if exc.errno == errno.EADDRINUSE else RuntimeError
             raise taken(http_port_problem(self.listen, exc)) from None
+        if not otlp.readable():  # else said only to each exporter, which drops its spans
+            log.warning("OTLP on http://%s/v1/traces is answered 501: %s", self.listen,
+                        otlp.NO_OTLP)
 
     async def close(self) -> None:
         if self._server is not None:
