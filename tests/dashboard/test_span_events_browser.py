@@ -51,6 +51,7 @@ def test_a_spans_events_and_links_show_as_such_on_the_trace_page(
         with serving(store) as url, chromium() as browser, \
                 tab(browser, url, width=1280, height=900) as page:
             page.goto(f"/#/trace?trace_id={trace_id}")
+            expect(page.locator("h2", has_text="Waterfall")).to_have_text("Waterfall (1 span)")
             page.locator("svg.waterfall g.span-row").first.click()
             detail = page.locator(".span-detail")
             event = detail.locator("tr.span-event")

@@ -478,7 +478,7 @@ export async function trace(params) {
   return h("div", null, h("h1", null, "Trace ", h("span", { class: "mono" }, traceId)),
     h("p", { class: "muted trace-when" }, [started ? `started ${fmtTime(started)}` : null,
       services.length ? `services: ${services.join(", ")}` : null].filter(Boolean).join(" · ")),
-    section(`Waterfall (${data.rows.length} spans)`, waterfall(data.rows, pick)), detail);
+    section(`Waterfall (${fmtNum(data.rows.length)} span${data.rows.length === 1 ? "" : "s"})`, waterfall(data.rows, pick)), detail);
 }
 
 // -- agents --------------------------------------------------------------------------
