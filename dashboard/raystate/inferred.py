@@ -8,10 +8,8 @@ and jobs of a session it is put on here, on the rows `entities.entity_rows` grou
   * an actor that is not detached dies with its job's driver (Ray: OWNER_DIED);
   * in a session that no live agent reports any more (every agent that received its
     tasks has been silent too long), every actor still alive dies with its node
-    (NODE_DIED), and so does every worker still alive (SYSTEM_ERROR, Ray's exit type
-    for a worker whose node died): a cluster that stops exports no worker's end, and
-    `ray list workers` would read a gone cluster's workers alive for ever.
-An actor's or worker's inferred death is marked with attrs `evagg_inferred` (the mark an agent's own
+    (NODE_DIED).
+An actor's inferred death is marked with attrs `evagg_inferred` (the mark an agent's own
 inferred rows carry, so `entities` prefers any real end over it).
 """
 
@@ -54,10 +52,6 @@ def add_inferred_ends(store: Store, session: str, grouped: Grouped) -> None:
         elif silent_since is not None:
             rows.append(_row("actor", rows[0], "DEAD", silent_since,
                              _silence_text(silent_since), "NODE_DIED"))
-    if silent_since is not None:
-        for rows in grouped["worker"].values():
-            if _end(rows, "DEAD") is None:
-                rows.append(_worker_death(rows[0], silent_since))
 
 
 def _job_ends(store: Store, session: str) -> dict[str, tuple[int, str]]:
@@ -90,15 +84,6 @@ def _row(kind: str, like: Row, state: str, us: int, text: str, error_type: str |
             "state": state, "us": us, "job_id": like["job_id"], "node_id": None,
             "worker_id": None, "actor_id": like["actor_id"], "error_type": error_type,
             "error_message": text, "attrs": {"evagg_inferred": text}}
-
-
-def _worker_death(like: Row, us: int) -> Row:
-    """A worker's DEAD at the session's silence, with the end time `entities.worker`
-    reads from Ray's own DEAD (attrs ray_end_time_ms)."""
-    row = _row("worker", like, "DEAD", us, _silence_text(us), "SYSTEM_ERROR")
-    row["worker_id"] = like["worker_id"]
-    row["attrs"]["ray_end_time_ms"] = str(us // 1000)
-    return row
 
 
 def _silence_text(us: int) -> str:
