@@ -60,8 +60,9 @@ class HttpPort:
             taken = AddressTaken if exc.errno == errno.EADDRINUSE else RuntimeError
             raise taken(http_port_problem(self.listen, exc)) from None
         if not otlp.readable():  # else said only to each exporter, which drops its spans
-            log.warning("OTLP on http://%s/v1/traces is answered 501: %s", self.listen,
-                        otlp.NO_OTLP)
+            # Info, not a warning: the README's install has no OTLP, and most never use it.
+            log.info("OTLP is off in this install: http://%s/v1/traces answers 501 (%s)",
+                     self.listen, otlp.NO_OTLP)
 
     async def close(self) -> None:
         if self._server is not None:
