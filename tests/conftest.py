@@ -3,6 +3,7 @@ each test."""
 
 from __future__ import annotations
 
+import logging
 import os
 import ssl
 from collections.abc import Callable, Iterator
@@ -76,3 +77,12 @@ def servers() -> Iterator[Callable[..., ServerThread]]:
     yield make
     for server in made:
         server.close()
+
+
+@pytest.fixture
+def exporter_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """The OpenTelemetry SDK exporter's log lines, INFO and up (tests/otel_exporter_log.py)."""
+    from tests.otel_exporter_log import EXPORTER_LOGGER
+
+    caplog.set_level(logging.INFO, logger=EXPORTER_LOGGER)
+    yield caplog

@@ -4,9 +4,7 @@ what the RED metrics count of it."""
 
 from __future__ import annotations
 
-import logging
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,19 +13,7 @@ import pytest
 
 from tests.agentproc import REPO, AgentProcess
 from tests.commands import evagg, evagg_sql
-
-EXPORTER_LOGGER = "opentelemetry.exporter"
-
-
-@pytest.fixture
-def exporter_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    caplog.set_level(logging.INFO, logger=EXPORTER_LOGGER)
-    yield caplog
-
-
-def exporter_errors(caplog: pytest.LogCaptureFixture) -> str:
-    return "\n".join(r.getMessage() for r in caplog.records
-                     if r.name.startswith(EXPORTER_LOGGER) and r.levelno >= logging.ERROR)
+from tests.otel_exporter_log import exporter_errors
 
 
 def export_one_span_from_env() -> str:

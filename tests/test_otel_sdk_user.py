@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,19 +17,7 @@ import orjson
 import pytest
 
 from tests.agentproc import AgentProcess
-
-EXPORTER_LOGGER = "opentelemetry.exporter"
-
-
-@pytest.fixture
-def exporter_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    caplog.set_level(logging.INFO, logger=EXPORTER_LOGGER)
-    yield caplog
-
-
-def exporter_errors(caplog: pytest.LogCaptureFixture) -> str:
-    return "\n".join(r.getMessage() for r in caplog.records
-                     if r.name.startswith(EXPORTER_LOGGER) and r.levelno >= logging.ERROR)
+from tests.otel_exporter_log import EXPORTER_LOGGER, exporter_errors
 
 
 def export_one_span(endpoint: str, **exporter_args: Any) -> str:
